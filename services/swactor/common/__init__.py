@@ -1,0 +1,1 @@
+"""What every swactor service shares: config, ids, structured events, gRPC and systemd glue."""

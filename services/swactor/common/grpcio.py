@@ -1,0 +1,74 @@
+"""gRPC server glue: Unix-socket and TCP listeners, reflection and health on every server."""
+
+from __future__ import annotations
+
+import grp
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+SWACTOR_GROUP = "swactor"
+
+
+def unix_target(path: Path) -> str:
+    return f"unix:{path}"
+
+
+def prepare_unix_socket(path: Path) -> None:
+    """Make the socket's directory and remove a stale socket left by a previous process."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_socket():
+        path.unlink()
+    elif path.exists():
+        raise FileExistsError(f"{path} exists and is not a socket; refusing to replace it")
+
+
+def restrict_unix_socket(path: Path) -> None:
+    """Only root and the swactor group may talk to a local service socket."""
+    try:
+        gid = grp.getgrnam(SWACTOR_GROUP).gr_gid
+    except KeyError:
+        gid = -1
+    if gid >= 0:
+        os.chown(path, -1, gid)
+    os.chmod(path, 0o660)
+
+
+def create_server(
+    unix_socket: Path | None = None,
+    tcp_address: str | None = None,
+    *,
+    service_names: Iterable[str] = (),
+    server_credentials: grpc.ServerCredentials | None = None,
+) -> tuple[grpc.aio.Server, int | None, health.aio.HealthServicer]:
+    """A grpc.aio server with reflection and health, listening where asked.
+
+    Returns (server, bound TCP port or None, health servicer). Servicers are added by the caller
+    before `await server.start()`; `tcp_address` may use port 0 to let tests pick a free port.
+    """
+    server = grpc.aio.server()
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    if unix_socket is not None:
+        prepare_unix_socket(unix_socket)
+        server.add_insecure_port(unix_target(unix_socket))
+    port: int | None = None
+    if tcp_address is not None:
+        if server_credentials is None:
+            port = server.add_insecure_port(tcp_address)
+        else:
+            port = server.add_secure_port(tcp_address, server_credentials)
+        if port == 0:
+            raise OSError(f"could not bind gRPC listener on {tcp_address}")
+    return server, port, health_servicer
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, service_names: Iterable[str]) -> None:
+    for name in ["", *service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (build output of packaging/gen_protos.py)."""

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The whole test suite: lint, Rust tests, Python tests. `make test` runs it after setup.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+echo "== ruff"
+.venv/bin/ruff check services tests bench packaging
+echo "== cargo clippy"
+(cd ring-rs && cargo clippy --all-targets -q -- -D warnings)
+echo "== cargo test"
+(cd ring-rs && cargo test -q 2>&1)
+echo "== pytest"
+.venv/bin/python -m pytest -q -ra "$@"
