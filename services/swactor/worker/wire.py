@@ -1,0 +1,382 @@
+"""The process adapter of spec §28-30: one JSON object per line, commands on stdin, events on stdout.
+
+Every message is `{"type": "<Name>", ...fields}`; fields are exactly the dataclass fields below,
+reason fields carry §37 names in CamelCase (see `reasons`). Decoding is strict: a missing, unknown
+or wrongly typed field is a `MalformedMessage` naming it. Payload bytes never appear here; device
+objects travel only as opaque `DeviceHandle`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class MalformedMessage(ValueError):
+    """A line that is not valid JSON or does not have a known message shape."""
+
+
+# ---- shared shapes ----
+
+
+@dataclass(frozen=True)
+class DeviceHandle:
+    """§6: valid only in the worker generation that created it."""
+
+    worker_generation: int
+    id: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """§18 RingLayout, arena-relative."""
+
+    ring_id: int
+    arena_offset: int
+    total_len: int
+    header_offset: int
+    data_offset: int
+    data_capacity: int
+    alignment: int
+
+
+@dataclass(frozen=True)
+class ObjSpec:
+    """§17 ObjectSpec. kind: Tokens|Activations|Weights; dtype_family: Float|Int|Uint|Bfloat."""
+
+    kind: str
+    max_extent: int
+    dtype_family: str
+    dtype_width_bytes: int
+    row_elements: int
+    alignment: int
+    sequence_policy: str = "StrictlyConsecutive"
+
+
+@dataclass(frozen=True)
+class InputBinding:
+    port_id: int
+    object_id: int
+    sequence: int
+    device_handle: DeviceHandle
+
+
+@dataclass(frozen=True)
+class OutputBinding:
+    port_id: int
+    ring_id: int
+    object_id: int
+    sequence: int
+    extent: int
+    flags: int = 0
+
+
+# ---- commands (§29) ----
+
+
+@dataclass(frozen=True)
+class InitializeWorker:
+    worker_generation: int
+    arena_ceiling: int
+    required_ring_helper_abi: int
+    backend: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConfigureRole:
+    role_id: int
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class InstallRing:
+    ring_id: int
+    edge_id: int
+    port_id: int
+    direction: str  # Ingress | Egress
+    layout: Layout
+    object_spec: ObjSpec
+
+
+@dataclass(frozen=True)
+class UninstallRing:
+    ring_id: int
+    reason: str  # UninstallReason
+
+
+@dataclass(frozen=True)
+class RingReadable:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class RingWritable:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class ExecuteStep:
+    role_id: int
+    step_id: int
+    inputs: list[InputBinding]
+    outputs: list[OutputBinding]
+    runtime: dict[str, Any] = field(default_factory=dict)
+    release_inputs_after: bool = True
+
+
+@dataclass(frozen=True)
+class ReleaseDeviceObject:
+    device_handle: DeviceHandle
+
+
+@dataclass(frozen=True)
+class ShutdownWorker:
+    mode: str = "Graceful"  # Graceful | AbortInFlight
+
+
+Command = (
+    InitializeWorker
+    | ConfigureRole
+    | InstallRing
+    | UninstallRing
+    | RingReadable
+    | RingWritable
+    | ExecuteStep
+    | ReleaseDeviceObject
+    | ShutdownWorker
+)
+
+# ---- events (§30) ----
+
+
+@dataclass(frozen=True)
+class WorkerReady:
+    pid: int
+    worker_generation: int
+    ring_helper_abi: int
+    backend: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerFatal:
+    reason: str  # WorkerFatalReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerStopped:
+    reason: str  # WorkerStoppedReason
+
+
+@dataclass(frozen=True)
+class RoleProgress:
+    """Weight-load progress of ConfigureRole (§40 weights_load_progress)."""
+
+    role_id: int
+    layers_loaded: int
+    layers_total: int
+
+
+@dataclass(frozen=True)
+class RoleConfigured:
+    role_id: int
+    warm: bool = False  # weights were already resident; only role state was reset
+
+
+@dataclass(frozen=True)
+class RoleFailed:
+    role_id: int
+    reason: str  # RoleFailure: WeightsNotFound | WeightsChecksumMismatch | ConfigInvalid | WeightsLoadFailed
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RingInstalled:
+    ring_id: int
+    edge_id: int
+    port_id: int
+
+
+@dataclass(frozen=True)
+class RingFault:
+    ring_id: int
+    edge_id: int
+    port_id: int
+    reason: str  # RingFaultReason
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RingQuiesced:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class ObjectLoaded:
+    ring_id: int
+    edge_id: int
+    port_id: int
+    object_id: int
+    sequence: int
+    extent: int
+    device_handle: DeviceHandle
+
+
+@dataclass(frozen=True)
+class ObjectProduced:
+    ring_id: int
+    edge_id: int
+    port_id: int
+    object_id: int
+    sequence: int
+    extent: int
+
+
+@dataclass(frozen=True)
+class ObjectFailed:
+    ring_id: int
+    edge_id: int
+    port_id: int
+    object_id: int | None
+    sequence: int | None
+    reason: str  # ObjectFailure
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StepCompleted:
+    role_id: int
+    step_id: int
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    role_id: int
+    step_id: int
+    reason: str  # StepFailure
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceObjectReleased:
+    device_handle: DeviceHandle
+
+
+@dataclass(frozen=True)
+class ReleaseFailed:
+    device_handle: DeviceHandle
+    reason: str  # UnknownHandle | StaleGeneration | InUse
+
+
+Event = (
+    WorkerReady
+    | WorkerFatal
+    | WorkerStopped
+    | RoleProgress
+    | RoleConfigured
+    | RoleFailed
+    | RingInstalled
+    | RingFault
+    | RingQuiesced
+    | ObjectLoaded
+    | ObjectProduced
+    | ObjectFailed
+    | StepCompleted
+    | StepFailed
+    | DeviceObjectReleased
+    | ReleaseFailed
+    | RingReadable
+    | RingWritable
+)
+
+COMMANDS: dict[str, type] = {c.__name__: c for c in typing.get_args(Command)}
+EVENTS: dict[str, type] = {c.__name__: c for c in typing.get_args(Event)}
+
+
+# ---- codec ----
+
+
+def encode(message: Any) -> str:
+    """One line (no newline) for a command or event dataclass."""
+    return json.dumps({"type": type(message).__name__, **dataclasses.asdict(message)}, separators=(",", ":"))
+
+
+def _decode_value(path: str, hint: Any, value: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise MalformedMessage(f"{path}: must not be null")
+        (arm,) = [a for a in args if a is not type(None)]
+        return _decode_value(path, arm, value)
+    if hint is int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value >= 2**64:
+            raise MalformedMessage(f"{path}: expected an unsigned integer, got {value!r}")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise MalformedMessage(f"{path}: expected a boolean, got {value!r}")
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise MalformedMessage(f"{path}: expected a string, got {value!r}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise MalformedMessage(f"{path}: expected a list, got {type(value).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_decode_value(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise MalformedMessage(f"{path}: expected an object, got {type(value).__name__}")
+        return value
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise MalformedMessage(f"{path}: expected an object, got {type(value).__name__}")
+        return _decode_fields(path, hint, value)  # type: ignore[arg-type]
+    raise MalformedMessage(f"{path}: unsupported field type {hint!r}")  # pragma: no cover
+
+
+def _decode_fields(path: str, cls: type[T], obj: dict[str, Any]) -> T:
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        raise MalformedMessage(f"{path}: unknown field(s) {', '.join(unknown)}")
+    values = {}
+    for name, f in known.items():
+        if name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise MalformedMessage(f"{path}: missing field {name}")
+            continue
+        values[name] = _decode_value(f"{path}.{name}", hints[name], obj[name])
+    return cls(**values)
+
+
+def _decode(line: str | bytes, table: dict[str, type], what: str) -> Any:
+    try:
+        obj = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise MalformedMessage(f"{what} line is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise MalformedMessage(f"{what} line is not a JSON object")
+    name = obj.pop("type", None)
+    if not isinstance(name, str) or name not in table:
+        raise MalformedMessage(f"unknown {what} type {name!r}; known: {', '.join(sorted(table))}")
+    return _decode_fields(name, table[name], obj)
+
+
+def decode_command(line: str | bytes) -> Command:
+    return _decode(line, COMMANDS, "command")  # type: ignore[no-any-return]
+
+
+def decode_event(line: str | bytes) -> Event:
+    return _decode(line, EVENTS, "event")  # type: ignore[no-any-return]
