@@ -1,0 +1,254 @@
+"""MembershipNode: the SWIM engine, the member table and the watchers, glued on asyncio.
+
+The engine runs the protocol off this loop; this class only pumps its events into MemberView,
+fans the resulting watch events out to subscribers, retries the seeds while the node knows no
+live peer, publishes local metadata changes and leaves gracefully on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from swactor.common.events import get_logger
+from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
+from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEventKind
+from swactor.membership.view import Counts, MemberRecord, MemberView, ViewEvent
+from swactor.v1 import membership_pb2 as pb
+
+WATCH_QUEUE_MAX = 4096
+_STATE_EVENTS = {
+    pb.NODE_STATE_AVAILABLE: "node_available",
+    pb.NODE_STATE_FAULTED: "node_faulted",
+    pb.NODE_STATE_BOOTING: "node_booting",
+}
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True)
+class NodeTimings:
+    join_retry_interval_s: float
+    departed_retention_s: float
+    leave_timeout_s: float
+
+
+class Subscriber:
+    """One watcher's queue. None marks the end (node stopping); overflow ends it too."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[ViewEvent | None] = asyncio.Queue()
+        self.overflowed = False
+
+    def push(self, ev: ViewEvent | None) -> None:
+        if self.overflowed:
+            return
+        if ev is not None and self.queue.qsize() >= WATCH_QUEUE_MAX:
+            self.overflowed = True
+            self.queue.put_nowait(None)
+            return
+        self.queue.put_nowait(ev)
+
+
+class MembershipNode:
+    def __init__(
+        self,
+        backend: SwimBackend,
+        metadata: pb.NodeMetadata,
+        seeds: list[str],
+        timings: NodeTimings,
+        on_change: Callable[[Counts], None] = lambda counts: None,
+    ) -> None:
+        self._backend = backend
+        self._metadata = pb.NodeMetadata()
+        self._metadata.CopyFrom(metadata)
+        self._seeds = list(seeds)
+        self._timings = timings
+        self._on_change = on_change
+        self._subscribers: set[Subscriber] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._alone = asyncio.Event()
+        self._meta_lock = asyncio.Lock()
+        self._view: MemberView | None = None
+        self._stopped = False
+        # Bound here, not at import: a bound structlog logger keeps the config of its creation.
+        self._log = get_logger(component="membership")
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        await self._backend.start()
+        t = now_us()
+        self._view = MemberView(self._backend.local(), t, int(self._timings.departed_retention_s * 1e6))
+        self._view.resync(self._backend.members(), [], t)
+        self._tasks = [
+            asyncio.create_task(self._pump(), name="membership-pump"),
+            asyncio.create_task(self._join_loop(), name="membership-join"),
+            asyncio.create_task(self._expire_loop(), name="membership-expire"),
+        ]
+        self._update_alone()
+        local = self.view.local().member
+        self._log.info("membership_started", node_id=self._metadata.node_id, gossip_address=local.addr,
+                 seeds=self._seeds, incarnation=local.incarnation)
+
+    async def stop(self, graceful: bool) -> None:
+        """Leave (peers see "left") when graceful, then close the engine and end every watch."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if graceful:
+            self._log.info("membership_leaving", node_id=self._metadata.node_id)
+            await self._backend.leave(self._timings.leave_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._backend.close()
+        for sub in list(self._subscribers):
+            sub.push(None)
+        self._log.info("membership_stopped", node_id=self._metadata.node_id, graceful=graceful)
+
+    # ---- reads ----
+
+    @property
+    def view(self) -> MemberView:
+        if self._view is None:
+            raise RuntimeError("membership node not started")
+        return self._view
+
+    @property
+    def metadata(self) -> pb.NodeMetadata:
+        return self._metadata
+
+    def swim_counters(self) -> SwimCounters:
+        return self._backend.counters()
+
+    def has_live_peer(self) -> bool:
+        c = self.view.counts()
+        return c.alive + c.suspect > 1
+
+    def subscribe(self) -> Subscriber:
+        sub = Subscriber()
+        self._subscribers.add(sub)
+        if self._stopped:
+            sub.push(None)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        self._subscribers.discard(sub)
+
+    # ---- local state ----
+
+    async def set_local_state(
+        self,
+        state: pb.NodeState.ValueType,
+        reason: str = "",
+        *,
+        edge_endpoint: str | None = None,
+        edge_cert_fingerprint: str | None = None,
+        control_endpoint: str | None = None,
+    ) -> MemberRecord:
+        """Change this node's gossiped state (and endpoint material); raises ValueError on bad input."""
+        if state not in _STATE_EVENTS:
+            raise ValueError(f"state must be BOOTING, AVAILABLE or FAULTED, got {pb.NodeState.Name(state)}")
+        if state != pb.NODE_STATE_FAULTED and reason:
+            raise ValueError("reason is only for state FAULTED")
+        md = pb.NodeMetadata()
+        md.CopyFrom(self._metadata)
+        md.state, md.state_reason = state, reason
+        if edge_endpoint is not None:
+            md.edge_endpoint = check_endpoint("edge_endpoint", edge_endpoint)
+        if edge_cert_fingerprint is not None:
+            md.edge_cert_fingerprint = check_fingerprint(edge_cert_fingerprint)
+        if control_endpoint is not None:
+            md.control_endpoint = check_endpoint("control_endpoint", control_endpoint)
+        tags = encode_tags(md)
+        async with self._meta_lock:
+            if md != self._metadata:
+                await self._backend.set_meta(tags)
+                old_state = self._metadata.state
+                self._metadata = md
+                if old_state != state:
+                    self._log.info(_STATE_EVENTS[state], node_id=md.node_id, reason=reason or None,
+                             previous=pb.NodeState.Name(old_state))
+            self._publish(self.view.update_local(self._backend.local(), now_us()))
+        return self.view.local()
+
+    # ---- background tasks ----
+
+    async def _pump(self) -> None:
+        async for ev in self._backend.events():
+            t = now_us()
+            if ev.kind is SwimEventKind.RESYNC:
+                current = self._backend.members()
+                live = {m.name for m in current}
+                gone = [
+                    r.member.name for r in self.view.records()
+                    if not r.is_self and r.member.name not in live
+                ]
+                tombstones = [m for m in map(self._backend.member, gone) if m is not None]
+                self._log.warning("membership_events_lost", resynced=len(current))
+                self._publish(self.view.resync(current, tombstones, t))
+            else:
+                self._publish(self.view.apply(ev, t))
+
+    async def _join_loop(self) -> None:
+        if not self._seeds:
+            return
+        attempt = 0
+        while True:
+            await self._alone.wait()
+            attempt += 1
+            try:
+                answered = await self._backend.join(self._seeds)
+                self._log.info("membership_join", seeds=self._seeds, answered=answered, attempt=attempt)
+            except JoinFailed as e:
+                self._log.info("membership_join_retry", seeds=self._seeds, attempt=attempt, reason="no_seed_answered",
+                         detail=str(e))
+            self._update_alone()
+            await asyncio.sleep(self._timings.join_retry_interval_s)
+            self._update_alone()
+
+    async def _expire_loop(self) -> None:
+        period = max(1.0, self._timings.departed_retention_s / 10)
+        while True:
+            await asyncio.sleep(period)
+            for name in self.view.expire(now_us()):
+                self._log.info("member_forgotten", member=name)
+
+    def _update_alone(self) -> None:
+        if self.has_live_peer():
+            self._alone.clear()
+        else:
+            self._alone.set()
+
+    def _publish(self, events: list[ViewEvent]) -> None:
+        if not events:
+            return
+        for ev in events:
+            m = ev.record.member
+            self._log.info(
+                f"member_{ev.kind.value}",
+                member_node_id=self._metadata.node_id if ev.record.is_self else _node_id(m.meta, m.name),
+                gossip_address=m.addr,
+                incarnation=m.incarnation,
+                liveness=m.liveness.value,
+            )
+            for sub in list(self._subscribers):
+                sub.push(ev)
+        self._update_alone()
+        self._on_change(self.view.counts())
+
+
+def _node_id(meta: object, name: str) -> int:
+    try:
+        return int(dict(meta).get("id", name))  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
