@@ -1,0 +1,47 @@
+"""EdgeConfig: the `[edge]` table of the host config, with CLI overrides (see main)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+
+ALPN = "swactor/edge/1"
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    # UDP address of the host's one QUIC endpoint.
+    bind: str = "0.0.0.0:7400"
+    socket: Path = DEFAULT_RUN_DIR / "edge.sock"
+    state_dir: Path = DEFAULT_STATE_DIR
+    # PEM files; default `<state_dir>/edge/cert.pem` and `key.pem` (created by --init-identity).
+    cert: Path | None = None
+    key: Path | None = None
+    # Where peers come from: "membership" (gRPC socket below) or a static TOML file (tests, demo).
+    membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
+    peers_file: Path | None = None
+    # Arena-manager socket, for the arena memfd the pumps map.
+    arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
+    # QUIC payload bytes per datagram; 0 = what the path allows (route MTU minus IP/UDP headers).
+    max_datagram_size: int = 0
+    # Upper bound for the automatic size (aioquic's cost is per packet; see docs/edge.md).
+    max_datagram_size_auto_cap: int = 16384
+    # Receive credit one edge stream may hold beyond what its ring has absorbed (bytes).
+    stream_window: int = 4 << 20
+    # Credit of a stream whose edge is not established here yet (before rendezvous).
+    initial_stream_window: int = 256 << 10
+    # Bytes a send-pump may have queued in QUIC (unsent + unacknowledged) per edge.
+    send_queue_limit: int = 4 << 20
+    # Connection-wide receive credit beyond bytes consumed.
+    connection_window: int = 32 << 20
+    # Concurrent uni-streams a peer may open (bounds memory of unmatched streams).
+    max_streams: int = 64
+    idle_timeout: float = 5.0
+    keepalive_interval: float = 1.0
+    connect_timeout: float = 5.0
+    # A stream that carries no locally established edge for this long is stopped with a fault.
+    rendezvous_timeout: float = 30.0
+    congestion_control: str = "reno"
+    use_uvloop: bool = False

@@ -1,0 +1,435 @@
+"""The host's one QUIC endpoint (spec §24): one UDP socket for dialled and accepted connections.
+
+* Datagrams are demultiplexed by destination connection id (as aioquic's QuicServer does), read
+  in batches of up to READ_BATCH per wakeup, and each touched connection transmits once per
+  batch, so ACKs and credit updates coalesce.
+* Connections are cached per (peer node_id, ALPN): `connection_to(peer)` reuses an established
+  connection in either direction, or dials one; concurrent callers share the dial.
+* Keepalive: every connection PINGs every `keepalive_interval`, so a quiet persistent edge is
+  not closed by the idle timeout, and a dead peer is noticed within `idle_timeout`.
+* Every connection authenticates the peer by certificate fingerprint (quic_conn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import ssl
+from collections.abc import Callable
+from typing import Protocol
+
+from aioquic import tls
+from aioquic.buffer import Buffer
+from aioquic.quic import events
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.packet import QuicErrorCode, QuicPacketType, pull_quic_header
+from cryptography import x509
+
+from swactor.common.events import get_logger
+from swactor.edge.config import ALPN, EdgeConfig
+from swactor.edge.identity import EdgeIdentity, fingerprint
+from swactor.edge.mtu import datagram_size_for
+from swactor.edge.peers import PeerDirectory, parse_endpoint
+from swactor.edge.quic_conn import EdgeQuicConnection
+
+READ_BATCH = 128
+CID_LEN = 8
+log = get_logger(component="edge_endpoint")
+
+
+class PeerUnreachable(ConnectionError):
+    pass
+
+
+class PeerNotAuthorized(ConnectionError):
+    pass
+
+
+class ConnectionListener(Protocol):
+    """What the driver hears from connections (called on the event loop, never blocking)."""
+
+    def on_stream_data(self, conn: EdgeConnection, stream_id: int, data: bytes, end: bool) -> None: ...
+
+    def on_stream_reset(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None: ...
+
+    def on_stop_sending(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None: ...
+
+    def on_progress(self, conn: EdgeConnection) -> None: ...
+
+    def on_connection_lost(self, conn: EdgeConnection, reason: str, not_authorized: bool) -> None: ...
+
+
+class EdgeConnection:
+    """One QUIC connection: timers, transmit, keepalive, events out to the listener."""
+
+    _uids = itertools.count(1)
+
+    def __init__(self, endpoint: Endpoint, quic: EdgeQuicConnection, *, initiated_here: bool) -> None:
+        self.endpoint = endpoint
+        self.quic = quic
+        self.initiated_here = initiated_here
+        self.peer_addr: tuple[str, int] | None = None
+        self.handshake: asyncio.Future[None] = endpoint.loop.create_future()
+        self.closed = False
+        self.uid = next(self._uids)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._transmit_handle: asyncio.Handle | None = None
+        self._keepalive: asyncio.TimerHandle | None = None
+        self._ping_ids = itertools.count(1)
+
+    @property
+    def peer_node_id(self) -> int | None:
+        return self.quic.peer_node_id
+
+    @property
+    def max_datagram_size(self) -> int:
+        return self.quic._max_datagram_size
+
+    # ---- sending ----
+
+    def transmit(self) -> None:
+        """Send what the connection has to send now and re-arm its timer."""
+        self._transmit_handle = None
+        if self.closed:
+            return
+        loop = self.endpoint.loop
+        sendto = self.endpoint.sendto
+        for data, addr in self.quic.datagrams_to_send(now=loop.time()):
+            sendto(data, addr)
+        timer_at = self.quic.get_timer()
+        if self._timer is not None and self._timer_at != timer_at:
+            self._timer.cancel()
+            self._timer = None
+        if self._timer is None and timer_at is not None:
+            self._timer = loop.call_at(timer_at, self._on_timer)
+        self._timer_at = timer_at
+
+    def transmit_soon(self) -> None:
+        if self._transmit_handle is None and not self.closed:
+            self._transmit_handle = self.endpoint.loop.call_soon(self.transmit)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = max(self._timer_at or 0.0, self.endpoint.loop.time())
+        self._timer_at = None
+        self.quic.handle_timer(now=now)
+        self.process_events()
+        self.transmit()
+
+    def _on_keepalive(self) -> None:
+        self._keepalive = None
+        if self.closed:
+            return
+        if self.quic._handshake_complete:
+            self.quic.send_ping(next(self._ping_ids))
+            self.transmit()
+        self._keepalive = self.endpoint.loop.call_later(self.endpoint.config.keepalive_interval, self._on_keepalive)
+
+    def refused_here(self) -> bool:
+        """True when this side refused the peer's certificate on an accepted connection."""
+        return self.quic.refused_reason is not None and not self.initiated_here
+
+    def close(self, error_code: int = QuicErrorCode.NO_ERROR, reason: str = "") -> None:
+        if not self.closed:
+            self.quic.close(error_code=error_code, reason_phrase=reason)
+            self.transmit()
+
+    # ---- events ----
+
+    def process_events(self) -> None:
+        listener = self.endpoint.listener
+        quic = self.quic
+        progressed = False
+        while (event := quic.next_event()) is not None:
+            if isinstance(event, events.StreamDataReceived):
+                listener.on_stream_data(self, event.stream_id, event.data, event.end_stream)
+            elif isinstance(event, events.HandshakeCompleted):
+                self.endpoint._on_handshake(self)
+            elif isinstance(event, events.StreamReset):
+                listener.on_stream_reset(self, event.stream_id, event.error_code)
+            elif isinstance(event, events.StopSendingReceived):
+                listener.on_stop_sending(self, event.stream_id, event.error_code)
+            elif isinstance(event, events.ConnectionIdIssued):
+                self.endpoint._cids[event.connection_id] = self
+            elif isinstance(event, events.ConnectionIdRetired):
+                self.endpoint._cids.pop(event.connection_id, None)
+            elif isinstance(event, events.ConnectionTerminated):
+                self._terminated(event)
+                return
+            elif isinstance(event, events.PingAcknowledged):
+                progressed = True
+        if progressed or quic._streams:
+            listener.on_progress(self)
+
+    def _terminated(self, event: events.ConnectionTerminated) -> None:
+        self.closed = True
+        for handle in (self._timer, self._keepalive, self._transmit_handle):
+            if handle is not None:
+                handle.cancel()
+        refused = self.quic.refused_reason
+        reason = refused or f"{event.reason_phrase or 'closed'} (code {event.error_code:#x})"
+        # TLS alert bad_certificate (42) surfaces as CRYPTO_ERROR 0x100 + 42 on the other side.
+        not_authorized = refused is not None or event.error_code == 0x100 + tls.AlertDescription.bad_certificate
+        if not self.handshake.done():
+            exc: Exception = PeerNotAuthorized(reason) if not_authorized else PeerUnreachable(reason)
+            self.handshake.set_exception(exc)
+            self.handshake.exception()  # mark retrieved: the dialer may have given up already
+        self.endpoint._forget(self)
+        log.info(
+            "edge.connection_closed",
+            peer_node_id=self.peer_node_id or 0,
+            peer=str(self.peer_addr),
+            reason=reason,
+            not_authorized=not_authorized,
+        )
+        self.endpoint.listener.on_connection_lost(self, reason, not_authorized)
+
+
+class Endpoint:
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        identity: EdgeIdentity,
+        config: EdgeConfig,
+        directory: PeerDirectory,
+        listener: ConnectionListener,
+    ) -> None:
+        self.node_id = node_id
+        self.identity = identity
+        self.config = config
+        self.directory = directory
+        self.listener = listener
+        self.loop = asyncio.get_running_loop()
+        self.sock: socket.socket | None = None
+        self.address: tuple[str, int] | None = None
+        self._cids: dict[bytes, EdgeConnection] = {}
+        self._cache: dict[tuple[int, str], EdgeConnection] = {}
+        self._dials: dict[int, asyncio.Task[EdgeConnection]] = {}
+        self.connections: set[EdgeConnection] = set()
+        self.send_errors = 0
+        self.on_refused: Callable[[tuple[str, int], str], None] = lambda addr, why: None
+
+    # ---- socket ----
+
+    def bind(self, bind: str) -> tuple[str, int]:
+        host, port = parse_endpoint(bind)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            for opt, force in ((socket.SO_RCVBUF, 33), (socket.SO_SNDBUF, 32)):  # SO_*BUFFORCE
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, force, 8 << 20)
+                except OSError:
+                    sock.setsockopt(socket.SOL_SOCKET, opt, 8 << 20)
+            sock.bind((host, port))
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+        self.address = sock.getsockname()[:2]
+        self.loop.add_reader(sock.fileno(), self._on_readable)
+        return self.address
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        assert self.sock is not None
+        try:
+            self.sock.sendto(data, addr)
+        except (BlockingIOError, InterruptedError):
+            self.send_errors += 1  # QUIC loss recovery resends it
+        except OSError as e:
+            self.send_errors += 1
+            log.debug("edge.sendto_failed", peer=str(addr), error=str(e))
+
+    def _on_readable(self) -> None:
+        assert self.sock is not None
+        touched: dict[int, EdgeConnection] = {}
+        now = self.loop.time()
+        for _ in range(READ_BATCH):
+            try:
+                data, addr = self.sock.recvfrom(65536)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                continue
+            addr = addr[:2]
+            conn = self._route(data, addr)
+            if conn is not None:
+                conn.quic.receive_datagram(data, addr, now=now)
+                touched[conn.uid] = conn
+        for conn in touched.values():
+            conn.process_events()
+            conn.transmit()
+
+    def _route(self, data: bytes, addr: tuple[str, int]) -> EdgeConnection | None:
+        try:
+            header = pull_quic_header(Buffer(data=data), host_cid_length=CID_LEN)
+        except ValueError:
+            return None
+        conn = self._cids.get(header.destination_cid)
+        if conn is not None:
+            return conn
+        if (
+            header.packet_type != QuicPacketType.INITIAL
+            or len(data) < SMALLEST_MAX_DATAGRAM_SIZE
+            or header.version is None
+            or self.sock is None
+        ):
+            return None
+        cfg = self._configuration(is_client=False, peer_addr=addr)
+        if header.version not in cfg.supported_versions:
+            return None
+        quic = EdgeQuicConnection(
+            configuration=cfg,
+            pin=self._pin_any_member,
+            connection_window=self.config.connection_window,
+            max_streams_uni=self.config.max_streams,
+            original_destination_connection_id=header.destination_cid,
+        )
+        conn = self._adopt(quic, initiated_here=False)
+        conn.peer_addr = addr
+        self._cids[header.destination_cid] = conn
+        return conn
+
+    # ---- connections ----
+
+    def _configuration(self, *, is_client: bool, peer_addr: tuple[str, int], server_name: str | None = None) -> QuicConfiguration:
+        cfg = QuicConfiguration(
+            is_client=is_client,
+            alpn_protocols=[ALPN],
+            idle_timeout=self.config.idle_timeout,
+            max_data=self.config.connection_window,
+            max_stream_data=self.config.initial_stream_window,
+            max_datagram_size=datagram_size_for(
+                peer_addr, self.config.max_datagram_size, self.config.max_datagram_size_auto_cap
+            ),
+            congestion_control_algorithm=self.config.congestion_control,
+            connection_id_length=CID_LEN,
+            verify_mode=ssl.CERT_NONE,  # no CA: peers are pinned by fingerprint (quic_conn)
+            server_name=server_name,
+            initial_rtt=0.01,
+        )
+        cfg.certificate = self.identity.certificate
+        cfg.private_key = self.identity.private_key
+        return cfg
+
+    def _adopt(self, quic: EdgeQuicConnection, *, initiated_here: bool) -> EdgeConnection:
+        conn = EdgeConnection(self, quic, initiated_here=initiated_here)
+        self._cids[quic.host_cid] = conn
+        self.connections.add(conn)
+        conn._keepalive = self.loop.call_later(self.config.keepalive_interval, conn._on_keepalive)
+        return conn
+
+    def _pin_any_member(self, cert: x509.Certificate) -> int:
+        peer = self.directory.by_fingerprint(fingerprint(cert))
+        if peer is None:
+            raise tls.AlertBadCertificate("certificate is not a cluster member's edge certificate")
+        return peer.node_id
+
+    def _pin_node(self, node_id: int) -> Callable[[x509.Certificate], int]:
+        def pin(cert: x509.Certificate) -> int:
+            peer = self.directory.lookup(node_id)
+            if peer is None or fingerprint(cert) != peer.fingerprint:
+                raise tls.AlertBadCertificate(f"certificate does not match node {node_id}'s fingerprint")
+            return node_id
+
+        return pin
+
+    def _on_handshake(self, conn: EdgeConnection) -> None:
+        peer = conn.peer_node_id
+        assert peer is not None  # the pin ran during the handshake
+        if not conn.handshake.done():
+            conn.handshake.set_result(None)
+        self._cache.setdefault((peer, ALPN), conn)
+        log.info(
+            "edge.connection_established",
+            peer_node_id=peer,
+            peer=str(conn.peer_addr),
+            initiated_here=conn.initiated_here,
+            max_datagram_size=conn.max_datagram_size,
+        )
+
+    def _forget(self, conn: EdgeConnection) -> None:
+        self.connections.discard(conn)
+        for cid in [c for c, v in self._cids.items() if v is conn]:
+            del self._cids[cid]
+        peer = conn.peer_node_id
+        if peer is not None and self._cache.get((peer, ALPN)) is conn:
+            del self._cache[(peer, ALPN)]
+            # Another live connection to the same peer (a crossed dial) takes over the cache slot.
+            for other in self.connections:
+                if other.peer_node_id == peer and other.handshake.done() and not other.closed:
+                    self._cache[(peer, ALPN)] = other
+                    break
+        if conn.refused_here():
+            self.on_refused(conn.peer_addr or ("?", 0), conn.quic.refused_reason or "")
+
+    def cached(self, peer_node_id: int) -> EdgeConnection | None:
+        conn = self._cache.get((peer_node_id, ALPN))
+        return conn if conn is not None and not conn.closed else None
+
+    async def connection_to(self, peer_node_id: int) -> EdgeConnection:
+        """The cached connection to the peer, or a new authenticated one (raises PeerUnreachable,
+        PeerNotAuthorized)."""
+        conn = self.cached(peer_node_id)
+        if conn is not None:
+            return conn
+        task = self._dials.get(peer_node_id)
+        if task is None:
+            task = asyncio.ensure_future(self._dial(peer_node_id))
+            self._dials[peer_node_id] = task
+            task.add_done_callback(lambda _t: self._dials.pop(peer_node_id, None))
+        return await asyncio.shield(task)
+
+    async def _dial(self, peer_node_id: int) -> EdgeConnection:
+        peer = self.directory.lookup(peer_node_id)
+        if peer is None:
+            raise PeerUnreachable(f"node {peer_node_id} is not in the peer directory")
+        host, port = parse_endpoint(peer.endpoint)
+        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_DGRAM, family=self._family())
+        addr: tuple[str, int] = infos[0][4][:2]
+        cfg = self._configuration(is_client=True, peer_addr=addr, server_name=f"node-{peer_node_id}")
+        quic = EdgeQuicConnection(
+            configuration=cfg,
+            pin=self._pin_node(peer_node_id),
+            connection_window=self.config.connection_window,
+            max_streams_uni=self.config.max_streams,
+        )
+        conn = self._adopt(quic, initiated_here=True)
+        conn.peer_addr = addr
+        quic.connect(addr, now=self.loop.time())
+        conn.transmit()
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.handshake), self.config.connect_timeout)
+        except TimeoutError:
+            conn.close(reason="connect timeout")
+            conn.closed = True
+            self._forget(conn)
+            raise PeerUnreachable(
+                f"no QUIC handshake with node {peer_node_id} at {peer.endpoint} within {self.config.connect_timeout} s"
+            ) from None
+        return self.cached(peer_node_id) or conn
+
+    def _family(self) -> int:
+        assert self.sock is not None
+        return self.sock.family
+
+    async def close(self) -> None:
+        for conn in list(self.connections):
+            conn.close(reason="edge driver stopping")
+        await asyncio.sleep(0)
+        for task in list(self._dials.values()):
+            task.cancel()
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
+        for conn in list(self.connections):
+            conn.closed = True
+            for handle in (conn._timer, conn._keepalive, conn._transmit_handle):
+                if handle is not None:
+                    handle.cancel()
+        self.connections.clear()

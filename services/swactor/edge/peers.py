@@ -1,0 +1,193 @@
+"""PeerDirectory: per peer node_id, its edge endpoint and certificate fingerprint.
+
+Two implementations:
+* StaticPeerDirectory reads a TOML file (tests, local demo) and re-reads it when it changes:
+
+      [[peer]]
+      node_id = 17
+      endpoint = "10.77.3.2:7400"
+      fingerprint = "<lowercase hex sha-256 of the certificate DER>"
+
+* MembershipPeerDirectory follows the local membership service (WatchMembers on its Unix
+  socket) and publishes this driver's own endpoint and fingerprint with SetLocalState.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from swactor.common.events import get_logger
+from swactor.common.grpcio import unix_target
+
+log = get_logger(component="edge_peers")
+
+
+@dataclass(frozen=True)
+class PeerInfo:
+    node_id: int
+    endpoint: str  # host:port of the peer's QUIC edge endpoint
+    fingerprint: str  # lowercase hex SHA-256 of its certificate DER
+
+
+class PeerDirectory(Protocol):
+    def lookup(self, node_id: int) -> PeerInfo | None: ...
+
+    def by_fingerprint(self, fingerprint: str) -> PeerInfo | None: ...
+
+    async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int]:
+    """host:port (IPv6 as [addr]:port) -> (host, port); ValueError naming the bad endpoint."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise ValueError(f"endpoint {endpoint!r} is not host:port")
+    return host.strip("[]"), int(port)
+
+
+class _Table:
+    def __init__(self) -> None:
+        self.by_id: dict[int, PeerInfo] = {}
+        self.by_fp: dict[str, PeerInfo] = {}
+
+    def replace(self, peers: list[PeerInfo]) -> None:
+        self.by_id = {p.node_id: p for p in peers}
+        self.by_fp = {p.fingerprint: p for p in peers if p.fingerprint}
+
+    def put(self, peer: PeerInfo) -> None:
+        old = self.by_id.get(peer.node_id)
+        if old is not None:
+            self.by_fp.pop(old.fingerprint, None)
+        self.by_id[peer.node_id] = peer
+        if peer.fingerprint:
+            self.by_fp[peer.fingerprint] = peer
+
+    def remove(self, node_id: int) -> None:
+        old = self.by_id.pop(node_id, None)
+        if old is not None:
+            self.by_fp.pop(old.fingerprint, None)
+
+
+def load_peers_file(path: Path) -> list[PeerInfo]:
+    try:
+        with path.open("rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ValueError(f"peers file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"peers file {path}: {e}") from None
+    peers: list[PeerInfo] = []
+    for i, entry in enumerate(doc.get("peer", [])):
+        try:
+            node_id = int(entry["node_id"])
+            endpoint = str(entry["endpoint"])
+            fp = str(entry["fingerprint"]).lower()
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"peers file {path}: [[peer]] #{i} needs node_id, endpoint, fingerprint ({e})") from None
+        parse_endpoint(endpoint)
+        if len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):
+            raise ValueError(f"peers file {path}: [[peer]] #{i} fingerprint is not 64 hex digits")
+        peers.append(PeerInfo(node_id, endpoint, fp))
+    return peers
+
+
+class StaticPeerDirectory:
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._table = _Table()
+        self._mtime: float | None = None
+        self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            mtime = self._path.stat().st_mtime
+        except FileNotFoundError:
+            return
+        if mtime != self._mtime:
+            self._table.replace(load_peers_file(self._path))
+            self._mtime = mtime
+
+    def lookup(self, node_id: int) -> PeerInfo | None:
+        peer = self._table.by_id.get(node_id)
+        if peer is None:
+            self._refresh()
+            peer = self._table.by_id.get(node_id)
+        return peer
+
+    def by_fingerprint(self, fingerprint: str) -> PeerInfo | None:
+        peer = self._table.by_fp.get(fingerprint)
+        if peer is None:
+            self._refresh()
+            peer = self._table.by_fp.get(fingerprint)
+        return peer
+
+    async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class MembershipPeerDirectory:
+    """Follows WatchMembers; dead or departed members are dropped (their connections refused)."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self._socket = socket_path
+        self._table = _Table()
+        self._channel: grpc.aio.Channel | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def lookup(self, node_id: int) -> PeerInfo | None:
+        return self._table.by_id.get(node_id)
+
+    def by_fingerprint(self, fingerprint: str) -> PeerInfo | None:
+        return self._table.by_fp.get(fingerprint)
+
+    async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None:
+        from swactor.v1 import membership_pb2, membership_pb2_grpc
+
+        self._channel = grpc.aio.insecure_channel(unix_target(self._socket))
+        stub = membership_pb2_grpc.MembershipStub(self._channel)
+        await stub.SetLocalState(
+            membership_pb2.SetLocalStateRequest(
+                state=membership_pb2.NODE_STATE_UNSPECIFIED,
+                edge_endpoint=self_endpoint,
+                edge_cert_fingerprint=self_fingerprint,
+            ),
+            timeout=10,
+        )
+        self._task = asyncio.create_task(self._follow(stub))
+
+    async def _follow(self, stub: object) -> None:
+        from swactor.v1 import membership_pb2
+
+        dead = {membership_pb2.MEMBER_STATUS_DEAD, membership_pb2.MEMBER_STATUS_LEFT}
+        while True:
+            try:
+                call = stub.WatchMembers(membership_pb2.WatchMembersRequest(include_snapshot=True))  # type: ignore[attr-defined]
+                async for ev in call:
+                    md = ev.member.metadata
+                    if ev.member.status in dead or not md.edge_endpoint:
+                        self._table.remove(md.node_id)
+                    else:
+                        self._table.put(PeerInfo(md.node_id, md.edge_endpoint, md.edge_cert_fingerprint.lower()))
+            except grpc.aio.AioRpcError as e:
+                log.warning("edge.membership_watch_failed", code=e.code().name)
+            await asyncio.sleep(1.0)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._channel is not None:
+            await self._channel.close()

@@ -1,0 +1,149 @@
+"""An in-process stand-in for a ring-rs ring (unit tests only): bytearray data, eventfd wakes.
+
+It implements both pump ports (ProducerPort and ConsumerPort) and the same pending-bit wake
+protocol as ring-rs, so the driver's pumps can be tested in one process without the arena.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+
+from swactor.edge.ring_port import RingClosed, RingFault
+
+
+class FakeRing:
+    def __init__(self, ring_id: int, capacity: int) -> None:
+        self.ring_id = ring_id
+        self.capacity = capacity
+        self.buf = bytearray(capacity)
+        self.commit = 0
+        self.consume = 0
+        self.state = "open"
+        self.readable_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.writable_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._consumer_waiting = False
+        self._producer_waiting = False
+        self.released = False
+
+    # -- producer --
+    def free(self) -> int:
+        self._check()
+        return self.capacity - (self.commit - self.consume)
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._check()
+        n = min(len(data), self.free())
+        done = 0
+        while done < n:
+            idx = (self.commit + done) % self.capacity
+            k = min(n - done, self.capacity - idx)
+            self.buf[idx : idx + k] = data[done : done + k]
+            done += k
+        self.commit += n
+        if n and self._consumer_waiting:
+            self._consumer_waiting = False
+            os.eventfd_write(self.readable_fd, 1)
+        return n
+
+    def arm_writable(self) -> bool:
+        if self.state != "open" or self.free() > 0:
+            return True
+        self._producer_waiting = True
+        return False
+
+    def ack_writable(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.writable_fd)
+
+    def close(self) -> None:
+        if self.state == "open":
+            self.state = "closed"
+        os.eventfd_write(self.readable_fd, 1)
+        os.eventfd_write(self.writable_fd, 1)
+
+    def fault(self) -> None:
+        self.state = "faulted"
+        os.eventfd_write(self.readable_fd, 1)
+        os.eventfd_write(self.writable_fd, 1)
+
+    def release(self) -> None:
+        self.released = True
+
+    # -- consumer --
+    def avail(self) -> int:
+        return self.commit - self.consume
+
+    def readable_view(self, max_bytes: int) -> memoryview:
+        self._check()
+        avail = self.avail()
+        if avail == 0 and self.state == "closed":
+            raise RingClosed(f"ring {self.ring_id} closed")
+        idx = self.consume % self.capacity
+        n = min(avail, self.capacity - idx, max_bytes)
+        return memoryview(self.buf)[idx : idx + n]
+
+    def advance_consume(self, n: int) -> None:
+        assert 0 <= n <= self.avail()
+        self.consume += n
+        if n and self._producer_waiting:
+            self._producer_waiting = False
+            os.eventfd_write(self.writable_fd, 1)
+
+    def arm_readable(self) -> bool:
+        if self.state != "open" or self.avail() > 0:
+            return True
+        self._consumer_waiting = True
+        return False
+
+    def ack_readable(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.readable_fd)
+
+    def read(self, max_bytes: int) -> bytes:
+        """Test-side consumer helper: copy out and consume up to max_bytes."""
+        out = bytearray()
+        while len(out) < max_bytes:
+            view = self.readable_view(max_bytes - len(out))
+            if not view:
+                break
+            out += view
+            self.advance_consume(len(view))
+        return bytes(out)
+
+    def _check(self) -> None:
+        if self.state == "faulted":
+            raise RingFault(f"ring {self.ring_id} is faulted")
+
+
+class FakeRingSource:
+    def __init__(self) -> None:
+        self.rings: dict[int, FakeRing] = {}
+
+    def add(self, ring: FakeRing) -> FakeRing:
+        self.rings[ring.ring_id] = ring
+        return ring
+
+    def _get(self, ring_id: int) -> FakeRing:
+        try:
+            return self.rings[ring_id]
+        except KeyError:
+            raise KeyError(f"no ring {ring_id}") from None
+
+    def open_producer(self, ring_id: int, layout: object) -> FakeRing:
+        return self._get(ring_id)
+
+    def open_consumer(self, ring_id: int, layout: object) -> FakeRing:
+        return self._get(ring_id)
+
+
+async def wait_fd(fd: int) -> None:
+    """Wait until `fd` is readable (one wake hint)."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await fut
+    finally:
+        loop.remove_reader(fd)

@@ -1,0 +1,162 @@
+"""Two edge drivers in one process over loopback QUIC with fake rings: pumps, rendezvous, faults."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from pathlib import Path
+
+from swactor.edge import preamble
+from swactor.v1 import common_pb2
+from tests.edge.fakering import FakeRing, wait_fd
+from tests.edge.inproc import next_event, start_nodes, stop_nodes
+
+
+async def _produce(ring: FakeRing, data: bytes) -> None:
+    """Test-side worker: write all of `data` into an egress ring, waiting for space."""
+    view = memoryview(data)
+    while view:
+        n = ring.write(view)
+        view = view[n:]
+        if view and not ring.arm_writable():
+            await wait_fd(ring.writable_fd)
+            ring.ack_writable()
+
+
+async def _consume(ring: FakeRing, total: int, h: hashlib._Hash, stall: float = 0.0) -> None:
+    got = 0
+    if stall:
+        await asyncio.sleep(stall)
+    while got < total:
+        chunk = ring.read(1 << 20)
+        if chunk:
+            h.update(chunk)
+            got += len(chunk)
+            continue
+        if not ring.arm_readable():
+            await wait_fd(ring.readable_fd)
+            ring.ack_readable()
+
+
+def test_bytes_cross_intact_recv_first(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            tx = a.rings.add(FakeRing(11, 256 << 10))
+            rx = b.rings.add(FakeRing(21, 128 << 10))
+            b.driver.establish_recv(7, 21, None)
+            a.driver.establish_send(7, b.node_id, 11, None)
+            await next_event(a, "ready", 7)
+            data = os.urandom(8 << 20)
+            want = hashlib.sha256(data).hexdigest()
+            h = hashlib.sha256()
+            await asyncio.wait_for(asyncio.gather(_produce(tx, data), _consume(rx, len(data), h)), 60)
+            assert h.hexdigest() == want
+            tx.close()
+            await next_event(b, "closed", 7)
+            assert rx.state == "closed"
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_stream_first_rendezvous_and_shared_connection(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            for e in range(1, 5):
+                tx = a.rings.add(FakeRing(10 + e, 64 << 10))
+                a.driver.establish_send(e, b.node_id, 10 + e, None)
+                await next_event(a, "ready", e)
+                tx.write(b"hello %d" % e)
+            await asyncio.sleep(0.2)  # streams arrive and park: no EstablishRecv yet
+            assert len(b.driver.rendezvous.pending_streams) == 4
+            for e in range(1, 5):
+                rx = b.rings.add(FakeRing(20 + e, 64 << 10))
+                b.driver.establish_recv(e, 20 + e, None)
+                for _ in range(100):
+                    if rx.avail() >= 7:
+                        break
+                    await asyncio.sleep(0.01)
+                assert rx.read(100) == b"hello %d" % e
+            conns_a = [c for c in a.driver.endpoint.connections if not c.closed]
+            conns_b = [c for c in b.driver.endpoint.connections if not c.closed]
+            assert len(conns_a) == 1 and len(conns_b) == 1
+            assert len(conns_b[0].quic._streams) == 4
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_rendezvous_timeout_faults_both_ends(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path, rendezvous_timeout=0.3)
+        try:
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            a.driver.establish_send(9, b.node_id, 11, None)
+            await next_event(a, "ready", 9)
+            tx.write(b"x" * 100)
+            ev_b = await next_event(b, "fault", 9)
+            assert ev_b.fault.reason == common_pb2.STREAM_FAULT_RENDEZVOUS_TIMEOUT
+            ev_a = await next_event(a, "fault", 9)
+            assert ev_a.fault.reason == common_pb2.STREAM_FAULT_RENDEZVOUS_TIMEOUT
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_malformed_preamble_faults_and_driver_survives(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            conn = await a.driver.endpoint.connection_to(b.node_id)
+            sid = conn.quic.get_next_available_stream_id(is_unidirectional=True)
+            conn.quic.send_stream_data(sid, b"GARBAGE-PREAMBLE")
+            conn.transmit()
+            ev = await next_event(b, "fault", 0)
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_MALFORMED_PREAMBLE
+            # the same connection still carries a good edge
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            rx = b.rings.add(FakeRing(21, 64 << 10))
+            b.driver.establish_recv(5, 21, None)
+            a.driver.establish_send(5, b.node_id, 11, None)
+            await next_event(a, "ready", 5)
+            tx.write(b"ok")
+            for _ in range(100):
+                if rx.avail() == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert rx.read(10) == b"ok"
+            assert len(preamble.encode(5)) == preamble.PREAMBLE_LEN
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            rx = b.rings.add(FakeRing(21, 16 << 10))
+            b.driver.establish_recv(3, 21, None)
+            a.driver.establish_send(3, b.node_id, 11, None)
+            await next_event(a, "ready", 3)
+            tx.write(b"a" * (32 << 10))
+            await asyncio.sleep(0.2)
+            rx.fault()
+            ev = await next_event(b, "fault", 3)
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_RING_FAULT
+            ev = await next_event(a, "fault", 3)
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_STREAM_RESET
+            assert b.driver.stop_edge(3) and a.driver.stop_edge(3)
+            await next_event(b, "pump_stopped", 3)
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
