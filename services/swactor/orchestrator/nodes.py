@@ -1,0 +1,40 @@
+"""The orchestrator's view of one member node (fed by the membership service's WatchMembers)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class NodeState(enum.Enum):
+    BOOTING = "booting"
+    AVAILABLE = "available"
+    SUSPECT = "suspect"
+    FAULTED = "faulted"
+    LEFT = "left"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    kind: str  # tinygrad device kind: CUDA, NV, AMD, CPU, ...
+    name: str
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: int
+    state: NodeState
+    # Where the node's edge-driver accepts QUIC (host:port) and its node control gRPC listens.
+    edge_endpoint: str = ""
+    control_endpoint: str = ""
+    edge_cert_fingerprint: str = ""
+    hostname: str = ""
+    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+    reason: str = ""
+
+    @property
+    def provisionable(self) -> bool:
+        """Available and carrying the endpoint material edges and provisioning need (spec §9)."""
+        return self.state is NodeState.AVAILABLE and bool(self.edge_endpoint) and bool(self.control_endpoint)

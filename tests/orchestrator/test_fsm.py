@@ -1,0 +1,262 @@
+"""Run FSM core (spec §13): scripted inputs, a fake clock, assertions on actions and events."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.nodes import NodeState
+from swactor.orchestrator.planner import SamplingPolicy
+from swactor.v1 import common_pb2 as pb
+
+from .helpers import model_facts, node, pool
+
+K = pb.LifecycleEventKind
+EOS = 2
+
+
+def make(stages: int = 2, max_tokens: int = 4, prompt: tuple[int, ...] = (1, 9690, 198), window: float = 1.0,
+         timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = ()) -> F.RunFsm:
+    counter = itertools.count(1000)
+    req = F.RunRequest(run_id=77, model=model_facts(), prompt_ids=prompt, stages=stages, max_tokens=max_tokens,
+                       sampling=SamplingPolicy(), eog_ids=frozenset({EOS}), node_ids=node_ids)
+    cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=timeouts or F.Timeouts(), pool_window_s=window)
+    return F.RunFsm(req, cfg, now=0.0, id_source=lambda: next(counter))
+
+
+def kinds(actions: list[F.Action]) -> list[str]:
+    return [K.Name(a.event.kind) for a in actions if isinstance(a, F.Emit)]
+
+
+def of(actions: list[F.Action], cls: type) -> list:
+    return [a for a in actions if isinstance(a, cls)]
+
+
+def to_ready(fsm: F.RunFsm, nodes: tuple = (1, 2)) -> list[F.Action]:
+    """Drive the FSM from WAITING_POOL to RUNNING; returns the barrier step's actions."""
+    fsm.handle(F.MembershipChanged(pool(*nodes)), 0.0)
+    acts = fsm.handle(F.Tick(), fsm.deadline())
+    assert fsm.state is F.RunState.WAITING_READY
+    out: list[F.Action] = list(acts)
+    for s in fsm.plan.stages:
+        out += fsm.handle(F.StageReady(s.stage_index), 2.0)
+    out += fsm.handle(F.EndpointsReady(), 2.0)
+    assert fsm.state is F.RunState.RUNNING
+    return out
+
+
+def teardown(fsm: F.RunFsm, now: float = 50.0) -> list[F.Action]:
+    out: list[F.Action] = []
+    for s in fsm.plan.stages:
+        out += fsm.handle(F.StageStopped(s.stage_index), now)
+    return out
+
+
+def test_happy_path_prefill_decode_eos_and_teardown() -> None:
+    fsm = make(stages=2, max_tokens=10)
+    assert fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0) == []
+    assert fsm.deadline() == 1.0  # the stability window
+    acts = fsm.handle(F.Tick(), 1.0)
+    assert kinds(acts) == ["POOL_READY", "RUN_PLANNED", "STAGE_PROVISION_STARTED", "STAGE_PROVISION_STARTED"]
+    provs = of(acts, F.Provision)
+    assert [p.stage.node_id for p in provs] == [1, 2]
+    assert [(p.stage.layer_start, p.stage.layer_end_exclusive) for p in provs] == [(0, 15), (15, 30)]
+    assert len(of(acts, F.OpenEndpoints)) == 1
+    assert fsm.state is F.RunState.WAITING_READY
+    assert [t for t in fsm.transitions] == [(F.RunState.WAITING_POOL, F.RunState.PROVISIONING),
+                                            (F.RunState.PROVISIONING, F.RunState.WAITING_READY)]
+    assert kinds(fsm.handle(F.StageReady(0), 2.0)) == ["STAGE_READY"]
+    assert fsm.handle(F.TokenReceived(0, 5), 2.0) == []  # no token work before the barrier
+    assert kinds(fsm.handle(F.StageReady(1), 2.0)) == ["STAGE_READY"]
+    assert fsm.state is F.RunState.WAITING_READY  # endpoints not ready yet
+    acts = fsm.handle(F.EndpointsReady(), 3.0)
+    assert kinds(acts) == ["READINESS_BARRIER_PASSED", "PROMPT_INJECTED"]
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(0, (1, 9690, 198))]
+    acts = fsm.handle(F.TokenReceived(0, 42), 4.0)
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(1, (42,))]
+    assert of(acts, F.Deliver) == [F.Deliver(0, 42, False)]
+    acts = fsm.handle(F.TokenReceived(1, 43), 5.0)
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(2, (43,))]
+    acts = fsm.handle(F.TokenReceived(2, EOS), 6.0)
+    assert of(acts, F.InjectTokens) == []
+    assert kinds(acts) == ["TOKEN_RECEIVED", "RUN_COMPLETED", "STOP_RUN_SENT", "STOP_RUN_SENT"]
+    assert len(of(acts, F.StopStage)) == 2 and len(of(acts, F.CloseEndpoints)) == 1
+    assert (fsm.outcome, fsm.reason, fsm.tokens) == (F.Outcome.COMPLETED, "eos", [42, 43, EOS])
+    assert fsm.state is F.RunState.TEARING_DOWN
+    assert fsm.handle(F.TokenReceived(3, 9), 6.5) == []  # no new run work after the outcome
+    assert kinds(fsm.handle(F.StageStopped(0), 7.0)) == ["STAGE_STOPPED"]
+    acts = fsm.handle(F.StageStopped(1), 7.0)
+    assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
+    assert fsm.state is F.RunState.DONE and fsm.deadline() is None
+    assert fsm.handle(F.OperatorStop(), 8.0) == []
+
+
+def test_max_tokens_completes_without_injecting_more() -> None:
+    fsm = make(stages=1, max_tokens=2)
+    to_ready(fsm, (1,))
+    fsm.handle(F.TokenReceived(0, 10), 4.0)
+    acts = fsm.handle(F.TokenReceived(1, 11), 5.0)
+    assert of(acts, F.InjectTokens) == []
+    assert (fsm.outcome, fsm.reason) == (F.Outcome.COMPLETED, "max_tokens")
+    assert kinds(teardown(fsm))[-1] == "RUN_TORN_DOWN"
+
+
+def test_fault_during_waiting_ready_records_first_reason_only() -> None:
+    fsm = make()
+    to_ready_acts = fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0) + fsm.handle(F.Tick(), 1.0)
+    assert fsm.state is F.RunState.WAITING_READY and to_ready_acts
+    acts = fsm.handle(F.StageFault(1, pb.RUN_FAULT_WEIGHTS_LOAD_FAILED, pb.COMPONENT_STAGE_CONTROLLER, "bad shard"), 2.0)
+    assert kinds(acts) == ["STAGE_FAULTED", "RUN_FAULTED", "STOP_RUN_SENT", "STOP_RUN_SENT"]
+    faulted = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_FAULTED)
+    assert faulted.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED"
+    assert faulted.component == pb.COMPONENT_STAGE_CONTROLLER and faulted.stage_index == 1
+    assert of(acts, F.InjectTokens) == []
+    # a second fault while tearing down is recorded but does not change the outcome
+    acts = fsm.handle(F.StageFault(0, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER, ""), 3.0)
+    assert kinds(acts) == ["STAGE_FAULTED"]
+    assert (fsm.outcome, fsm.reason) == (F.Outcome.FAULTED, "RUN_FAULT_WEIGHTS_LOAD_FAILED")
+    assert kinds(teardown(fsm))[-1] == "RUN_TORN_DOWN"
+
+
+def test_fault_while_running_stops_decode() -> None:
+    fsm = make(max_tokens=10)
+    to_ready(fsm)
+    fsm.handle(F.TokenReceived(0, 42), 4.0)
+    acts = fsm.handle(F.StageFault(0, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER, "reset"), 5.0)
+    assert "RUN_FAULTED" in kinds(acts) and of(acts, F.InjectTokens) == []
+    assert fsm.handle(F.TokenReceived(1, 43), 5.5) == []
+    assert fsm.reason == "RUN_FAULT_STREAM_FAULT"
+
+
+def test_operator_stop_mid_decode() -> None:
+    fsm = make(max_tokens=10)
+    to_ready(fsm)
+    fsm.handle(F.TokenReceived(0, 42), 4.0)
+    acts = fsm.handle(F.OperatorStop("enough"), 4.5)
+    assert kinds(acts) == ["RUN_STOPPED", "STOP_RUN_SENT", "STOP_RUN_SENT"]
+    assert (fsm.outcome, fsm.detail) == (F.Outcome.STOPPED, "enough")
+    assert fsm.handle(F.TokenReceived(1, 43), 5.0) == []
+    assert fsm.handle(F.OperatorStop("again"), 5.0) == []
+    assert kinds(teardown(fsm)) == ["STAGE_STOPPED", "STAGE_STOPPED", "RUN_TORN_DOWN"]
+    assert fsm.outcome is F.Outcome.STOPPED
+
+
+def test_sequence_violation_faults() -> None:
+    fsm = make()
+    to_ready(fsm)
+    acts = fsm.handle(F.TokenReceived(1, 42), 4.0)
+    assert fsm.reason == "RUN_FAULT_SEQUENCE_VIOLATION" and "RUN_FAULTED" in kinds(acts)
+
+
+@pytest.mark.parametrize(("phase", "reason"), [("ready", "RUN_FAULT_READINESS_TIMEOUT"), ("prefill", "RUN_FAULT_STEP_TIMEOUT"),
+                                               ("decode", "RUN_FAULT_STEP_TIMEOUT")])
+def test_timeouts_fault_the_run(phase: str, reason: str) -> None:
+    t = F.Timeouts(pool_s=5, readiness_s=10, first_token_s=20, step_s=3, teardown_s=4)
+    fsm = make(timeouts=t, max_tokens=10)
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    fsm.handle(F.Tick(), 1.0)
+    if phase == "ready":
+        fsm.handle(F.StageReady(0), 2.0)
+        assert fsm.deadline() == 11.0
+        assert fsm.handle(F.Tick(), 10.9) == []
+        acts = fsm.handle(F.Tick(), 11.0)
+        assert "stage(s) [1]" in fsm.detail
+    else:
+        for i in (0, 1):
+            fsm.handle(F.StageReady(i), 2.0)
+        fsm.handle(F.EndpointsReady(), 2.0)
+        if phase == "decode":
+            fsm.handle(F.TokenReceived(0, 42), 3.0)
+        assert fsm.handle(F.Tick(), fsm.deadline() - 0.01) == []
+        acts = fsm.handle(F.Tick(), fsm.deadline())
+    assert fsm.reason == reason and "RUN_FAULTED" in kinds(acts)
+    # teardown times out when a stage never confirms: the outcome stays the first fault
+    fsm.handle(F.StageStopped(0), 30.0)
+    acts = fsm.handle(F.Tick(), fsm.deadline())
+    torn = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_TORN_DOWN)
+    assert torn.reason == "RUN_FAULT_TEARDOWN_TIMEOUT" and torn.counters["stages_unconfirmed"] == 1
+    assert fsm.state is F.RunState.DONE and fsm.reason == reason
+
+
+def test_node_lost_before_pool_ready_waits_then_refuses_with_reason() -> None:
+    fsm = make(stages=2, timeouts=F.Timeouts(pool_s=10))
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    fsm.handle(F.MembershipChanged(pool(1)), 0.5)  # node 2 gone before the window closed
+    assert fsm.handle(F.Tick(), 1.0) == [] and fsm.state is F.RunState.WAITING_POOL
+    assert fsm.deadline() == 1.5
+    fsm.handle(F.Tick(), 1.5)
+    assert fsm.state is F.RunState.WAITING_POOL and fsm.deadline() == 10.0  # stable, still too small: no busy timer
+    acts = fsm.handle(F.Tick(), 10.0)
+    assert kinds(acts) == ["RUN_FAULTED", "RUN_TORN_DOWN"]
+    assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and "2 stage(s) need 2 Available node(s), the pool has 1" in fsm.detail
+    assert fsm.state is F.RunState.DONE and of(acts, F.Provision) == [] and of(acts, F.StopStage) == []
+
+
+def test_node_returning_before_deadline_lets_the_run_start() -> None:
+    fsm = make(stages=2, timeouts=F.Timeouts(pool_s=10))
+    fsm.handle(F.MembershipChanged((node(1), node(2, NodeState.BOOTING))), 0.0)
+    assert fsm.handle(F.Tick(), 1.0) == []
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 3.0)
+    assert fsm.handle(F.Tick(), 3.5) == []  # window restarted at 3.0
+    acts = fsm.handle(F.Tick(), 4.0)
+    assert "POOL_READY" in kinds(acts) and fsm.state is F.RunState.WAITING_READY
+
+
+def test_faulted_member_is_outside_the_candidate_pool() -> None:
+    fsm = make(stages=2)
+    fsm.handle(F.MembershipChanged((node(1), node(2), node(3, NodeState.FAULTED))), 0.0)
+    fsm.handle(F.Tick(), 1.0)
+    assert [s.node_id for s in fsm.plan.stages] == [1, 2]
+
+
+def test_membership_loss_after_provisioning_faults_and_teardown_skips_lost_node() -> None:
+    fsm = make(stages=2)
+    to_ready(fsm)
+    acts = fsm.handle(F.MembershipChanged(pool(1)), 4.0)
+    faulted = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_FAULTED)
+    assert faulted.reason == "RUN_FAULT_MEMBERSHIP_LOST" and faulted.node_id == 2
+    assert faulted.component == pb.COMPONENT_MEMBERSHIP
+    acts = fsm.handle(F.MembershipChanged(pool(1)), 4.1)
+    assert kinds(acts) == ["STAGE_STOPPED"]  # node 2 can no longer confirm
+    acts = fsm.handle(F.StageStopped(0), 4.2)
+    assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
+
+
+def test_provision_failure_is_not_awaited_in_teardown() -> None:
+    fsm = make(stages=2)
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    fsm.handle(F.Tick(), 1.0)
+    acts = fsm.handle(F.ProvisionFailed(1, pb.RUN_FAULT_PROVISIONING_REJECTED, "unknown run"), 1.5)
+    assert fsm.reason == "RUN_FAULT_PROVISIONING_REJECTED"
+    assert [a.stage.stage_index for a in of(acts, F.StopStage)] == [0]
+    assert kinds(fsm.handle(F.StageStopped(0), 2.0)) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
+
+
+def test_planning_refusal_faults_before_provisioning() -> None:
+    fsm = make(stages=2, node_ids=(1, 9))
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    acts = fsm.handle(F.Tick(), 1.0)
+    assert kinds(acts) == ["POOL_READY", "RUN_FAULTED", "RUN_TORN_DOWN"]
+    assert "requested node(s) [9]" in fsm.detail and of(acts, F.Provision) == []
+
+
+def test_operator_stop_while_waiting_for_pool_ends_without_teardown_work() -> None:
+    fsm = make()
+    acts = fsm.handle(F.OperatorStop("nope"), 0.1)
+    assert kinds(acts) == ["RUN_STOPPED", "RUN_TORN_DOWN"] and fsm.state is F.RunState.DONE
+
+
+def test_relayed_node_events_are_stamped_with_the_run() -> None:
+    fsm = make()
+    acts = fsm.handle(F.Relay(pb.LifecycleEvent(kind=K.WEIGHTS_LOADED, node_id=1, stage_index=0)), 0.0)
+    assert acts[0].event.run_id == 77 and kinds(acts) == ["WEIGHTS_LOADED"]
+
+
+def test_context_full_completes() -> None:
+    fsm = make(stages=1, max_tokens=100000, prompt=tuple(range(4094)))
+    to_ready(fsm, (1,))
+    fsm.handle(F.TokenReceived(0, 10), 4.0)
+    fsm.handle(F.TokenReceived(1, 11), 4.0)
+    assert (fsm.outcome, fsm.reason) == (F.Outcome.COMPLETED, "context_full")
