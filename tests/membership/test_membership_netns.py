@@ -212,3 +212,13 @@ def test_node_with_another_secret_never_joins_and_is_counted(membership_cluster:
     assert counters.decrypt_failures > 0
     assert counters.rejected_packets >= counters.decrypt_failures
     assert intruder.get_self().counters.alive == 1
+
+
+@pytest.mark.parametrize("membership_cluster", [2], indirect=True)
+def test_join_retries_until_a_seed_appears(membership_cluster: MembershipCluster) -> None:
+    cluster = membership_cluster
+    early = cluster.ready(cluster.start(1, seeds=[0]))  # its only seed is not running yet
+    time.sleep(3.0)  # more than one join attempt fails meanwhile
+    assert early.get_self().counters.alive == 1
+    seed = cluster.ready(cluster.start(0, seeds=[]))
+    wait_until(lambda: _converged(cluster, [early, seed]), CONVERGE_S, "the late seed to be found by a retry")

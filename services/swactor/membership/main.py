@@ -120,12 +120,12 @@ def build_metadata(cfg: MembershipConfig, node_id: int) -> pb.NodeMetadata:
 
 
 def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMetadata) -> SwimSettings:
-    host, _ = _check_hostport("bind", cfg.bind, allow_wildcard=True)
+    host, port = _check_hostport("bind", cfg.bind, allow_wildcard=True)
     advertise = cfg.advertise
     if advertise is not None:
         _check_hostport("advertise", advertise, allow_wildcard=False)
-    elif not ipaddress.ip_address(host).is_unspecified:
-        advertise = cfg.bind
+    elif port != 0 and not ipaddress.ip_address(host).is_unspecified:
+        advertise = cfg.bind  # with port 0 the engine advertises the port the OS picked
     for seed in cfg.seeds:
         check_endpoint("seed", seed)
     return SwimSettings(

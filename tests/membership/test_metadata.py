@@ -1,0 +1,102 @@
+"""Gossiped metadata tags, GPU inventory flags, the cluster secret and its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from swactor.membership.gpus import parse_gpu
+from swactor.membership.metadata import (
+    MetadataError,
+    check_endpoint,
+    check_fingerprint,
+    decode_tags,
+    encode_tags,
+)
+from swactor.membership.secret import SecretError, gossip_key, read_secret
+from swactor.v1 import membership_pb2 as pb
+
+
+def full() -> pb.NodeMetadata:
+    return pb.NodeMetadata(
+        node_id=2**63 - 1,
+        software_version="0.1.0",
+        edge_endpoint="10.0.0.7:4433",
+        edge_cert_fingerprint="ab" * 32,
+        control_endpoint="10.0.0.7:7000",
+        gpus=[pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=150754820096)] * 8
+        + [pb.GpuDevice(kind="CPU", name="host", memory_bytes=0)],
+        state=pb.NODE_STATE_FAULTED,
+        state_reason="RUN_FAULT_WORKER_CRASHED",
+    )
+
+
+def test_round_trip_and_gpu_grouping_fit_the_gossip_budget() -> None:
+    md = full()
+    tags = encode_tags(md)
+    assert tags["gpu"].startswith("8*CUDA|NVIDIA H200|150754820096;")
+    assert decode_tags(tags) == md
+
+
+def test_empty_optional_fields_are_not_sent() -> None:
+    tags = encode_tags(pb.NodeMetadata(node_id=5, software_version="1", state=pb.NODE_STATE_BOOTING))
+    assert tags == {"id": "5", "v": "1", "st": "booting"}
+
+
+def test_oversized_metadata_is_refused_by_name() -> None:
+    md = full()
+    md.gpus.extend(pb.GpuDevice(kind="CUDA", name=f"gpu-{i}", memory_bytes=i) for i in range(40))
+    with pytest.raises(MetadataError, match="512"):
+        encode_tags(md)
+
+
+def test_separator_characters_in_gpu_names_are_refused() -> None:
+    with pytest.raises(MetadataError, match="GPU"):
+        encode_tags(pb.NodeMetadata(gpus=[pb.GpuDevice(kind="CUDA", name="a|b")]))
+
+
+def test_malformed_peer_tags_are_left_empty_not_trusted() -> None:
+    md = decode_tags({"id": "x", "gpu": "garbage", "st": "weird"}, fallback_node_id=9)
+    assert md.node_id == 9 and list(md.gpus) == [] and md.state == pb.NODE_STATE_UNSPECIFIED
+
+
+@pytest.mark.parametrize("bad", ["nohost", "host:", "host:99999", "a b:1"])
+def test_endpoints_must_be_host_port(bad: str) -> None:
+    with pytest.raises(MetadataError, match=r"host:port|port"):
+        check_endpoint("edge_endpoint", bad)
+
+
+def test_fingerprint_accepts_colon_hex_and_refuses_the_rest() -> None:
+    assert check_fingerprint(":".join(["AB"] * 32)) == "ab" * 32
+    with pytest.raises(MetadataError, match="64 hex"):
+        check_fingerprint("abc")
+
+
+def test_gpu_flag_parsing() -> None:
+    assert parse_gpu("CUDA:NVIDIA H200:1024") == pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=1024)
+    assert parse_gpu("NV:a:b:5").name == "a:b"
+    for bad in ["CUDA", "CUDA:x", "CUDA:x:lots", "CUDA:x:-1"]:
+        with pytest.raises(ValueError, match="GPU"):
+            parse_gpu(bad)
+
+
+def test_secret_file_errors_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(SecretError, match="does not exist"):
+        read_secret(tmp_path / "missing")
+    short = tmp_path / "short"
+    short.write_text("tiny\n")
+    with pytest.raises(SecretError, match="at least 16"):
+        read_secret(short)
+    with pytest.raises(SecretError, match="--secret-file"):
+        read_secret(None)
+    ok = tmp_path / "ok"
+    ok.write_text("  a perfectly long cluster secret \n")
+    assert read_secret(ok) == b"a perfectly long cluster secret"
+
+
+def test_gossip_key_depends_on_secret_and_cluster() -> None:
+    k = gossip_key(b"s" * 32, "swactor")
+    assert len(k) == 32 and k == gossip_key(b"s" * 32, "swactor")
+    assert k != gossip_key(b"t" * 32, "swactor")
+    assert k != gossip_key(b"s" * 32, "other")

@@ -1,0 +1,157 @@
+"""MembershipNode with an in-memory engine (a unit-test fake): watch fan-out, local state,
+join retries while alone, graceful stop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+
+import pytest
+
+from swactor.membership.node import MembershipNode, NodeTimings
+from swactor.membership.swim import JoinFailed, Liveness, SwimCounters, SwimEvent, SwimEventKind, SwimMember
+from swactor.membership.view import ViewEventKind
+from swactor.v1 import membership_pb2 as pb
+
+SELF = SwimMember("1", "10.0.0.1:7946", Liveness.ALIVE, 0, {"id": "1", "v": "t", "st": "booting"})
+PEER = SwimMember("2", "10.0.0.2:7946", Liveness.ALIVE, 0, {"id": "2", "v": "t", "st": "booting"})
+
+
+class FakeEngine:
+    def __init__(self, join_failures: int = 0) -> None:
+        self.local_member = SELF
+        self.live: dict[str, SwimMember] = {}
+        self.queue: asyncio.Queue[SwimEvent | None] = asyncio.Queue()
+        self.join_failures = join_failures
+        self.joins = 0
+        self.calls: list[str] = []
+
+    async def start(self) -> None:
+        self.calls.append("start")
+
+    async def join(self, seeds: list[str]) -> int:
+        self.joins += 1
+        if self.joins <= self.join_failures:
+            raise JoinFailed("no seed answered")
+        self.emit(SwimEventKind.JOINED, PEER)
+        return 1
+
+    def emit(self, kind: SwimEventKind, m: SwimMember) -> None:
+        if kind in (SwimEventKind.DEAD, SwimEventKind.LEFT):
+            self.live.pop(m.name, None)
+        else:
+            self.live[m.name] = m
+        self.queue.put_nowait(SwimEvent(kind, m))
+
+    def local(self) -> SwimMember:
+        return self.local_member
+
+    def members(self) -> list[SwimMember]:
+        return [self.local_member, *self.live.values()]
+
+    def member(self, name: str) -> SwimMember | None:
+        return self.live.get(name)
+
+    async def events(self) -> AsyncIterator[SwimEvent]:
+        while (ev := await self.queue.get()) is not None:
+            yield ev
+
+    async def set_meta(self, meta: Mapping[str, str]) -> None:
+        self.local_member = replace(self.local_member, meta=dict(meta), incarnation=self.local_member.incarnation + 1)
+
+    def counters(self) -> SwimCounters:
+        return SwimCounters()
+
+    async def leave(self, timeout_s: float) -> None:
+        self.calls.append("leave")
+
+    async def close(self) -> None:
+        self.calls.append("close")
+        self.queue.put_nowait(None)
+
+
+def make(engine: FakeEngine, seeds: list[str] | None = None) -> MembershipNode:
+    md = pb.NodeMetadata(node_id=1, software_version="t", state=pb.NODE_STATE_BOOTING)
+    return MembershipNode(engine, md, seeds or [], NodeTimings(0.01, 60.0, 1.0))
+
+
+async def _next(q: asyncio.Queue) -> object:
+    return await asyncio.wait_for(q.get(), timeout=2)
+
+
+def test_join_is_retried_while_alone_and_events_reach_watchers() -> None:
+    async def body() -> None:
+        engine = FakeEngine(join_failures=3)
+        node = make(engine, seeds=["10.0.0.2:7946"])
+        await node.start()
+        sub = node.subscribe()
+        ev = await _next(sub.queue)
+        assert ev.kind is ViewEventKind.JOIN and ev.record.member.name == "2"
+        assert engine.joins == 4
+        assert node.has_live_peer()
+        engine.emit(SwimEventKind.SUSPECT, PEER)
+        assert (await _next(sub.queue)).kind is ViewEventKind.SUSPECT
+        await node.stop(graceful=True)
+        assert await _next(sub.queue) is None
+        assert engine.calls == ["start", "leave", "close"]
+
+    asyncio.run(body())
+
+
+def test_set_local_state_gossips_and_emits_a_self_event() -> None:
+    async def body() -> None:
+        engine = FakeEngine()
+        node = make(engine)
+        await node.start()
+        sub = node.subscribe()
+        rec = await node.set_local_state(pb.NODE_STATE_AVAILABLE, edge_endpoint="10.0.0.1:4433")
+        assert rec.is_self and rec.member.incarnation == 1
+        assert engine.local_member.meta["st"] == "available"
+        assert engine.local_member.meta["edge"] == "10.0.0.1:4433"
+        ev = await _next(sub.queue)
+        assert ev.kind is ViewEventKind.METADATA_CHANGED and ev.record.is_self
+        # Setting the same state again changes nothing and gossips nothing.
+        await node.set_local_state(pb.NODE_STATE_AVAILABLE)
+        assert engine.local_member.incarnation == 1 and sub.queue.empty()
+        await node.stop(graceful=False)
+        assert "leave" not in engine.calls
+
+    asyncio.run(body())
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "kw", "match"),
+    [
+        (pb.NODE_STATE_UNSPECIFIED, "", {}, "BOOTING, AVAILABLE or FAULTED"),
+        (pb.NODE_STATE_AVAILABLE, "RUN_FAULT_X", {}, "only for state FAULTED"),
+        (pb.NODE_STATE_AVAILABLE, "", {"edge_endpoint": "nope"}, "host:port"),
+        (pb.NODE_STATE_AVAILABLE, "", {"edge_cert_fingerprint": "zz"}, "64 hex"),
+    ],
+)
+def test_bad_local_state_requests_are_refused_by_name(state: int, reason: str, kw: dict, match: str) -> None:
+    async def body() -> None:
+        engine = FakeEngine()
+        node = make(engine)
+        await node.start()
+        with pytest.raises(ValueError, match=match):
+            await node.set_local_state(state, reason, **kw)
+        assert engine.local_member.incarnation == 0
+        await node.stop(graceful=False)
+
+    asyncio.run(body())
+
+
+def test_lost_events_are_recovered_by_resync() -> None:
+    async def body() -> None:
+        engine = FakeEngine()
+        node = make(engine)
+        await node.start()
+        sub = node.subscribe()
+        engine.live["2"] = PEER  # the engine knows a member whose event was dropped
+        engine.queue.put_nowait(SwimEvent(SwimEventKind.RESYNC))
+        ev = await _next(sub.queue)
+        assert ev.kind is ViewEventKind.JOIN and ev.record.member.name == "2"
+        await node.stop(graceful=False)
+
+    asyncio.run(body())
