@@ -23,7 +23,9 @@ class FakeAbi:
     def required_len(self, data_capacity: int, alignment: int) -> int:
         return round_up(HEADER, max(alignment, 64)) + data_capacity
 
-    def mint(self, ring_id: int, arena_offset: int, data_capacity: int, alignment: int, total_len: int) -> Layout:
+    def mint(
+        self, ring_id: int, arena_offset: int, data_capacity: int, alignment: int, total_len: int
+    ) -> Layout:
         data = arena_offset + round_up(HEADER, max(alignment, 64))
         return Layout(ring_id, arena_offset, total_len, arena_offset, data, data_capacity, alignment)
 
@@ -43,7 +45,9 @@ class FakeMemory:
             raise RingInitError("injected header init failure")
         first, n = layout.arena_offset // PAGE, layout.total_len // PAGE
         for page in range(first, first + n):
-            assert page not in self.live, f"page {page} of ring {layout.ring_id} is live for ring {self.live[page]}"
+            assert page not in self.live, (
+                f"page {page} of ring {layout.ring_id} is live for ring {self.live[page]}"
+            )
             self.live[page] = layout.ring_id
         if prefault:
             self.prefaulted.append(layout.ring_id)
@@ -54,7 +58,9 @@ class FakeMemory:
         self.scrubbed.append(r)
 
 
-def make_table(ceiling: int = 64 * PAGE, *, holders: tuple[int, ...] = (1, 2, 3)) -> tuple[LeaseTable, FakeMemory]:
+def make_table(
+    ceiling: int = 64 * PAGE, *, holders: tuple[int, ...] = (1, 2, 3)
+) -> tuple[LeaseTable, FakeMemory]:
     memory = FakeMemory()
     ids = count(1)
     table = LeaseTable(ceiling, page_size=PAGE, abi=FakeAbi(), memory=memory, next_ring_id=lambda: next(ids))
@@ -67,7 +73,9 @@ def make_table(ceiling: int = 64 * PAGE, *, holders: tuple[int, ...] = (1, 2, 3)
 _request_ids = count(1)
 
 
-def req(capacity: int = PAGE, *, holder: int = 1, alignment: int = 64, edge_id: int = 7, **kw: object) -> RingRequest:
+def req(
+    capacity: int = PAGE, *, holder: int = 1, alignment: int = 64, edge_id: int = 7, **kw: object
+) -> RingRequest:
     fields: dict[str, object] = {
         "request_id": next(_request_ids),
         "requester": "test",

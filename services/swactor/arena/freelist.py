@@ -67,7 +67,13 @@ class FreeList:
 
     def free(self, r: Range) -> None:
         """Give a range back, merging it with free neighbours. It must not overlap a free range."""
-        if r.length <= 0 or r.offset < 0 or r.end > self.ceiling or r.offset % self.grain or r.length % self.grain:
+        if (
+            r.length <= 0
+            or r.offset < 0
+            or r.end > self.ceiling
+            or r.offset % self.grain
+            or r.length % self.grain
+        ):
             raise ValueError(f"cannot free {r}: outside [0, {self.ceiling}) or not {self.grain}-aligned")
         i = bisect.bisect_left(self._starts, r.offset)
         prev_end = self._starts[i - 1] + self._lengths[i - 1] if i > 0 else -1

@@ -22,7 +22,9 @@ class RingAbi(Protocol):
         """Bytes of header plus data a ring of this shape occupies (not page-rounded)."""
         ...
 
-    def mint(self, ring_id: int, arena_offset: int, data_capacity: int, alignment: int, total_len: int) -> Layout:
+    def mint(
+        self, ring_id: int, arena_offset: int, data_capacity: int, alignment: int, total_len: int
+    ) -> Layout:
         """The canonical layout of a ring in the range [arena_offset, arena_offset + total_len)."""
         ...
 

@@ -211,10 +211,14 @@ class LeaseTable:
         if proof not in ReleaseProof._value2member_map_:
             raise invalid("proof", f"must be QUIESCED or NEVER_INSTALLED, got {proof}")
         if lease.owner != holder_id:
-            raise precondition("holder_id", f"ring {ring_id} is owned by holder {lease.owner}, not {holder_id}")
+            raise precondition(
+                "holder_id", f"ring {ring_id} is owned by holder {lease.owner}, not {holder_id}"
+            )
         if lease.attached:
             holders = ", ".join(str(h) for h in sorted(lease.attached))
-            raise precondition("ring_id", f"ring {ring_id} is still attached by holder(s) {holders}; detach first")
+            raise precondition(
+                "ring_id", f"ring {ring_id} is still attached by holder(s) {holders}; detach first"
+            )
         lease.owner_holds = False
         events: list[Event] = [RingReleased(lease.request, ring_id, ReleaseProof(proof))]
         events.append(self._reclaim(lease, ReclaimCause.RELEASED))
@@ -256,15 +260,22 @@ class LeaseTable:
         """Check every field before touching anything; returns (page-rounded length, start alignment)."""
         if req.request_id == 0:
             raise invalid("request_id", "must be non-zero")
-        if req.request_id in self._ring_of_request or any(p.request.request_id == req.request_id for p in self._queue):
-            raise ArenaError(Code.ALREADY_EXISTS, "request_id", f"request {req.request_id} is already queued or leased")
+        if req.request_id in self._ring_of_request or any(
+            p.request.request_id == req.request_id for p in self._queue
+        ):
+            raise ArenaError(
+                Code.ALREADY_EXISTS, "request_id", f"request {req.request_id} is already queued or leased"
+            )
         if not req.requester:
             raise invalid("requester", "must name the requesting component")
         if req.direction not in (Direction.INGRESS, Direction.EGRESS):
-            raise invalid("direction", f"must be RING_DIRECTION_INGRESS or RING_DIRECTION_EGRESS, got {req.direction}")
+            raise invalid(
+                "direction", f"must be RING_DIRECTION_INGRESS or RING_DIRECTION_EGRESS, got {req.direction}"
+            )
         if req.spec_direction not in (0, req.direction):
             raise invalid(
-                "ring_spec.direction", f"{req.spec_direction} disagrees with the request's direction {req.direction}"
+                "ring_spec.direction",
+                f"{req.spec_direction} disagrees with the request's direction {req.direction}",
             )
         a = req.alignment
         if a <= 0 or a & (a - 1) or a > MAX_ALIGNMENT:
@@ -273,7 +284,9 @@ class LeaseTable:
         if c == 0:
             raise invalid("ring_spec.data_capacity", "must be non-zero")
         if c > MAX_DATA_CAPACITY:
-            raise invalid("ring_spec.data_capacity", f"{c} exceeds the largest mappable ring ({MAX_DATA_CAPACITY})")
+            raise invalid(
+                "ring_spec.data_capacity", f"{c} exceeds the largest mappable ring ({MAX_DATA_CAPACITY})"
+            )
         if c % a:
             raise invalid("ring_spec.data_capacity", f"{c} is not a multiple of ring_spec.alignment {a}")
         if req.host_pinning not in _KNOWN_ENUM:
