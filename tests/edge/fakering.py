@@ -131,10 +131,10 @@ class FakeRingSource:
         except KeyError:
             raise KeyError(f"no ring {ring_id}") from None
 
-    def open_producer(self, ring_id: int, layout: object) -> FakeRing:
+    async def open_producer(self, ring_id: int, layout: object) -> FakeRing:
         return self._get(ring_id)
 
-    def open_consumer(self, ring_id: int, layout: object) -> FakeRing:
+    async def open_consumer(self, ring_id: int, layout: object) -> FakeRing:
         return self._get(ring_id)
 
 

@@ -45,8 +45,8 @@ def test_bytes_cross_intact_recv_first(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 256 << 10))
             rx = b.rings.add(FakeRing(21, 128 << 10))
-            b.driver.establish_recv(7, 21, None)
-            a.driver.establish_send(7, b.node_id, 11, None)
+            await b.driver.establish_recv(7, 21, None)
+            await a.driver.establish_send(7, b.node_id, 11, None)
             await next_event(a, "ready", 7)
             data = os.urandom(8 << 20)
             want = hashlib.sha256(data).hexdigest()
@@ -68,14 +68,14 @@ def test_stream_first_rendezvous_and_shared_connection(tmp_path: Path) -> None:
         try:
             for e in range(1, 5):
                 tx = a.rings.add(FakeRing(10 + e, 64 << 10))
-                a.driver.establish_send(e, b.node_id, 10 + e, None)
+                await a.driver.establish_send(e, b.node_id, 10 + e, None)
                 await next_event(a, "ready", e)
                 tx.write(b"hello %d" % e)
             await asyncio.sleep(0.2)  # streams arrive and park: no EstablishRecv yet
             assert len(b.driver.rendezvous.pending_streams) == 4
             for e in range(1, 5):
                 rx = b.rings.add(FakeRing(20 + e, 64 << 10))
-                b.driver.establish_recv(e, 20 + e, None)
+                await b.driver.establish_recv(e, 20 + e, None)
                 for _ in range(100):
                     if rx.avail() >= 7:
                         break
@@ -96,7 +96,7 @@ def test_rendezvous_timeout_faults_both_ends(tmp_path: Path) -> None:
         a, b = await start_nodes(tmp_path, rendezvous_timeout=0.3)
         try:
             tx = a.rings.add(FakeRing(11, 64 << 10))
-            a.driver.establish_send(9, b.node_id, 11, None)
+            await a.driver.establish_send(9, b.node_id, 11, None)
             await next_event(a, "ready", 9)
             tx.write(b"x" * 100)
             ev_b = await next_event(b, "fault", 9)
@@ -122,8 +122,8 @@ def test_malformed_preamble_faults_and_driver_survives(tmp_path: Path) -> None:
             # the same connection still carries a good edge
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 64 << 10))
-            b.driver.establish_recv(5, 21, None)
-            a.driver.establish_send(5, b.node_id, 11, None)
+            await b.driver.establish_recv(5, 21, None)
+            await a.driver.establish_send(5, b.node_id, 11, None)
             await next_event(a, "ready", 5)
             tx.write(b"ok")
             for _ in range(100):
@@ -144,8 +144,8 @@ def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 16 << 10))
-            b.driver.establish_recv(3, 21, None)
-            a.driver.establish_send(3, b.node_id, 11, None)
+            await b.driver.establish_recv(3, 21, None)
+            await a.driver.establish_send(3, b.node_id, 11, None)
             await next_event(a, "ready", 3)
             tx.write(b"a" * (32 << 10))
             await asyncio.sleep(0.2)

@@ -22,8 +22,13 @@ class EdgeConfig:
     # Where peers come from: "membership" (gRPC socket below) or a static TOML file (tests, demo).
     membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
     peers_file: Path | None = None
-    # Arena-manager socket, for the arena memfd the pumps map.
+    # Arena-manager sockets: gRPC (AttachRing/DetachRing) and the memfd hand-out.
     arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
+    arena_fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
+    # Where the ring's other process fetches the wake eventfds of a pumped ring (wakefd.py).
+    wake_socket: Path = DEFAULT_RUN_DIR / "edge-wake.sock"
+    # host:port peers should dial (gossiped); empty = the bound address.
+    advertise: str = ""
     # QUIC payload bytes per datagram; 0 = what the path allows (route MTU minus IP/UDP headers).
     max_datagram_size: int = 0
     # Upper bound for the automatic size (aioquic's cost is per packet; see docs/edge.md).

@@ -24,12 +24,19 @@ from swactor.edge.rendezvous import RejectStream, Rendezvous, StartRecvPump
 from swactor.edge.ring_port import RingSource
 from swactor.v1 import common_pb2, edge_pb2
 
-log = get_logger(component="edge_driver")
+log = get_logger(component="COMPONENT_EDGE_DRIVER")
 WATCH_QUEUE = 4096
 
 
 class EdgeError(ValueError):
-    """A driver request is invalid (unknown ring, duplicate edge, ...); the message says which."""
+    """A driver request is invalid (unknown ring, duplicate edge, ...); the message says which.
+
+    `kind` is "invalid" (bad argument), "exists" (edge already established) or "ring" (the ring
+    cannot be attached or opened)."""
+
+    def __init__(self, message: str, kind: str = "invalid") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass
@@ -128,14 +135,17 @@ class Driver:
 
     # ---- requests (gRPC servicer) ----
 
-    def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object) -> None:
+    async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object) -> None:
         self._check_new(edge_id, ring_id)
         if rx_node_id == 0:
             raise EdgeError("rx_node_id must be set")
         try:
-            ring = self.rings.open_consumer(ring_id, layout)
+            ring = await self.rings.open_consumer(ring_id, layout)
         except Exception as e:
-            raise EdgeError(f"edge {edge_id}: cannot open egress ring {ring_id}: {e}") from e
+            raise EdgeError(f"edge {edge_id}: cannot open egress ring {ring_id}: {e}", "ring") from e
+        if edge_id in self.edges:  # a concurrent establish won while we attached
+            ring.release()
+            raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
         rec = EdgeRecord(edge_id, ring_id, edge_pb2.EDGE_ROLE_SEND, peer_node_id=rx_node_id)
         rec.send_pump = SendPump(
             edge_id=edge_id,
@@ -164,12 +174,15 @@ class Driver:
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=rec.edge_id)))
         pump.attach(conn)
 
-    def establish_recv(self, edge_id: int, ring_id: int, layout: object) -> None:
+    async def establish_recv(self, edge_id: int, ring_id: int, layout: object) -> None:
         self._check_new(edge_id, ring_id)
         try:
-            ring = self.rings.open_producer(ring_id, layout)
+            ring = await self.rings.open_producer(ring_id, layout)
         except Exception as e:
-            raise EdgeError(f"edge {edge_id}: cannot open ingress ring {ring_id}: {e}") from e
+            raise EdgeError(f"edge {edge_id}: cannot open ingress ring {ring_id}: {e}", "ring") from e
+        if edge_id in self.edges:
+            ring.release()
+            raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
         rec = EdgeRecord(edge_id, ring_id, edge_pb2.EDGE_ROLE_RECV, ring=ring)
         self.edges[edge_id] = rec
         log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id)
@@ -183,7 +196,7 @@ class Driver:
         if edge_id == 0 or ring_id == 0:
             raise EdgeError("edge_id and ring_id must be non-zero")
         if edge_id in self.edges:
-            raise EdgeError(f"edge {edge_id} is already established on this driver")
+            raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
 
     def stop_edge(self, edge_id: int) -> bool:
         rec = self.edges.pop(edge_id, None)

@@ -35,7 +35,7 @@ from swactor.edge.quic_conn import EdgeQuicConnection
 
 READ_BATCH = 128
 CID_LEN = 8
-log = get_logger(component="edge_endpoint")
+log = get_logger(component="COMPONENT_EDGE_DRIVER")
 
 
 class PeerUnreachable(ConnectionError):

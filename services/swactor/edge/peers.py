@@ -26,7 +26,7 @@ import grpc
 from swactor.common.events import get_logger
 from swactor.common.grpcio import unix_target
 
-log = get_logger(component="edge_peers")
+log = get_logger(component="COMPONENT_EDGE_DRIVER")
 
 
 @dataclass(frozen=True)
