@@ -18,6 +18,7 @@ from swactor.worker.objects import (
     OutputRejected,
     Produced,
 )
+
 from .fakes import BytesSource, FakeCodec, FakeRing, HostSink
 
 CODEC = FakeCodec()

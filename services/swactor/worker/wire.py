@@ -102,6 +102,10 @@ class InstallRing:
     direction: str  # Ingress | Egress
     layout: Layout
     object_spec: ObjSpec
+    # True: the ring's two eventfds (readable, writable) were sent just before this line on the
+    # SWACTOR_FD_SOCKET side channel (SCM_RIGHTS, payload = ring_id as u64 LE), so wake hints are
+    # shared with the ring's other end. False: the worker makes private eventfds (see process.py).
+    wake_fds: bool = False
 
 
 @dataclass(frozen=True)

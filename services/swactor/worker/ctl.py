@@ -1,0 +1,164 @@
+"""GpuWorkerCtl shell (spec §28, §31): runs `python -m swactor.worker.process` under asyncio.
+
+The arena fd is inherited (pass_fds) and named by SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES. stdout
+carries only events (decoded strictly; anything else is a process fault), stderr is passed through
+to this service's stderr (structured logs of the worker). All decisions live in `ctl_fsm.CtlCore`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from swactor.common.events import get_logger
+from swactor.worker import wire
+from swactor.worker.ctl_fsm import (
+    Action,
+    CtlCore,
+    CtlState,
+    Deliver,
+    FromWorker,
+    Input,
+    KillProcess,
+    ProcessExited,
+    Send,
+    Spawned,
+    SpawnFailed,
+    SpawnProcess,
+    Start,
+    StdoutMalformed,
+    Tick,
+    WriteCommand,
+)
+
+Subscriber = Callable[[Any], None]
+
+
+class GpuWorkerCtl:
+    def __init__(self, core: CtlCore, arena_fd: int, *, python: str = sys.executable,
+                 extra_env: dict[str, str] | None = None, extra_fds: tuple[int, ...] = ()) -> None:
+        self.core = core
+        self.arena_fd = arena_fd
+        self.python = python
+        self.extra_env = extra_env or {}
+        self.extra_fds = extra_fds
+        self.proc: asyncio.subprocess.Process | None = None
+        self._subscribers: list[Subscriber] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._log = get_logger(component="worker_ctl")
+
+    @property
+    def state(self) -> CtlState:
+        return self.core.state
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self._subscribers.append(fn)
+
+    # ---- inputs ----
+
+    def start(self) -> None:
+        self._feed(Start(time.monotonic()))
+
+    def send(self, command: wire.Command) -> None:
+        self._feed(Send(command, time.monotonic()))
+
+    def _feed(self, inp: Input) -> None:
+        for action in self.core.handle(inp):
+            self._do(action)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.core.deadline is not None:
+            delay = max(0.0, self.core.deadline - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, lambda: self._feed(Tick(time.monotonic())))
+
+    # ---- actions ----
+
+    def _do(self, action: Action) -> None:
+        match action:
+            case SpawnProcess(gen):
+                self._spawn_task(self._spawn(gen))
+            case WriteCommand(cmd):
+                self._write(cmd)
+            case KillProcess():
+                if self.proc is not None and self.proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.proc.kill()
+            case Deliver(event):
+                for fn in list(self._subscribers):
+                    fn(event)
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _spawn(self, generation: int) -> None:
+        env = {**os.environ, **self.extra_env,
+               "SWACTOR_ARENA_FD": str(self.arena_fd),
+               "SWACTOR_ARENA_BYTES": str(self.core.arena_ceiling)}
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.python, "-m", "swactor.worker.process",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
+                pass_fds=(self.arena_fd, *self.extra_fds), env=env, limit=1 << 20)
+        except OSError as e:
+            self._feed(SpawnFailed(f"{self.python} -m swactor.worker.process: {e}"))
+            return
+        self._log.info("worker_spawned", pid=self.proc.pid, worker_generation=generation)
+        self._feed(Spawned(self.proc.pid, time.monotonic()))
+        self._spawn_task(self._read_stdout(self.proc))
+
+    def _write(self, cmd: wire.Command) -> None:
+        proc = self.proc
+        if proc is None or proc.stdin is None or proc.returncode is not None:
+            return  # the exit notification follows and synthesizes the fault
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write((wire.encode(cmd) + "\n").encode())
+
+    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        malformed = False
+        try:
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                try:
+                    event = wire.decode_event(line)
+                except wire.MalformedMessage as e:
+                    malformed = True
+                    self._feed(StdoutMalformed(str(e)))
+                    break
+                self._feed(FromWorker(event))
+        except (ValueError, asyncio.LimitOverrunError) as e:  # a line longer than the limit
+            if not malformed:
+                self._feed(StdoutMalformed(f"unreadable stdout: {e}"))
+        rc = await proc.wait()
+        if proc is self.proc:
+            self._feed(ProcessExited(rc))
+
+    async def wait_exited(self) -> None:
+        if self.proc is not None:
+            await self.proc.wait()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def close(self) -> None:
+        """Kill the process if still alive and reap it (service shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await self.wait_exited()

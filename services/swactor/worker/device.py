@@ -1,0 +1,149 @@
+"""Device bridge of spec §33 over tinygrad buffers (CPU here, CUDA/NV on GPU hosts).
+
+Objects live in device memory as flat uint8 buffers of exactly `extent` bytes; ring spans are
+copied in and out by byte range, so an object may be larger than its ring. Copies are synchronous:
+when `host_to_device` / `device_to_host` return, the host bytes may be released or published.
+`wrap` gives role code a typed tinygrad Tensor over the same allocation, without a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tinygrad import Device, Tensor, dtypes
+from tinygrad.device import Buffer
+from tinygrad.dtype import DType
+from tinygrad.uop.ops import UOp
+
+from swactor.worker.objects import HeaderFacts, SinkFailed
+
+DTYPES: dict[tuple[str, int], DType] = {
+    ("Float", 4): dtypes.float32,
+    ("Float", 2): dtypes.float16,
+    ("Bfloat", 2): dtypes.bfloat16,
+    ("Int", 4): dtypes.int32,
+    ("Int", 8): dtypes.int64,
+    ("Uint", 4): dtypes.uint32,
+    ("Uint", 1): dtypes.uint8,
+}
+
+
+def tinygrad_dtype(family: str, width: int) -> DType:
+    try:
+        return DTYPES[(family, width)]
+    except KeyError:
+        raise ValueError(f"dtype {family}{width * 8} is not supported by the device bridge") from None
+
+
+@dataclass
+class DeviceAllocation:
+    """One device object: a flat byte buffer of `extent` bytes."""
+
+    buffer: Buffer
+    extent: int
+
+
+class DeviceBridge:
+    """alloc / free / host_to_device / device_to_host / wrap of §33 for one tinygrad device."""
+
+    def __init__(self, device: str | None = None) -> None:
+        self.device = Device.canonicalize(device) if device else Device.DEFAULT
+        Device[self.device]  # opens the backend now: a bad device fails at init
+        self._synchronous_host = self.device.split(":")[0] in ("CPU", "CLANG", "LLVM", "PYTHON")
+
+    def alloc(self, extent: int) -> DeviceAllocation:
+        try:
+            return DeviceAllocation(Buffer(self.device, extent, dtypes.uint8).allocate(), extent)
+        except (MemoryError, RuntimeError) as e:
+            raise SinkFailed("DeviceAllocationFailed", f"{extent} bytes on {self.device}: {e}") from None
+
+    def free(self, alloc: DeviceAllocation) -> None:
+        if alloc.buffer.is_allocated():
+            alloc.buffer.deallocate()
+
+    def _range(self, alloc: DeviceAllocation, offset: int, length: int) -> Buffer:
+        if offset < 0 or offset + length > alloc.extent:
+            raise SinkFailed("DeviceCopyFailed", f"range {offset}+{length} outside object of {alloc.extent} bytes")
+        return alloc.buffer.view(length, dtypes.uint8, offset).ensure_allocated()
+
+    def host_to_device(self, src: memoryview, alloc: DeviceAllocation, offset: int) -> None:
+        view = self._range(alloc, offset, len(src))
+        if src.readonly:  # tinygrad's copy path needs a writable buffer object
+            src = memoryview(bytearray(src))
+        try:
+            view.allocator._copyin(view._buf, src)
+            if not self._synchronous_host:
+                Device[self.device].synchronize()  # the host bytes are released right after
+        except Exception as e:
+            raise SinkFailed("DeviceCopyFailed", f"host->device {len(src)} bytes: {e}") from None
+
+    def device_to_host(self, alloc: DeviceAllocation, offset: int, dest: memoryview) -> None:
+        view = self._range(alloc, offset, len(dest))
+        try:
+            Device[self.device].synchronize()
+            view.allocator._copyout(dest, view._buf)
+        except Exception as e:
+            raise SinkFailed("DeviceCopyFailed", f"device->host {len(dest)} bytes: {e}") from None
+
+    def wrap(self, alloc: DeviceAllocation, dtype: DType, shape: tuple[int, ...]) -> Tensor:
+        """A typed tensor view of the allocation (no copy)."""
+        return Tensor(UOp.from_buffer(alloc.buffer), device=self.device).bitcast(dtype).reshape(shape)
+
+    def to_numpy(self, alloc: DeviceAllocation, dtype: np.dtype[Any]) -> np.ndarray:
+        """The object's bytes as a host array (for role code that takes numpy)."""
+        out = np.empty(alloc.extent // np.dtype(dtype).itemsize, dtype=dtype)
+        self.device_to_host(alloc, 0, memoryview(out).cast("B"))
+        return out
+
+    def from_numpy(self, a: np.ndarray) -> DeviceAllocation:
+        a = np.ascontiguousarray(a)
+        out = self.alloc(a.nbytes)
+        self.host_to_device(memoryview(a).cast("B"), out, 0)
+        return out
+
+    def from_tensor(self, t: Tensor) -> DeviceAllocation:
+        """Realize role output into its own device allocation (flat bytes)."""
+        t = t.to(self.device).contiguous().realize()
+        buf = t.uop.buffer
+        out = self.alloc(buf.nbytes)
+        out.buffer.copy_from(buf.view(buf.nbytes, dtypes.uint8, 0).ensure_allocated())
+        return out
+
+
+class DeviceSink:
+    """`objects.ObjectSink` that lands ingress objects in device memory."""
+
+    def __init__(self, bridge: DeviceBridge) -> None:
+        self.bridge = bridge
+
+    def allocate(self, facts: HeaderFacts) -> DeviceObjectWriter:
+        return DeviceObjectWriter(self.bridge, self.bridge.alloc(facts.extent))
+
+    def discard(self, buffer: DeviceObjectWriter) -> None:
+        self.bridge.free(buffer.alloc)
+
+
+@dataclass
+class DeviceObjectWriter:
+    bridge: DeviceBridge
+    alloc: DeviceAllocation
+
+    def write(self, offset: int, data: memoryview) -> None:
+        self.bridge.host_to_device(data, self.alloc, offset)
+
+
+@dataclass
+class DeviceObjectSource:
+    """`objects.ObjectSource` reading an output object out of device memory."""
+
+    bridge: DeviceBridge
+    alloc: DeviceAllocation
+
+    @property
+    def extent(self) -> int:
+        return self.alloc.extent
+
+    def read_into(self, offset: int, dest: memoryview) -> None:
+        self.bridge.device_to_host(self.alloc, offset, dest)

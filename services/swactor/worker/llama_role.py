@@ -1,0 +1,80 @@
+"""The llama stage role: a contiguous GGUF layer range run by the compute core's StageModel.
+
+ConfigureRole.config for kind "llama_stage":
+  gguf_path, gguf_sha256 ("" = unchecked), layer_start, layer_end (exclusive), max_seq_len,
+  hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage).
+Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
+activations [T, hidden] between stages, one int32 token id out of the last stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from swactor.worker.device import DeviceAllocation, DeviceBridge
+from swactor.worker.roles import Progress, RoleError, check_weights_file
+
+
+def _int(config: dict[str, Any], name: str) -> int:
+    v = config.get(name)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise RoleError("ConfigInvalid", f"config.{name} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def sampling_policy(config: dict[str, Any]) -> Any:
+    from swactor.worker.compute import SamplingPolicy
+
+    s = config.get("sampling") or {}
+    if not isinstance(s, dict) or set(s) - {"temperature", "top_k", "top_p", "seed"}:
+        raise RoleError("ConfigInvalid", f"config.sampling {s!r}: keys are temperature, top_k, top_p, seed")
+    try:
+        return SamplingPolicy(**s)
+    except (TypeError, ValueError) as e:
+        raise RoleError("ConfigInvalid", f"config.sampling: {e}") from None
+
+
+class LlamaStageRole:
+    def __init__(self, model: Any, bridge: DeviceBridge, key: tuple[Any, ...]) -> None:
+        self.model = model
+        self.bridge = bridge
+        self.key = key
+
+    @classmethod
+    def load(cls, config: dict[str, Any], bridge: DeviceBridge, progress: Progress,
+             key: tuple[Any, ...]) -> LlamaStageRole:
+        from swactor.worker.compute import ModelRefused, StageModel, UnsupportedQuant
+
+        path = check_weights_file(config.get("gguf_path"), config.get("gguf_sha256", ""))
+        start, end, max_seq = _int(config, "layer_start"), _int(config, "layer_end"), _int(config, "max_seq_len")
+        policy = sampling_policy(config)
+        try:
+            model = StageModel(path, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
+                               on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
+        except (ModelRefused, UnsupportedQuant) as e:
+            raise RoleError("WeightsLoadFailed", f"{path}: {e}") from None
+        except ValueError as e:
+            raise RoleError("ConfigInvalid", f"layers [{start}, {end}) of {path}: {e}") from None
+        except (OSError, MemoryError) as e:
+            raise RoleError("WeightsLoadFailed", f"{path}: {type(e).__name__}: {e}") from None
+        hidden = config.get("hidden_dim")
+        if hidden is not None and hidden != model.hidden_dim:
+            raise RoleError("ConfigInvalid", f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")
+        return cls(model, bridge, key)
+
+    def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
+        (x,) = inputs
+        start_pos = runtime.get("start_pos")
+        if not isinstance(start_pos, int):
+            raise ValueError(f"runtime.start_pos must be an integer, got {start_pos!r}")
+        if self.model.is_first:
+            arr = self.bridge.to_numpy(x, np.dtype(np.int32))
+        else:
+            arr = self.bridge.to_numpy(x, np.dtype(np.float32)).reshape(-1, self.model.hidden_dim)
+        out = self.model.step(arr, start_pos)
+        return [self.bridge.from_numpy(out.astype(np.int32 if self.model.is_last else np.float32, copy=False))]
+
+    def reset(self, config: dict[str, Any]) -> None:
+        self.model.reset(sampling_policy(config))

@@ -1,0 +1,97 @@
+"""Role code the compute process runs on ExecuteStep (spec §29 ConfigureRole, §15 weights).
+
+A role turns the device objects of one step's inputs into the device objects of its outputs.
+`configure` builds one from ConfigureRole.config, or re-uses the resident one when the config names
+the same weights (warm reuse across runs: same GGUF, same layer range), resetting its per-run state
+(KV cache) instead of reloading.
+
+config kinds:
+- {"kind": "llama_stage", ...}: a contiguous layer range of a GGUF llama model (compute core);
+- {"kind": "factory", "factory": "module:callable", ...}: a role built by an importable callable,
+  `callable(config, bridge, progress) -> Role` (tests and extensions; ConfigureRole comes only from
+  the node's own GpuWorkerCtl).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from swactor.worker.device import DeviceAllocation, DeviceBridge
+
+Progress = Callable[[int, int], None]
+
+
+class RoleError(Exception):
+    """ConfigureRole failed: reason is a RoleFailure name (RoleFailed event)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class Role(Protocol):
+    key: tuple[Any, ...]
+
+    def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]: ...
+
+    def reset(self, config: dict[str, Any]) -> None:
+        """Forget per-run state (KV cache, sampler RNG) for a new run of `config`; keep the weights."""
+
+
+def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies resident weights: kind, source, checksum, layer range, role position."""
+    return (config.get("kind"), config.get("gguf_path"), config.get("gguf_sha256", ""),
+            config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"))
+
+
+def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge,
+              progress: Progress) -> tuple[Role, bool]:
+    """(role, warm): warm when `current` already holds the weights `config` names."""
+    key = weights_key(config)
+    if current is not None and current.key == key:
+        current.reset(config)
+        return current, True
+    kind = config.get("kind")
+    if kind == "llama_stage":
+        from swactor.worker.llama_role import LlamaStageRole
+
+        return LlamaStageRole.load(config, bridge, progress, key), False
+    if kind == "factory":
+        return _from_factory(config, bridge, progress, key), False
+    raise RoleError("ConfigInvalid", f"config.kind {kind!r} is not llama_stage or factory")
+
+
+def _from_factory(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, key: tuple[Any, ...]) -> Role:
+    spec = config.get("factory")
+    if not isinstance(spec, str) or ":" not in spec:
+        raise RoleError("ConfigInvalid", f"config.factory {spec!r} is not 'module:callable'")
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise RoleError("ConfigInvalid", f"config.factory {spec!r}: {e}") from None
+    role = fn(config, bridge, progress)
+    role.key = key
+    return role  # type: ignore[no-any-return]
+
+
+def check_weights_file(path_text: Any, sha256: Any) -> Path:
+    """The GGUF path, after checking it exists and (when given) matches its sha256."""
+    if not isinstance(path_text, str) or not path_text:
+        raise RoleError("ConfigInvalid", "config.gguf_path must be a non-empty string")
+    path = Path(path_text)
+    if not path.is_file():
+        raise RoleError("WeightsNotFound", f"GGUF file {path} does not exist")
+    if sha256:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        if h.hexdigest() != str(sha256).lower():
+            raise RoleError("WeightsChecksumMismatch", f"{path}: sha256 {h.hexdigest()} != expected {sha256}")
+    return path

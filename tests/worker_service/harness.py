@@ -1,0 +1,144 @@
+"""Drive a real compute process over stdin/stdout with a real memfd arena and real ring-rs rings."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from typing import Any
+
+import swactor_ring as sr
+from swactor.worker import fdpass, wire
+from swactor.worker.ringport import native_layout
+
+ARENA_BYTES = 16 << 20
+
+
+class Arena:
+    """A memfd arena with a bump allocator for ring ranges (the arena-manager's job in production)."""
+
+    def __init__(self, size: int = ARENA_BYTES) -> None:
+        self.size = size
+        self.fd = sr.Arena.create_memfd("swactor-test", size)
+        self.arena = sr.Arena.from_fd(self.fd, size)
+        self._next = 0
+        self._ring_id = 100
+        self.wake_fds: dict[int, tuple[int, int]] = {}
+
+    def ring(self, capacity: int, alignment: int = 64) -> wire.Layout:
+        self._ring_id += 1
+        align = sr.RingLayout.range_alignment(alignment)
+        off = -(-self._next // align) * align
+        lay = sr.RingLayout.for_range(self._ring_id, off, capacity, alignment)
+        self._next = off + lay.total_len
+        assert self._next <= self.size
+        sr.init_ring(self.arena, lay)
+        return wire.Layout(lay.ring_id, lay.arena_offset, lay.total_len, lay.header_offset, lay.data_offset,
+                           lay.data_capacity, lay.alignment)
+
+    def eventfds(self, ring_id: int) -> tuple[int, int]:
+        """The (readable, writable) eventfds shared by both ends of a ring."""
+        if ring_id not in self.wake_fds:
+            self.wake_fds[ring_id] = (sr.eventfd(), sr.eventfd())
+        return self.wake_fds[ring_id]
+
+    def producer(self, layout: wire.Layout) -> Any:
+        r, w = self.eventfds(layout.ring_id)
+        return sr.Producer(self.arena, native_layout(layout), readable_fd=r, writable_fd=w)
+
+    def consumer(self, layout: wire.Layout) -> Any:
+        r, w = self.eventfds(layout.ring_id)
+        return sr.Consumer(self.arena, native_layout(layout), readable_fd=r, writable_fd=w)
+
+    def close(self) -> None:
+        os.close(self.fd)
+        for r, w in self.wake_fds.values():
+            os.close(r)
+            os.close(w)
+
+
+def spec(max_extent: int, *, kind: str = "Activations", family: str = "Float", width: int = 4,
+         row: int = 4, alignment: int = 4) -> wire.ObjSpec:
+    return wire.ObjSpec(kind, max_extent, family, width, row, alignment)
+
+
+class WorkerProc:
+    def __init__(self, arena: Arena, *, env: dict[str, str] | None = None) -> None:
+        self.arena = arena
+        self.fd_sock, theirs = fdpass.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "swactor.worker.process"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            pass_fds=(arena.fd, theirs.fileno()),
+            env={**os.environ, "SWACTOR_ARENA_FD": str(arena.fd), "SWACTOR_ARENA_BYTES": str(arena.size),
+                 "SWACTOR_FD_SOCKET": str(theirs.fileno()), **(env or {})})
+        theirs.close()
+        self.events: list[Any] = []
+        self._buf = b""
+
+    def send(self, cmd: Any) -> None:
+        self.send_raw(wire.encode(cmd))
+
+    def send_raw(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def _read_one(self, deadline: float) -> Any | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if not ready:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        ev = wire.decode_event(line)  # stdout carries only well-formed events
+        self.events.append(ev)
+        return ev
+
+    def expect(self, kind: type, timeout: float = 30.0, **match: Any) -> Any:
+        """The next event of `kind` matching `match` (other events are kept in self.events)."""
+        deadline = time.monotonic() + timeout
+        for ev in self.events:
+            if isinstance(ev, kind) and all(getattr(ev, k) == v for k, v in match.items()) and \
+                    not getattr(ev, "_seen", False):
+                object.__setattr__(ev, "_seen", True)
+                return ev
+        while True:
+            ev = self._read_one(deadline)
+            if ev is None:
+                raise AssertionError(f"no {kind.__name__} {match} within {timeout}s; got {self.events}")
+            if isinstance(ev, kind) and all(getattr(ev, k) == v for k, v in match.items()):
+                object.__setattr__(ev, "_seen", True)
+                return ev
+
+    def initialize(self, generation: int = 1) -> wire.WorkerReady:
+        self.send(wire.InitializeWorker(generation, self.arena.size, sr.RING_VERSION, {"device": "CPU"}))
+        return self.expect(wire.WorkerReady)  # type: ignore[no-any-return]
+
+    def install(self, layout: wire.Layout, direction: str, object_spec: wire.ObjSpec, edge_id: int = 7,
+                port_id: int = 0) -> None:
+        fdpass.send_ring_fds(self.fd_sock, layout.ring_id, *self.arena.eventfds(layout.ring_id))
+        self.send(wire.InstallRing(layout.ring_id, edge_id, port_id, direction, layout, object_spec, True))
+        self.expect(wire.RingInstalled, ring_id=layout.ring_id)
+
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        self.fd_sock.close()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()

@@ -1,0 +1,203 @@
+"""The compute process driven for real: stdin/stdout JSON, memfd arena, ring-rs rings (§28-33)."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import swactor_ring as sr
+from swactor.worker import wire
+
+from .harness import Arena, WorkerProc, spec
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def arena() -> Iterator[Arena]:
+    a = Arena()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def worker(arena: Arena) -> Iterator[WorkerProc]:
+    w = WorkerProc(arena)
+    yield w
+    w.close()
+
+
+def record(seq: int, payload: bytes, *, object_id: int | None = None) -> bytes:
+    return bytes(sr.ObjectHeader(object_id or 500 + seq, seq, len(payload)).encode()) + payload
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["{not json", '["InstallRing"]', '{"type": "FormatDisk"}', '{"type": "RingReadable", "ring_id": "x"}'],
+)
+def test_malformed_control_line_is_fatal(worker: WorkerProc, line: str) -> None:
+    worker.initialize()
+    worker.send_raw(line)
+    ev = worker.expect(wire.WorkerFatal)
+    assert ev.reason == "MalformedControlMessage"
+    assert worker.wait_exit() == 1
+
+
+def test_command_before_initialize_is_fatal(worker: WorkerProc, arena: Arena) -> None:
+    worker.send(wire.RingReadable(1))
+    assert worker.expect(wire.WorkerFatal).reason == "MalformedControlMessage"
+    assert worker.wait_exit() == 1
+
+
+def test_abi_mismatch_and_bad_arena(arena: Arena) -> None:
+    w = WorkerProc(arena)
+    try:
+        w.send(wire.InitializeWorker(1, arena.size, sr.RING_VERSION + 7, {}))
+        assert w.expect(wire.WorkerFatal).reason == "RingHelperAbiMismatch"
+    finally:
+        w.close()
+    w = WorkerProc(arena, env={"SWACTOR_ARENA_BYTES": str(arena.size * 2)})
+    try:
+        w.send(wire.InitializeWorker(1, arena.size * 2, sr.RING_VERSION, {}))
+        assert w.expect(wire.WorkerFatal).reason == "ArenaMapFailed"
+    finally:
+        w.close()
+
+
+def test_every_ingress_object_failure(worker: WorkerProc, arena: Arena) -> None:
+    ready = worker.initialize()
+    assert ready.worker_generation == 1 and ready.ring_helper_abi == sr.RING_VERSION
+    good = np.arange(8, dtype=np.float32).tobytes()  # 2 rows of 4 floats
+    cases = {
+        "HeaderMalformed": b"NOPE" + record(0, good)[4:],
+        "UnsupportedObjectVersion": record(0, good)[:4] + b"\x09\x00" + record(0, good)[6:],
+        "ExtentExceedsMax": record(0, bytes(128)),
+        "ExtentAlignmentInvalid": record(0, bytes(20)),  # 5 floats: not a whole 4-float row
+        "SequenceViolation": record(3, good),
+        "EofMidObject": record(0, good)[:-5],
+    }
+    rings = {}
+    for i, (reason, data) in enumerate(cases.items()):
+        layout = arena.ring(256)
+        worker.install(layout, "Ingress", spec(64), edge_id=10 + i)
+        prod = arena.producer(layout)
+        assert prod.write(data) == len(data)
+        if reason == "EofMidObject":
+            prod.close()
+        rings[reason] = layout.ring_id
+        worker.send(wire.RingReadable(layout.ring_id))
+    for reason, ring_id in rings.items():
+        ev = worker.expect(wire.ObjectFailed, ring_id=ring_id)
+        assert ev.reason == reason, (reason, ev)
+    assert not any(isinstance(e, wire.ObjectLoaded) for e in worker.events)
+
+
+def test_object_larger_than_ring_loads_once_complete(worker: WorkerProc, arena: Arena) -> None:
+    worker.initialize()
+    layout = arena.ring(128)
+    worker.install(layout, "Ingress", spec(4096))
+    prod = arena.producer(layout)
+    payload = np.arange(256, dtype=np.float32).tobytes()  # 1 KiB through a 128-byte window
+    data = record(0, payload)
+    sent = 0
+    while sent < len(data):
+        n = prod.write(data[sent:])
+        sent += n
+        if n == 0:
+            assert prod.wait_writable(10.0)  # the worker drains into device memory and frees space
+    ev = worker.expect(wire.ObjectLoaded, ring_id=layout.ring_id)
+    assert (ev.sequence, ev.extent, ev.object_id) == (0, 1024, 500)
+    assert ev.device_handle.worker_generation == 1
+    worker.send(wire.ReleaseDeviceObject(ev.device_handle))
+    worker.expect(wire.DeviceObjectReleased, device_handle=ev.device_handle)
+    worker.send(wire.ReleaseDeviceObject(ev.device_handle))
+    assert worker.expect(wire.ReleaseFailed).reason == "UnknownHandle"
+
+
+def configure_doubling(worker: WorkerProc, role_id: int = 9) -> wire.RoleConfigured:
+    worker.send(wire.ConfigureRole(role_id, {"kind": "factory", "factory": "tests.worker_service.roles:make_doubling"}))
+    worker.expect(wire.RoleProgress, layers_loaded=2, layers_total=2)
+    return worker.expect(wire.RoleConfigured, role_id=role_id)  # type: ignore[no-any-return]
+
+
+def test_prefill_in_output_out_with_same_sequence(worker: WorkerProc, arena: Arena) -> None:
+    worker.initialize()
+    assert configure_doubling(worker).warm is False
+    lin, lout = arena.ring(256), arena.ring(96, alignment=16)  # output (3 rows x 16 B + header) wraps the egress ring
+    worker.install(lin, "Ingress", spec(4096), edge_id=1, port_id=0)
+    worker.install(lout, "Egress", spec(4096), edge_id=2, port_id=1)
+    prod, cons = arena.producer(lin), arena.consumer(lout)
+    out = bytearray()
+    for seq, rows in enumerate([3, 1, 1]):
+        x = np.arange(rows * 4, dtype=np.float32) + seq
+        prod.write(record(seq, x.tobytes()))
+        worker.send(wire.RingReadable(lin.ring_id))
+        loaded = worker.expect(wire.ObjectLoaded, sequence=seq)
+        worker.send(wire.ExecuteStep(9, 40 + seq, [wire.InputBinding(0, loaded.object_id, seq, loaded.device_handle)],
+                                     [wire.OutputBinding(1, lout.ring_id, 900 + seq, seq, rows * 16)],
+                                     {"start_pos": seq}, True))
+        for _ in range(20):  # drain as a send-pump would; the step waits for space (backpressure)
+            chunk = cons.read(1 << 16)
+            out += chunk
+            if len(out) >= 40 + rows * 16:
+                break
+            cons.wait_readable(5.0)
+        produced = worker.expect(wire.ObjectProduced, sequence=seq)
+        assert (produced.ring_id, produced.object_id, produced.extent) == (lout.ring_id, 900 + seq, rows * 16)
+        worker.expect(wire.StepCompleted, step_id=40 + seq)
+        worker.expect(wire.DeviceObjectReleased, device_handle=loaded.device_handle)
+        h = sr.ObjectHeader.parse(bytes(out[:40]), 1 << 20, 1)
+        assert (h.sequence, h.object_id, h.extent) == (seq, 900 + seq, rows * 16)
+        np.testing.assert_array_equal(np.frombuffer(bytes(out[40:40 + rows * 16]), np.float32), x * 2)
+        out = out[40 + rows * 16:]
+    # warm reuse: the same role config resets state instead of reloading
+    worker.send(wire.ConfigureRole(9, {"kind": "factory", "factory": "tests.worker_service.roles:make_doubling"}))
+    assert worker.expect(wire.RoleConfigured, role_id=9).warm is True
+
+
+def test_step_failures(worker: WorkerProc, arena: Arena) -> None:
+    worker.initialize()
+    bogus = wire.InputBinding(0, 1, 0, wire.DeviceHandle(1, 77))
+    worker.send(wire.ExecuteStep(9, 1, [bogus], [], {}, True))
+    assert worker.expect(wire.StepFailed, step_id=1).reason == "RoleUnavailable"
+    configure_doubling(worker)
+    worker.send(wire.ExecuteStep(9, 2, [bogus], [], {}, True))
+    assert worker.expect(wire.StepFailed, step_id=2).reason == "InvalidInputHandle"
+    lin = arena.ring(256)
+    worker.install(lin, "Ingress", spec(4096))
+    arena.producer(lin).write(record(0, bytes(16)))
+    worker.send(wire.RingReadable(lin.ring_id))
+    loaded = worker.expect(wire.ObjectLoaded)
+    binding = wire.InputBinding(0, loaded.object_id, 0, loaded.device_handle)
+    worker.send(wire.ExecuteStep(9, 3, [binding], [wire.OutputBinding(1, 4242, 1, 0, 16)], {}, False))
+    assert worker.expect(wire.StepFailed, step_id=3).reason == "InvalidOutputRing"
+    lout = arena.ring(256)
+    worker.install(lout, "Egress", spec(4096), edge_id=2)
+    worker.send(wire.ExecuteStep(9, 4, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 32)], {}, False))
+    assert worker.expect(wire.StepFailed, step_id=4).reason == "OutputExtentInvalid"
+    worker.send(wire.ExecuteStep(9, 5, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 16)],
+                                 {"fail": True}, False))
+    assert worker.expect(wire.StepFailed, step_id=5).reason == "TinygradError"
+
+
+def test_uninstall_and_graceful_shutdown(worker: WorkerProc, arena: Arena) -> None:
+    worker.initialize()
+    lin = arena.ring(256)
+    worker.install(lin, "Ingress", spec(4096))
+    worker.send(wire.UninstallRing(lin.ring_id, "EdgeStopped"))
+    worker.expect(wire.RingQuiesced, ring_id=lin.ring_id)
+    lout = arena.ring(256)
+    worker.install(lout, "Egress", spec(4096))
+    worker.send(wire.ShutdownWorker("Graceful"))
+    worker.expect(wire.RingQuiesced, ring_id=lout.ring_id)
+    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.wait_exit() == 0
+
+
+def test_sigkill_leaves_no_stray_output(worker: WorkerProc) -> None:
+    worker.initialize()
+    worker.proc.send_signal(signal.SIGKILL)
+    assert worker.wait_exit() == -signal.SIGKILL
