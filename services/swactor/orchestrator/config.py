@@ -1,0 +1,48 @@
+"""`[orchestrator]` settings (one table of /etc/swactor/swactor.toml); CLI flags override them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, ConfigError
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO_MODEL_DIR = Path(__file__).resolve().parents[3] / ".cache" / "models"
+
+
+@dataclass
+class OrchestratorConfig:
+    socket: Path = DEFAULT_RUN_DIR / "orchestrator.sock"
+    # "" disables the TCP listener.
+    tcp_address: str = "localhost:7440"
+    state_dir: Path = DEFAULT_STATE_DIR
+    membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
+    model_name: str = DEFAULT_MODEL_NAME
+    # None: <state_dir>/models/<file>, else the repository's .cache/models/<file>.
+    model_path: Path | None = None
+    # More models as "name=/path/to/model.gguf".
+    models: list[str] = field(default_factory=list)
+    default_stages: int = 1
+    max_seq_len: int = 4096
+    ring_ceiling_bytes: int = 4 << 20
+    pool_window_s: float = 2.0
+    pool_timeout_s: float = 60.0
+    readiness_timeout_s: float = 600.0
+    first_token_timeout_s: float = 300.0
+    step_timeout_s: float = 60.0
+    teardown_timeout_s: float = 30.0
+
+    def model_paths(self) -> dict[str, Path]:
+        default = self.model_path
+        if default is None:
+            candidates = [self.state_dir / "models" / DEFAULT_MODEL_FILE, REPO_MODEL_DIR / DEFAULT_MODEL_FILE]
+            default = next((c for c in candidates if c.exists()), candidates[0])
+        paths = {self.model_name: default}
+        for entry in self.models:
+            name, sep, path = entry.partition("=")
+            if not sep or not name or not path:
+                raise ConfigError(f"[orchestrator].models: {entry!r} is not 'name=/path/to/model.gguf'")
+            paths[name] = Path(path)
+        return paths

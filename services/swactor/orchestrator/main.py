@@ -1,0 +1,145 @@
+"""`swactor-orchestrator`: the run authority process (spec §9-13).
+
+Opens the run store (marking runs a previous process left unfinished as faulted), loads the default
+model's facts and tokenizer, follows the local membership service, and serves the Orchestrator gRPC
+API with reflection and health on a Unix socket and TCP. SIGTERM operator-stops active runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from swactor import __version__
+from swactor.common.config import ConfigError, load_section, read_config
+from swactor.common.events import configure_logging, get_logger
+from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
+from swactor.common.ids import load_or_create_node_id
+from swactor.common.systemd import notify_ready, notify_status, notify_stopping
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.config import OrchestratorConfig
+from swactor.orchestrator.errors import RequestError
+from swactor.orchestrator.fleet import FleetError, Report, TokenEndpoints
+from swactor.orchestrator.manager import Orchestrator, RunDefaults
+from swactor.orchestrator.membership_client import follow_membership
+from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.planner import RunPlan, StagePlan
+from swactor.orchestrator.runner import wall_us
+from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
+from swactor.orchestrator.store import RunStore
+from swactor.v1 import common_pb2, orchestrator_pb2_grpc
+
+EXIT_USAGE = 2
+NOT_WIRED = ("node control integration (stage.proto ProvisionStage/WatchStage and the ring token endpoints) "
+             "is not wired into this orchestrator yet")
+
+
+class UnwiredFleet:
+    """The fleet of this build: it refuses provisioning by name until integration lands, so a run
+    faults immediately with RUN_FAULT_PROVISIONING_REJECTED instead of hanging."""
+
+    async def provision(self, plan: RunPlan, stage: StagePlan, report: Report) -> None:
+        raise FleetError(common_pb2.RUN_FAULT_PROVISIONING_REJECTED, NOT_WIRED)
+
+    async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
+        return None
+
+    async def open_endpoints(self, plan: RunPlan, report: Report) -> TokenEndpoints:
+        raise FleetError(common_pb2.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, NOT_WIRED)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="swactor-orchestrator", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"swactor-orchestrator {__version__}")
+    p.add_argument("--config", type=Path, help="host config file (default /etc/swactor/swactor.toml if present)")
+    p.add_argument("--socket", type=Path, help="gRPC Unix socket (default /run/swactor/orchestrator.sock)")
+    p.add_argument("--tcp", dest="tcp_address", help="gRPC TCP address (default localhost:7440; '' disables)")
+    p.add_argument("--state-dir", type=Path, help="run store and node id directory (default /var/lib/swactor)")
+    p.add_argument("--membership-socket", type=Path, help="local membership service socket")
+    p.add_argument("--model", dest="model_path", type=Path, help="default model GGUF path")
+    p.add_argument("--pool-window", type=float, dest="pool_window_s", help="PoolReady stability window (s)")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> OrchestratorConfig:
+    overrides = {k: getattr(args, k) for k in ("socket", "tcp_address", "state_dir", "membership_socket",
+                                                "model_path", "pool_window_s")}
+    return load_section(read_config(args.config), "orchestrator", OrchestratorConfig, **overrides)
+
+
+def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
+    return F.FsmConfig(
+        orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
+        ring_ceiling_bytes=cfg.ring_ceiling_bytes,
+        timeouts=F.Timeouts(pool_s=cfg.pool_timeout_s, readiness_s=cfg.readiness_timeout_s,
+                            first_token_s=cfg.first_token_timeout_s, step_s=cfg.step_timeout_s,
+                            teardown_s=cfg.teardown_timeout_s),
+    )
+
+
+async def serve(cfg: OrchestratorConfig) -> int:
+    log = get_logger()
+    node_id = load_or_create_node_id(cfg.state_dir)
+    store = RunStore.in_state_dir(cfg.state_dir)
+    for run in store.recover(wall_us()):
+        log.warning("run_interrupted_by_restart", run_id=run.run_id, reason=run.reason)
+    models = ModelRegistry(cfg.model_paths(), cfg.model_name)
+    try:
+        loaded = models.get("")
+    except RequestError as e:
+        log.error("default_model_unusable", detail=e.message)
+        print(f"swactor-orchestrator: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
+    orch = Orchestrator(models=models, fleet=UnwiredFleet(), store=store, fsm_config=fsm_config(cfg, node_id),
+                        defaults=RunDefaults(stages=cfg.default_stages, max_seq_len_cap=cfg.max_seq_len))
+    server, port, health = create_server(cfg.socket, cfg.tcp_address or None, service_names=[SERVICE_NAME])
+    orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    restrict_unix_socket(cfg.socket)
+    await set_serving(health, [SERVICE_NAME])
+    watcher = asyncio.create_task(follow_membership(cfg.membership_socket, orch.set_members))
+    log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
+             model=loaded.name, layers=loaded.facts.num_layers)
+    notify_ready(f"serving {loaded.name} on {cfg.socket}")
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 5.0)
+            ready = orch.pool_status(1)
+            notify_status(f"{len(orch.members)} member(s); pool {'ready' if ready.ready else 'not ready'}; "
+                          f"{len(orch.active_runs())} active run(s)")
+    finally:
+        notify_stopping("stopping: operator-stopping active runs")
+        await orch.shutdown()
+        watcher.cancel()
+        await server.stop(grace=1.0)
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging("orchestrator")
+    try:
+        cfg = build_config(args)
+        cfg.model_paths()
+    except ConfigError as e:
+        print(f"swactor-orchestrator: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(serve(cfg))
+    except (OSError, ValueError) as e:
+        print(f"swactor-orchestrator: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

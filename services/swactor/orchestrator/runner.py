@@ -1,0 +1,240 @@
+"""The asyncio adapter around one RunFsm: feeds it inputs and timer ticks, performs its actions.
+
+Fleet calls run as tasks and report back through the run's input queue, so the FSM sees every
+outcome (including a failed call) as an input. Token injection goes through one ordered task per
+run. Every lifecycle event is stamped, stored, logged and published to watchers; the run record is
+persisted after every step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+
+from swactor.common.events import get_logger
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.fleet import FleetError, StageFleet, TokenEndpoints
+from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.tokenizer import StreamDecoder, Tokenizer
+from swactor.v1 import common_pb2 as pb
+from swactor.v1 import orchestrator_pb2 as opb
+
+
+def wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+class RunHandle:
+    """One live run: its FSM, its input queue, its published updates and its record."""
+
+    def __init__(self, fsm: F.RunFsm, record: opb.Run, tokenizer: Tokenizer, fleet: StageFleet, store: RunStore,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fsm = fsm
+        self.record = record
+        self.fleet = fleet
+        self.store = store
+        self.clock = clock
+        self.inputs: asyncio.Queue[F.Input] = asyncio.Queue()
+        self.updates: list[opb.RunUpdate] = []
+        self._changed = asyncio.Condition()
+        self._decoder = StreamDecoder(tokenizer)
+        self._endpoints: TokenEndpoints | None = None
+        self._endpoints_ready = asyncio.Event()
+        self._injections: asyncio.Queue[F.InjectTokens] = asyncio.Queue()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.log = get_logger(run_id=fsm.run_id)
+        self.done = asyncio.Event()
+
+    @property
+    def run_id(self) -> int:
+        return self.fsm.run_id
+
+    def report(self, event: F.Input) -> None:
+        self.inputs.put_nowait(event)
+
+    # ---- the loop ----
+
+    async def drive(self) -> None:
+        injector = asyncio.create_task(self._inject_loop())
+        try:
+            await self._step(F.Tick())  # let the FSM look at the view it already has
+            while self.fsm.state is not F.RunState.DONE:
+                deadline = self.fsm.deadline()
+                timeout = None if deadline is None else max(0.0, deadline - self.clock())
+                try:
+                    event: F.Input = await asyncio.wait_for(self.inputs.get(), timeout)
+                except TimeoutError:
+                    event = F.Tick()
+                await self._step(event)
+        except Exception as e:  # a bug in the adapter must still end the run, visibly
+            self.log.exception("run_driver_failed", error=str(e))
+            if self.fsm.state is not F.RunState.DONE:
+                self.record.state = opb.RUN_STATE_DONE
+                self.record.outcome = self.record.outcome or opb.RUN_OUTCOME_FAULTED
+                self.record.reason = self.record.reason or "RUN_FAULT_ORCHESTRATOR_INTERNAL"
+                self.record.detail = f"orchestrator run driver failed: {e}"
+        finally:
+            injector.cancel()
+            for t in list(self._tasks):
+                t.cancel()
+            self._finalize()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._notify()
+
+    async def _step(self, event: F.Input) -> None:
+        actions = self.fsm.handle(event, self.clock())
+        emitted: list[pb.LifecycleEvent] = []
+        for action in actions:
+            self._perform(action, emitted)
+        if emitted:
+            self.store.append(self.run_id, emitted)
+        self._sync_record()
+        self.store.put(self.record)
+        if actions:
+            await self._notify()
+
+    def _perform(self, action: F.Action, emitted: list[pb.LifecycleEvent]) -> None:
+        match action:
+            case F.Emit(event=ev):
+                if not ev.time_us:
+                    ev.time_us = wall_us()
+                emitted.append(ev)
+                self.updates.append(opb.RunUpdate(event=ev))
+                self._log_event(ev)
+            case F.Deliver(sequence=seq, token_id=tid, end_of_generation=eog):
+                text = "" if eog else self._decoder.push(tid)
+                self.record.token_ids.append(tid)
+                self.record.text += text
+                self.updates.append(opb.RunUpdate(token=opb.TokenDelta(
+                    sequence=seq, token_id=tid, text=text, end_of_generation=eog)))
+            case F.OpenEndpoints(plan=plan):
+                self._spawn(self._open_endpoints(plan))
+            case F.Provision(plan=plan, stage=stage):
+                self._spawn(self._provision(plan, stage))
+            case F.InjectTokens():
+                self._injections.put_nowait(action)
+            case F.StopStage(stage=stage):
+                self._spawn(self._stop_stage(stage))
+            case F.CloseEndpoints():
+                self._spawn(self._close_endpoints())
+
+    def _log_event(self, ev: pb.LifecycleEvent) -> None:
+        fields: dict[str, object] = {"kind": pb.LifecycleEventKind.Name(ev.kind)}
+        if ev.node_id:
+            fields["node_id"] = ev.node_id
+        if ev.HasField("stage_index"):
+            fields["stage_index"] = ev.stage_index
+        if ev.HasField("sequence"):
+            fields["sequence"] = ev.sequence
+        if ev.reason:
+            fields["reason"] = ev.reason
+            fields["component"] = pb.Component.Name(ev.component)
+        if ev.detail:
+            fields["detail"] = ev.detail
+        self.log.info("lifecycle_event", **fields)
+
+    def _sync_record(self) -> None:
+        r, fsm = self.record, self.fsm
+        r.state = fsm.state.value
+        if fsm.outcome is not None and r.outcome == opb.RUN_OUTCOME_UNSPECIFIED:
+            r.outcome = fsm.outcome.value
+            r.reason = fsm.reason
+            r.detail = fsm.detail
+            r.outcome_us = wall_us()
+        if fsm.plan is not None and not r.placement:
+            for s in fsm.plan.stages:
+                r.placement.add(stage_index=s.stage_index, node_id=s.node_id, layer_start=s.layer_start,
+                                layer_end_exclusive=s.layer_end_exclusive, inbound_edge_id=s.inbound_edge,
+                                outbound_edge_id=s.outbound_edge)
+        if fsm.state is F.RunState.DONE and not r.torn_down_us:
+            tail = self._decoder.flush()
+            r.text += tail
+            r.torn_down_us = wall_us()
+
+    def _finalize(self) -> None:
+        if self.record.state != opb.RUN_STATE_DONE:
+            self.record.state = opb.RUN_STATE_DONE
+        self.store.put(self.record)
+        final = opb.Run()
+        final.CopyFrom(self.record)
+        self.updates.append(opb.RunUpdate(finished=final))
+        self.done.set()
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def watch(self) -> AsyncIterator[opb.RunUpdate]:
+        """Every update from the start, then live ones, ending with the `finished` Run."""
+        index = 0
+        while True:
+            while index < len(self.updates):
+                update = self.updates[index]
+                index += 1
+                yield update
+                if update.HasField("finished"):
+                    return
+            async with self._changed:
+                if index >= len(self.updates):
+                    await self._changed.wait()
+
+    # ---- fleet calls (each reports its outcome as an FSM input) ----
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _provision(self, plan, stage) -> None:
+        try:
+            await self.fleet.provision(plan, stage, self.report)
+        except FleetError as e:
+            self.report(F.ProvisionFailed(stage.stage_index, e.reason, e.detail))
+        except Exception as e:
+            self.report(F.ProvisionFailed(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, f"{type(e).__name__}: {e}"))
+
+    async def _open_endpoints(self, plan) -> None:
+        try:
+            self._endpoints = await self.fleet.open_endpoints(plan, self.report)
+            self._endpoints_ready.set()
+        except FleetError as e:
+            self.report(F.EndpointFault(e.reason, e.detail))
+        except Exception as e:
+            self.report(F.EndpointFault(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, f"{type(e).__name__}: {e}"))
+
+    async def _inject_loop(self) -> None:
+        while True:
+            action = await self._injections.get()
+            await self._endpoints_ready.wait()
+            assert self._endpoints is not None
+            try:
+                await self._endpoints.inject(action.sequence, action.token_ids)
+            except FleetError as e:
+                self.report(F.EndpointFault(e.reason, e.detail))
+            except Exception as e:
+                self.report(F.EndpointFault(pb.RUN_FAULT_STREAM_FAULT, f"token injection failed: {type(e).__name__}: {e}"))
+
+    async def _stop_stage(self, stage) -> None:
+        assert self.fsm.plan is not None
+        try:
+            await self.fleet.stop_stage(self.fsm.plan, stage)
+        except Exception as e:  # the teardown timeout covers a stage that never confirms
+            self.log.warning("stop_run_failed", node_id=stage.node_id, stage_index=stage.stage_index, error=str(e))
+
+    async def _close_endpoints(self) -> None:
+        if self._endpoints is None:
+            return
+        try:
+            await self._endpoints.close()
+        except Exception as e:
+            self.log.warning("token_endpoints_close_failed", error=str(e))
+
+
+async def replay(store: RunStore, run: opb.Run) -> AsyncIterator[opb.RunUpdate]:
+    """WatchRun for a run this process no longer holds: stored events, then the record."""
+    for ev in store.events(run.run_id):
+        yield opb.RunUpdate(event=ev)
+    yield opb.RunUpdate(finished=run)
+

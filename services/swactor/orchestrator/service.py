@@ -1,0 +1,83 @@
+"""The gRPC servicer: thin; every method delegates to `Orchestrator` and maps RequestError to a status."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from swactor.common.events import get_logger
+from swactor.orchestrator.errors import RequestError
+from swactor.orchestrator.manager import Orchestrator
+from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.v1 import orchestrator_pb2 as opb
+from swactor.v1 import orchestrator_pb2_grpc
+
+SERVICE_NAME = opb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+
+_READINESS = {
+    NodeState.BOOTING: opb.NODE_READINESS_BOOTING,
+    NodeState.AVAILABLE: opb.NODE_READINESS_AVAILABLE,
+    NodeState.SUSPECT: opb.NODE_READINESS_SUSPECT,
+    NodeState.FAULTED: opb.NODE_READINESS_FAULTED,
+    NodeState.LEFT: opb.NODE_READINESS_LEFT,
+}
+
+
+def node_proto(n: NodeInfo) -> opb.Node:
+    return opb.Node(
+        node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
+        edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
+        gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
+    )
+
+
+class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.o = orchestrator
+        self.log = get_logger()
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, method: str, e: RequestError) -> None:
+        self.log.info("request_refused", method=method, code=e.code.name, detail=e.message)
+        await context.abort(e.code, e.message)
+
+    async def SubmitRun(self, request, context):
+        try:
+            return self.o.submit(request)
+        except RequestError as e:
+            await self._refuse(context, "SubmitRun", e)
+
+    async def WatchRun(self, request, context) -> AsyncIterator[opb.RunUpdate]:
+        try:
+            updates = self.o.watch(request.run_id)
+        except RequestError as e:
+            await self._refuse(context, "WatchRun", e)
+            return
+        async for update in updates:
+            yield update
+
+    async def GetRun(self, request, context):
+        try:
+            return self.o.get(request.run_id)
+        except RequestError as e:
+            await self._refuse(context, "GetRun", e)
+
+    async def ListRuns(self, request, context):
+        return opb.ListRunsResponse(runs=self.o.list(request.limit))
+
+    async def StopRun(self, request, context):
+        try:
+            return opb.StopRunResponse(run=await self.o.stop(request.run_id, request.detail))
+        except RequestError as e:
+            await self._refuse(context, "StopRun", e)
+
+    async def ListNodes(self, request, context):
+        status = self.o.pool_status(1)
+        return opb.ListNodesResponse(nodes=[node_proto(n) for n in sorted(self.o.members, key=lambda n: n.node_id)],
+                                     pool_ready=status.ready, pool_detail=status.detail)
+
+    async def GetEvents(self, request, context):
+        try:
+            return opb.GetEventsResponse(events=self.o.events(request.run_id, request.kind))
+        except RequestError as e:
+            await self._refuse(context, "GetEvents", e)

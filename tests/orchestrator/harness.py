@@ -1,0 +1,64 @@
+"""An in-process orchestrator gRPC server (real grpc.aio on a temp Unix socket and a TCP port)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from swactor.common.grpcio import create_server, set_serving, unix_target
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.config import DEFAULT_MODEL_NAME
+from swactor.orchestrator.manager import Orchestrator
+from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
+from swactor.orchestrator.store import RunStore
+from swactor.v1 import orchestrator_pb2_grpc
+
+from .helpers import MODEL_PATH
+
+_REGISTRY: ModelRegistry | None = None
+
+
+def registry() -> ModelRegistry:
+    """One registry per test process: the GGUF metadata is read once."""
+    global _REGISTRY
+    if not MODEL_PATH.exists():
+        pytest.skip(f"{MODEL_PATH} missing: run `make model`")
+    if _REGISTRY is None:
+        _REGISTRY = ModelRegistry({DEFAULT_MODEL_NAME: MODEL_PATH}, DEFAULT_MODEL_NAME)
+    return _REGISTRY
+
+
+@dataclass
+class Served:
+    orch: Orchestrator
+    stub: orchestrator_pb2_grpc.OrchestratorStub
+    socket: Path
+    tcp_port: int
+    store: RunStore
+
+
+@contextlib.asynccontextmanager
+async def serving(tmp_path: Path, fleet, members=(), timeouts: F.Timeouts | None = None,
+                  store: RunStore | None = None) -> AsyncIterator[Served]:
+    store = store or RunStore.in_state_dir(tmp_path / "state")
+    cfg = F.FsmConfig(orchestrator_node_id=900, pool_window_s=0.05, timeouts=timeouts or F.Timeouts(teardown_s=2.0))
+    orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg)
+    orch.set_members(tuple(members))
+    sock = tmp_path / "orchestrator.sock"
+    server, port, health = create_server(sock, "127.0.0.1:0", service_names=[SERVICE_NAME])
+    orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
+    await server.start()
+    await set_serving(health, [SERVICE_NAME])
+    channel = grpc.aio.insecure_channel(unix_target(sock))
+    try:
+        yield Served(orch, orchestrator_pb2_grpc.OrchestratorStub(channel), sock, port or 0, store)
+    finally:
+        await channel.close()
+        await orch.shutdown()
+        await server.stop(grace=0.5)

@@ -1,0 +1,227 @@
+"""The Orchestrator gRPC API end to end against a scripted fake fleet (real gRPC, real GGUF tokenizer)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.nodes import NodeState
+from swactor.orchestrator.tokenizer import Message, render_chat
+from swactor.v1 import common_pb2 as pb
+from swactor.v1 import orchestrator_pb2 as opb
+
+from .fakes import FakeFleet
+from .harness import registry, serving
+from .helpers import node, pool
+
+pytestmark = pytest.mark.timeout(60)
+ANSWER = " The capital of France is Paris. 🇫🇷"
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def collect(stub, run_id: int) -> list[opb.RunUpdate]:
+    return [u async for u in stub.WatchRun(opb.WatchRunRequest(run_id=run_id))]
+
+
+def events_of(updates) -> list[str]:
+    return [pb.LifecycleEventKind.Name(u.event.kind) for u in updates if u.HasField("event")]
+
+
+def test_two_stage_run_streams_text_events_and_tears_down(tmp_path: Path) -> None:
+    tok = registry().get("").tokenizer
+    script = [*tok.encode(ANSWER), 2]
+    fleet = FakeFleet(script)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(11, 12)) as s:
+            await asyncio.sleep(0.06)  # the PoolReady window
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="What is the capital of France?", stages=2,
+                                                               max_tokens=64))
+            updates = await collect(s.stub, resp.run_id)
+            got = await s.stub.GetRun(opb.GetRunRequest(run_id=resp.run_id))
+            listed = await s.stub.ListRuns(opb.ListRunsRequest())
+            tokens = await s.stub.GetEvents(opb.GetEventsRequest(run_id=resp.run_id, kind=pb.TOKEN_RECEIVED))
+            return resp, updates, got, listed, tokens
+
+    resp, updates, got, listed, tokens = run(main())
+    prompt = tok.encode(render_chat(tok.data.chat_template, [Message("user", "What is the capital of France?")]))
+    assert resp.prompt_tokens == len(prompt)
+    assert fleet.injected[0] == (0, tuple(prompt))
+    assert [seq for seq, _ in fleet.injected] == list(range(len(script)))
+    assert all(ids == (script[seq - 1],) for seq, ids in fleet.injected[1:])
+    deltas = [u.token for u in updates if u.HasField("token")]
+    assert [d.token_id for d in deltas] == script and deltas[-1].end_of_generation
+    assert "".join(d.text for d in deltas) == ANSWER
+    assert all("\ufffd" not in d.text for d in deltas)
+    kinds = events_of(updates)
+    assert kinds[:4] == ["POOL_READY", "RUN_PLANNED", "STAGE_PROVISION_STARTED", "STAGE_PROVISION_STARTED"]
+    for k in ("WEIGHTS_LOADED", "STAGE_READY", "READINESS_BARRIER_PASSED", "PROMPT_INJECTED"):
+        assert k in kinds
+    assert kinds.index("READINESS_BARRIER_PASSED") < kinds.index("PROMPT_INJECTED") < kinds.index("TOKEN_RECEIVED")
+    assert kinds.count("TOKEN_RECEIVED") == len(script)
+    assert kinds[-6:] == ["RUN_COMPLETED", "STOP_RUN_SENT", "STOP_RUN_SENT", "STAGE_STOPPED", "STAGE_STOPPED",
+                          "RUN_TORN_DOWN"]
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_COMPLETED and final.reason == "eos" and final.state == opb.RUN_STATE_DONE
+    assert final.text == ANSWER and list(final.token_ids) == script
+    assert [(p.node_id, p.layer_start, p.layer_end_exclusive) for p in final.placement] == [(11, 0, 15), (12, 15, 30)]
+    assert got == final and listed.runs[0] == final
+    assert len(tokens.events) == len(script)
+    assert sorted(fleet.stopped) == [0, 1] and fleet.closed == 1
+
+
+def test_bad_requests_are_refused_by_name_and_the_server_keeps_serving(tmp_path: Path) -> None:
+    async def main():
+        async with serving(tmp_path, FakeFleet([2]), pool(1, 2)) as s:
+            cases = [
+                (opb.SubmitRunRequest(prompt="hi", model="gpt-9", max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
+                 "unknown model 'gpt-9'"),
+                (opb.SubmitRunRequest(prompt="hi", stages=3, max_tokens=5), grpc.StatusCode.FAILED_PRECONDITION,
+                 "3 stage(s) need 3 Available node(s); the pool has 2"),
+                (opb.SubmitRunRequest(prompt="hi", stages=31, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
+                 "has 30 blocks"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=-4), grpc.StatusCode.INVALID_ARGUMENT, "got -4"),
+                (opb.SubmitRunRequest(prompt="   ", max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT, "prompt is empty"),
+                (opb.SubmitRunRequest(max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT, "neither"),
+                (opb.SubmitRunRequest(messages=opb.ChatMessages(), max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
+                 "messages is empty"),
+                (opb.SubmitRunRequest(messages=opb.ChatMessages(messages=[opb.ChatMessage(role="robot", content="x")]),
+                                      max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT, "unknown role 'robot'"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=5, sampling=opb.Sampling(temperature=-1)),
+                 grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+                (opb.SubmitRunRequest(prompt="x " * 5000, raw=True, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
+                 "the context holds 4096"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=5, stages=2, node_ids=[1, 1]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "distinct"),
+            ]
+            seen = []
+            for req, _code, needle in cases:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await s.stub.SubmitRun(req)
+                seen.append((err.value.code(), needle in err.value.details(), err.value.details()))
+            for call, req in [(s.stub.GetRun, opb.GetRunRequest(run_id=42)),
+                              (s.stub.StopRun, opb.StopRunRequest(run_id=42)),
+                              (s.stub.GetEvents, opb.GetEventsRequest(run_id=42))]:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await call(req)
+                seen.append((err.value.code(), "unknown run_id 42" in err.value.details(), err.value.details()))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await collect(s.stub, 42)
+            seen.append((err.value.code(), "unknown run_id 42" in err.value.details(), err.value.details()))
+            still = await s.stub.ListRuns(opb.ListRunsRequest())
+            return cases, seen, still
+
+    cases, seen, still = run(main())
+    expected = [(code, True) for _, code, _ in cases] + [(grpc.StatusCode.NOT_FOUND, True)] * 4
+    assert [(c, ok) for c, ok, _ in seen] == expected, seen
+    assert list(still.runs) == []
+
+
+def test_operator_stop_mid_decode(tmp_path: Path) -> None:
+    fleet = FakeFleet([100, 101, 102, 103, 104], hold_after=2)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="count", raw=True, max_tokens=50))
+            watch = asyncio.create_task(collect(s.stub, resp.run_id))
+            while len(fleet.injected) < 3:
+                await asyncio.sleep(0.01)
+            with pytest.raises(grpc.aio.AioRpcError) as err:  # one active run at a time
+                await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="again", max_tokens=5))
+            busy = err.value
+            stopped = await s.stub.StopRun(opb.StopRunRequest(run_id=resp.run_id, detail="operator said so"))
+            fleet.release.set()
+            updates = await watch
+            return stopped.run, updates, busy
+
+    stopped, updates, busy = run(main())
+    assert stopped.outcome == opb.RUN_OUTCOME_STOPPED and stopped.detail == "operator said so"
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_STOPPED and list(final.token_ids) == [100, 101]
+    kinds = events_of(updates)
+    assert "RUN_STOPPED" in kinds and kinds[-1] == "RUN_TORN_DOWN" and "RUN_COMPLETED" not in kinds
+    assert fleet.stopped == [0] and [seq for seq, _ in fleet.injected] == [0, 1, 2]
+    assert busy.code() == grpc.StatusCode.FAILED_PRECONDITION and f"run {final.run_id} is still active" in busy.details()
+
+
+@pytest.mark.parametrize(("fleet_kw", "reason"), [
+    (dict(fault_at_sequence=1), "RUN_FAULT_STEP_FAILED"),
+    (dict(fail_stage=1), "RUN_FAULT_PROVISIONING_REJECTED"),
+])
+def test_faults_end_the_run_with_the_first_reason(tmp_path: Path, fleet_kw: dict, reason: str) -> None:
+    fleet = FakeFleet([100, 101, 102], **fleet_kw)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1, 2)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, stages=2, max_tokens=10))
+            return await collect(s.stub, resp.run_id)
+
+    updates = run(main())
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_FAULTED and final.reason == reason
+    faulted = [u.event for u in updates if u.HasField("event") and u.event.kind == pb.RUN_FAULTED]
+    assert len(faulted) == 1 and faulted[0].reason == reason and faulted[0].component != pb.COMPONENT_UNSPECIFIED
+    assert events_of(updates)[-1] == "RUN_TORN_DOWN"
+
+
+def test_teardown_timeout_is_bounded(tmp_path: Path) -> None:
+    fleet = FakeFleet([2], never_stop=True)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1), timeouts=F.Timeouts(teardown_s=0.2)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=10))
+            return await collect(s.stub, resp.run_id)
+
+    updates = run(main())
+    torn = updates[-2].event
+    assert torn.kind == pb.RUN_TORN_DOWN and torn.reason == "RUN_FAULT_TEARDOWN_TIMEOUT"
+    assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED
+
+
+def test_pool_never_ready_refuses_with_reason(tmp_path: Path) -> None:
+    async def main():
+        members = (node(1), node(2, NodeState.BOOTING))
+        async with serving(tmp_path, FakeFleet([2]), members, timeouts=F.Timeouts(pool_s=0.3)) as s:
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+            nodes = await s.stub.ListNodes(opb.ListNodesRequest())
+            return await collect(s.stub, resp.run_id), nodes
+
+    updates, nodes = run(main())
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_FAULTED and final.reason == "RUN_FAULT_NODE_UNAVAILABLE"
+    assert "2 is booting" in final.detail
+    assert [(n.node_id, n.readiness, n.provisionable) for n in nodes.nodes] == [
+        (1, opb.NODE_READINESS_AVAILABLE, True), (2, opb.NODE_READINESS_BOOTING, False)]
+    assert nodes.nodes[0].gpus[0].name == "H100" and not nodes.pool_ready
+
+
+def test_finished_runs_replay_from_the_store_after_restart(tmp_path: Path) -> None:
+    fleet = FakeFleet([100, 2])
+
+    async def first():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=10))
+            await collect(s.stub, resp.run_id)
+            s.store.close()
+            return resp.run_id
+
+    async def second(run_id: int):
+        async with serving(tmp_path, FakeFleet([2]), pool(1)) as s:
+            return await collect(s.stub, run_id)
+
+    run_id = run(first())
+    updates = run(second(run_id))
+    assert events_of(updates)[0] == "POOL_READY" and events_of(updates)[-1] == "RUN_TORN_DOWN"
+    assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED and list(updates[-1].finished.token_ids) == [100, 2]
