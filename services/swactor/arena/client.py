@@ -223,9 +223,10 @@ def _lease_request(
 
 
 def _error(e: grpc.RpcError) -> ArenaCallError:
-    code = e.code() if isinstance(e, grpc.Call) else grpc.StatusCode.UNKNOWN
-    details = e.details() if isinstance(e, grpc.Call) else str(e)
-    return ArenaCallError(code, details or "")
+    # Both grpc.Call (sync) and grpc.aio.AioRpcError carry code() and details().
+    if isinstance(e, grpc.Call | grpc.aio.AioRpcError):
+        return ArenaCallError(e.code(), e.details() or "")
+    return ArenaCallError(grpc.StatusCode.UNKNOWN, str(e))
 
 
 # ---- asyncio client ----
@@ -249,11 +250,18 @@ class AsyncArenaClient:
     ) -> AsyncIterator[LeaseUpdate]:
         """Queued (at most once), then exactly one Leased | Rejected | Cancelled."""
         msg = _lease_request(self.hold, request_id, requester, edge_id, direction, ring_spec, prefault)
+        call = self._stub.LeaseRing(msg)
+        answered = False
         try:
-            async for update in self._stub.LeaseRing(msg):
-                yield _update(update)
+            async for update in call:
+                u = _update(update)
+                answered = not isinstance(u, Queued)
+                yield u
         except grpc.RpcError as e:
             raise _error(e) from None
+        finally:
+            if not answered:
+                call.cancel()  # a caller that stops listening withdraws its still-queued request
 
     async def lease(
         self,
@@ -365,13 +373,17 @@ class ArenaClient:
     ) -> Iterator[LeaseUpdate]:
         msg = _lease_request(self.hold, request_id, requester, edge_id, direction, ring_spec, prefault)
         stream = self._stub.LeaseRing(msg)
+        answered = False
         try:
             for update in stream:
-                yield _update(update)
+                u = _update(update)
+                answered = not isinstance(u, Queued)
+                yield u
         except grpc.RpcError as e:
             raise _error(e) from None
         finally:
-            stream.cancel()
+            if not answered:
+                stream.cancel()  # a caller that stops listening withdraws its still-queued request
 
     def lease(
         self,

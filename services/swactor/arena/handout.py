@@ -152,6 +152,8 @@ class HandoutServer:
         asyncio.get_running_loop().remove_reader(conn.pidfd)
         conn.watching.discard(conn.pidfd)
         conn.exited = True
+        if not conn.eof:  # e.g. a forked child still holds the connection (and the mapping)
+            log().info("arena_holder_exited_connection_open", holder_id=conn.holder_id, pid=conn.cred.pid)
         self._maybe_gone(conn)
 
     def _maybe_gone(self, conn: _Conn) -> None:

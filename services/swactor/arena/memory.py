@@ -70,14 +70,14 @@ class ArenaMemory:
             raise ArenaBootError(f"ceiling_bytes must be a positive multiple of {PAGE_SIZE}, got {size}")
         try:
             self.fd: int = swactor_ring.Arena.create_memfd(name, size)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, MemoryError) as e:
             raise ArenaBootError(f"memfd_create/ftruncate of {size} bytes failed: {e}") from None
         try:
             self.arena = swactor_ring.Arena.from_fd(self.fd, size)
             self._madvise_map = mmap.mmap(
                 self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE
             )
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, MemoryError) as e:
             os.close(self.fd)
             raise ArenaBootError(f"mmap of the {size}-byte arena failed: {e}") from None
         self.size = size

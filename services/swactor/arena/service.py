@@ -55,8 +55,10 @@ class ArenaServicer(arena_pb2_grpc.ArenaServicer):
         try:
             yield convert.lease_update(first)
             answer = await waiter.get()
-            yield convert.lease_update(answer)
+            # Counted as delivered once handed to gRPC: a grant the caller may have seen is never
+            # undone behind its back (an unseen one is still reclaimed when its holder exits).
             delivered = True
+            yield convert.lease_update(answer)
         finally:
             self.node.unwatch(req.request_id)
             if not delivered:
