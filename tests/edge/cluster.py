@@ -107,6 +107,10 @@ class EdgeHost:
         self.arena = ArenaClient(self.hold, self.root / "arena.sock")
 
     def start_edge(self, peers_file: Path, *extra: str) -> None:
+        for stale in (self.edge_socket, self.wake_socket):  # left by a SIGKILLed driver
+            stale.unlink(missing_ok=True)
+        if self.channel is not None:
+            self.channel.close()
         self.edge_proc = self._spawn(
             [
                 str(BIN / "swactor-edge"), "--state-dir", str(self.state_dir), "--socket", str(self.edge_socket),

@@ -43,8 +43,9 @@ class EdgeConfig:
     connection_window: int = 32 << 20
     # Concurrent uni-streams a peer may open (bounds memory of unmatched streams).
     max_streams: int = 64
-    idle_timeout: float = 5.0
-    keepalive_interval: float = 1.0
+    # A peer silent this long is dead (keepalives keep live quiet connections under it).
+    idle_timeout: float = 3.0
+    keepalive_interval: float = 0.5
     connect_timeout: float = 5.0
     # A stream that carries no locally established edge for this long is stopped with a fault.
     rendezvous_timeout: float = 30.0
