@@ -79,7 +79,9 @@ class ArenaProc:
         return self.proc.returncode
 
 
-def start_arena(base: Path, ceiling: int = 64 * MIB, extra: list[str] | None = None) -> ArenaProc:
+def start_arena(
+    base: Path, ceiling: int = 64 * MIB, extra: list[str] | None = None, env: dict[str, str] | None = None
+) -> ArenaProc:
     cfg = base / "swactor.toml"
     if not cfg.exists():
         cfg.write_text("")
@@ -104,6 +106,7 @@ def start_arena(base: Path, ceiling: int = 64 * MIB, extra: list[str] | None = N
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     arena = ArenaProc(proc, base, base / "arena.sock", base / "arena-fd.sock", state, ceiling)
     arena.wait_event("arena_ready", timeout_s=30)
