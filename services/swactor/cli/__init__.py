@@ -1,0 +1,1 @@
+"""`swactor`: the operator CLI, a client of the orchestrator's gRPC API."""

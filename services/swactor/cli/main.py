@@ -1,0 +1,271 @@
+"""swactor: operate a swactor pool through its orchestrator.
+
+  swactor submit --prompt "Hello" [--watch]    start a run (chat template unless --raw)
+  swactor watch RUN_ID                          stream a run's text (and --events) to its end
+  swactor runs | show RUN_ID | events RUN_ID    inspect runs and their lifecycle events
+  swactor nodes                                 the membership view and pool readiness
+  swactor stop RUN_ID                           operator stop
+  swactor demo                                  bring up a local pool and run one prompt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Iterator
+from importlib import metadata
+
+import grpc
+
+from swactor import __version__
+from swactor.cli import render
+from swactor.v1 import orchestrator_pb2 as opb
+from swactor.v1 import orchestrator_pb2_grpc
+
+DEFAULT_ADDRESS = "unix:/run/swactor/orchestrator.sock"
+EXIT_OK, EXIT_RUN_FAILED, EXIT_ERROR, EXIT_STOPPED = 0, 1, 2, 3
+VERSIONED = ("grpcio", "protobuf", "gguf", "tinygrad", "numpy", "aioquic", "regex")
+
+
+class CliError(Exception):
+    pass
+
+
+def versions() -> str:
+    lines = [f"swactor {__version__}", f"python {platform.python_version()}"]
+    for dist in VERSIONED:
+        try:
+            lines.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            lines.append(f"{dist} (not installed)")
+    return "\n".join(lines)
+
+
+class VersionAction(argparse.Action):
+    def __init__(self, option_strings, dest, **kw) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print swactor and dependency versions")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(versions())
+        parser.exit()
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def run_id_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"run id {text!r} is not an integer") from None
+    if not 0 < value < 2**64:
+        raise argparse.ArgumentTypeError(f"run id {value} is out of range")
+    return value
+
+
+def message_arg(text: str) -> opb.ChatMessage:
+    role, sep, content = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--message wants ROLE:TEXT, got {text!r}")
+    return opb.ChatMessage(role=role, content=content)
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="swactor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=VersionAction)
+    p.add_argument("--address", default=DEFAULT_ADDRESS,
+                   help=f"orchestrator gRPC address: unix:/path or host:port (default {DEFAULT_ADDRESS})")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds for unary calls (default 10)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="start a run")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (one user message in the model's chat template)")
+    src.add_argument("--message", action="append", type=message_arg, metavar="ROLE:TEXT",
+                     help="a chat message (repeatable)")
+    s.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
+    s.add_argument("--model", default="", help="model name (default: the orchestrator's default)")
+    s.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: the orchestrator's)")
+    s.add_argument("--max-tokens", type=positive, default=64)
+    s.add_argument("--node", action="append", type=int, default=[], metavar="NODE_ID",
+                   help="place stage k on the k-th --node (repeatable)")
+    add_sampling(s)
+    s.add_argument("--watch", action="store_true", help="stream the run after submitting")
+    s.add_argument("--events", action="store_true", help="with --watch: print lifecycle events to stderr")
+    s.add_argument("--json", action="store_true", help="JSON output")
+
+    w = sub.add_parser("watch", help="stream a run until it ends")
+    w.add_argument("run_id", type=run_id_arg)
+    w.add_argument("--events", action="store_true", help="print lifecycle events to stderr")
+    w.add_argument("--json", action="store_true", help="one JSON object per update")
+
+    r = sub.add_parser("runs", help="list runs, newest first")
+    r.add_argument("--limit", type=positive, default=20)
+    r.add_argument("--json", action="store_true")
+
+    g = sub.add_parser("show", help="one run in detail")
+    g.add_argument("run_id", type=run_id_arg)
+    g.add_argument("--json", action="store_true")
+
+    e = sub.add_parser("events", help="a run's lifecycle events")
+    e.add_argument("run_id", type=run_id_arg)
+    e.add_argument("--json", action="store_true")
+
+    n = sub.add_parser("nodes", help="membership view, readiness and GPU inventory")
+    n.add_argument("--json", action="store_true")
+
+    t = sub.add_parser("stop", help="operator stop of a run")
+    t.add_argument("run_id", type=run_id_arg)
+    t.add_argument("--detail", default="operator stop (swactor stop)")
+    t.add_argument("--json", action="store_true")
+
+    d = sub.add_parser("demo", help="bring up a local pool and run one prompt end to end")
+    d.add_argument("--prompt", default="What is the capital of France?")
+    d.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
+    d.add_argument("--max-tokens", type=positive, default=64)
+    d.add_argument("--stages", type=positive, default=2)
+    d.add_argument("--hosts", type=positive, default=None, help="simulated hosts (default: --stages)")
+    add_sampling(d)
+    d.add_argument("--json", action="store_true")
+    return p
+
+
+def channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address)
+
+
+def _sampling(args: argparse.Namespace) -> opb.Sampling:
+    if args.temperature < 0:
+        raise CliError(f"--temperature must be >= 0, got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.top_k < 0:
+        raise CliError(f"--top-k must be >= 0, got {args.top_k}")
+    return opb.Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
+    req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
+                               sampling=_sampling(args), node_ids=args.node)
+    if args.prompt is not None:
+        if not args.prompt.strip():
+            raise CliError("--prompt is empty")
+        req.prompt = args.prompt
+    else:
+        if args.raw:
+            raise CliError("--raw applies to --prompt only")
+        req.messages.messages.extend(args.message)
+    return req
+
+
+def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
+    out = sys.stdout
+    final = None
+    updates: Iterator[opb.RunUpdate] = stub.WatchRun(opb.WatchRunRequest(run_id=run_id))
+    for u in updates:
+        if as_json:
+            print(json.dumps(render.as_json(u)), flush=True)
+        elif u.HasField("token"):
+            out.write(u.token.text)
+            out.flush()
+        elif u.HasField("event") and events:
+            print(render.event_line(u.event), file=sys.stderr, flush=True)
+        if u.HasField("finished"):
+            final = u.finished
+    if final is None:
+        raise CliError(f"the stream for run {run_id} ended without an outcome")
+    if not as_json:
+        out.write("\n")
+        print(render.run_detail(final).splitlines()[0], file=sys.stderr)
+        if final.detail:
+            print(f"  detail: {final.detail}", file=sys.stderr)
+    return {opb.RUN_OUTCOME_COMPLETED: EXIT_OK, opb.RUN_OUTCOME_STOPPED: EXIT_STOPPED}.get(final.outcome, EXIT_RUN_FAILED)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "demo":
+        _sampling(args)
+        if args.hosts is not None and args.hosts < args.stages:
+            raise CliError(f"--hosts {args.hosts} cannot hold --stages {args.stages} (one stage per host)")
+        raise CliError("`swactor demo` is not wired yet: the local pool bring-up (membership, arena, edge and "
+                       "worker services per simulated host) is the integration step still to come. Against a "
+                       "running pool use `swactor submit --prompt ... --watch`.")
+    with channel(args.address) as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+        t = args.timeout
+        match args.command:
+            case "submit":
+                resp = stub.SubmitRun(submit_request(args), timeout=t)
+                if args.json and not args.watch:
+                    print(json.dumps(render.as_json(resp)))
+                elif not args.watch:
+                    print(resp.run_id)
+                else:
+                    print(f"run {resp.run_id} ({resp.prompt_tokens} prompt tokens)", file=sys.stderr)
+                    return stream(stub, resp.run_id, events=args.events, as_json=args.json)
+            case "watch":
+                return stream(stub, args.run_id, events=args.events, as_json=args.json)
+            case "runs":
+                runs = stub.ListRuns(opb.ListRunsRequest(limit=args.limit), timeout=t).runs
+                for r in runs:
+                    print(json.dumps(render.as_json(r)) if args.json else render.run_line(r))
+            case "show":
+                r = stub.GetRun(opb.GetRunRequest(run_id=args.run_id), timeout=t)
+                print(json.dumps(render.as_json(r)) if args.json else render.run_detail(r))
+            case "events":
+                evs = stub.GetEvents(opb.GetEventsRequest(run_id=args.run_id), timeout=t).events
+                for ev in evs:
+                    print(json.dumps(render.as_json(ev)) if args.json else render.event_line(ev))
+            case "nodes":
+                resp = stub.ListNodes(opb.ListNodesRequest(), timeout=t)
+                if args.json:
+                    print(json.dumps(render.as_json(resp)))
+                else:
+                    for node in resp.nodes:
+                        print(render.node_line(node))
+                    print(f"pool {'ready' if resp.pool_ready else 'not ready'}: {resp.pool_detail}")
+            case "stop":
+                r = stub.StopRun(opb.StopRunRequest(run_id=args.run_id, detail=args.detail), timeout=t).run
+                print(json.dumps(render.as_json(r)) if args.json else render.run_line(r))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except CliError as e:
+        print(f"swactor: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except grpc.RpcError as e:
+        code, details = e.code(), e.details()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.UNAVAILABLE:
+            print(f"swactor: cannot reach the orchestrator at {args.address} ({details}); "
+                  "is swactor-orchestrator running? (--address)", file=sys.stderr)
+        else:
+            print(f"swactor: {code.name}: {details}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The `swactor` CLI as a subprocess against an in-process orchestrator with a fake fleet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from swactor.cli.main import main as cli_main
+from swactor.v1 import orchestrator_pb2 as opb
+
+from .fakes import FakeFleet
+from .harness import registry, serving
+from .helpers import pool
+
+pytestmark = pytest.mark.timeout(90)
+
+
+async def cli(sock: Path, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "swactor.cli.main", "--address", f"unix:{sock}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
+    tok = registry().get("").tokenizer
+    script = [*tok.encode(" Bonjour !"), 2]
+    fleet = FakeFleet(script)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1, 2)) as s:
+            await asyncio.sleep(0.06)
+            sub = await cli(s.socket, "submit", "--prompt", "Say hi in French", "--stages", "2", "--max-tokens", "9",
+                            "--watch", "--events")
+            run_id = int(sub[2].split()[1])
+            runs = await cli(s.socket, "runs", "--json")
+            show = await cli(s.socket, "show", str(run_id))
+            events = await cli(s.socket, "events", str(run_id))
+            nodes = await cli(s.socket, "nodes")
+            stop_done = await cli(s.socket, "stop", str(run_id))
+            bad = await cli(s.socket, "submit", "--prompt", "x", "--stages", "5")
+            missing = await cli(s.socket, "show", "12345")
+            return sub, runs, show, events, nodes, stop_done, bad, missing
+
+    sub, runs, show, events, nodes, stop_done, bad, missing = asyncio.run(main())
+    rc, out, err = sub
+    assert rc == 0, err
+    assert out == " Bonjour !\n"
+    assert "readiness_barrier_passed" in err and "run_torn_down" in err and "completed (eos)" in err
+    record = json.loads(runs[1].splitlines()[0])
+    assert record["outcome"] == "RUN_OUTCOME_COMPLETED" and record["text"] == " Bonjour !"
+    assert "stage 1: node 2 layers 15..30" in show[1]
+    assert events[1].splitlines()[0].split()[2] == "pool_ready" and "run_torn_down" in events[1].splitlines()[-1]
+    assert nodes[1].splitlines()[0].startswith("1 ") and "CUDA H100 80GiB" in nodes[1] and "pool ready" in nodes[1]
+    assert stop_done[0] == 0 and "completed (eos)" in stop_done[1]  # stopping a finished run changes nothing
+    assert bad[0] == 2 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
+    assert missing[0] == 2 and "NOT_FOUND: unknown run_id 12345" in missing[2]
+
+
+def test_stopped_run_exit_code_and_json_stream(tmp_path: Path) -> None:
+    fleet = FakeFleet([100, 101, 102], hold_after=1)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=10))
+            watch = asyncio.create_task(cli(s.socket, "watch", str(resp.run_id), "--json"))
+            while len(fleet.injected) < 2:
+                await asyncio.sleep(0.01)
+            stop = await cli(s.socket, "stop", str(resp.run_id), "--detail", "cli stop")
+            fleet.release.set()
+            return await watch, stop
+
+    (rc, out, _), stop = asyncio.run(main())
+    assert stop[0] == 0 and "stopped (operator_stop)" in stop[1]
+    assert rc == 3
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[-1]["finished"]["outcome"] == "RUN_OUTCOME_STOPPED"
+    assert [m["token"]["token_id"] for m in lines if "token" in m] == [100]
+
+
+def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        cli_main(["--version"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("swactor 0.1.0\npython ") and "grpcio " in out and "tinygrad " in out
+    assert cli_main(["demo", "--stages", "3", "--hosts", "2"]) == 2
+    assert "cannot hold --stages 3" in capsys.readouterr().err
+    assert cli_main(["demo", "--prompt", "hi", "--top-p", "0"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    assert cli_main(["demo"]) == 2
+    assert "not wired yet" in capsys.readouterr().err
+    assert cli_main(["--address", "unix:/nonexistent/orch.sock", "--timeout", "2", "runs"]) == 2
+    assert "cannot reach the orchestrator at unix:/nonexistent/orch.sock" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["watch", "not-a-number"])
+    assert "run id 'not-a-number' is not an integer" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""The real `swactor-orchestrator` process: startup, restart recovery, refusals, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from swactor.orchestrator.store import ORCHESTRATOR_RESTARTED, RunStore
+from swactor.v1 import orchestrator_pb2 as opb
+
+from .helpers import MODEL_PATH
+
+pytestmark = [pytest.mark.timeout(90),
+              pytest.mark.skipif(not MODEL_PATH.exists(), reason=f"{MODEL_PATH} missing: run `make model`")]
+
+
+def cli(sock: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "swactor.cli.main", "--address", f"unix:{sock}", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_process_recovers_interrupted_runs_refuses_without_pool_and_stops_on_sigterm(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    store = RunStore.in_state_dir(state)
+    store.put(opb.Run(run_id=77, model="smollm2-135m-instruct", state=opb.RUN_STATE_RUNNING, created_us=1))
+    store.close()
+    sock = tmp_path / "orch.sock"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(sock), "--tcp", "", "--state-dir",
+         str(state), "--membership-socket", str(tmp_path / "no-membership.sock"), "--model", str(MODEL_PATH)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "NOTIFY_SOCKET": ""})
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists():
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "orchestrator did not start"
+            time.sleep(0.1)
+        shown = cli(sock, "show", "77", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert ORCHESTRATOR_RESTARTED in shown.stdout and "RUN_OUTCOME_FAULTED" in shown.stdout
+        events = cli(sock, "events", "77")
+        assert f"run_faulted reason={ORCHESTRATOR_RESTARTED}" in events.stdout
+        nodes = cli(sock, "nodes")
+        assert nodes.returncode == 0 and "pool not ready: no membership view yet" in nodes.stdout
+        refused = cli(sock, "submit", "--prompt", "hi")
+        assert refused.returncode == 2 and "need 1 Available node(s); the pool has 0" in refused.stderr
+        bad_model = cli(sock, "submit", "--prompt", "hi", "--model", "nope")
+        assert bad_model.returncode == 2 and "unknown model 'nope'" in bad_model.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, err
+    assert '"run_interrupted_by_restart"' in err and '"orchestrator_serving"' in err
+    assert '"membership_unreachable"' in err
+
+
+def test_bad_config_is_named(tmp_path: Path) -> None:
+    cfg = tmp_path / "swactor.toml"
+    cfg.write_text("[orchestrator]\npool_windw_s = 3\n")
+    r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "unknown key(s) pool_windw_s" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(tmp_path / "s.sock"),
+                        "--tcp", "", "--state-dir", str(tmp_path), "--model", str(tmp_path / "missing.gguf")],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "missing.gguf does not exist" in r.stderr
