@@ -103,3 +103,11 @@ def test_local_metadata_change_is_an_event_but_a_bare_incarnation_bump_is_not() 
     (ev,) = v.update_local(replace(SELF, incarnation=2, meta={"id": "1", "st": "available"}), now_us=2)
     assert ev.kind is ViewEventKind.METADATA_CHANGED and ev.record.is_self
     assert v.local().member.incarnation == 2
+
+
+def test_an_event_repeating_what_the_view_already_holds_is_not_reported_twice() -> None:
+    v = view()
+    v.resync([SELF, peer("2")], [], now_us=1)  # read right after subscribing...
+    assert v.apply(SwimEvent(K.JOINED, peer("2")), now_us=2) == []  # ...then the event arrives
+    (ev,) = v.apply(SwimEvent(K.JOINED, peer("2", 1)), now_us=3)
+    assert ev.kind is ViewEventKind.JOIN and ev.record.member.incarnation == 1

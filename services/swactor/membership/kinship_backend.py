@@ -67,6 +67,17 @@ def kinship_config(s: SwimSettings) -> kinship.Config:
     )
 
 
+async def _translate(stream: kinship.EventStream) -> AsyncIterator[SwimEvent]:
+    async for ev in stream:
+        if isinstance(ev, kinship.EventsLost):
+            yield SwimEvent(SwimEventKind.RESYNC)
+            continue
+        kind = _KINDS.get(type(ev))
+        member = getattr(ev, "member", None)
+        if kind is not None and member is not None:
+            yield SwimEvent(kind, _member(member))
+
+
 class KinshipBackend:
     def __init__(self, settings: SwimSettings) -> None:
         self._cfg = kinship_config(settings)
@@ -91,15 +102,8 @@ class KinshipBackend:
         m = self._cluster.member(name)
         return None if m is None else _member(m)
 
-    async def events(self) -> AsyncIterator[SwimEvent]:
-        async for ev in self._cluster.events():
-            if isinstance(ev, kinship.EventsLost):
-                yield SwimEvent(SwimEventKind.RESYNC)
-                continue
-            kind = _KINDS.get(type(ev))
-            member = getattr(ev, "member", None)
-            if kind is not None and member is not None:
-                yield SwimEvent(kind, _member(member))
+    def events(self) -> AsyncIterator[SwimEvent]:
+        return _translate(self._cluster.events())  # the subscription starts here, not at first read
 
     async def set_meta(self, meta: Mapping[str, str]) -> None:
         await self._cluster.set_meta(dict(meta))

@@ -10,16 +10,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
-from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEventKind
+from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEvent, SwimEventKind
 from swactor.membership.view import Counts, MemberRecord, MemberView, ViewEvent
 from swactor.v1 import membership_pb2 as pb
 
 WATCH_QUEUE_MAX = 4096
+# Safety net: how often the view is diffed against the engine's table.
+RECONCILE_INTERVAL_S = 5.0
 _STATE_EVENTS = {
     pb.NODE_STATE_AVAILABLE: "node_available",
     pb.NODE_STATE_FAULTED: "node_faulted",
@@ -83,13 +85,14 @@ class MembershipNode:
 
     async def start(self) -> None:
         await self._backend.start()
+        events = self._backend.events()  # subscribe before reading members: no join falls between
         t = now_us()
         self._view = MemberView(self._backend.local(), t, int(self._timings.departed_retention_s * 1e6))
         self._view.resync(self._backend.members(), [], t)
         self._tasks = [
-            asyncio.create_task(self._pump(), name="membership-pump"),
+            asyncio.create_task(self._pump(events), name="membership-pump"),
             asyncio.create_task(self._join_loop(), name="membership-join"),
-            asyncio.create_task(self._expire_loop(), name="membership-expire"),
+            asyncio.create_task(self._reconcile_loop(), name="membership-reconcile"),
         ]
         self._update_alone()
         local = self.view.local().member
@@ -182,21 +185,24 @@ class MembershipNode:
 
     # ---- background tasks ----
 
-    async def _pump(self) -> None:
-        async for ev in self._backend.events():
-            t = now_us()
+    async def _pump(self, events: AsyncIterator[SwimEvent]) -> None:
+        async for ev in events:
             if ev.kind is SwimEventKind.RESYNC:
-                current = self._backend.members()
-                live = {m.name for m in current}
-                gone = [
-                    r.member.name for r in self.view.records()
-                    if not r.is_self and r.member.name not in live
-                ]
-                tombstones = [m for m in map(self._backend.member, gone) if m is not None]
-                self._log.warning("membership_events_lost", resynced=len(current))
-                self._publish(self.view.resync(current, tombstones, t))
+                self._log.warning("membership_events_lost")
+                self._reconcile()
             else:
-                self._publish(self.view.apply(ev, t))
+                self._publish(self.view.apply(ev, now_us()))
+
+    def _reconcile(self) -> None:
+        """Diff the view against the engine's own table (after lost events, and periodically)."""
+        current = self._backend.members()
+        live = {m.name for m in current}
+        gone = [r.member.name for r in self.view.records() if not r.is_self and r.member.name not in live]
+        tombstones = [m for m in map(self._backend.member, gone) if m is not None]
+        events = self.view.resync(current, tombstones, now_us())
+        if events:
+            self._log.warning("membership_view_reconciled", changes=len(events))
+        self._publish(events)
 
     async def _join_loop(self) -> None:
         if not self._seeds:
@@ -215,10 +221,10 @@ class MembershipNode:
             await asyncio.sleep(self._timings.join_retry_interval_s)
             self._update_alone()
 
-    async def _expire_loop(self) -> None:
-        period = max(1.0, self._timings.departed_retention_s / 10)
+    async def _reconcile_loop(self) -> None:
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(RECONCILE_INTERVAL_S)
+            self._reconcile()
             for name in self.view.expire(now_us()):
                 self._log.info("member_forgotten", member=name)
 

@@ -99,7 +99,9 @@ class SwimBackend(Protocol):
     def member(self, name: str) -> SwimMember | None:
         """One member by name, dead and left tombstones included."""
 
-    def events(self) -> AsyncIterator[SwimEvent]: ...
+    def events(self) -> AsyncIterator[SwimEvent]:
+        """Events from the moment of this call (not of the first read), so that a caller can
+        subscribe, then read members(), and miss nothing in between."""
 
     async def set_meta(self, meta: Mapping[str, str]) -> None: ...
 

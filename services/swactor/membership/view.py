@@ -151,6 +151,8 @@ class MemberView:
 
     def _set(self, member: SwimMember, kind: ViewEventKind, now_us: int) -> list[ViewEvent]:
         old = self._records.get(member.name)
+        if old is not None and old.member == member:
+            return []  # already known exactly so (an event that raced the initial read)
         changed = old is None or old.member.liveness is not member.liveness
         since = now_us if changed or old is None else old.status_since_us
         rec = MemberRecord(member, since)
