@@ -95,7 +95,7 @@ async def serve(cfg: OrchestratorConfig) -> int:
         print(f"swactor-orchestrator: {e.message}", file=sys.stderr)
         return EXIT_USAGE
     orch = Orchestrator(models=models, fleet=UnwiredFleet(), store=store, fsm_config=fsm_config(cfg, node_id),
-                        defaults=RunDefaults(stages=cfg.default_stages, max_seq_len_cap=cfg.max_seq_len))
+                        defaults=RunDefaults(stages=cfg.default_stages))
     server, port, health = create_server(cfg.socket, cfg.tcp_address or None, service_names=[SERVICE_NAME])
     orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
     stop = asyncio.Event()

@@ -26,7 +26,6 @@ from swactor.v1 import orchestrator_pb2 as opb
 @dataclass(frozen=True)
 class RunDefaults:
     stages: int = 1
-    max_seq_len_cap: int = 4096
 
 
 class Orchestrator:
