@@ -10,13 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import wire
+from swactor.worker import fdpass, wire
 from swactor.worker.ctl_fsm import (
     Action,
     CtlCore,
@@ -52,6 +53,7 @@ class GpuWorkerCtl:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._log = get_logger(component="worker_ctl")
+        self._fd_sock: socket.socket | None = None
 
     @property
     def state(self) -> CtlState:
@@ -67,6 +69,17 @@ class GpuWorkerCtl:
 
     def send(self, command: wire.Command) -> None:
         self._feed(Send(command, time.monotonic()))
+
+    def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool:
+        """Hand the ring's eventfds to the running worker (fds stay owned by the caller)."""
+        if self.core.state is not CtlState.RUNNING or ring_id not in self.core.rings or self._fd_sock is None:
+            return False
+        try:
+            fdpass.send_ring_fds(self._fd_sock, ring_id, readable_fd, writable_fd)
+        except OSError:
+            return False
+        self.send(wire.ShareWakeFds(ring_id))
+        return True
 
     def _feed(self, inp: Input) -> None:
         for action in self.core.handle(inp):
@@ -103,17 +116,23 @@ class GpuWorkerCtl:
         task.add_done_callback(self._tasks.discard)
 
     async def _spawn(self, generation: int) -> None:
+        if self._fd_sock is not None:
+            self._fd_sock.close()
+        self._fd_sock, theirs = fdpass.socketpair()
         env = {**os.environ, **self.extra_env,
                "SWACTOR_ARENA_FD": str(self.arena_fd),
-               "SWACTOR_ARENA_BYTES": str(self.core.arena_ceiling)}
+               "SWACTOR_ARENA_BYTES": str(self.core.arena_ceiling),
+               "SWACTOR_FD_SOCKET": str(theirs.fileno())}
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "swactor.worker.process",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-                pass_fds=(self.arena_fd, *self.extra_fds), env=env, limit=1 << 20)
+                pass_fds=(self.arena_fd, theirs.fileno(), *self.extra_fds), env=env, limit=1 << 20)
         except OSError as e:
             self._feed(SpawnFailed(f"{self.python} -m swactor.worker.process: {e}"))
             return
+        finally:
+            theirs.close()
         self._log.info("worker_spawned", pid=self.proc.pid, worker_generation=generation)
         self._feed(Spawned(self.proc.pid, time.monotonic()))
         self._spawn_task(self._read_stdout(self.proc))
@@ -162,3 +181,6 @@ class GpuWorkerCtl:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
         await self.wait_exited()
+        if self._fd_sock is not None:
+            self._fd_sock.close()
+            self._fd_sock = None

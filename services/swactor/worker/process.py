@@ -111,6 +111,7 @@ class WorkerProcess:
             wire.ConfigureRole: self.on_configure_role,
             wire.InstallRing: self.on_install_ring,
             wire.UninstallRing: self.on_uninstall_ring,
+            wire.ShareWakeFds: self.on_share_wake_fds,
             wire.RingReadable: lambda _c: None,  # hints: progress() reloads the cursors
             wire.RingWritable: lambda _c: None,
             wire.ExecuteStep: self.on_execute_step,
@@ -246,6 +247,22 @@ class WorkerProcess:
             for fd in wake.values():
                 os.close(fd)  # ring-rs keeps its own duplicates
         self.emit(wire.RingInstalled(cmd.ring_id, cmd.edge_id, cmd.port_id))
+
+    def on_share_wake_fds(self, cmd: wire.ShareWakeFds) -> None:
+        try:
+            fds = fdpass.receive_ring_fds(self.fd_socket, cmd.ring_id)
+        except fdpass.FdPassError as e:
+            raise Fatal("MalformedControlMessage", str(e)) from None
+        try:
+            slot: IngressSlot | EgressSlot | None = self.ingress.get(cmd.ring_id) or self.egress.get(cmd.ring_id)
+            if slot is not None:
+                slot.ring.reopen(fds["readable_fd"], fds["writable_fd"])
+                self.log.info("ring_wake_fds_shared", ring_id=cmd.ring_id)
+        except Exception as e:  # a stale ring id or an fd that is not an eventfd: keep private fds
+            self.log.warning("ring_wake_fds_rejected", ring_id=cmd.ring_id, detail=str(e))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
     def on_uninstall_ring(self, cmd: wire.UninstallRing) -> None:
         reasons.check("UninstallReason", cmd.reason)

@@ -53,8 +53,10 @@ HEADER_CODEC = RingHeaderCodec()
 
 
 class _End:
-    def __init__(self, handle: Any) -> None:
+    def __init__(self, handle: Any, arena: Any, layout: wire.Layout) -> None:
         self.h = handle
+        self.arena = arena
+        self.layout = layout
         self.ring_id: int = handle.ring_id
         self._view: memoryview | None = None
 
@@ -71,6 +73,13 @@ class _End:
     def close(self) -> None:
         self._release_view()
         self.h = None
+
+    def reopen(self, readable_fd: int, writable_fd: int) -> None:
+        """Swap in a handle that shares the peer's eventfds. Cursors live in the shared header and
+        this adapter never holds a reservation across calls, so nothing is lost."""
+        self._release_view()
+        self.h = type(self.h)(self.arena, native_layout(self.layout), readable_fd=readable_fd,
+                              writable_fd=writable_fd)
 
 
 class ConsumerEnd(_End):
@@ -139,7 +148,7 @@ def open_consumer(arena: Any, layout: wire.Layout, *, readable_fd: int | None = 
                   writable_fd: int | None = None) -> ConsumerEnd:
     try:
         return ConsumerEnd(sr.Consumer(arena, native_layout(layout), readable_fd=readable_fd,
-                                       writable_fd=writable_fd))
+                                       writable_fd=writable_fd), arena, layout)
     except (sr.RingError, ValueError, OSError) as e:
         raise RingBroken(getattr(e, "reason", None) or "RingLayoutInvalid", str(e)) from None
 
@@ -148,6 +157,6 @@ def open_producer(arena: Any, layout: wire.Layout, *, readable_fd: int | None = 
                   writable_fd: int | None = None) -> ProducerEnd:
     try:
         return ProducerEnd(sr.Producer(arena, native_layout(layout), readable_fd=readable_fd,
-                                       writable_fd=writable_fd))
+                                       writable_fd=writable_fd), arena, layout)
     except (sr.RingError, ValueError, OSError) as e:
         raise RingBroken(getattr(e, "reason", None) or "RingLayoutInvalid", str(e)) from None

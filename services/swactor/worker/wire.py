@@ -115,6 +115,14 @@ class UninstallRing:
 
 
 @dataclass(frozen=True)
+class ShareWakeFds:
+    """Re-open an installed ring's handle with the eventfds sent just before on the fd socket
+    (the edge-driver makes a pump's eventfds only once the edge is established, after InstallRing)."""
+
+    ring_id: int
+
+
+@dataclass(frozen=True)
 class RingReadable:
     ring_id: int
 
@@ -149,6 +157,7 @@ Command = (
     | ConfigureRole
     | InstallRing
     | UninstallRing
+    | ShareWakeFds
     | RingReadable
     | RingWritable
     | ExecuteStep

@@ -1,0 +1,143 @@
+"""Real ports (ports.py) over the arena-manager, edge-driver and membership services."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from swactor.arena import client as arena_client
+from swactor.common.events import get_logger
+from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc, membership_pb2, membership_pb2_grpc
+from swactor.worker import establisher as est
+from swactor.worker import wire
+from swactor.worker.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
+
+_DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
+_REJECT = {arena_pb2.LEASE_REJECT_EXCEEDS_CEILING: "ExceedsCeiling", arena_pb2.LEASE_REJECT_SHUTTING_DOWN: "ShuttingDown",
+           arena_pb2.LEASE_REJECT_RING_INIT_FAILED: "RingInitFailed"}
+
+
+def to_wire_layout(layout: common_pb2.RingLayout) -> wire.Layout:
+    return wire.Layout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
+                       layout.data_offset, layout.data_capacity, layout.alignment)
+
+
+def to_proto_layout(layout: wire.Layout) -> common_pb2.RingLayout:
+    return common_pb2.RingLayout(ring_id=layout.ring_id, arena_offset=layout.arena_offset,
+                                 total_len=layout.total_len, header_offset=layout.header_offset,
+                                 data_offset=layout.data_offset, data_capacity=layout.data_capacity,
+                                 alignment=layout.alignment)
+
+
+class ArenaClientPort:
+    """ArenaPort over swactor.arena.client (this service is the holder that owns the leases)."""
+
+    def __init__(self, client: arena_client.AsyncArenaClient, requester: str = "gpu-worker") -> None:
+        self.client = client
+        self.requester = requester
+        self._attached: set[int] = set()
+
+    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> LeaseOutcome:
+        out = await self.client.lease(request_id=request_id, requester=self.requester, edge_id=edge_id,
+                                      direction=_DIRECTION[direction], ring_spec=ring_spec)
+        match out:
+            case arena_client.Leased():
+                return Leased(to_wire_layout(out.layout))
+            case arena_client.Rejected():
+                return Rejected(_REJECT.get(out.reason, "RingInitFailed"), out.detail)
+        return Cancelled()
+
+    async def cancel(self, request_id: int) -> None:
+        try:
+            await self.client.cancel(request_id)
+        except arena_client.ArenaCallError as e:  # already leased: the lease stream delivers it
+            get_logger(component="worker").info("arena_cancel_too_late", request_id=request_id, detail=str(e))
+
+    async def attach_worker(self, ring_id: int) -> None:
+        await self.client.attach(ring_id, arena_pb2.ATTACH_ROLE_WORKER_RING)
+        self._attached.add(ring_id)
+
+    async def detach_worker(self, ring_id: int) -> None:
+        if ring_id in self._attached:
+            self._attached.discard(ring_id)
+            await self.client.detach(ring_id, arena_pb2.DETACH_PROOF_RING_QUIESCED)
+
+    async def release(self, ring_id: int, never_installed: bool) -> None:
+        await self.detach_worker(ring_id)
+        await self.client.release(ring_id, arena_client.NEVER_INSTALLED if never_installed else arena_client.QUIESCED)
+
+
+class EdgeDriverPort:
+    """DriverPort over the edge-driver's gRPC Unix socket and its wake-fd hand-out socket."""
+
+    def __init__(self, socket_path: Path, wake_socket: Path) -> None:
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._stub = edge_pb2_grpc.EdgeDriverStub(self._channel)
+        self.wake_socket = wake_socket
+
+    async def establish_send(self, edge_id: int, rx_node_id: int, layout: wire.Layout) -> None:
+        await self._stub.EstablishSend(edge_pb2.EstablishSendRequest(
+            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+
+    async def establish_recv(self, edge_id: int, layout: wire.Layout) -> None:
+        await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
+            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+
+    async def stop_edge(self, edge_id: int) -> bool:
+        resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id))
+        return bool(resp.known)
+
+    async def events(self) -> AsyncIterator[DriverEvent]:
+        async for ev in self._stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True)):
+            match ev.WhichOneof("event"):
+                case "ready":
+                    yield est.DriverEdgeReady(ev.ready.edge_id)
+                case "closed":
+                    yield est.StreamClosed(ev.closed.edge_id)
+                case "fault":
+                    name = common_pb2.StreamFaultReason.Name(ev.fault.reason)
+                    yield est.StreamFault(ev.fault.edge_id, name, ev.fault.detail)
+                case "pump_stopped":
+                    yield est.PumpStopped(ev.pump_stopped.edge_id)
+
+    async def wake_fds(self, ring_id: int) -> tuple[int, int] | None:
+        from swactor.edge.wakefd import WakeFdError, fetch_wake_fds
+
+        try:
+            return await asyncio.to_thread(fetch_wake_fds, self.wake_socket, ring_id)
+        except WakeFdError as e:
+            get_logger(ring_id=ring_id).warning("edge_wake_fds_unavailable", detail=str(e))
+            return None
+
+    async def healthy(self) -> bool:
+        try:
+            await self._stub.GetStatus(edge_pb2.GetStatusRequest(), timeout=5)
+        except grpc.aio.AioRpcError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class MembershipClientPort:
+    """MembershipPort over SetLocalState (§8 NodeAvailable)."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._stub = membership_pb2_grpc.MembershipStub(self._channel)
+
+    async def set_available(self, control_endpoint: str) -> None:
+        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
+            state=membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint), timeout=10)
+
+    async def set_faulted(self, reason: str) -> None:
+        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
+            state=membership_pb2.NODE_STATE_FAULTED, reason=reason), timeout=10)
+
+    async def close(self) -> None:
+        await self._channel.close()

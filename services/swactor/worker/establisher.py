@@ -1,0 +1,395 @@
+"""EdgeEstablisher record FSM of spec §26 with the edge teardown order of §38, as an I/O-free core.
+
+One record per edge of this node. The core turns provisioning, arena, ring-host and driver events
+into actions; the shell executes them against the arena-manager, the edge-driver and the *ring
+host* (the GpuWorkerCtl on a stage node, the local token endpoint on the orchestrator: the same
+InstallRing/UninstallRing/RingInstalled/RingQuiesced contract).
+
+  New -> WaitingForLease -> WaitingForWorkerRing -> WaitingForDriver -> Ready
+  any live state -> Stopping: StoppingPump -> StoppingWorkerRing -> ReleasingArena -> Stopped
+  lease rejected -> Failed
+
+Teardown (§38) never releases a lease before the pump stopped and the ring quiesced (or the ring
+host process is gone). A lease granted after cancellation is released at once, never installed.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from swactor.common.events import get_logger
+
+
+class EdgeState(enum.Enum):
+    NEW = "New"
+    WAITING_FOR_LEASE = "WaitingForLease"
+    WAITING_FOR_WORKER_RING = "WaitingForWorkerRing"
+    WAITING_FOR_DRIVER = "WaitingForDriver"
+    READY = "Ready"
+    STOPPING_PUMP = "StoppingPump"
+    STOPPING_WORKER_RING = "StoppingWorkerRing"
+    RELEASING_ARENA = "ReleasingArena"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+
+
+LIVE = (EdgeState.WAITING_FOR_LEASE, EdgeState.WAITING_FOR_WORKER_RING, EdgeState.WAITING_FOR_DRIVER,
+        EdgeState.READY)
+STOPPING = (EdgeState.STOPPING_PUMP, EdgeState.STOPPING_WORKER_RING, EdgeState.RELEASING_ARENA)
+TERMINAL = (EdgeState.STOPPED, EdgeState.FAILED)
+
+
+@dataclass(frozen=True)
+class EdgeProvision:
+    """ProvisionTx / ProvisionRx of §26 plus what the ring host needs for InstallRing."""
+
+    edge_id: int
+    direction: str  # "Egress" (Tx: this node produces) | "Ingress" (Rx: this node consumes)
+    peer_node_id: int  # consumer node for Tx; producer node for Rx (informational)
+    port_id: int
+    object_spec: Any  # wire.ObjSpec
+    ring_spec: Any  # common_pb2.RingSpec
+
+
+# ---- inputs ----
+
+
+@dataclass(frozen=True)
+class Provision:
+    edge: EdgeProvision
+    request_id: int
+
+
+@dataclass(frozen=True)
+class RingLeased:
+    request_id: int
+    layout: Any  # wire.Layout
+
+
+@dataclass(frozen=True)
+class RingLeaseRejected:
+    request_id: int
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RingInstalled:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class RingFault:
+    ring_id: int
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RingQuiesced:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class DriverEdgeReady:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class StreamFault:
+    edge_id: int
+    reason: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StreamClosed:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class PumpStopped:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class DriverFailed:
+    """EstablishSend/Recv or StopEdge could not be delivered to the edge-driver."""
+
+    edge_id: int
+    detail: str
+
+
+@dataclass(frozen=True)
+class Released:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class StopEdge:
+    edge_id: int
+
+
+Input = (Provision | RingLeased | RingLeaseRejected | RingInstalled | RingFault | RingQuiesced | DriverEdgeReady
+         | StreamFault | StreamClosed | PumpStopped | DriverFailed | Released | StopEdge)
+
+# ---- actions ----
+
+
+@dataclass(frozen=True)
+class LeaseRing:
+    request_id: int
+    edge_id: int
+    direction: str
+    ring_spec: Any
+
+
+@dataclass(frozen=True)
+class CancelLease:
+    request_id: int
+
+
+@dataclass(frozen=True)
+class InstallRing:
+    edge: EdgeProvision
+    layout: Any
+
+
+@dataclass(frozen=True)
+class UninstallRing:
+    ring_id: int
+    reason: str  # UninstallReason
+
+
+@dataclass(frozen=True)
+class EstablishSend:
+    edge_id: int
+    rx_node_id: int
+    layout: Any
+
+
+@dataclass(frozen=True)
+class EstablishRecv:
+    edge_id: int
+    layout: Any
+
+
+@dataclass(frozen=True)
+class StopPump:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class ReleaseRing:
+    ring_id: int
+    never_installed: bool  # proof NEVER_INSTALLED (§26 stale grant) vs QUIESCED (§38)
+
+
+@dataclass(frozen=True)
+class EdgeReady:
+    """To the local Tx/Rx actor / StageController."""
+
+    edge_id: int
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class EdgeFailed:
+    edge_id: int
+    reason: str  # RunFaultReason name
+    component: str  # Component name of the detector
+    detail: str
+
+
+@dataclass(frozen=True)
+class EdgeStopped:
+    edge_id: int
+
+
+Action = (LeaseRing | CancelLease | InstallRing | UninstallRing | EstablishSend | EstablishRecv | StopPump
+          | ReleaseRing | EdgeReady | EdgeFailed | EdgeStopped)
+
+
+@dataclass
+class EdgeRecord:
+    edge: EdgeProvision
+    request_id: int
+    state: EdgeState = EdgeState.NEW
+    ring_id: int | None = None
+    layout: Any = None
+    install_sent: bool = False
+    ring_gone: bool = False  # quiesced, or its host process was reaped
+    driver_sent: bool = False
+    pump_stopped: bool = False
+    failed: EdgeFailed | None = None
+
+
+@dataclass
+class EdgeEstablisher:
+    """All edge records of one node (§26). `handle()` is the only way state changes."""
+
+    records: dict[int, EdgeRecord] = field(default_factory=dict)
+    by_request: dict[int, int] = field(default_factory=dict)
+    by_ring: dict[int, int] = field(default_factory=dict)
+
+    def _transition(self, rec: EdgeRecord, new: EdgeState, **facts: Any) -> None:
+        old, rec.state = rec.state, new
+        get_logger(edge_id=rec.edge.edge_id, ring_id=rec.ring_id).info(
+            "edge_record_state", old=old.value, new=new.value, **facts)
+
+    def state(self, edge_id: int) -> EdgeState | None:
+        rec = self.records.get(edge_id)
+        return rec.state if rec else None
+
+    def handle(self, inp: Input) -> list[Action]:
+        match inp:
+            case Provision(edge, request_id):
+                return self._provision(edge, request_id)
+            case RingLeased(request_id, layout):
+                return self._leased(request_id, layout)
+            case RingLeaseRejected(request_id, reason, detail):
+                return self._rejected(request_id, reason, detail)
+            case StopEdge(edge_id):
+                rec = self.records.get(edge_id)
+                return self._stop(rec, None) if rec else []
+        rec = self._record_for(inp)
+        if rec is None:
+            return []  # stale event for an unknown (or already forgotten) record
+        match inp:
+            case RingInstalled():
+                if rec.state is EdgeState.WAITING_FOR_WORKER_RING:
+                    rec.driver_sent = True
+                    self._transition(rec, EdgeState.WAITING_FOR_DRIVER)
+                    e = rec.edge
+                    if e.direction == "Egress":
+                        return [EstablishSend(e.edge_id, e.peer_node_id, rec.layout)]
+                    return [EstablishRecv(e.edge_id, rec.layout)]
+                return []
+            case RingFault(_, reason, detail):
+                if reason in ("WorkerProcessExited", "WorkerShuttingDown"):
+                    rec.ring_gone = True  # the reaped process is the quiescence proof (§38)
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "RingFault", "COMPONENT_WORKER",
+                                                  f"{reason}: {detail}"))
+            case RingQuiesced():
+                rec.ring_gone = True
+                return self._advance_teardown(rec)
+            case DriverEdgeReady():
+                if rec.state is EdgeState.WAITING_FOR_DRIVER:
+                    self._transition(rec, EdgeState.READY)
+                    assert rec.ring_id is not None
+                    return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
+                return []
+            case StreamFault(_, reason, detail):
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "StreamFault", "COMPONENT_EDGE_DRIVER",
+                                                  f"{reason}: {detail}"))
+            case DriverFailed(_, detail):
+                rec.pump_stopped = True  # the driver never (or no longer) runs a pump for it
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "EdgeEstablishmentFailed",
+                                                  "COMPONENT_EDGE_DRIVER", detail))
+            case StreamClosed():
+                return []  # orderly end of the stream: the worker classifies EOF alignment (§25)
+            case PumpStopped():
+                rec.pump_stopped = True
+                return self._advance_teardown(rec)
+            case Released():
+                if rec.state is EdgeState.RELEASING_ARENA:
+                    return self._finish(rec)
+                return []
+        raise TypeError(f"unknown establisher input {inp!r}")  # pragma: no cover
+
+    def _record_for(self, inp: Input) -> EdgeRecord | None:
+        ring_id = getattr(inp, "ring_id", None)
+        if ring_id is not None and not isinstance(inp, StreamFault | StreamClosed | PumpStopped | DriverEdgeReady):
+            eid = self.by_ring.get(ring_id)
+        else:
+            eid = getattr(inp, "edge_id", None)
+        return self.records.get(eid) if eid is not None else None
+
+    # ---- setup ----
+
+    def _provision(self, edge: EdgeProvision, request_id: int) -> list[Action]:
+        if edge.edge_id in self.records:
+            rec = self.records[edge.edge_id]
+            return [EdgeFailed(edge.edge_id, "EdgeEstablishmentFailed", "COMPONENT_STAGE_CONTROLLER",
+                               f"edge {edge.edge_id} is already provisioned ({rec.state.value})")]
+        rec = EdgeRecord(edge, request_id)
+        self.records[edge.edge_id] = rec
+        self.by_request[request_id] = edge.edge_id
+        self._transition(rec, EdgeState.WAITING_FOR_LEASE, request_id=request_id)
+        return [LeaseRing(request_id, edge.edge_id, edge.direction, edge.ring_spec)]
+
+    def _leased(self, request_id: int, layout: Any) -> list[Action]:
+        eid = self.by_request.get(request_id)
+        rec = self.records.get(eid) if eid is not None else None
+        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+            # §26: an unused fresh lease granted after cancellation is released, never installed.
+            get_logger(ring_id=layout.ring_id).info("edge_stale_lease_released", request_id=request_id)
+            return [ReleaseRing(layout.ring_id, never_installed=True)]
+        rec.ring_id, rec.layout = layout.ring_id, layout
+        self.by_ring[layout.ring_id] = rec.edge.edge_id
+        rec.install_sent = True
+        self._transition(rec, EdgeState.WAITING_FOR_WORKER_RING)
+        return [InstallRing(rec.edge, layout)]
+
+    def _rejected(self, request_id: int, reason: str, detail: str) -> list[Action]:
+        eid = self.by_request.get(request_id)
+        rec = self.records.get(eid) if eid is not None else None
+        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+            return []
+        failure = EdgeFailed(rec.edge.edge_id, "RingRequestOversized" if reason == "ExceedsCeiling"
+                             else "EdgeEstablishmentFailed", "COMPONENT_ARENA", f"{reason}: {detail}")
+        rec.failed = failure
+        self._transition(rec, EdgeState.FAILED, reason=reason)
+        return [failure]
+
+    # ---- teardown (§38) ----
+
+    def _stop(self, rec: EdgeRecord, failure: EdgeFailed | None) -> list[Action]:
+        actions: list[Action] = []
+        if failure is not None and rec.failed is None and rec.state not in TERMINAL:
+            rec.failed = failure
+            actions.append(failure)
+        if rec.state in STOPPING:
+            return actions + self._advance_teardown(rec)
+        if rec.state in TERMINAL:
+            if failure is None:  # StopEdge on a finished record: nothing holds resources any more
+                if rec.state is EdgeState.FAILED:
+                    self._transition(rec, EdgeState.STOPPED, reason="StopEdge")
+                actions.append(EdgeStopped(rec.edge.edge_id))
+            return actions
+        if rec.state is EdgeState.WAITING_FOR_LEASE:
+            self._transition(rec, EdgeState.STOPPED, reason="StopEdge")
+            return [*actions, CancelLease(rec.request_id), EdgeStopped(rec.edge.edge_id)]
+        self._transition(rec, EdgeState.STOPPING_PUMP)
+        if rec.driver_sent and not rec.pump_stopped:
+            actions.append(StopPump(rec.edge.edge_id))
+        return actions + self._advance_teardown(rec)
+
+    def _advance_teardown(self, rec: EdgeRecord) -> list[Action]:
+        actions: list[Action] = []
+        if rec.state is EdgeState.STOPPING_PUMP and (rec.pump_stopped or not rec.driver_sent):
+            self._transition(rec, EdgeState.STOPPING_WORKER_RING)
+            if rec.install_sent and not rec.ring_gone:
+                assert rec.ring_id is not None
+                reason = "RingFaulted" if rec.failed is not None else "EdgeStopped"
+                actions.append(UninstallRing(rec.ring_id, reason))
+        if rec.state is EdgeState.STOPPING_WORKER_RING and (rec.ring_gone or not rec.install_sent):
+            self._transition(rec, EdgeState.RELEASING_ARENA)
+            assert rec.ring_id is not None
+            actions.append(ReleaseRing(rec.ring_id, never_installed=False))
+        return actions
+
+    def _finish(self, rec: EdgeRecord) -> list[Action]:
+        self._transition(rec, EdgeState.STOPPED)
+        return [EdgeStopped(rec.edge.edge_id)]
+
+    def forget(self, edge_id: int) -> None:
+        """Drop a terminal record (after its run ended), so the edge id may be provisioned again."""
+        rec = self.records.get(edge_id)
+        if rec is not None and rec.state in TERMINAL:
+            del self.records[edge_id]
+            self.by_request.pop(rec.request_id, None)
+            if rec.ring_id is not None:
+                self.by_ring.pop(rec.ring_id, None)

@@ -1,0 +1,114 @@
+"""swactor-worker: the gpu-worker service (spec §8, §12, §14, §26-31).
+
+Boot: read the cluster secret and node id, receive the arena memfd from the arena-manager, start
+the compute process (WorkerReady), follow the edge-driver, serve StageControl over mutual TLS,
+then report NodeAvailable to membership.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from swactor.common.config import ConfigError, load_section, read_config
+from swactor.common.events import configure_logging, get_logger
+from swactor.common.grpcio import create_server, set_serving
+from swactor.common.ids import load_or_create_node_id
+from swactor.common.systemd import notify_ready, notify_status, notify_stopping
+from swactor.v1 import stage_pb2_grpc
+from swactor.worker.config import WorkerConfig
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="swactor-worker", description=__doc__)
+    p.add_argument("--config", type=Path)
+    p.add_argument("--control-address")
+    p.add_argument("--orchestrator-node-id", type=int)
+    p.add_argument("--secret-file", type=Path)
+    p.add_argument("--state-dir", type=Path)
+    p.add_argument("--device")
+    return p.parse_args(argv)
+
+
+async def serve(cfg: WorkerConfig) -> int:
+    import swactor_ring
+    from swactor.arena.client import AsyncArenaClient, connect_holder
+    from swactor.membership.secret import read_secret
+    from swactor.worker import control_tls
+    from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort, MembershipClientPort
+    from swactor.worker.ctl import GpuWorkerCtl
+    from swactor.worker.ctl_fsm import CtlCore
+    from swactor.worker.node import StageNode
+    from swactor.worker.service import SERVICE_NAME, StageControlServicer
+
+    log = get_logger(component="worker")
+    secret = read_secret(cfg.secret_file)
+    node_id = load_or_create_node_id(cfg.state_dir)
+    hold = connect_holder(cfg.arena_fd_socket)
+    hold.map()  # ArenaReady (§8): mapped in this process before the worker maps it too
+    arena = AsyncArenaClient(hold, cfg.arena_socket)
+    core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, {"device": cfg.device} if cfg.device else {},
+                   init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s)
+    ctl = GpuWorkerCtl(core, hold.fd)
+    driver = EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket)
+    membership = MembershipClientPort(cfg.membership_socket)
+    node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
+                     control_endpoint=cfg.advertise_control or cfg.control_address,
+                     orchestrator_node_id=cfg.orchestrator_node_id or None)
+    server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
+                                         server_credentials=control_tls.server_credentials(secret, node_id))
+    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
+    await server.start()
+    await node.start()
+    await set_serving(health, [SERVICE_NAME])
+    log.info("worker_service_started", node_id=node_id, control_port=port)
+    notify_ready(f"node {node_id}: control on port {port}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    while not stop.is_set():
+        with_status = f"node {node_id}: available={node.available} worker={ctl.state.value}"
+        notify_status(with_status)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=30)
+    notify_stopping("shutting down")
+    from swactor.worker import wire
+
+    ctl.send(wire.ShutdownWorker("AbortInFlight"))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ctl.wait_exited(), timeout=cfg.stop_timeout_s)
+    await ctl.close()
+    await server.stop(grace=2)
+    await node.close()
+    await driver.close()
+    await membership.close()
+    await arena.close()
+    hold.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    configure_logging("swactor-worker")
+    try:
+        cfg = load_section(read_config(args.config), "worker", WorkerConfig,
+                           control_address=args.control_address, orchestrator_node_id=args.orchestrator_node_id,
+                           secret_file=args.secret_file, state_dir=args.state_dir, device=args.device)
+    except ConfigError as e:
+        print(f"swactor-worker: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        sys.exit(asyncio.run(serve(cfg)))
+    except Exception as e:  # boot failure: name it, no traceback (the unit restarts us)
+        get_logger(component="worker").error("worker_boot_failed", detail=f"{type(e).__name__}: {e}")
+        print(f"swactor-worker: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

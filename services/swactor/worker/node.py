@@ -1,0 +1,369 @@
+"""The stage node: StageController + EdgeEstablisher + GpuWorkerCtl wired to the local services.
+
+This is the asyncio shell around the I/O-free cores (stage_fsm, establisher, ctl_fsm): it feeds
+them events (worker events, arena/driver outcomes, orchestrator calls) and executes the actions
+they return. One run at a time per node (§43: concurrent runs on one stage chain are deferred);
+a later run of the same weights re-uses them (warm ConfigureRole). NodeAvailable (§8) is reported
+only once the arena is mapped, the worker said WorkerReady and the edge-driver answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from swactor.common.events import get_logger
+from swactor.common.ids import new_id
+from swactor.v1 import common_pb2, stage_pb2
+from swactor.worker import establisher as est
+from swactor.worker import reasons, stage_fsm, wire
+from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
+from swactor.worker.plan import PlanRejected, build_plan
+from swactor.worker.ports import ArenaPort, Cancelled, DriverPort, Leased, MembershipPort, Rejected
+
+MAX_WORKER_RESTARTS = 3
+
+
+class WorkerCtlLike(Protocol):
+    @property
+    def state(self) -> CtlState: ...
+
+    def start(self) -> None: ...
+
+    def send(self, command: wire.Command) -> None: ...
+
+    def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool: ...
+
+    def subscribe(self, fn: Callable[[Any], None]) -> None: ...
+
+
+class ProvisionError(Exception):
+    """ProvisionStage refused: `code` is the gRPC status name the servicer answers with."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass
+class RunLog:
+    """Every StageUpdate of one run, for WatchStage replay and live following."""
+
+    run_id: int
+    stage_index: int
+    updates: list[stage_pb2.StageUpdate] = field(default_factory=list)
+    done: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self, update: stage_pb2.StageUpdate) -> None:
+        self.updates.append(update)
+        if update.WhichOneof("update") == "stopped":
+            self.done = True
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class StageNode:
+    def __init__(self, node_id: int, ctl: WorkerCtlLike, arena: ArenaPort, driver: DriverPort,
+                 membership: MembershipPort | None = None, *, control_endpoint: str = "",
+                 orchestrator_node_id: int | None = None) -> None:
+        self.node_id = node_id
+        self.ctl = ctl
+        self.arena = arena
+        self.driver = driver
+        self.membership = membership
+        self.control_endpoint = control_endpoint
+        self.orchestrator_node_id = orchestrator_node_id
+        self.establisher = est.EdgeEstablisher()
+        self.stage: stage_fsm.StageController | None = None
+        self.runs: dict[int, RunLog] = {}
+        self.worker_ready = False
+        self.driver_up = False
+        self.available = False
+        self.restarts = 0
+        self.warm_weights = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._log = get_logger(node_id=node_id, component="stage_node")
+        ctl.subscribe(self._on_worker)
+
+    # ---- boot (§8) ----
+
+    async def start(self) -> None:
+        self.ctl.start()
+        self._spawn(self._follow_driver())
+        self.driver_up = await self.driver.healthy()
+        self._check_available()
+
+    async def _follow_driver(self) -> None:
+        while True:
+            try:
+                async for ev in self.driver.events():
+                    if not self.driver_up:
+                        self.driver_up = True
+                        self._check_available()
+                    self._est(ev)
+            except Exception as e:  # the driver restarted or is not up yet: re-subscribe
+                self._log.warning("edge_driver_watch_lost", detail=str(e))
+            self.driver_up = False
+            await asyncio.sleep(1.0)
+
+    def _check_available(self) -> None:
+        now = self.worker_ready and self.driver_up
+        if now == self.available:
+            return
+        self.available = now
+        self._log.info("node_available" if now else "node_unavailable", worker_ready=self.worker_ready,
+                       driver_up=self.driver_up)
+        if self.membership is not None:
+            if now:
+                self._spawn(self.membership.set_available(self.control_endpoint))
+            else:
+                self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", "WorkerCrashed")
+                                                        if not self.worker_ready else "EDGE_DRIVER_DOWN"))
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("stage_node_task_failed", detail=repr(task.exception()))
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # ---- orchestrator calls ----
+
+    def provision(self, req: stage_pb2.ProvisionStageRequest, caller_orchestrator: int | None) -> None:
+        if caller_orchestrator is None:
+            raise ProvisionError("PERMISSION_DENIED", "the caller's certificate names no orchestrator")
+        if self.orchestrator_node_id is not None and caller_orchestrator != self.orchestrator_node_id:
+            raise ProvisionError("PERMISSION_DENIED", f"orchestrator {caller_orchestrator} is not the authorised "
+                                                      f"orchestrator {self.orchestrator_node_id}")
+        if req.orchestrator_node_id != caller_orchestrator:
+            raise ProvisionError("PERMISSION_DENIED", f"orchestrator_node_id {req.orchestrator_node_id} is not the "
+                                                      f"caller ({caller_orchestrator})")
+        if req.run_id in self.runs:
+            raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
+        if self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED:
+            raise ProvisionError("FAILED_PRECONDITION",
+                                 f"run {self.stage.plan.run_id if self.stage.plan else 0} is still active here")
+        if not self.worker_ready:
+            raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
+        try:
+            plan = build_plan(req, node_id=self.node_id, role_id=new_id())
+        except PlanRejected as e:
+            raise ProvisionError("INVALID_ARGUMENT", str(e)) from None
+        for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
+            self.establisher.forget(eid)
+            if self.establisher.state(eid) is not None:
+                raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
+        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
+        self.stage = stage_fsm.StageController(self.node_id)
+        self.warm_weights = False
+        self._stage(stage_fsm.Provision(plan))
+
+    def stop_run(self, run_id: int) -> bool:
+        if run_id not in self.runs:
+            return False
+        if self.stage is not None and self.stage.plan is not None and self.stage.plan.run_id == run_id:
+            self._stage(stage_fsm.StopRun())
+        return True
+
+    async def watch(self, run_id: int) -> AsyncIterator[stage_pb2.StageUpdate]:
+        log = self.runs.get(run_id)
+        if log is None:
+            raise KeyError(run_id)
+        i = 0
+        while True:
+            changed = log.changed
+            while i < len(log.updates):
+                yield log.updates[i]
+                i += 1
+            if log.done:
+                return
+            await changed.wait()
+
+    # ---- StageController ----
+
+    def _stage(self, inp: stage_fsm.Input) -> None:
+        if self.stage is None:
+            return
+        for action in self.stage.handle(inp):
+            match action:
+                case stage_fsm.ProvisionEdge(edge):
+                    self._est(est.Provision(edge, new_id()))
+                case stage_fsm.StopEdge(edge_id):
+                    self._est(est.StopEdge(edge_id))
+                case stage_fsm.ToWorker(cmd):
+                    self.ctl.send(cmd)
+                case stage_fsm.Report(event, cause, detail):
+                    self._report(event, cause, detail)
+        if self.stage.state is stage_fsm.StageState.STOPPED:
+            self._maybe_restart_worker()
+
+    def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
+        ev.time_us = _now_us()
+        log = self.runs.get(ev.run_id)
+        self._log.info("lifecycle", kind=common_pb2.LifecycleEventKind.Name(ev.kind), run_id=ev.run_id,
+                       stage_index=ev.stage_index, edge_id=ev.edge_id or None, ring_id=ev.ring_id or None,
+                       sequence=ev.sequence if ev.HasField("sequence") else None, step_id=ev.step_id or None,
+                       reason=ev.reason or None, component=common_pb2.Component.Name(ev.component))
+        if log is None:
+            return
+        up = stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
+                                   time_us=ev.time_us)
+        if ev.kind == common_pb2.WEIGHTS_LOADED:
+            self.warm_weights = bool(ev.counters.get("warm", 0))
+        if ev.kind == common_pb2.STAGE_READY:
+            up.ready.warm_weights = self.warm_weights
+        elif ev.kind == common_pb2.STAGE_FAULTED:
+            up.fault.reason = common_pb2.RunFaultReason.Value(ev.reason)
+            up.fault.component = ev.component
+            up.fault.cause = cause
+            up.fault.detail = detail
+        elif ev.kind == common_pb2.STAGE_STOPPED:
+            up.stopped.SetInParent()
+        else:
+            up.event.CopyFrom(ev)
+        log.add(up)
+
+    # ---- worker events ----
+
+    def _on_worker(self, ev: Any) -> None:
+        match ev:
+            case wire.WorkerReady():
+                self.worker_ready = True
+                self._check_available()
+            case WorkerCrashed() | WorkerFailed():
+                self.worker_ready = False
+                self._check_available()
+                reason = "WorkerCrashed" if isinstance(ev, WorkerCrashed) else "WorkerFatal"
+                self._stage(stage_fsm.WorkerGone(reason, ev.detail))
+                self._maybe_restart_worker()
+            case wire.RingInstalled(ring_id=rid):
+                self._est(est.RingInstalled(rid))
+            case wire.RingFault(ring_id=rid, reason=r, detail=d):
+                self._est(est.RingFault(rid, r, d))
+            case wire.RingQuiesced(ring_id=rid):
+                self._est(est.RingQuiesced(rid))
+            case wire.WorkerStopped() | wire.DeviceObjectReleased() | wire.ReleaseFailed():
+                self._log.info("worker_event", event=type(ev).__name__)
+            case (wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed() | wire.ObjectLoaded()
+                  | wire.ObjectFailed() | wire.ObjectProduced() | wire.StepCompleted() | wire.StepFailed()):
+                if isinstance(ev, wire.RoleConfigured | wire.StepCompleted):
+                    self.restarts = 0
+                self._stage(ev)
+
+    def _maybe_restart_worker(self) -> None:
+        """Crashed -> Restarting (§31): a new generation, once no stage still depends on the old one."""
+        busy = self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED
+        if busy or self.ctl.state not in (CtlState.FAILED, CtlState.STOPPED):
+            return
+        if self.restarts >= MAX_WORKER_RESTARTS:
+            self._log.error("worker_restart_limit", restarts=self.restarts)
+            return
+        self.restarts += 1
+        self._log.info("worker_restarting", attempt=self.restarts)
+        self.ctl.start()
+
+    # ---- EdgeEstablisher ----
+
+    def _est(self, inp: est.Input) -> None:
+        for action in self.establisher.handle(inp):
+            self._do_edge(action)
+
+    def _do_edge(self, a: est.Action) -> None:
+        match a:
+            case est.LeaseRing():
+                self._spawn(self._lease(a))
+            case est.CancelLease(request_id):
+                self._spawn(self.arena.cancel(request_id))
+            case est.InstallRing(edge, layout):
+                self._spawn(self._install(edge, layout))
+            case est.UninstallRing(ring_id, reason):
+                self.ctl.send(wire.UninstallRing(ring_id, reason))
+            case est.EstablishSend() | est.EstablishRecv():
+                self._spawn(self._establish(a))
+            case est.StopPump(edge_id):
+                self._spawn(self._stop_pump(edge_id))
+            case est.ReleaseRing(ring_id, never_installed):
+                self._spawn(self._release(ring_id, never_installed))
+            case est.EdgeReady(edge_id, ring_id):
+                self._stage(stage_fsm.EdgeReady(edge_id, ring_id))
+            case est.EdgeFailed(edge_id, reason, component, detail):
+                self._stage(stage_fsm.EdgeFailed(edge_id, reason, component, detail))
+            case est.EdgeStopped(edge_id):
+                self._stage(stage_fsm.EdgeStopped(edge_id))
+
+    async def _lease(self, a: est.LeaseRing) -> None:
+        try:
+            out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
+        except Exception as e:
+            self._est(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
+            return
+        match out:
+            case Leased(layout):
+                self._est(est.RingLeased(a.request_id, layout))
+            case Rejected(reason, detail):
+                self._est(est.RingLeaseRejected(a.request_id, reason, detail))
+            case Cancelled():
+                pass
+
+    async def _install(self, edge: est.EdgeProvision, layout: wire.Layout) -> None:
+        try:
+            await self.arena.attach_worker(layout.ring_id)
+        except Exception as e:
+            self._est(est.RingFault(layout.ring_id, "RingLayoutInvalid", f"AttachRing: {e}"))
+            return
+        self.ctl.send(wire.InstallRing(layout.ring_id, edge.edge_id, edge.port_id, edge.direction, layout,
+                                       edge.object_spec))
+
+    async def _establish(self, a: est.EstablishSend | est.EstablishRecv) -> None:
+        try:
+            if isinstance(a, est.EstablishSend):
+                await self.driver.establish_send(a.edge_id, a.rx_node_id, a.layout)
+            else:
+                await self.driver.establish_recv(a.edge_id, a.layout)
+        except Exception as e:
+            self._est(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
+            return
+        fds = await self.driver.wake_fds(a.layout.ring_id)
+        if fds is not None:
+            try:
+                self.ctl.share_wake_fds(a.layout.ring_id, *fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    async def _stop_pump(self, edge_id: int) -> None:
+        try:
+            known = await self.driver.stop_edge(edge_id)
+        except Exception as e:
+            self._log.warning("edge_driver_stop_failed", edge_id=edge_id, detail=str(e))
+            known = False  # an unreachable driver runs no pump for this edge any more
+        if not known:
+            self._est(est.PumpStopped(edge_id))
+
+    async def _release(self, ring_id: int, never_installed: bool) -> None:
+        try:
+            await self.arena.release(ring_id, never_installed)
+        except Exception as e:  # the arena reclaims the holder's leases when this process exits
+            self._log.error("arena_release_failed", ring_id=ring_id, detail=str(e))
+        self._est(est.Released(ring_id))

@@ -1,0 +1,73 @@
+"""What the stage node needs from the other local services, as narrow async interfaces.
+
+Real implementations (adapters.py) talk to the arena-manager (swactor.arena.client), the
+edge-driver (edge.proto over its Unix socket, wake eventfds from its wake-fd socket) and
+membership (SetLocalState). Node tests plug in in-memory fakes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from swactor.worker import establisher as est
+from swactor.worker import wire
+
+
+@dataclass(frozen=True)
+class Leased:
+    layout: wire.Layout
+
+
+@dataclass(frozen=True)
+class Rejected:
+    reason: str  # ExceedsCeiling | ShuttingDown | RingInitFailed
+    detail: str
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    pass
+
+
+LeaseOutcome = Leased | Rejected | Cancelled
+
+
+class ArenaPort(Protocol):
+    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> LeaseOutcome: ...
+
+    async def cancel(self, request_id: int) -> None: ...
+
+    async def attach_worker(self, ring_id: int) -> None:
+        """The compute process is about to touch the ring (AttachRing WORKER_RING)."""
+
+    async def detach_worker(self, ring_id: int) -> None:
+        """The ring quiesced in the compute process, or the process is gone."""
+
+    async def release(self, ring_id: int, never_installed: bool) -> None: ...
+
+
+DriverEvent = est.DriverEdgeReady | est.StreamFault | est.StreamClosed | est.PumpStopped
+
+
+class DriverPort(Protocol):
+    async def establish_send(self, edge_id: int, rx_node_id: int, layout: wire.Layout) -> None: ...
+
+    async def establish_recv(self, edge_id: int, layout: wire.Layout) -> None: ...
+
+    async def stop_edge(self, edge_id: int) -> bool:
+        """False when the driver did not know the edge (then no PumpStopped will come)."""
+
+    def events(self) -> AsyncIterator[DriverEvent]: ...
+
+    async def wake_fds(self, ring_id: int) -> tuple[int, int] | None:
+        """The (readable, writable) eventfds the driver's pump uses for the ring, if it shares them."""
+
+    async def healthy(self) -> bool: ...
+
+
+class MembershipPort(Protocol):
+    async def set_available(self, control_endpoint: str) -> None: ...
+
+    async def set_faulted(self, reason: str) -> None: ...

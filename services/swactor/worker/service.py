@@ -1,0 +1,46 @@
+"""StageControl gRPC servicer (stage.proto): thin, every decision is StageNode's."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from swactor.v1 import stage_pb2, stage_pb2_grpc
+from swactor.worker.control_tls import peer_orchestrator
+from swactor.worker.node import ProvisionError, StageNode
+
+SERVICE_NAME = stage_pb2.DESCRIPTOR.services_by_name["StageControl"].full_name
+
+
+def _caller(context: grpc.aio.ServicerContext) -> int | None:
+    return peer_orchestrator(context.auth_context())
+
+
+class StageControlServicer(stage_pb2_grpc.StageControlServicer):
+    def __init__(self, node: StageNode) -> None:
+        self.node = node
+
+    async def ProvisionStage(self, request: stage_pb2.ProvisionStageRequest,
+                             context: grpc.aio.ServicerContext) -> stage_pb2.ProvisionStageResponse:
+        try:
+            self.node.provision(request, _caller(context))
+        except ProvisionError as e:
+            await context.abort(getattr(grpc.StatusCode, e.code), e.detail)
+        return stage_pb2.ProvisionStageResponse(run_id=request.run_id, node_id=self.node.node_id,
+                                                stage_index=request.stage_index)
+
+    async def StopRun(self, request: stage_pb2.StopStageRunRequest,
+                      context: grpc.aio.ServicerContext) -> stage_pb2.StopStageRunResponse:
+        if _caller(context) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        return stage_pb2.StopStageRunResponse(known=self.node.stop_run(request.run_id))
+
+    async def WatchStage(self, request: stage_pb2.WatchStageRequest,
+                         context: grpc.aio.ServicerContext) -> AsyncIterator[stage_pb2.StageUpdate]:
+        if _caller(context) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        if request.run_id not in self.node.runs:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is not provisioned on this node")
+        async for update in self.node.watch(request.run_id):
+            yield update

@@ -1,0 +1,367 @@
+"""StageController FSM of spec §14, as an I/O-free core (one per provisioned stage of a run).
+
+  Unprovisioned -> Preparing -> Ready <-> Executing;  Preparing/Ready/Executing -> Faulted
+  any provisioned state -> Stopping -> Stopped
+
+Control path only: it consumes worker and edge events and returns actions (ConfigureRole, edge
+provisioning, ExecuteStep, ReleaseDeviceObject, StopEdge) plus §40 lifecycle events. One step at
+a time; the output object of a step carries the input's sequence (§16). Positions (start_pos) are
+derived from the rows of each input object: prefill rows at sequence 0, one row per decode step.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from swactor.common.events import get_logger
+from swactor.v1 import common_pb2
+from swactor.worker import reasons, wire
+from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
+from swactor.worker.establisher import EdgeProvision
+
+INPUT_PORT = 0
+OUTPUT_PORT = 1
+
+
+class StageState(enum.Enum):
+    UNPROVISIONED = "Unprovisioned"
+    PREPARING = "Preparing"
+    READY = "Ready"
+    EXECUTING = "Executing"
+    FAULTED = "Faulted"
+    STOPPING = "Stopping"
+    STOPPED = "Stopped"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What one ProvisionStage (§12) assigns to this node, validated."""
+
+    run_id: int
+    stage_index: int
+    stage_count: int
+    role_id: int
+    inbound: EdgeProvision
+    outbound: EdgeProvision
+    outbound_kind: int  # common_pb2.EdgeKind
+    role_config: dict[str, Any]  # ConfigureRole.config (weights, layer range, sampling)
+    in_row_bytes: int
+    out_row_bytes: int
+
+
+# ---- inputs (events from the worker ctl, the establisher and the orchestrator) ----
+
+
+@dataclass(frozen=True)
+class Provision:
+    plan: StagePlan
+
+
+@dataclass(frozen=True)
+class StopRun:
+    pass
+
+
+@dataclass(frozen=True)
+class EdgeReady:
+    edge_id: int
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class EdgeFailed:
+    edge_id: int
+    reason: str  # RunFaultReason
+    component: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class EdgeStopped:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class WorkerGone:
+    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
+
+    reason: str  # RunFaultReason: WorkerCrashed | WorkerFatal
+    detail: str
+
+
+Input = (Provision | StopRun | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | wire.RoleProgress
+         | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
+         | wire.StepCompleted | wire.StepFailed)
+
+# ---- actions ----
+
+
+@dataclass(frozen=True)
+class ProvisionEdge:
+    edge: EdgeProvision
+
+
+@dataclass(frozen=True)
+class StopEdge:
+    edge_id: int
+
+
+@dataclass(frozen=True)
+class ToWorker:
+    command: wire.Command
+
+
+@dataclass(frozen=True)
+class Report:
+    """A §40 lifecycle event of this stage (time is stamped by the shell)."""
+
+    event: common_pb2.LifecycleEvent
+    cause: str = ""  # for STAGE_FAULTED: the §37 detail name ("ObjectFailure.EofMidObject")
+    detail: str = ""
+
+
+Action = ProvisionEdge | StopEdge | ToWorker | Report
+
+
+@dataclass
+class StageController:
+    node_id: int
+    state: StageState = StageState.UNPROVISIONED
+    plan: StagePlan | None = None
+    role_ready: bool = False
+    rx: EdgeActor | None = None
+    tx: EdgeActor | None = None
+    out_ring_id: int | None = None
+    next_sequence: int = 0
+    position: int = 0
+    step_id: int = 0
+    step: wire.ExecuteStep | None = None
+    waiting: wire.ObjectLoaded | None = None  # the next input, loaded while a step still runs
+    edges_stopped: set[int] = field(default_factory=set)
+    fault: tuple[str, str] | None = None  # (RunFaultReason, component) of the first fault
+
+    # ---- events ----
+
+    def _event(self, kind: int, **fields: Any) -> Report:
+        p = self.plan
+        ev = common_pb2.LifecycleEvent(kind=kind, node_id=self.node_id, component=common_pb2.COMPONENT_STAGE_CONTROLLER)
+        if p is not None:
+            ev.run_id, ev.stage_index = p.run_id, p.stage_index
+        counters = fields.pop("counters", {})
+        for k, v in fields.items():
+            setattr(ev, k, v)
+        for k, v in counters.items():
+            ev.counters[k] = int(v)
+        return Report(ev)
+
+    def _transition(self, new: StageState, **facts: Any) -> None:
+        old, self.state = self.state, new
+        p = self.plan
+        get_logger(run_id=p.run_id if p else None, stage_index=p.stage_index if p else None).info(
+            "stage_state", old=old.value, new=new.value, **facts)
+
+    def _faulted(self, reason: str, component: str, cause: str, detail: str, **ids: Any) -> list[Action]:
+        """-> Faulted with StageFault: reason is a RunFaultReason name, cause the §37 detail name."""
+        if self.state not in (StageState.PREPARING, StageState.READY, StageState.EXECUTING):
+            return []
+        self.fault = (reasons.proto_name("RunFaultReason", reason), component)
+        self._transition(StageState.FAULTED, reason=reason, cause=cause)
+        report = self._event(common_pb2.STAGE_FAULTED, reason=self.fault[0],
+                             component=common_pb2.Component.Value(component),
+                             detail=f"{cause}: {detail}" if cause else detail, **ids)
+        actions: list[Action] = [Report(report.event, cause, detail)]
+        for actor in (self.rx, self.tx):
+            if actor is not None:
+                actor.on("Fault")
+        if self.waiting is not None:
+            actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))
+            self.waiting = None
+        return actions
+
+    # ---- the one entry point ----
+
+    def handle(self, inp: Input) -> list[Action]:
+        try:
+            return self._handle(inp)
+        except InvalidEdgeEvent as e:
+            return self._faulted("EdgeEstablishmentFailed", "COMPONENT_STAGE_CONTROLLER", "", str(e))
+
+    def _handle(self, inp: Input) -> list[Action]:
+        match inp:
+            case Provision(plan):
+                return self._provision(plan)
+            case StopRun():
+                return self._stop()
+        if self.plan is None or self.state is StageState.STOPPED:
+            return []
+        p = self.plan
+        match inp:
+            case wire.RoleProgress(_, done, total):
+                return [self._event(common_pb2.WEIGHTS_LOAD_PROGRESS,
+                                    counters={"layers_loaded": done, "layers_total": total})]
+            case wire.RoleConfigured(role_id, warm) if role_id == p.role_id:
+                self.role_ready = True
+                return [self._event(common_pb2.WEIGHTS_LOADED, counters={"warm": int(warm)}), *self._maybe_ready()]
+            case wire.RoleFailed(role_id, reason, detail) if role_id == p.role_id:
+                return self._faulted("WeightsLoadFailed", "COMPONENT_WORKER", f"RoleFailure.{reason}", detail)
+            case EdgeReady(edge_id, ring_id):
+                actor = self._actor(edge_id)
+                if actor is None or self.state is not StageState.PREPARING:
+                    return []
+                actor.on("EdgeReady")
+                if actor is self.tx:
+                    self.out_ring_id = ring_id
+                return [self._event(common_pb2.EDGE_READY, edge_id=edge_id, ring_id=ring_id), *self._maybe_ready()]
+            case EdgeFailed(edge_id, reason, component, detail):
+                return self._faulted(reason, component, "", detail, edge_id=edge_id)
+            case EdgeStopped(edge_id):
+                actor = self._actor(edge_id)
+                if actor is not None:
+                    actor.on("EdgeStopped")
+                self.edges_stopped.add(edge_id)
+                return self._maybe_stopped()
+            case WorkerGone(reason, detail):
+                return self._faulted(reason, "COMPONENT_WORKER_CTL", "", detail)
+            case wire.ObjectLoaded():
+                return self._loaded(inp)
+            case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):
+                run_reason = "SequenceViolation" if r == "SequenceViolation" else "ObjectFailed"
+                ids: dict[str, Any] = {"edge_id": edge_id, "ring_id": ring_id, "object_id": oid or 0}
+                if seq is not None:
+                    ids["sequence"] = seq
+                return self._faulted(run_reason, "COMPONENT_WORKER", f"ObjectFailure.{r}", d, **ids)
+            case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
+                if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
+                    self.tx.on("ObjectProduced")
+                return [self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id, object_id=oid,
+                                    sequence=seq, counters={"extent": extent})]
+            case wire.StepCompleted(step_id=step_id):
+                return self._step_done(step_id)
+            case wire.StepFailed(step_id=step_id, reason=r, detail=d):
+                if self.step is None or step_id != self.step.step_id:
+                    return []
+                self.step = None
+                run_reason = {"DeviceOutOfMemory": "DeviceOutOfMemory",
+                              "WorkerProcessExited": "WorkerCrashed"}.get(r, "StepFailed")
+                return self._faulted(run_reason, "COMPONENT_WORKER", f"StepFailure.{r}", d, step_id=step_id)
+        return []
+
+    def _actor(self, edge_id: int) -> EdgeActor | None:
+        for actor in (self.rx, self.tx):
+            if actor is not None and actor.edge_id == edge_id:
+                return actor
+        return None
+
+    # ---- Unprovisioned -> Preparing -> Ready ----
+
+    def _provision(self, plan: StagePlan) -> list[Action]:
+        if self.state is not StageState.UNPROVISIONED:
+            return []
+        self.plan = plan
+        self.rx = EdgeActor(plan.inbound.edge_id, "rx")
+        self.tx = EdgeActor(plan.outbound.edge_id, "tx")
+        self._transition(StageState.PREPARING)
+        return [
+            self._event(common_pb2.STAGE_PROVISION_STARTED),
+            ToWorker(wire.ConfigureRole(plan.role_id, plan.role_config)),
+            self._event(common_pb2.EDGE_PROVISION_STARTED, edge_id=plan.inbound.edge_id),
+            ProvisionEdge(plan.inbound),
+            self._event(common_pb2.EDGE_PROVISION_STARTED, edge_id=plan.outbound.edge_id),
+            ProvisionEdge(plan.outbound),
+        ]
+
+    def _maybe_ready(self) -> list[Action]:
+        if self.state is StageState.PREPARING and self.role_ready and self.rx and self.rx.ready \
+                and self.tx and self.tx.ready:
+            self._transition(StageState.READY)
+            return [self._event(common_pb2.STAGE_READY)]
+        return []
+
+    # ---- Ready <-> Executing ----
+
+    def _loaded(self, ev: wire.ObjectLoaded) -> list[Action]:
+        p = self.plan
+        assert p is not None and self.rx is not None
+        release = [ToWorker(wire.ReleaseDeviceObject(ev.device_handle))]
+        if ev.edge_id != p.inbound.edge_id:
+            return release  # not this stage's input: never execute on it
+        ids = {"edge_id": ev.edge_id, "ring_id": ev.ring_id, "object_id": ev.object_id, "sequence": ev.sequence}
+        loaded = self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, **ids)
+        if self.state is StageState.EXECUTING and self.waiting is None and ev.sequence == self.next_sequence:
+            self.waiting = ev  # starts when the running step completes: still one step at a time
+            return [loaded]
+        if self.state is not StageState.READY:
+            if self.state in (StageState.FAULTED, StageState.STOPPING):
+                return [loaded, *release]  # after a fault: reject new run work (§14)
+            return [loaded, *release, *self._faulted(
+                "SequenceViolation", "COMPONENT_STAGE_CONTROLLER", "",
+                f"object sequence {ev.sequence} loaded in state {self.state.value}", **ids)]
+        if ev.sequence != self.next_sequence:
+            return [loaded, *release, *self._faulted(
+                "SequenceViolation", "COMPONENT_STAGE_CONTROLLER", "",
+                f"loaded sequence {ev.sequence}, expected {self.next_sequence}", **ids)]
+        self.rx.on("ObjectLoaded")
+        return [loaded, *self._execute(ev)]
+
+    def _execute(self, ev: wire.ObjectLoaded) -> list[Action]:
+        p = self.plan
+        assert p is not None and self.rx is not None and self.tx is not None and self.out_ring_id is not None
+        rows = ev.extent // p.in_row_bytes
+        out_rows = 1 if p.outbound_kind == common_pb2.EDGE_KIND_TOKEN_OUT else rows
+        self.step_id += 1
+        self.step = wire.ExecuteStep(
+            p.role_id, self.step_id,
+            [wire.InputBinding(INPUT_PORT, ev.object_id, ev.sequence, ev.device_handle)],
+            [wire.OutputBinding(OUTPUT_PORT, self.out_ring_id, ev.object_id, ev.sequence, out_rows * p.out_row_bytes)],
+            {"start_pos": self.position}, True)
+        self.rx.on("StepStarted")
+        self.tx.on("StepStarted")
+        self._transition(StageState.EXECUTING, sequence=ev.sequence, step_id=self.step_id, start_pos=self.position)
+        self.position += rows
+        self.next_sequence = ev.sequence + 1
+        return [self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
+                            object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows}),
+                ToWorker(self.step)]
+
+    def _step_done(self, step_id: int) -> list[Action]:
+        if self.step is None or step_id != self.step.step_id or self.state is not StageState.EXECUTING:
+            return []
+        seq = self.step.inputs[0].sequence
+        self.step = None
+        self._transition(StageState.READY)
+        actions: list[Action] = [self._event(common_pb2.STEP_COMPLETED, step_id=step_id, sequence=seq)]
+        if self.waiting is not None:
+            ev, self.waiting = self.waiting, None
+            assert self.rx is not None
+            self.rx.on("ObjectLoaded")
+            actions += self._execute(ev)
+        return actions
+
+    # ---- Stopping -> Stopped ----
+
+    def _stop(self) -> list[Action]:
+        if self.state in (StageState.UNPROVISIONED, StageState.STOPPING, StageState.STOPPED):
+            return []
+        assert self.plan is not None
+        self._transition(StageState.STOPPING)
+        actions: list[Action] = []
+        if self.waiting is not None:
+            actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))
+            self.waiting = None
+        for actor in (self.rx, self.tx):
+            if actor is not None and actor.edge_id not in self.edges_stopped:
+                actor.on("StopEdge")
+                actions.append(StopEdge(actor.edge_id))
+        return actions + self._maybe_stopped()
+
+    def _maybe_stopped(self) -> list[Action]:
+        p = self.plan
+        if self.state is not StageState.STOPPING or p is None:
+            return []
+        if {p.inbound.edge_id, p.outbound.edge_id} <= self.edges_stopped:
+            self.step = None  # uninstalling the egress ring ended any step still writing to it
+            self._transition(StageState.STOPPED)
+            return [self._event(common_pb2.STAGE_STOPPED)]
+        return []
