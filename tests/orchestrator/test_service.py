@@ -225,3 +225,36 @@ def test_finished_runs_replay_from_the_store_after_restart(tmp_path: Path) -> No
     updates = run(second(run_id))
     assert events_of(updates)[0] == "POOL_READY" and events_of(updates)[-1] == "RUN_TORN_DOWN"
     assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED and list(updates[-1].finished.token_ids) == [100, 2]
+
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_greedy.json"
+
+
+@pytest.mark.skipif(not FIXTURE.exists(), reason="llama.cpp fixture not recorded")
+def test_submit_path_matches_llamacpp_prompt_and_completion(tmp_path: Path) -> None:
+    """SubmitRun (chat or raw) injects exactly llama.cpp's prompt ids; replaying llama.cpp's greedy
+    tokens through the fleet streams exactly llama.cpp's completion text."""
+    import json
+
+    cases = json.loads(FIXTURE.read_text())["cases"]
+
+    async def one(case: dict):
+        fleet = FakeFleet(case["greedy_tokens"], eos=-1)
+        async with serving(tmp_path / str(id(case)), fleet, pool(1, 2)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(
+                prompt=case["question"] if case["chat_template"] else case["text"], raw=not case["chat_template"],
+                stages=2, max_tokens=len(case["greedy_tokens"])))
+            updates = await collect(s.stub, resp.run_id)
+            return fleet.injected[0], updates
+
+    for case in cases:
+        (tmp_path / str(id(case))).mkdir()
+        first, updates = run(one(case))
+        assert first == (0, tuple(case["prompt_tokens"]))
+        final = updates[-1].finished
+        assert final.reason in ("max_tokens", "eos")
+        n = len(final.token_ids)
+        assert list(final.token_ids) == case["greedy_tokens"][:n]
+        if final.reason == "max_tokens":
+            assert final.text == case["completion"]
