@@ -69,7 +69,7 @@ class EdgeActor:
             else:
                 raise InvalidEdgeEvent(f"{self.kind} edge {self.edge_id}: {event} in state {self.state.value}")
         old, self.state = self.state, new
-        get_logger(edge_id=self.edge_id).info(f"{self.kind}_edge_state", old=old.value, new=new.value, event=event)
+        get_logger(edge_id=self.edge_id).info(f"{self.kind}_edge_state", old=old.value, new=new.value, trigger=event)
         return new
 
     @property

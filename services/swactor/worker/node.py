@@ -264,7 +264,7 @@ class StageNode:
             case wire.RingQuiesced(ring_id=rid):
                 self._est(est.RingQuiesced(rid))
             case wire.WorkerStopped() | wire.DeviceObjectReleased() | wire.ReleaseFailed():
-                self._log.info("worker_event", event=type(ev).__name__)
+                self._log.info("worker_event", worker_event=type(ev).__name__)
             case (wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed() | wire.ObjectLoaded()
                   | wire.ObjectFailed() | wire.ObjectProduced() | wire.StepCompleted() | wire.StepFailed()):
                 if isinstance(ev, wire.RoleConfigured | wire.StepCompleted):

@@ -1,0 +1,161 @@
+"""GpuWorkerCtl core (§31): every transition, with time passed in (no sleeps, no processes)."""
+
+from __future__ import annotations
+
+from swactor.worker import wire
+from swactor.worker.ctl_fsm import (
+    CtlCore,
+    CtlState,
+    Deliver,
+    FromWorker,
+    KillProcess,
+    ProcessExited,
+    Send,
+    Spawned,
+    SpawnFailed,
+    SpawnProcess,
+    Start,
+    StdoutMalformed,
+    Tick,
+    WorkerCrashed,
+    WorkerFailed,
+    WriteCommand,
+)
+
+READY = wire.WorkerReady(42, 1, 1, {})
+
+
+def delivered(actions: list) -> list:
+    return [a.event for a in actions if isinstance(a, Deliver)]
+
+
+def running() -> CtlCore:
+    core = CtlCore(arena_ceiling=1 << 20, ring_helper_abi=1, init_timeout_s=5, stop_timeout_s=2)
+    assert core.handle(Start(0.0)) == [SpawnProcess(1)]
+    assert core.state is CtlState.SPAWNING
+    (write,) = core.handle(Spawned(42, 0.1))
+    assert isinstance(write, WriteCommand) and write.command == wire.InitializeWorker(1, 1 << 20, 1, {})
+    assert core.state is CtlState.INITIALIZING
+    assert delivered(core.handle(FromWorker(READY))) == [READY]
+    assert core.state is CtlState.RUNNING and core.deadline is None
+    return core
+
+
+def install(core: CtlCore, ring_id: int = 7) -> None:
+    layout = wire.Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
+    cmd = wire.InstallRing(ring_id, 3, 0, "Ingress", layout, wire.ObjSpec("Activations", 64, "Float", 4, 4, 4))
+    assert core.handle(Send(cmd)) == [WriteCommand(cmd)]
+    core.handle(FromWorker(wire.RingInstalled(ring_id, 3, 0)))
+
+
+def test_initialize_timeout_kills_and_fails() -> None:
+    core = CtlCore(1 << 20, 1, init_timeout_s=5)
+    core.handle(Start(0.0))
+    core.handle(Spawned(1, 1.0))
+    assert core.handle(Tick(5.9)) == []
+    actions = core.handle(Tick(6.0))
+    assert actions[0] == KillProcess()
+    (ev,) = delivered(actions)
+    assert isinstance(ev, WorkerFailed) and ev.reason == "InitializeTimeout"
+    assert core.state is CtlState.FAILED
+
+
+def test_worker_fatal_and_early_exit_and_spawn_failure() -> None:
+    for inp, reason in [(FromWorker(wire.WorkerFatal("ArenaMapFailed", "x")), "ArenaMapFailed"),
+                        (ProcessExited(1), "ProcessExited")]:
+        core = CtlCore(1 << 20, 1)
+        core.handle(Start(0.0))
+        core.handle(Spawned(1, 0.0))
+        (ev,) = delivered(core.handle(inp))
+        assert isinstance(ev, WorkerFailed) and ev.reason == reason and core.state is CtlState.FAILED
+    core = CtlCore(1 << 20, 1)
+    core.handle(Start(0.0))
+    (ev,) = delivered(core.handle(SpawnFailed("no python")))
+    assert ev.reason == "SpawnFailed"
+
+
+def test_wrong_generation_ready_is_a_protocol_fault() -> None:
+    core = CtlCore(1 << 20, 1)
+    core.handle(Start(0.0))
+    core.handle(Spawned(1, 0.0))
+    actions = core.handle(FromWorker(wire.WorkerReady(1, 99, 1, {})))
+    assert KillProcess() in actions and core.state is CtlState.FAILED
+
+
+def test_crash_synthesizes_worker_crashed_ring_faults_and_step_failure() -> None:
+    core = running()
+    install(core, 7)
+    install(core, 8)
+    core.handle(FromWorker(wire.ObjectLoaded(7, 3, 0, 1, 0, 16, wire.DeviceHandle(1, 5))))
+    step = wire.ExecuteStep(9, 77, [wire.InputBinding(0, 1, 0, wire.DeviceHandle(1, 5))], [], {}, True)
+    assert core.handle(Send(step)) == [WriteCommand(step)]
+    events = delivered(core.handle(ProcessExited(-9)))
+    assert isinstance(events[0], WorkerCrashed) and events[0].returncode == -9
+    assert wire.StepFailed(9, 77, "WorkerProcessExited", "worker process gone") in events
+    assert [e.ring_id for e in events if isinstance(e, wire.RingFault)] == [7, 8]
+    assert all(e.reason == "WorkerProcessExited" for e in events if isinstance(e, wire.RingFault))
+    assert core.state is CtlState.FAILED and core.handles == set()
+    # the dead generation's rings quiesce at once on UninstallRing: the reaped process is the proof
+    assert delivered(core.handle(Send(wire.UninstallRing(7, "RingFaulted")))) == [wire.RingQuiesced(7)]
+    # restart: a new generation, old handles invalid
+    assert core.handle(Start(10.0)) == [SpawnProcess(2)]
+    assert core.rings == {}
+
+
+def test_malformed_stdout_is_a_crash() -> None:
+    core = running()
+    actions = core.handle(StdoutMalformed("not json"))
+    assert KillProcess() in actions and isinstance(delivered(actions)[0], WorkerCrashed)
+
+
+def test_running_validates_commands() -> None:
+    core = running()
+    install(core, 7)
+    layout = wire.Layout(7, 0, 4096, 0, 256, 3840, 64)
+    dup = wire.InstallRing(7, 3, 0, "Ingress", layout, wire.ObjSpec("Activations", 64, "Float", 4, 4, 4))
+    (ev,) = delivered(core.handle(Send(dup)))
+    assert isinstance(ev, wire.RingFault) and ev.reason == "RingStateInvalid"
+    stale = wire.ExecuteStep(9, 1, [wire.InputBinding(0, 1, 0, wire.DeviceHandle(0, 5))], [], {}, True)
+    (ev,) = delivered(core.handle(Send(stale)))
+    assert ev == wire.StepFailed(9, 1, "InvalidInputHandle", ev.detail)
+    (ev,) = delivered(core.handle(Send(wire.ReleaseDeviceObject(wire.DeviceHandle(0, 5)))))
+    assert ev == wire.ReleaseFailed(wire.DeviceHandle(0, 5), "StaleGeneration")
+    assert delivered(core.handle(Send(wire.UninstallRing(99, "EdgeStopped")))) == [wire.RingQuiesced(99)]
+    core.handle(FromWorker(wire.ObjectLoaded(7, 3, 0, 1, 0, 16, wire.DeviceHandle(1, 5))))
+    good = wire.ExecuteStep(9, 2, [wire.InputBinding(0, 1, 0, wire.DeviceHandle(1, 5))], [], {}, True)
+    core.handle(Send(good))
+    (ev,) = delivered(core.handle(Send(wire.ExecuteStep(9, 3, [], [], {}, True))))
+    assert ev.reason == "RoleUnavailable"  # one step at a time
+    core.handle(FromWorker(wire.StepCompleted(9, 2)))
+    assert core.step_in_flight is None
+    core.handle(FromWorker(wire.DeviceObjectReleased(wire.DeviceHandle(1, 5))))
+    assert core.handles == set()
+    core.handle(FromWorker(wire.RingQuiesced(7)))
+    assert 7 not in core.rings
+
+
+def test_graceful_stop_and_stop_timeout() -> None:
+    core = running()
+    install(core, 7)
+    actions = core.handle(Send(wire.ShutdownWorker("Graceful"), now=1.0))
+    assert actions == [WriteCommand(wire.ShutdownWorker("Graceful"))] and core.state is CtlState.STOPPING
+    (ev,) = delivered(core.handle(Send(wire.ExecuteStep(9, 1, [], [], {}, True))))
+    assert ev.reason == "WorkerShuttingDown"
+    assert delivered(core.handle(FromWorker(wire.WorkerStopped("Graceful")))) == [wire.WorkerStopped("Graceful")]
+    events = delivered(core.handle(ProcessExited(0)))
+    assert [e.reason for e in events] == ["WorkerShuttingDown"] and core.state is CtlState.STOPPED
+    core = running()
+    core.handle(Send(wire.ShutdownWorker("Graceful"), now=1.0))
+    assert core.handle(Tick(2.5)) == []
+    assert core.handle(Tick(3.0)) == [KillProcess()] and core.state is CtlState.KILLING
+    core.handle(ProcessExited(-9))
+    assert core.state is CtlState.STOPPED
+
+
+def test_commands_when_not_running_are_answered_locally() -> None:
+    core = CtlCore(1 << 20, 1)
+    (ev,) = delivered(core.handle(Send(wire.ConfigureRole(1, {}))))
+    assert isinstance(ev, wire.RoleFailed) and ev.reason == "WorkerUnavailable"
+    core.handle(Start(0.0))
+    assert core.handle(Send(wire.ShutdownWorker("Graceful"))) == [KillProcess()]
+    assert core.state is CtlState.KILLING

@@ -1,0 +1,127 @@
+"""EdgeEstablisher record FSM (§26) and the edge teardown order (§38), as pure transitions."""
+
+from __future__ import annotations
+
+import pytest
+
+from swactor.worker import establisher as e
+from swactor.worker import wire
+
+SPEC = wire.ObjSpec("Activations", 64, "Float", 4, 4, 4)
+
+
+def prov(edge_id: int = 5, direction: str = "Ingress") -> e.EdgeProvision:
+    return e.EdgeProvision(edge_id, direction, peer_node_id=99, port_id=0, object_spec=SPEC, ring_spec=None)
+
+
+def layout(ring_id: int = 70) -> wire.Layout:
+    return wire.Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
+
+
+def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
+    est = e.EdgeEstablisher()
+    assert est.handle(e.Provision(prov(5, direction), 11)) == [e.LeaseRing(11, 5, direction, None)]
+    assert est.state(5) is e.EdgeState.WAITING_FOR_LEASE
+    assert est.handle(e.RingLeased(11, layout())) == [e.InstallRing(prov(5, direction), layout())]
+    assert est.state(5) is e.EdgeState.WAITING_FOR_WORKER_RING
+    want = e.EstablishRecv(5, layout()) if direction == "Ingress" else e.EstablishSend(5, 99, layout())
+    assert est.handle(e.RingInstalled(70)) == [want]
+    assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
+    assert est.handle(e.DriverEdgeReady(5)) == [e.EdgeReady(5, 70)]
+    assert est.state(5) is e.EdgeState.READY
+    return est
+
+
+@pytest.mark.parametrize("direction", ["Ingress", "Egress"])
+def test_setup_and_ordered_teardown(direction: str) -> None:
+    est = ready(direction)
+    assert est.handle(e.StopEdge(5)) == [e.StopPump(5)]
+    assert est.state(5) is e.EdgeState.STOPPING_PUMP
+    assert est.handle(e.RingQuiesced(70)) == []  # early proof is kept, but the pump goes first
+    est = ready(direction)
+    est.handle(e.StopEdge(5))
+    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, "EdgeStopped")]
+    assert est.state(5) is e.EdgeState.STOPPING_WORKER_RING
+    assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
+    assert est.state(5) is e.EdgeState.RELEASING_ARENA
+    assert est.handle(e.Released(70)) == [e.EdgeStopped(5)]
+    assert est.state(5) is e.EdgeState.STOPPED
+    assert est.handle(e.StopEdge(5)) == [e.EdgeStopped(5)]  # idempotent
+
+
+def test_stop_while_waiting_for_lease_cancels_and_releases_a_late_grant() -> None:
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    assert est.handle(e.StopEdge(5)) == [e.CancelLease(11), e.EdgeStopped(5)]
+    assert est.state(5) is e.EdgeState.STOPPED
+    # the grant won the race with CancelLease: released at once, never installed (§26)
+    assert est.handle(e.RingLeased(11, layout())) == [e.ReleaseRing(70, never_installed=True)]
+    assert est.handle(e.RingLeased(999, layout(71))) == [e.ReleaseRing(71, never_installed=True)]
+
+
+def test_lease_rejected_fails_the_edge() -> None:
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    (failed,) = est.handle(e.RingLeaseRejected(11, "ExceedsCeiling", "needs 2 GiB"))
+    assert failed == e.EdgeFailed(5, "RingRequestOversized", "COMPONENT_ARENA", "ExceedsCeiling: needs 2 GiB")
+    assert est.state(5) is e.EdgeState.FAILED
+    assert est.handle(e.StopEdge(5)) == [e.EdgeStopped(5)] and est.state(5) is e.EdgeState.STOPPED
+
+
+def test_stop_while_waiting_for_worker_ring_uninstalls_without_pump() -> None:
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    assert est.handle(e.StopEdge(5)) == [e.UninstallRing(70, "EdgeStopped")]
+    assert est.state(5) is e.EdgeState.STOPPING_WORKER_RING
+    assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
+
+
+def test_ring_fault_while_waiting_for_worker_ring() -> None:
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    actions = est.handle(e.RingFault(70, "RingLayoutInvalid", "bad"))
+    assert actions[0] == e.EdgeFailed(5, "RingFault", "COMPONENT_WORKER", "RingLayoutInvalid: bad")
+    assert actions[1:] == [e.UninstallRing(70, "RingFaulted")]
+
+
+def test_driver_stream_fault_in_ready_runs_the_teardown() -> None:
+    est = ready()
+    actions = est.handle(e.StreamFault(5, "STREAM_FAULT_CONNECTION_LOST", "peer gone"))
+    assert actions == [e.EdgeFailed(5, "StreamFault", "COMPONENT_EDGE_DRIVER", "STREAM_FAULT_CONNECTION_LOST: peer gone"),
+                       e.StopPump(5)]
+    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, "RingFaulted")]
+
+
+def test_stream_fault_while_waiting_for_driver_and_establish_failure() -> None:
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    est.handle(e.RingInstalled(70))
+    actions = est.handle(e.DriverFailed(5, "edge-driver unreachable"))
+    assert actions[0].reason == "EdgeEstablishmentFailed"
+    assert actions[1:] == [e.UninstallRing(70, "RingFaulted")]  # no pump ever ran: straight to the ring
+
+
+def test_worker_crash_counts_as_quiescence() -> None:
+    est = ready()
+    actions = est.handle(e.RingFault(70, "WorkerProcessExited", "gone"))
+    assert actions == [e.EdgeFailed(5, "RingFault", "COMPONENT_WORKER", "WorkerProcessExited: gone"), e.StopPump(5)]
+    # pump stopped, and the reaped worker already proved quiescence: release without UninstallRing
+    assert est.handle(e.PumpStopped(5)) == [e.ReleaseRing(70, never_installed=False)]
+
+
+def test_duplicate_provision_and_stale_events() -> None:
+    est = ready()
+    (failed,) = est.handle(e.Provision(prov(), 12))
+    assert failed.reason == "EdgeEstablishmentFailed"
+    assert est.handle(e.RingInstalled(12345)) == []
+    assert est.handle(e.DriverEdgeReady(777)) == []
+    assert est.handle(e.StreamClosed(5)) == []
+    est.handle(e.StopEdge(5))
+    est.handle(e.PumpStopped(5))
+    est.handle(e.RingQuiesced(70))
+    est.handle(e.Released(70))
+    est.forget(5)
+    assert est.state(5) is None

@@ -1,0 +1,167 @@
+"""StageController (§14): every transition, with worker and edge events as plain values."""
+
+from __future__ import annotations
+
+from swactor.v1 import common_pb2
+from swactor.worker import stage_fsm as s
+from swactor.worker import wire
+from swactor.worker.establisher import EdgeProvision
+
+HID = 8  # hidden_dim: 8 float32 = 32 bytes per activation row
+
+
+def plan(last: bool = False) -> s.StagePlan:
+    act = wire.ObjSpec("Activations", 4096, "Float", 4, HID, 4)
+    tok = wire.ObjSpec("Tokens", 64, "Int", 4, 1, 4)
+    return s.StagePlan(run_id=1, stage_index=1, stage_count=2 if last else 3, role_id=9,
+                       inbound=EdgeProvision(10, "Ingress", 50, 0, act, None),
+                       outbound=EdgeProvision(11, "Egress", 60, 1, tok if last else act, None),
+                       outbound_kind=common_pb2.EDGE_KIND_TOKEN_OUT if last else common_pb2.EDGE_KIND_ACTIVATION,
+                       role_config={"kind": "llama_stage"}, in_row_bytes=4 * HID, out_row_bytes=4 if last else 4 * HID)
+
+
+def kinds(actions: list) -> list[str]:
+    return [common_pb2.LifecycleEventKind.Name(a.event.kind) for a in actions if isinstance(a, s.Report)]
+
+
+def loaded(seq: int, rows: int, hid: int = 3) -> wire.ObjectLoaded:
+    return wire.ObjectLoaded(70, 10, 0, 500 + seq, seq, rows * 4 * HID, wire.DeviceHandle(1, hid))
+
+
+def ready(last: bool = False) -> s.StageController:
+    c = s.StageController(node_id=4)
+    actions = c.handle(s.Provision(plan(last)))
+    assert c.state is s.StageState.PREPARING
+    assert [a for a in actions if not isinstance(a, s.Report)] == [
+        s.ToWorker(wire.ConfigureRole(9, {"kind": "llama_stage"})),
+        s.ProvisionEdge(plan(last).inbound), s.ProvisionEdge(plan(last).outbound)]
+    assert kinds(actions) == ["STAGE_PROVISION_STARTED", "EDGE_PROVISION_STARTED", "EDGE_PROVISION_STARTED"]
+    assert kinds(c.handle(wire.RoleProgress(9, 1, 2))) == ["WEIGHTS_LOAD_PROGRESS"]
+    assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"]
+    assert kinds(c.handle(s.EdgeReady(10, 70))) == ["EDGE_READY"]
+    assert c.state is s.StageState.PREPARING  # outbound not ready yet
+    assert kinds(c.handle(s.EdgeReady(11, 71))) == ["EDGE_READY", "STAGE_READY"]
+    assert c.state is s.StageState.READY
+    return c
+
+
+def steps(actions: list) -> list[wire.ExecuteStep]:
+    return [a.command for a in actions if isinstance(a, s.ToWorker) and isinstance(a.command, wire.ExecuteStep)]
+
+
+def test_prefill_then_decode_positions_and_sequences() -> None:
+    c = ready()
+    (st,) = steps(c.handle(loaded(0, rows=5)))
+    assert c.state is s.StageState.EXECUTING
+    assert st.runtime == {"start_pos": 0} and st.release_inputs_after
+    assert st.inputs[0].sequence == 0 and st.outputs[0] == wire.OutputBinding(1, 71, 500, 0, 5 * 4 * HID)
+    assert kinds(c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 160))) == ["OBJECT_PRODUCED"]
+    assert kinds(c.handle(wire.StepCompleted(9, st.step_id))) == ["STEP_COMPLETED"]
+    assert c.state is s.StageState.READY
+    (st,) = steps(c.handle(loaded(1, rows=1, hid=4)))
+    assert st.runtime == {"start_pos": 5} and st.outputs[0].sequence == 1 and st.outputs[0].extent == 4 * HID
+
+
+def test_last_stage_outputs_one_token() -> None:
+    c = ready(last=True)
+    (st,) = steps(c.handle(loaded(0, rows=7)))
+    assert st.outputs[0].extent == 4
+
+
+def test_next_object_during_a_step_waits_for_it() -> None:
+    c = ready()
+    (st0,) = steps(c.handle(loaded(0, rows=2)))
+    assert steps(c.handle(loaded(1, rows=1, hid=4))) == []  # one step at a time
+    c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 64))
+    (st1,) = steps(c.handle(wire.StepCompleted(9, st0.step_id)))
+    assert st1.inputs[0].sequence == 1 and c.state is s.StageState.EXECUTING
+
+
+def test_sequence_violation_faults_and_releases_the_object() -> None:
+    c = ready()
+    actions = c.handle(loaded(3, rows=1))
+    assert s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 3))) in actions
+    assert kinds(actions) == ["OBJECT_LOADED", "STAGE_FAULTED"]
+    fault = [a for a in actions if isinstance(a, s.Report)][-1].event
+    assert fault.reason == "RUN_FAULT_SEQUENCE_VIOLATION" and fault.component == common_pb2.COMPONENT_STAGE_CONTROLLER
+    assert c.state is s.StageState.FAULTED
+    # Faulted rejects new run work (§14)
+    later = c.handle(loaded(0, rows=1, hid=9))
+    assert steps(later) == [] and s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 9))) in later
+
+
+def fault_of(actions: list) -> s.Report:
+    (r,) = [a for a in actions if isinstance(a, s.Report) and a.event.kind == common_pb2.STAGE_FAULTED]
+    return r
+
+
+def test_faults_from_every_source() -> None:
+    cases = [
+        (lambda c: c.handle(wire.RoleFailed(9, "WeightsNotFound", "no file")), "RUN_FAULT_WEIGHTS_LOAD_FAILED",
+         common_pb2.COMPONENT_WORKER, "RoleFailure.WeightsNotFound"),
+        (lambda c: c.handle(s.EdgeFailed(10, "RingRequestOversized", "COMPONENT_ARENA", "too big")),
+         "RUN_FAULT_RING_REQUEST_OVERSIZED", common_pb2.COMPONENT_ARENA, ""),
+        (lambda c: c.handle(s.WorkerGone("WorkerCrashed", "exit -9")), "RUN_FAULT_WORKER_CRASHED",
+         common_pb2.COMPONENT_WORKER_CTL, ""),
+        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, None, None, "HeaderMalformed", "magic")),
+         "RUN_FAULT_OBJECT_FAILED", common_pb2.COMPONENT_WORKER, "ObjectFailure.HeaderMalformed"),
+        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, 1, 4, "SequenceViolation", "4 != 0")),
+         "RUN_FAULT_SEQUENCE_VIOLATION", common_pb2.COMPONENT_WORKER, "ObjectFailure.SequenceViolation"),
+    ]
+    for make, reason, component, cause in cases:
+        for prepared in (False, True):
+            c = ready() if prepared else s.StageController(4)
+            if not prepared:
+                c.handle(s.Provision(plan()))
+            r = fault_of(make(c))
+            assert (r.event.reason, r.event.component, r.cause) == (reason, component, cause)
+            assert c.state is s.StageState.FAULTED
+
+
+def test_step_failures_while_executing() -> None:
+    for reason, run_reason in [("TinygradError", "RUN_FAULT_STEP_FAILED"),
+                               ("DeviceOutOfMemory", "RUN_FAULT_DEVICE_OUT_OF_MEMORY"),
+                               ("WorkerProcessExited", "RUN_FAULT_WORKER_CRASHED")]:
+        c = ready()
+        (st,) = steps(c.handle(loaded(0, rows=1)))
+        assert c.handle(wire.StepFailed(9, st.step_id + 1, reason, "other step")) == []
+        r = fault_of(c.handle(wire.StepFailed(9, st.step_id, reason, "boom")))
+        assert r.event.reason == run_reason and r.event.step_id == st.step_id
+
+
+def test_stop_run_tears_down_edges_then_stops() -> None:
+    c = ready()
+    steps(c.handle(loaded(0, rows=1)))
+    c.handle(loaded(1, rows=1, hid=8))  # waiting input gets released on stop
+    actions = c.handle(s.StopRun())
+    assert c.state is s.StageState.STOPPING
+    assert s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 8))) in actions
+    assert [a for a in actions if isinstance(a, s.StopEdge)] == [s.StopEdge(10), s.StopEdge(11)]
+    assert c.handle(s.EdgeStopped(10)) == []
+    assert kinds(c.handle(s.EdgeStopped(11))) == ["STAGE_STOPPED"]
+    assert c.state is s.StageState.STOPPED
+    assert c.handle(s.StopRun()) == [] and c.handle(loaded(2, rows=1)) == []
+
+
+def test_stop_from_faulted_and_from_preparing() -> None:
+    c = ready()
+    c.handle(s.WorkerGone("WorkerFatal", "x"))
+    c.handle(s.StopRun())
+    c.handle(s.EdgeStopped(10))
+    c.handle(s.EdgeStopped(11))
+    assert c.state is s.StageState.STOPPED
+    c = s.StageController(4)
+    c.handle(s.Provision(plan()))
+    c.handle(s.StopRun())
+    assert c.state is s.StageState.STOPPING
+    c.handle(s.EdgeStopped(11))
+    c.handle(s.EdgeStopped(10))
+    assert c.state is s.StageState.STOPPED
+    assert s.StageController(4).handle(s.StopRun()) == []  # nothing provisioned: nothing to stop
+
+
+def test_unknown_edge_object_is_released_not_executed() -> None:
+    c = ready()
+    stray = wire.ObjectLoaded(80, 99, 0, 1, 0, 32, wire.DeviceHandle(1, 6))
+    assert c.handle(stray) == [s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 6)))]
+    assert c.state is s.StageState.READY
