@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.membership.gpus import parse_gpu
+from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.metadata import (
     MetadataError,
     check_endpoint,
@@ -100,3 +100,13 @@ def test_gossip_key_depends_on_secret_and_cluster() -> None:
     assert len(k) == 32 and k == gossip_key(b"s" * 32, "swactor")
     assert k != gossip_key(b"t" * 32, "swactor")
     assert k != gossip_key(b"s" * 32, "other")
+
+
+def test_nvidia_smi_inventory_is_parsed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf 'NVIDIA H200, 143771\\nNVIDIA H200, 143771\\nbroken line\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert detect_nvidia() == [pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=143771 * 2**20)] * 2
+    fake.write_text("#!/bin/sh\nexit 9\n")
+    assert detect_nvidia() == []
