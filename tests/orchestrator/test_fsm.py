@@ -260,3 +260,15 @@ def test_context_full_completes() -> None:
     fsm.handle(F.TokenReceived(0, 10), 4.0)
     fsm.handle(F.TokenReceived(1, 11), 4.0)
     assert (fsm.outcome, fsm.reason) == (F.Outcome.COMPLETED, "context_full")
+
+
+def test_provision_refused_after_teardown_began_is_not_awaited() -> None:
+    fsm = make(stages=2)
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    fsm.handle(F.Tick(), 1.0)
+    acts = fsm.handle(F.EndpointFault(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, "no ring"), 1.1)
+    assert len(of(acts, F.StopStage)) == 2
+    acts = fsm.handle(F.ProvisionFailed(1, pb.RUN_FAULT_PROVISIONING_REJECTED, "busy"), 1.2)
+    assert kinds(acts) == ["STAGE_FAULTED"]
+    assert fsm.reason == "RUN_FAULT_EDGE_ESTABLISHMENT_FAILED"  # the first fault stays the reason
+    assert kinds(fsm.handle(F.StageStopped(0), 1.3)) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]

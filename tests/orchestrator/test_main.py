@@ -62,6 +62,7 @@ def test_process_recovers_interrupted_runs_refuses_without_pool_and_stops_on_sig
     assert proc.returncode == 0, err
     assert '"run_interrupted_by_restart"' in err and '"orchestrator_serving"' in err
     assert '"membership_unreachable"' in err
+    assert '"fleet": "NoSecretFleet"' in err  # no cluster secret: provisioning refuses by name
 
 
 def test_bad_config_is_named(tmp_path: Path) -> None:
@@ -74,3 +75,24 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
                         "--tcp", "", "--state-dir", str(tmp_path), "--model", str(tmp_path / "missing.gguf")],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "missing.gguf does not exist" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(tmp_path / "s.sock"),
+                        "--tcp", "", "--state-dir", str(tmp_path), "--model", str(MODEL_PATH),
+                        "--secret-file", str(tmp_path / "nope.secret")], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "nope.secret does not exist" in r.stderr
+
+
+def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:
+    from swactor.orchestrator.config import OrchestratorConfig
+    from swactor.orchestrator.main import NoSecretFleet, build_fleet
+    from swactor.orchestrator.models import ModelRegistry
+    from swactor.orchestrator.stage_fleet import StageControlFleet
+
+    models = ModelRegistry({"m": MODEL_PATH}, "m")
+    assert isinstance(build_fleet(OrchestratorConfig(model_name="m"), 5, models), NoSecretFleet)
+    secret = tmp_path / "cluster.secret"
+    secret.write_bytes(b"a cluster secret of 32 bytes...!")
+    fleet = build_fleet(OrchestratorConfig(model_name="m", secret_file=secret), 5, models)
+    assert isinstance(fleet, StageControlFleet)
+    secret.write_bytes(b"short")
+    with pytest.raises(ValueError, match="at least 16"):
+        build_fleet(OrchestratorConfig(model_name="m", secret_file=secret), 5, models)

@@ -24,6 +24,11 @@ class OrchestratorConfig:
     model_path: Path | None = None
     # More models as "name=/path/to/model.gguf".
     models: list[str] = field(default_factory=list)
+    # The cluster secret: the node control API's mutual TLS derives from it. None = provisioning
+    # is not possible (runs fault with RUN_FAULT_PROVISIONING_REJECTED, saying so).
+    secret_file: Path | None = None
+    # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
+    node_model_path: Path | None = None
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20

@@ -486,6 +486,15 @@ class RunFsm:
                 if stage is not None:
                     out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r), component=c, detail=d))
                 return
+            case ProvisionFailed(stage_index=i, reason=r, detail=d):
+                # A provisioning call still in flight when teardown began was refused: nothing to stop.
+                stage = self._stage(i)
+                if stage is None:
+                    return
+                self._failed.add(i)
+                self._awaiting_stop.discard(i)
+                out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r),
+                                          component=pb.COMPONENT_ORCHESTRATOR, detail=d))
             case MembershipChanged(members=members):
                 for s in self._lost_nodes(members):
                     if s.stage_index in self._awaiting_stop:

@@ -23,33 +23,50 @@ from swactor.common.systemd import notify_ready, notify_status, notify_stopping
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.errors import RequestError
-from swactor.orchestrator.fleet import FleetError, Report, TokenEndpoints
+from swactor.orchestrator.fleet import FleetError, Report, StageFleet, TokenEndpoints
 from swactor.orchestrator.manager import Orchestrator, RunDefaults
 from swactor.orchestrator.membership_client import follow_membership
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.planner import RunPlan, StagePlan
 from swactor.orchestrator.runner import wall_us
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
+from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.store import RunStore
 from swactor.v1 import common_pb2, orchestrator_pb2_grpc
 
 EXIT_USAGE = 2
-NOT_WIRED = ("node control integration (stage.proto ProvisionStage/WatchStage and the ring token endpoints) "
-             "is not wired into this orchestrator yet")
+NO_SECRET = ("no cluster secret configured ([orchestrator].secret_file / --secret-file): the node control "
+             "API cannot be reached, so no stage can be provisioned")
 
 
-class UnwiredFleet:
-    """The fleet of this build: it refuses provisioning by name until integration lands, so a run
-    faults immediately with RUN_FAULT_PROVISIONING_REJECTED instead of hanging."""
+class NoSecretFleet:
+    """Without the cluster secret nothing can be provisioned: refuse by name so a run faults at
+    once with RUN_FAULT_PROVISIONING_REJECTED instead of hanging."""
 
     async def provision(self, plan: RunPlan, stage: StagePlan, report: Report) -> None:
-        raise FleetError(common_pb2.RUN_FAULT_PROVISIONING_REJECTED, NOT_WIRED)
+        raise FleetError(common_pb2.RUN_FAULT_PROVISIONING_REJECTED, NO_SECRET)
 
     async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
         return None
 
     async def open_endpoints(self, plan: RunPlan, report: Report) -> TokenEndpoints:
-        raise FleetError(common_pb2.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, NOT_WIRED)
+        raise FleetError(common_pb2.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, NO_SECRET)
+
+
+def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry) -> StageFleet:
+    if cfg.secret_file is None:
+        return NoSecretFleet()
+    from swactor.membership.secret import read_secret
+
+    secret = read_secret(cfg.secret_file)
+    node_paths = dict(models.paths)
+    if cfg.node_model_path is not None:
+        node_paths[cfg.model_name] = cfg.node_model_path
+
+    def gguf_path(plan: RunPlan) -> Path:
+        return node_paths[plan.model.model_id].resolve()
+
+    return StageControlFleet(mtls_channels(secret, node_id), gguf_path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,13 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--state-dir", help="run store and node id directory (default /var/lib/swactor)")
     p.add_argument("--membership-socket", help="local membership service socket")
     p.add_argument("--model", dest="model_path", help="default model GGUF path")
+    p.add_argument("--secret-file", dest="secret_file", help="cluster secret (node control mTLS)")
     p.add_argument("--pool-window", type=float, dest="pool_window_s", help="PoolReady stability window (s)")
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> OrchestratorConfig:
     overrides = {k: getattr(args, k) for k in ("socket", "tcp_address", "state_dir", "membership_socket",
-                                                "model_path", "pool_window_s")}
+                                                "model_path", "pool_window_s", "secret_file")}
     return load_section(read_config(args.config), "orchestrator", OrchestratorConfig, **overrides)
 
 
@@ -94,7 +112,12 @@ async def serve(cfg: OrchestratorConfig) -> int:
         log.error("default_model_unusable", detail=e.message)
         print(f"swactor-orchestrator: {e.message}", file=sys.stderr)
         return EXIT_USAGE
-    orch = Orchestrator(models=models, fleet=UnwiredFleet(), store=store, fsm_config=fsm_config(cfg, node_id),
+    try:
+        fleet = build_fleet(cfg, node_id, models)
+    except ValueError as e:  # SecretError
+        print(f"swactor-orchestrator: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
                         defaults=RunDefaults(stages=cfg.default_stages))
     server, port, health = create_server(cfg.socket, cfg.tcp_address or None, service_names=[SERVICE_NAME])
     orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
@@ -107,7 +130,7 @@ async def serve(cfg: OrchestratorConfig) -> int:
     await set_serving(health, [SERVICE_NAME])
     watcher = asyncio.create_task(follow_membership(cfg.membership_socket, orch.set_members))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
-             model=loaded.name, layers=loaded.facts.num_layers)
+             model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__)
     notify_ready(f"serving {loaded.name} on {cfg.socket}")
     try:
         while not stop.is_set():

@@ -44,6 +44,7 @@ class RunHandle:
         self._endpoints_ready = asyncio.Event()
         self._injections: asyncio.Queue[F.InjectTokens] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._provisioning: dict[int, asyncio.Task[None]] = {}
         self.log = get_logger(run_id=fsm.run_id)
         self.done = asyncio.Event()
 
@@ -112,7 +113,7 @@ class RunHandle:
             case F.OpenEndpoints(plan=plan):
                 self._spawn(self._open_endpoints(plan))
             case F.Provision(plan=plan, stage=stage):
-                self._spawn(self._provision(plan, stage))
+                self._provisioning[stage.stage_index] = self._spawn(self._provision(plan, stage))
             case F.InjectTokens():
                 self._injections.put_nowait(action)
             case F.StopStage(stage=stage):
@@ -182,10 +183,11 @@ class RunHandle:
 
     # ---- fleet calls (each reports its outcome as an FSM input) ----
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task[None]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _provision(self, plan, stage) -> None:
         try:
@@ -218,6 +220,11 @@ class RunHandle:
 
     async def _stop_stage(self, stage) -> None:
         assert self.fsm.plan is not None
+        provisioning = self._provisioning.get(stage.stage_index)
+        if provisioning is not None:
+            # StopRun must not overtake this stage's ProvisionStage (the node would ignore the
+            # stop, then accept the run and keep it).
+            await asyncio.wait([provisioning])
         try:
             await self.fleet.stop_stage(self.fsm.plan, stage)
         except Exception as e:  # the teardown timeout covers a stage that never confirms

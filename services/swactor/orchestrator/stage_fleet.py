@@ -1,0 +1,165 @@
+"""StageFleet over the node control API (stage.proto): ProvisionStage, WatchStage, StopRun.
+
+One mutually-authenticated channel per node (the control CA derives from the cluster secret; see
+swactor.worker.control_tls). After a node accepts ProvisionStage, a watch task relays the stage's
+updates as run-FSM inputs until StageStopped. Token endpoints are delegated to an
+`EndpointFactory` (the ring token-in producer / token-out consumer), a separate integration step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from swactor.common.events import get_logger
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.fleet import FleetError, Report, TokenEndpoints
+from swactor.orchestrator.planner import RunPlan, StagePlan
+from swactor.v1 import common_pb2 as pb
+from swactor.v1 import stage_pb2, stage_pb2_grpc
+
+ChannelFactory = Callable[[StagePlan], grpc.aio.Channel]
+
+_REJECTED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
+
+
+class EndpointFactory(Protocol):
+    async def open(self, plan: RunPlan, report: Report) -> TokenEndpoints: ...
+
+
+def mtls_channels(secret: bytes, orchestrator_node_id: int) -> ChannelFactory:
+    from swactor.worker import control_tls
+
+    def make(stage: StagePlan) -> grpc.aio.Channel:
+        return control_tls.channel(secret, orchestrator_node_id, stage.node.control_endpoint, stage.node_id)
+
+    return make
+
+
+def provision_request(plan: RunPlan, stage: StagePlan, gguf_path: Path) -> stage_pb2.ProvisionStageRequest:
+    """The §12 ProvisionStage message for one stage of the plan."""
+    inbound, outbound = plan.edge(stage.inbound_edge), plan.edge(stage.outbound_edge)
+    last = stage.stage_index == stage.stage_count - 1
+    m = plan.model
+    req = stage_pb2.ProvisionStageRequest(
+        run_id=plan.run_id, node_id=stage.node_id, orchestrator_node_id=plan.orchestrator_node_id,
+        stage_index=stage.stage_index, stage_count=stage.stage_count,
+        gguf_source=stage_pb2.GgufSource(path=str(gguf_path)),
+        layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end_exclusive,
+        inbound=stage_pb2.InboundEdgeProvision(
+            edge_id=inbound.edge_id, kind=inbound.kind, producer_node_id=inbound.producer.node_id,  # type: ignore[arg-type]
+            object_spec=inbound.object_spec, ring_spec=inbound.ring_spec(pb.RING_DIRECTION_INGRESS)),
+        outbound=stage_pb2.OutboundEdgeProvision(
+            edge_id=outbound.edge_id, kind=outbound.kind, consumer_node_id=outbound.consumer.node_id,  # type: ignore[arg-type]
+            object_spec=outbound.object_spec, ring_spec=outbound.ring_spec(pb.RING_DIRECTION_EGRESS)),
+        model=stage_pb2.StageModelFacts(
+            model_id=m.model_id, num_layers=m.num_layers, hidden_dim=m.hidden_dim,
+            dtype_family=m.dtype_family, dtype_width_bytes=m.dtype_width_bytes,  # type: ignore[arg-type]
+            max_seq_len=plan.max_seq_len),
+        runtime=stage_pb2.StageRuntimeFacts(role_id=stage.role_id),
+    )
+    if last:
+        s = plan.sampling
+        req.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=s.temperature, top_k=s.top_k,
+                                                              top_p=s.top_p, seed=s.seed))
+    return req
+
+
+def stage_input(stage: StagePlan, update: stage_pb2.StageUpdate) -> F.Input | None:
+    """One StageUpdate as a run-FSM input."""
+    which = update.WhichOneof("update")
+    if which == "ready":
+        return F.StageReady(stage.stage_index)
+    if which == "fault":
+        f = update.fault
+        detail = f"{f.cause}: {f.detail}" if f.cause and f.detail else f.cause or f.detail
+        return F.StageFault(stage.stage_index, f.reason, f.component or pb.COMPONENT_STAGE_CONTROLLER, detail)
+    if which == "stopped":
+        return F.StageStopped(stage.stage_index)
+    if which == "event":
+        ev = pb.LifecycleEvent()
+        ev.CopyFrom(update.event)
+        ev.node_id = ev.node_id or update.node_id
+        if not ev.HasField("stage_index"):
+            ev.stage_index = stage.stage_index
+        ev.time_us = ev.time_us or update.time_us
+        return F.Relay(ev)
+    return None
+
+
+class UnwiredEndpoints:
+    """Token endpoints are not integrated yet: refuse by name so the run faults at once."""
+
+    async def open(self, plan: RunPlan, report: Report) -> TokenEndpoints:
+        raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
+                         "the orchestrator's ring token endpoints (token-in producer / token-out consumer) "
+                         "are not wired into this build yet")
+
+
+class StageControlFleet:
+    def __init__(self, channels: ChannelFactory, gguf_paths: Callable[[RunPlan], Path],
+                 endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0) -> None:
+        self._channels = channels
+        self._gguf_paths = gguf_paths
+        self._endpoints = endpoints or UnwiredEndpoints()
+        self._timeout = call_timeout_s
+        self._open: dict[tuple[int, int], grpc.aio.Channel] = {}
+        self._watches: set[asyncio.Task[None]] = set()
+        self.log = get_logger()
+
+    def _channel(self, plan: RunPlan, stage: StagePlan) -> grpc.aio.Channel:
+        key = (plan.run_id, stage.stage_index)
+        if key not in self._open:
+            self._open[key] = self._channels(stage)
+        return self._open[key]
+
+    async def provision(self, plan: RunPlan, stage: StagePlan, report: Report) -> None:
+        stub = stage_pb2_grpc.StageControlStub(self._channel(plan, stage))
+        req = provision_request(plan, stage, self._gguf_paths(plan))
+        try:
+            await stub.ProvisionStage(req, timeout=self._timeout)
+        except grpc.aio.AioRpcError as e:
+            reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
+            raise FleetError(reason, f"ProvisionStage on node {stage.node_id} ({stage.node.control_endpoint}): "
+                                     f"{e.code().name}: {e.details()}") from None
+        task = asyncio.create_task(self._watch(plan, stage, stub, report))
+        self._watches.add(task)
+        task.add_done_callback(self._watches.discard)
+
+    async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
+                     report: Report) -> None:
+        try:
+            async for update in stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id)):
+                inp = stage_input(stage, update)
+                if inp is not None:
+                    report(inp)
+                if update.HasField("stopped"):
+                    return
+            report(F.StageFault(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ORCHESTRATOR,
+                                "WatchStage ended before StageStopped"))
+        except grpc.aio.AioRpcError as e:
+            report(F.StageFault(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ORCHESTRATOR,
+                                f"WatchStage on node {stage.node_id} failed: {e.code().name}: {e.details()}"))
+        finally:
+            channel = self._open.pop((plan.run_id, stage.stage_index), None)
+            if channel is not None:
+                await channel.close()
+
+    async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
+        channel = self._open.get((plan.run_id, stage.stage_index))
+        temporary = channel is None  # the watch already ended (node lost): a channel just for StopRun
+        channel = channel or self._channels(stage)
+        try:
+            stub = stage_pb2_grpc.StageControlStub(channel)
+            await stub.StopRun(stage_pb2.StopStageRunRequest(run_id=plan.run_id), timeout=self._timeout)
+        finally:
+            if temporary:
+                await channel.close()
+
+    async def open_endpoints(self, plan: RunPlan, report: Report) -> TokenEndpoints:
+        return await self._endpoints.open(plan, report)
