@@ -4,6 +4,8 @@ while the Python side of a node holds the GIL and blocks its event loop."""
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +27,7 @@ SECRET = b"loopback test secret, 32 bytes.."
 
 
 class Proc:
-    def __init__(self, tmp: Path, name: str, *extra: str) -> None:
+    def __init__(self, tmp: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> None:
         self.socket = tmp / f"{name}.sock"
         secret = tmp / "secret"
         secret.write_bytes(SECRET)
@@ -33,7 +35,7 @@ class Proc:
         argv = [MEMBERSHIP_BIN, "--socket", str(self.socket), "--state-dir", str(tmp / name),
                 "--bind", "127.0.0.1:0", "--secret-file", str(secret), "--no-gpu-autodetect", *extra]
         with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
         self.channel = grpc.insecure_channel(f"unix:{self.socket}")
         self.stub = pb_grpc.MembershipStub(self.channel)
         wait_until(lambda: self.proc.poll() is None and self.socket.is_socket() and self.get_self(), 20,
@@ -168,3 +170,32 @@ def test_config_file_unknown_key_is_refused(tmp_path: Path) -> None:
     done = subprocess.run([MEMBERSHIP_BIN, "--config", str(cfg)], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "probe_intervall_s" in done.stderr
 
+
+
+def test_systemd_readiness_and_member_counts_in_status(tmp_path: Path) -> None:
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify_path = tmp_path / "notify.sock"
+    notify.bind(str(notify_path))
+    notify.settimeout(10)
+    a = Proc(tmp_path, "a", env={"NOTIFY_SOCKET": str(notify_path)})
+    b = None
+    try:
+        first = notify.recv(4096).decode()
+        assert "READY=1" in first and "STATUS=members: 1 alive" in first
+        assert a.socket.is_socket()  # readiness comes after the gRPC socket is bound
+        b = Proc(tmp_path, "b", "--seed", a.addr)
+        while "STATUS=members: 2 alive" not in (msg := notify.recv(4096).decode()):
+            pass
+        b.close()  # graceful: a should count one left member
+        while "1 left" not in (msg := notify.recv(4096).decode()):
+            pass
+        assert msg == "STATUS=members: 1 alive, 0 suspect, 0 dead, 1 left"
+        a.proc.terminate()
+        assert a.proc.wait(timeout=10) == 0
+        while "STOPPING=1" not in notify.recv(4096).decode():
+            pass
+    finally:
+        if b is not None:
+            b.close()
+        a.close()
+        notify.close()
