@@ -132,3 +132,4 @@ class BytesSource:
         if self.fail:
             raise SinkFailed("DeviceCopyFailed", "fake read failure")
         dest[:] = self.payload[offset:offset + len(dest)]
+

@@ -159,6 +159,8 @@ class StageNode:
         if req.orchestrator_node_id != caller_orchestrator:
             raise ProvisionError("PERMISSION_DENIED", f"orchestrator_node_id {req.orchestrator_node_id} is not the "
                                                       f"caller ({caller_orchestrator})")
+        if req.node_id != self.node_id:
+            raise ProvisionError("PERMISSION_DENIED", f"plan is addressed to node {req.node_id}, this is node {self.node_id}")
         if req.run_id in self.runs:
             raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
         if self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED:

@@ -1,0 +1,65 @@
+"""ProvisionStage validation: every inconsistency is refused with the field named (§12, §39)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from swactor.v1 import common_pb2, stage_pb2
+from swactor.worker.plan import PlanRejected, build_plan
+
+from .plans import provision
+
+
+def ok() -> stage_pb2.ProvisionStageRequest:
+    return provision(node_id=5, orchestrator=1)
+
+
+def test_valid_plans() -> None:
+    p = build_plan(ok(), node_id=5, role_id=3)
+    assert p.outbound_kind == common_pb2.EDGE_KIND_TOKEN_OUT and p.out_row_bytes == 4 and p.in_row_bytes == 576 * 4
+    assert p.role_config["layer_start"] == 15 and p.role_config["sampling"]["temperature"] == 0.0
+    first = build_plan(provision(node_id=5, orchestrator=1, stage_index=0, layers=(0, 15)), node_id=5, role_id=3)
+    assert first.in_row_bytes == 4 and first.role_config["sampling"] == {}
+
+
+def mutate(fn: Callable[[stage_pb2.ProvisionStageRequest], None]) -> stage_pb2.ProvisionStageRequest:
+    r = ok()
+    fn(r)
+    return r
+
+
+@pytest.mark.parametrize(("fn", "field"), [
+    (lambda r: setattr(r, "run_id", 0), "run_id"),
+    (lambda r: setattr(r, "node_id", 6), "node_id"),
+    (lambda r: setattr(r, "stage_index", 2), "stage_index"),
+    (lambda r: setattr(r, "layer_end_exclusive", 31), "layer_start/layer_end_exclusive"),
+    (lambda r: setattr(r, "layer_start", 0), "layer_start"),
+    (lambda r: setattr(r, "layer_end_exclusive", 29), "layer_end_exclusive"),
+    (lambda r: setattr(r.gguf_source, "path", "relative.gguf"), "gguf_source.path"),
+    (lambda r: setattr(r.gguf_source, "sha256", "XYZ"), "gguf_source.sha256"),
+    (lambda r: setattr(r.outbound, "edge_id", r.inbound.edge_id), "inbound/outbound.edge_id"),
+    (lambda r: setattr(r.inbound, "kind", common_pb2.EDGE_KIND_TOKEN_IN), "inbound.kind"),
+    (lambda r: setattr(r.outbound, "kind", common_pb2.EDGE_KIND_ACTIVATION), "outbound.kind"),
+    (lambda r: setattr(r.outbound, "consumer_node_id", 0), "outbound.consumer_node_id"),
+    (lambda r: setattr(r.inbound.object_spec, "row_elements", 575), "inbound.object_spec"),
+    (lambda r: setattr(r.inbound.object_spec, "max_extent", 10 ** 9), "inbound.object_spec.max_extent"),
+    (lambda r: setattr(r.outbound.object_spec, "dtype_width_bytes", 8), "outbound.object_spec"),
+    (lambda r: setattr(r.inbound.ring_spec, "direction", common_pb2.RING_DIRECTION_EGRESS),
+     "inbound.ring_spec.direction"),
+    (lambda r: setattr(r.outbound.ring_spec, "data_capacity", 0), "outbound.ring_spec.data_capacity"),
+    (lambda r: setattr(r.runtime.sampling, "top_p", 2.0), "runtime.sampling"),
+    (lambda r: setattr(r.model, "dtype_width_bytes", 2), "model.dtype"),
+])
+def test_rejections_name_the_field(fn: Callable[[stage_pb2.ProvisionStageRequest], None], field: str) -> None:
+    with pytest.raises(PlanRejected) as info:
+        build_plan(mutate(fn), node_id=5, role_id=3)
+    assert info.value.field == field
+
+
+def test_only_last_stage_samples() -> None:
+    r = provision(node_id=5, orchestrator=1, stage_index=0, layers=(0, 15))
+    r.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=1.0))
+    with pytest.raises(PlanRejected, match="runtime.sampling"):
+        build_plan(r, node_id=5, role_id=3)
