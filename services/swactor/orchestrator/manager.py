@@ -4,6 +4,7 @@ and the membership view. One active run at a time (spec §43 defers concurrent r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -151,11 +152,9 @@ class Orchestrator:
         handle = self._runs.get(run_id)
         if handle is not None and not handle.done.is_set():
             handle.report(F.OperatorStop(detail or "operator stop"))
-            # Wait briefly so the reply carries the recorded outcome (teardown may continue).
-            for _ in range(100):
-                if handle.record.outcome != opb.RUN_OUTCOME_UNSPECIFIED:
-                    break
-                await asyncio.sleep(0.01)
+            # The reply carries the recorded outcome; teardown continues after it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(handle.outcome_recorded.wait(), 5.0)
             return self._known(run_id)
         return run
 

@@ -47,6 +47,7 @@ class RunHandle:
         self._provisioning: dict[int, asyncio.Task[None]] = {}
         self.log = get_logger(run_id=fsm.run_id)
         self.done = asyncio.Event()
+        self.outcome_recorded = asyncio.Event()
 
     @property
     def run_id(self) -> int:
@@ -144,6 +145,7 @@ class RunHandle:
             r.reason = fsm.reason
             r.detail = fsm.detail
             r.outcome_us = wall_us()
+            self.outcome_recorded.set()
         if fsm.plan is not None and not r.placement:
             for s in fsm.plan.stages:
                 r.placement.add(stage_index=s.stage_index, node_id=s.node_id, layer_start=s.layer_start,
