@@ -7,7 +7,10 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
 from swactor.edge import preamble
+from swactor.edge.driver import EdgeError
 from swactor.v1 import common_pb2
 from tests.edge.fakering import FakeRing, wait_fd
 from tests.edge.inproc import next_event, start_nodes, stop_nodes
@@ -158,5 +161,112 @@ def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
             await next_event(b, "pump_stopped", 3)
         finally:
             await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_keepalive_holds_a_quiet_connection_open(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path, idle_timeout=0.6, keepalive_interval=0.15)
+        try:
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            rx = b.rings.add(FakeRing(21, 64 << 10))
+            await b.driver.establish_recv(1, 21, None)
+            await a.driver.establish_send(1, b.node_id, 11, None)
+            await next_event(a, "ready", 1)
+            tx.write(b"first")
+            await asyncio.sleep(2.0)  # > 3 idle timeouts without payload
+            tx.write(b"second")
+            for _ in range(100):
+                if rx.avail() == 11:
+                    break
+                await asyncio.sleep(0.01)
+            assert rx.read(100) == b"firstsecond"
+            assert len([c for c in a.driver.endpoint.connections if not c.closed]) == 1
+            assert a.watcher.queue.empty() or all(
+                e is not None and e.WhichOneof("event") != "fault" for e in list(a.watcher.queue._queue)  # type: ignore[attr-defined]
+            )
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path, send_queue_limit=512 << 10, stream_window=4 << 20)
+        try:
+            tx = a.rings.add(FakeRing(11, 256 << 10))
+            rx = b.rings.add(FakeRing(21, 128 << 10))
+            await b.driver.establish_recv(1, 21, None)
+            await a.driver.establish_send(1, b.node_id, 11, None)
+            await next_event(a, "ready", 1)
+            data = os.urandom(16 << 20)
+            producer = asyncio.ensure_future(_produce(tx, data))
+            await asyncio.sleep(1.5)  # nobody consumes rx
+            send = a.driver.edges[1].send_pump
+            recv = b.driver.edges[1].recv_pump
+            assert send is not None and recv is not None and send.conn is not None
+            assert rx.free() == 0 and tx.free() == 0  # both rings full: the producer is blocked
+            assert not producer.done()
+            queued = send.conn.quic.queued_bytes(send.stream_id)  # type: ignore[arg-type]
+            assert queued <= 512 << 10
+            announced, received = recv.conn.quic.stream_credit(recv.stream_id)
+            # credit never ran ahead of the ring: everything the peer may send fits in what was free
+            assert announced - recv.delivered <= 128 << 10
+            assert received <= announced
+            assert sum(len(c) for c in recv._pending) <= 128 << 10
+            assert recv.state.value == "Backpressured"
+            h = hashlib.sha256()
+            await asyncio.wait_for(asyncio.gather(producer, _consume(rx, len(data), h)), 60)
+            assert h.hexdigest() == hashlib.sha256(data).hexdigest()
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_stop_edge_send_side_closes_stream_and_recv_side_faults_sender(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            for e in (1, 2):
+                a.rings.add(FakeRing(10 + e, 64 << 10)).write(b"x" * 100)
+                b.rings.add(FakeRing(20 + e, 64 << 10))
+                await b.driver.establish_recv(e, 20 + e, None)
+                await a.driver.establish_send(e, b.node_id, 10 + e, None)
+            for _ in range(200):
+                if all(b.rings.rings[20 + e].avail() == 100 for e in (1, 2)):
+                    break
+                await asyncio.sleep(0.01)
+            assert a.driver.stop_edge(1)
+            assert (await next_event(a, "pump_stopped", 1)).pump_stopped.ring_id == 11
+            assert a.rings.rings[11].released
+            await next_event(b, "closed", 1)
+            assert b.driver.stop_edge(2)
+            ev = await next_event(a, "fault", 2)
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_STREAM_RESET
+            assert not a.driver.stop_edge(99)
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_unknown_peer_faults_edge_unreachable(tmp_path: Path) -> None:
+    async def main() -> None:
+        (a,) = await start_nodes(tmp_path, n=1)
+        try:
+            a.rings.add(FakeRing(11, 64 << 10))
+            await a.driver.establish_send(1, 424242, 11, None)
+            ev = await next_event(a, "fault", 1)
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_PEER_UNREACHABLE
+            assert "424242" in ev.fault.detail
+            with pytest.raises(EdgeError, match="already established"):
+                await a.driver.establish_send(1, 424242, 11, None)
+            with pytest.raises(EdgeError, match="cannot open"):
+                await a.driver.establish_recv(2, 999, None)
+        finally:
+            await stop_nodes([a])
 
     asyncio.run(main())

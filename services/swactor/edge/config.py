@@ -32,7 +32,7 @@ class EdgeConfig:
     # QUIC payload bytes per datagram; 0 = what the path allows (route MTU minus IP/UDP headers).
     max_datagram_size: int = 0
     # Upper bound for the automatic size (aioquic's cost is per packet; see docs/edge.md).
-    max_datagram_size_auto_cap: int = 16384
+    max_datagram_size_auto_cap: int = 65507
     # Receive credit one edge stream may hold beyond what its ring has absorbed (bytes).
     stream_window: int = 4 << 20
     # Credit of a stream whose edge is not established here yet (before rendezvous).

@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arena-fd-socket", type=Path)
     p.add_argument("--wake-socket", type=Path)
     p.add_argument("--max-datagram-size", type=int, help="QUIC payload bytes per datagram (0 = path MTU)")
+    p.add_argument("--profile-out", type=Path, help="run under cProfile and write the stats here at exit")
     p.add_argument("--init-identity", action="store_true", help="create the node's edge key and certificate, then exit")
     return p.parse_args(argv)
 
@@ -155,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
                 loop.add_signal_handler(sig, stop.set)
             return await serve(cfg, stop)
 
-        return asyncio.run(run())
+        if args.profile_out is None:
+            return asyncio.run(run())
+        import cProfile
+
+        profiler = cProfile.Profile()
+        try:
+            return profiler.runcall(asyncio.run, run())
+        finally:
+            profiler.dump_stats(str(args.profile_out))
     except (ConfigError, IdentityError, ValueError, OSError) as e:
         print(f"swactor-edge: {e}", file=sys.stderr)
         return 2

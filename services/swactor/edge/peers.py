@@ -157,9 +157,13 @@ class MembershipPeerDirectory:
 
         self._channel = grpc.aio.insecure_channel(unix_target(self._socket))
         stub = membership_pb2_grpc.MembershipStub(self._channel)
+        # SetLocalState needs a state: keep the one membership has (the edge only adds its material).
+        me = (await stub.GetSelf(membership_pb2.GetSelfRequest(), timeout=10)).self.metadata
+        state = me.state or membership_pb2.NODE_STATE_BOOTING
         await stub.SetLocalState(
             membership_pb2.SetLocalStateRequest(
-                state=membership_pb2.NODE_STATE_UNSPECIFIED,
+                state=state,
+                reason=me.state_reason if state == membership_pb2.NODE_STATE_FAULTED else "",
                 edge_endpoint=self_endpoint,
                 edge_cert_fingerprint=self_fingerprint,
             ),

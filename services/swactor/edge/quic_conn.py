@@ -11,6 +11,10 @@ This touches aioquic 1.7.2 private API (pinned by tests/edge/test_quic_conn.py):
   and the number of concurrent peer streams is capped by MAX_STREAMS_UNI.
 * `send_stream_data` buffers without limit; `queued_bytes` exposes the unsent + unacknowledged
   bytes of a stream so a send-pump keeps it under `send_queue_limit`.
+* aioquic writes one STREAM frame per stream per packet with a 2-byte length (<= 16383 bytes),
+  so a datagram above ~16 KiB carries a corrupt frame. `_write_stream_frame` here caps each
+  frame at MAX_FRAME_DATA and writes as many frames as the packet holds, so large datagrams
+  (loopback, jumbo frames) work and per-packet costs are paid once per datagram.
 * Both sides present a certificate (the server asks for one via the TLS context's
   `_request_client_certificate`) and each pins the peer's certificate with `pin(cert)`, which
   raises a TLS alert for a non-member: the handshake then fails with a CRYPTO_ERROR on both ends.
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aioquic import tls
-from aioquic.buffer import Buffer
+from aioquic.buffer import Buffer, size_uint_var
 from aioquic.quic.configuration import QuicConfiguration
 from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
@@ -34,6 +38,9 @@ from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 from cryptography import x509
+
+# aioquic encodes a STREAM frame's length as a 2-byte varint.
+MAX_FRAME_DATA = 16383
 
 # Returns the peer's node id or raises tls.AlertBadCertificate.
 PinFn = Callable[[x509.Certificate], int]
@@ -147,6 +154,44 @@ class EdgeQuicConnection(QuicConnection):
                 )
                 buf.push_uint_var(limit.value)
                 limit.sent = limit.value
+
+    # ---- sending ----
+
+    def _write_stream_frame(
+        self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream, max_offset: int
+    ) -> int:
+        """aioquic's frame writer, with frames capped at MAX_FRAME_DATA and repeated while the
+        packet has room. `max_offset` is absolute (stream and connection credit), so it holds
+        for every frame of the loop. Returns the new highest offset minus the old (credit used)."""
+        sender = stream.sender
+        start_highest = sender.highest_offset
+        while True:
+            overhead = 3 + size_uint_var(stream.stream_id) + (size_uint_var(sender.next_offset) if sender.next_offset else 0)
+            room = builder.remaining_flight_space - overhead
+            if room <= 0:
+                break
+            frame = sender.get_frame(min(room, MAX_FRAME_DATA), max_offset)
+            if frame is None:
+                break
+            frame_type = QuicFrameType.STREAM_BASE | 2  # with length
+            if frame.offset:
+                frame_type |= 4
+            if frame.fin:
+                frame_type |= 1
+            buf = builder.start_frame(
+                frame_type,
+                capacity=overhead,
+                handler=sender.on_data_delivery,
+                handler_args=(frame.offset, frame.offset + len(frame.data), frame.fin),
+            )
+            buf.push_uint_var(stream.stream_id)
+            if frame.offset:
+                buf.push_uint_var(frame.offset)
+            buf.push_uint16(len(frame.data) | 0x4000)
+            buf.push_bytes(frame.data)
+            if frame.fin or not frame.data:
+                break
+        return sender.highest_offset - start_highest
 
     # ---- bounded sending ----
 
