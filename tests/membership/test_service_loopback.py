@@ -199,3 +199,19 @@ def test_systemd_readiness_and_member_counts_in_status(tmp_path: Path) -> None:
             b.close()
         a.close()
         notify.close()
+
+
+def test_gossip_address_in_use_exits_2_naming_it(tmp_path: Path) -> None:
+    a = Proc(tmp_path, "a")
+    try:
+        secret = tmp_path / "secret"
+        done = subprocess.run(
+            [MEMBERSHIP_BIN, "--socket", str(tmp_path / "x.sock"), "--state-dir", str(tmp_path / "x"),
+             "--secret-file", str(secret), "--bind", a.addr, "--no-gpu-autodetect"],
+            capture_output=True, text=True, timeout=30,
+        )
+        assert done.returncode == 2
+        assert f"cannot bind the gossip socket {a.addr}" in done.stderr and "Traceback" not in done.stderr
+        assert a.proc.poll() is None
+    finally:
+        a.close()

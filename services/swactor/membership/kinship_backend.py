@@ -22,6 +22,7 @@ from swactor.membership.swim import (
     SwimEventKind,
     SwimMember,
     SwimSettings,
+    SwimStartError,
 )
 
 _LIVENESS = {
@@ -84,7 +85,12 @@ class KinshipBackend:
         self._cluster = kinship.Cluster(self._cfg)
 
     async def start(self) -> None:
-        await self._cluster.start()
+        try:
+            await self._cluster.start()
+        except OSError as e:
+            raise SwimStartError(f"cannot bind the gossip socket {self._cfg.bind}: {e.strerror or e}") from None
+        except kinship.KinshipError as e:  # e.g. no seed name resolved within resolve_timeout
+            raise SwimStartError(f"gossip engine did not start: {e}") from None
 
     async def join(self, seeds: list[str]) -> int:
         try:

@@ -28,7 +28,7 @@ from swactor.membership.metadata import MetadataError, check_endpoint, check_fin
 from swactor.membership.node import MembershipNode, NodeTimings
 from swactor.membership.secret import SecretError, gossip_key, read_secret
 from swactor.membership.service import SERVICE_NAME, MembershipServicer
-from swactor.membership.swim import SwimSettings
+from swactor.membership.swim import SwimSettings, SwimStartError
 from swactor.membership.view import Counts
 from swactor.v1 import membership_pb2 as pb
 from swactor.v1 import membership_pb2_grpc as pb_grpc
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("membership", node_id=node_id)
     try:
         return asyncio.run(serve(cfg, node_id))
-    except (ConfigError, SecretError, MetadataError, ValueError, OSError) as e:
+    except (ConfigError, SecretError, MetadataError, SwimStartError, ValueError, OSError) as e:
         get_logger(component="membership").error("membership_failed", reason=type(e).__name__, detail=str(e))
         print(f"swactor-membership: error: {e}", file=sys.stderr)
         return EXIT_USAGE

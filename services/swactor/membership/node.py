@@ -205,18 +205,28 @@ class MembershipNode:
         self._publish(events)
 
     async def _join_loop(self) -> None:
+        """While no live peer is known, push-pull with the seeds every join_retry_interval_s.
+        Logs the first failure, every 30th, and the success, not every attempt."""
         if not self._seeds:
             return
-        attempt = 0
+        failures = 0
         while True:
             await self._alone.wait()
-            attempt += 1
             try:
                 answered = await self._backend.join(self._seeds)
-                self._log.info("membership_join", seeds=self._seeds, answered=answered, attempt=attempt)
             except JoinFailed as e:
-                self._log.info("membership_join_retry", seeds=self._seeds, attempt=attempt, reason="no_seed_answered",
-                         detail=str(e))
+                answered, detail = 0, str(e)
+            else:
+                detail = "only this node answered" if answered == 0 else ""
+            if answered:
+                self._log.info("membership_join", seeds=self._seeds, answered=answered, attempts=failures + 1)
+                failures = 0
+            else:
+                if failures % 30 == 0:
+                    self._log.info("membership_join_retry", seeds=self._seeds, attempt=failures + 1,
+                                   reason="no_seed_answered", detail=detail,
+                                   retry_s=self._timings.join_retry_interval_s)
+                failures += 1
             self._update_alone()
             await asyncio.sleep(self._timings.join_retry_interval_s)
             self._update_alone()

@@ -80,6 +80,10 @@ class SwimCounters:
     local_health: int = 0
 
 
+class SwimStartError(RuntimeError):
+    """The engine could not start (gossip address in use, seeds unresolvable); names the cause."""
+
+
 class JoinFailed(Exception):
     """No seed answered a join attempt."""
 
