@@ -1,0 +1,138 @@
+"""Token endpoints' ring halves over real ring-rs rings in a memfd arena: token-in objects as a
+stage reads them, token-out objects reported as TokenReceived, backpressure, and faults by name."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.fleet import FleetError
+from swactor.orchestrator.planner import token_spec
+from swactor.v1 import common_pb2 as pb
+
+sr = pytest.importorskip("swactor_ring")
+token_rings = pytest.importorskip("swactor.orchestrator.token_rings")
+ringport = pytest.importorskip("swactor.worker.ringport")
+wire = pytest.importorskip("swactor.worker.wire")
+pytestmark = pytest.mark.timeout(30)
+
+
+class Rings:
+    def __init__(self) -> None:
+        self.fd = sr.Arena.create_memfd("token-rings-test", 1 << 20)
+        self.arena = sr.Arena.from_fd(self.fd, 1 << 20)
+        self.next_offset = 0
+
+    def pair(self, capacity: int, ring_id: int):
+        native = sr.RingLayout.for_range(ring_id, self.next_offset, capacity, 64)
+        self.next_offset += 256 << 10
+        sr.init_ring(self.arena, native)
+        layout = wire.Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
+                             native.data_offset, native.data_capacity, native.alignment)
+        prod = ringport.open_producer(self.arena, layout)
+        cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.h.readable_fd,
+                                      writable_fd=prod.h.writable_fd)
+        return prod, cons
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@pytest.fixture
+def rings():
+    r = Rings()
+    yield r
+    r.close()
+
+
+def read_object(cons) -> tuple[int, list[int]]:
+    """What stage 0 sees: one §17 header, then int32 ids."""
+    raw = cons.h.read(sr.OBJECT_HEADER_LEN)
+    header = sr.ObjectHeader.parse(raw, 2**64 - 1, 1)
+    payload = b""
+    while len(payload) < header.extent:
+        payload += cons.h.read(header.extent - len(payload))
+    return header.sequence, np.frombuffer(payload, dtype="<i4").tolist()
+
+
+def test_token_in_objects_carry_the_prompt_then_single_tokens(rings: Rings) -> None:
+    prod, cons = rings.pair(64 << 10, 1)
+    writer = token_rings.TokenWriter(prod, token_spec(4096), edge_id=5)
+    prompt = [1, 9690, 198, 2683, 359, 253]
+
+    async def main():
+        await writer.write(0, prompt)
+        await writer.write(1, [42])
+        with pytest.raises(FleetError) as err:
+            await writer.write(5, [43])  # strictly consecutive: 2 was expected
+        return err.value
+
+    err = asyncio.run(main())
+    assert read_object(cons) == (0, prompt)
+    assert read_object(cons) == (1, [42])
+    assert err.reason == pb.RUN_FAULT_OBJECT_FAILED and "expects 2" in err.detail
+
+
+def test_backpressure_on_a_small_ring_delivers_every_byte(rings: Rings) -> None:
+    prod, cons = rings.pair(128, 2)
+    writer = token_rings.TokenWriter(prod, token_spec(4096))
+    prompt = list(range(3000))  # 12 KB through a 128-byte ring
+
+    async def drain():
+        got = bytearray()
+        want = sr.OBJECT_HEADER_LEN + 4 * len(prompt)
+        while len(got) < want:
+            if cons.arm_wait() is not None:
+                await asyncio.sleep(0.001)  # the test's slow consumer
+                cons.ack()
+            got += cons.h.read(want - len(got))
+        return bytes(got)
+
+    async def main():
+        reader = asyncio.create_task(drain())
+        await asyncio.wait_for(writer.write(0, prompt), 10)
+        return await reader
+
+    raw = asyncio.run(main())
+    header = sr.ObjectHeader.parse(raw[:sr.OBJECT_HEADER_LEN], 2**64 - 1, 1)
+    assert header.extent == 4 * len(prompt)
+    assert np.frombuffer(raw[sr.OBJECT_HEADER_LEN:], dtype="<i4").tolist() == prompt
+
+
+def test_token_out_objects_become_token_received_until_close(rings: Rings) -> None:
+    prod, cons = rings.pair(64 << 10, 3)
+    stage_side = token_rings.TokenWriter(prod, token_spec(1))  # what the last stage writes
+    reader = token_rings.TokenReader(cons, token_spec(1), edge_id=6)
+    got: list[F.Input] = []
+
+    async def main():
+        run = asyncio.create_task(reader.run(got.append))
+        for seq, tid in enumerate([100, 101, 2]):
+            await stage_side.write(seq, [tid])
+            await asyncio.sleep(0.01)  # the reader sleeps on its eventfd in between
+        prod.h.close()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(main())
+    assert got == [F.TokenReceived(0, 100), F.TokenReceived(1, 101), F.TokenReceived(2, 2)]
+
+
+@pytest.mark.parametrize(("raw", "reason", "needle"), [
+    (b"\x00" * 40, pb.RUN_FAULT_OBJECT_FAILED, "token-out object None: ObjectFailure."),
+    (bytes(sr.ObjectHeader(7, 0, 8, 0).encode()) + bytes(8), pb.RUN_FAULT_OBJECT_FAILED, "ExtentExceedsMax"),
+    (bytes(sr.ObjectHeader(7, 3, 4, 0).encode()) + bytes(4), pb.RUN_FAULT_SEQUENCE_VIOLATION, "expected 0"),
+    (bytes(sr.ObjectHeader(7, 0, 4, 0).encode()) + bytes(2), pb.RUN_FAULT_OBJECT_FAILED, "EofMidObject"),
+])
+def test_bad_token_out_objects_fault_by_name(rings: Rings, raw: bytes, reason: int, needle: str) -> None:
+    prod, cons = rings.pair(64 << 10, 4)
+    reader = token_rings.TokenReader(cons, token_spec(1))
+    got: list[F.Input] = []
+    assert prod.h.write(raw) == len(raw)
+    prod.h.close()
+    asyncio.run(asyncio.wait_for(reader.run(got.append), 5))
+    assert len(got) == 1 and isinstance(got[0], F.EndpointFault)
+    assert got[0].reason == reason and needle in got[0].detail, got[0].detail
