@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from swactor.membership.client import MembershipClient
 from swactor.membership.config import MembershipConfig
 from swactor.membership.kinship_backend import KinshipBackend
 from swactor.membership.main import swim_settings
@@ -215,3 +216,24 @@ def test_gossip_address_in_use_exits_2_naming_it(tmp_path: Path) -> None:
         assert a.proc.poll() is None
     finally:
         a.close()
+
+
+def test_client_sets_available_and_the_peer_sees_it(pair: tuple[Proc, Proc]) -> None:
+    a, b = pair
+
+    async def body() -> None:
+        async with MembershipClient(a.socket) as client:
+            me = await client.set_local_state(pb.NODE_STATE_AVAILABLE, control_endpoint="127.0.0.1:7001")
+            assert me.is_self and me.metadata.state == pb.NODE_STATE_AVAILABLE
+            assert (await client.get_self()).self.metadata.control_endpoint == "127.0.0.1:7001"
+            assert len(await client.list_members(include_departed=True)) >= 1
+
+    asyncio.run(body())
+    node_id = a.get_self().self.metadata.node_id
+
+    def b_sees_available() -> bool:
+        members = b.stub.ListMembers(pb.ListMembersRequest(), timeout=2).members
+        return any(m.metadata.node_id == node_id and m.metadata.state == pb.NODE_STATE_AVAILABLE
+                   and m.metadata.control_endpoint == "127.0.0.1:7001" for m in members)
+
+    wait_until(b_sees_available, 10, "the peer to see AVAILABLE")

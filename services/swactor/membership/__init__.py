@@ -11,4 +11,5 @@ Files, one concern each:
   service.py   the gRPC servicer (GetSelf, ListMembers, WatchMembers, SetLocalState)
   node.py      MembershipNode: engine + view + join retries + watchers, the asyncio glue
   main.py      CLI entry point `swactor-membership`
+  client.py    MembershipClient, the asyncio client other local services use
 """

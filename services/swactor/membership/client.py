@@ -1,0 +1,61 @@
+"""A small asyncio client of the local membership service, for the other local services.
+
+    async with MembershipClient() as m:                  # /run/swactor/membership.sock
+        await m.set_local_state(pb.NODE_STATE_AVAILABLE, edge_endpoint="10.0.0.5:4433")
+        members = await m.list_members()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from swactor.common.grpcio import unix_target
+from swactor.membership.config import DEFAULT_SOCKET
+from swactor.v1 import membership_pb2 as pb
+from swactor.v1 import membership_pb2_grpc as pb_grpc
+
+
+class MembershipClient:
+    def __init__(self, socket: Path = DEFAULT_SOCKET, *, timeout_s: float = 5.0) -> None:
+        self._channel = grpc.aio.insecure_channel(unix_target(socket))
+        self._stub = pb_grpc.MembershipStub(self._channel)
+        self._timeout = timeout_s
+
+    async def __aenter__(self) -> MembershipClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def get_self(self) -> pb.GetSelfResponse:
+        return await self._stub.GetSelf(pb.GetSelfRequest(), timeout=self._timeout)
+
+    async def list_members(self, include_departed: bool = False) -> list[pb.Member]:
+        reply = await self._stub.ListMembers(
+            pb.ListMembersRequest(include_departed=include_departed), timeout=self._timeout
+        )
+        return list(reply.members)
+
+    async def set_local_state(
+        self,
+        state: pb.NodeState.ValueType,
+        reason: str = "",
+        *,
+        edge_endpoint: str | None = None,
+        edge_cert_fingerprint: str | None = None,
+        control_endpoint: str | None = None,
+    ) -> pb.Member:
+        """Gossip this node's state (AVAILABLE once arena, worker and transport are ready, §8)."""
+        request = pb.SetLocalStateRequest(
+            state=state, reason=reason, edge_endpoint=edge_endpoint,
+            edge_cert_fingerprint=edge_cert_fingerprint, control_endpoint=control_endpoint,
+        )
+        return (await self._stub.SetLocalState(request, timeout=self._timeout)).self
