@@ -3,8 +3,9 @@
 See docs/ring.md for the ABI, cursor invariants, wake protocol and span rule.
 """
 
-from collections.abc import Buffer
 from typing import ClassVar, final
+
+from typing_extensions import Buffer
 
 __version__: str
 HEADER_LEN: int  # 256: ring header bytes, padding included
@@ -117,7 +118,7 @@ class RingStatus:
     def readable(self) -> int: ...
 
 @final
-class Span(Buffer):
+class Span:
     """Zero-copy contiguous window into ring data (buffer protocol).
 
     Producer spans are writable, consumer spans read-only. A span is valid until
@@ -155,7 +156,12 @@ class Producer:
     """The single producer of a ring. Eventfd args are dup'ed; None creates fresh eventfds."""
 
     def __init__(
-        self, arena: Arena, layout: RingLayout, *, readable_fd: int | None = None, writable_fd: int | None = None
+        self,
+        arena: Arena,
+        layout: RingLayout,
+        *,
+        readable_fd: int | None = None,
+        writable_fd: int | None = None,
     ) -> None: ...
     def free(self) -> int: ...
     def writable_span(self, max_len: int | None = None) -> Span: ...
@@ -191,7 +197,12 @@ class Consumer:
     """The single consumer of a ring. Eventfd args are dup'ed; None creates fresh eventfds."""
 
     def __init__(
-        self, arena: Arena, layout: RingLayout, *, readable_fd: int | None = None, writable_fd: int | None = None
+        self,
+        arena: Arena,
+        layout: RingLayout,
+        *,
+        readable_fd: int | None = None,
+        writable_fd: int | None = None,
     ) -> None: ...
     def readable(self) -> int: ...
     def readable_span(self, max_len: int | None = None) -> Span: ...

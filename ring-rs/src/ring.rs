@@ -161,8 +161,9 @@ impl Ring {
         let consume = h.consume.load(Ordering::Acquire);
         let commit = h.commit.load(Ordering::Acquire);
         if distance(consume, commit, capacity).is_none() {
+            let field = if commit < consume { "consume" } else { "commit" };
             return Err(RingError::state(
-                "commit",
+                field,
                 format!("commit {commit} is not within consume {consume} + capacity {capacity}"),
             ));
         }
@@ -353,10 +354,14 @@ impl RingShared {
         if self.ready(side, cursor)? {
             return Ok(true);
         }
+        #[cfg(test)]
+        race::hit(race::Point::BeforeArm);
         let (bit, _) = self.bit_and_fd(side);
         let wake = &self.ring.header().wake;
         wake.fetch_or(bit, Ordering::SeqCst);
         fence(Ordering::SeqCst);
+        #[cfg(test)]
+        race::hit(race::Point::BeforeRecheck);
         if self.ready(side, cursor)? {
             wake.fetch_and(!bit, Ordering::SeqCst);
             return Ok(true);
@@ -679,5 +684,131 @@ impl Consumer {
     /// Block until bytes are readable or the ring is not open.
     pub fn wait(&self, deadline: Option<Instant>) -> Result<WaitOutcome, RingError> {
         self.shared.wait(Side::Consumer, self.consume, deadline)
+    }
+}
+
+/// Deterministic interleavings of the wake protocol: a test installs a
+/// closure that runs at a chosen point inside `arm`, playing the peer.
+#[cfg(test)]
+mod race {
+    use std::cell::RefCell;
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    pub enum Point {
+        BeforeArm,
+        BeforeRecheck,
+    }
+
+    type Hook = (Point, Box<dyn FnOnce()>);
+
+    thread_local! {
+        static HOOK: RefCell<Option<Hook>> = const { RefCell::new(None) };
+    }
+
+    pub fn install(point: Point, f: impl FnOnce() + 'static) {
+        HOOK.with(|h| *h.borrow_mut() = Some((point, Box::new(f))));
+    }
+
+    pub fn hit(point: Point) {
+        let hook = HOOK.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.as_ref().is_some_and(|(p, _)| *p == point) {
+                h.take()
+            } else {
+                None
+            }
+        });
+        if let Some((_, f)) = hook {
+            f();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::race::{Point, install};
+    use super::*;
+    use std::cell::RefCell;
+    use std::os::fd::AsFd;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    fn pair() -> (Rc<RefCell<Producer>>, Consumer) {
+        let fd = Arena::create_memfd("race", 1 << 16).unwrap();
+        let arena = Arc::new(Arena::map(fd.as_fd(), 1 << 16).unwrap());
+        let layout = RingLayout::for_range(1, 0, 64, 64).unwrap();
+        Ring::init(arena.clone(), &layout).unwrap();
+        let shared = Arc::new(RingShared::new(
+            Ring::open(arena, &layout).unwrap(),
+            EventFd::new().unwrap(),
+            EventFd::new().unwrap(),
+        ));
+        (
+            Rc::new(RefCell::new(Producer::new(shared.clone()))),
+            Consumer::new(shared),
+        )
+    }
+
+    fn soon() -> Option<Instant> {
+        Some(Instant::now() + Duration::from_millis(200))
+    }
+
+    /// The peer publishes after the waiter's first check but before its bit
+    /// is set: the publisher sees no bit and sends no hint, so only the
+    /// waiter's re-check after arming prevents sleeping on a readable ring.
+    #[test]
+    fn publish_between_check_and_arm_is_not_lost() {
+        let (p, mut c) = pair();
+        let peer = p.clone();
+        install(Point::BeforeArm, move || {
+            assert_eq!(peer.borrow_mut().write(b"x").unwrap(), 1);
+        });
+        assert!(
+            c.arm().unwrap(),
+            "waiter must see the byte published before it armed"
+        );
+        assert_eq!(c.shared().ring().status().wake, 0);
+        assert_eq!(c.wait(soon()).unwrap(), WaitOutcome::Ready);
+        assert_eq!(c.read_into(&mut [0; 4]).unwrap(), 1);
+    }
+
+    /// The peer publishes after the bit is set: it must signal (the waiter's
+    /// re-check also sees the byte); the stale hint then only causes one
+    /// spurious, harmless wakeup.
+    #[test]
+    fn publish_after_arm_signals_and_stale_hint_is_harmless() {
+        let (p, mut c) = pair();
+        let peer = p.clone();
+        install(Point::BeforeRecheck, move || {
+            assert_eq!(peer.borrow_mut().write(b"y").unwrap(), 1);
+        });
+        assert!(c.arm().unwrap());
+        assert!(
+            c.shared().readable_fd().drain(),
+            "publisher saw the bit and signalled"
+        );
+        assert_eq!(c.read_into(&mut [0; 4]).unwrap(), 1);
+        c.shared().readable_fd().signal(); // a stale hint left over
+        assert_eq!(
+            c.wait(Some(Instant::now() + Duration::from_millis(30))).unwrap(),
+            WaitOutcome::TimedOut
+        );
+    }
+
+    /// Same race on the producer side: the consumer frees space between the
+    /// producer's full check and its arming.
+    #[test]
+    fn free_between_check_and_arm_is_not_lost() {
+        let (p, c) = pair();
+        assert_eq!(p.borrow_mut().write(&[7; 64]).unwrap(), 64);
+        install(Point::BeforeArm, move || {
+            let mut c = c;
+            assert_eq!(c.read_into(&mut [0; 8]).unwrap(), 8);
+        });
+        assert!(
+            p.borrow().arm().unwrap(),
+            "producer must see the space freed before it armed"
+        );
+        assert_eq!(p.borrow().wait(soon()).unwrap(), WaitOutcome::Ready);
     }
 }

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
 import swactor_ring as sr
 
 _spec = importlib.util.spec_from_file_location("ringproc", Path(__file__).with_name("ringproc.py"))

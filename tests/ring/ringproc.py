@@ -59,7 +59,7 @@ def send_ring(
     fds = [arena_fd]
     for _, rfd, wfd in rings:
         fds += [rfd, wfd]
-    meta = {"arena_size": arena_size, "layouts": [layout_dict(l) for l, _, _ in rings], "params": params}
+    meta = {"arena_size": arena_size, "layouts": [layout_dict(lay) for lay, _, _ in rings], "params": params}
     socket.send_fds(sock, [json.dumps(meta).encode()], fds)
 
 

@@ -1,4 +1,4 @@
-"""Two real processes share one memfd arena passed with SCM_RIGHTS (spec §19–22)."""
+"""Two real processes share one memfd arena passed with SCM_RIGHTS (spec §19-22)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import zlib
 from types import ModuleType
 
 import pytest
+
 import swactor_ring as sr
 
 STREAM_BYTES = 1 << 30  # 1 GiB through a 64 KiB ring: > 16k wraparounds
@@ -29,7 +30,10 @@ def test_one_gib_stream_through_small_ring_checksums_match(
     seed = 20261129
     proc, sock = ringproc.spawn("stream-consumer")
     ringproc.send_ring(
-        sock, fd, size, [(layout, producer.readable_fd, producer.writable_fd)],
+        sock,
+        fd,
+        size,
+        [(layout, producer.readable_fd, producer.writable_fd)],
         {"seed": seed, "max_chunk": 3 * RING_CAPACITY // 2},
     )
     data = memoryview(ringproc.pattern(PATTERN_LEN, seed))
@@ -75,7 +79,9 @@ def test_100k_one_byte_handoffs_with_sleeping_consumer_never_lose_a_wake(
     count = 100_000
     proc, sock = ringproc.spawn("pingpong")
     ringproc.send_ring(
-        sock, fd, size,
+        sock,
+        fd,
+        size,
         [(fwd_layout, fwd.readable_fd, fwd.writable_fd), (back_layout, back.readable_fd, back.writable_fd)],
         {"count": count},
     )
@@ -104,7 +110,9 @@ def test_single_byte_burst_through_tiny_ring_full_and_empty_races(
     layout, producer = _ring(arena, 20, 0, 64)
     count = 200_000
     proc, sock = ringproc.spawn("bytes-consumer")
-    ringproc.send_ring(sock, fd, size, [(layout, producer.readable_fd, producer.writable_fd)], {"count": count})
+    ringproc.send_ring(
+        sock, fd, size, [(layout, producer.readable_fd, producer.writable_fd)], {"count": count}
+    )
     buf = bytearray(1)
     slept = 0
     for i in range(count):
