@@ -23,7 +23,7 @@ from swactor.orchestrator.tokenizer import StreamDecoder, Tokenizer  # noqa: E40
 from swactor.v1 import common_pb2 as pb  # noqa: E402
 from swactor.v1 import orchestrator_pb2 as opb  # noqa: E402
 from tests.orchestrator.fakes import FakeFleet  # noqa: E402
-from tests.orchestrator.harness import serving  # noqa: E402
+from tests.orchestrator.harness import registry, serving  # noqa: E402
 from tests.orchestrator.helpers import MODEL_PATH, model_facts, pool  # noqa: E402
 
 # Mixed prose and code: every Python source of the orchestrator, about 150 KB.
@@ -97,6 +97,7 @@ async def _e2e(tokens: int) -> tuple[float, int]:
 
 
 def bench_end_to_end(tokens: int = 1000) -> None:
+    registry().get("")  # model facts + tokenizer loaded before timing
     dt, n = asyncio.run(_e2e(tokens))
     print(f"whole run through gRPC, fake fleet: {n} tokens in {dt:.2f} s = {n / dt:,.0f} tok/s "
           f"({dt / n * 1e3:.2f} ms orchestrator overhead per decode step incl. store, watch stream)")
