@@ -1,0 +1,17 @@
+"""gpu-worker compute core: GGUF layer-range loading and the tinygrad llama stage forward (spec §15-17, §33)."""
+from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, ModelRefused, load_stage
+from .model import StageModel
+from .quant import UnsupportedQuant
+from .sampling import Sampler, SamplingPolicy
+
+__all__ = [
+           "GGUFModel",
+           "LlamaParams",
+           "LoadProgress",
+           "ModelRefused",
+           "Sampler",
+           "SamplingPolicy",
+           "StageModel",
+           "UnsupportedQuant",
+           "load_stage",
+]

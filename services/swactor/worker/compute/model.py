@@ -1,0 +1,198 @@
+"""Llama forward for one contiguous layer range, in tinygrad (spec §10, §16).
+
+step(rows, start_pos) runs rows at positions start_pos.. through the stage's layers:
+  first stage in: int32 token ids [T]; other stages in: float32 activations [T, dim]
+  last stage out: int32 [1], the token sampled from the last row; other stages out: float32 [T, dim]
+Decode (T=1) and prefill chunks (T=chunk, zero padded) each run as one TinyJit graph; start_pos is a bound
+Variable, the KV cache is preallocated to max_seq_len (+ one chunk of padding room), weights never change.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from tinygrad import Device, Tensor, TinyJit, UOp
+
+from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
+from .linear import N_TENSORS, Weight, apply, upload
+from .quant import dequantize
+from .sampling import Sampler, SamplingPolicy
+
+
+@dataclass(frozen=True)
+class StageTimings:
+  load_s: float      # GGUF parse + read/dequantize of the range
+  upload_s: float    # host -> device copies
+
+
+def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
+
+
+def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int) -> Tensor:
+  """x [T, heads, hd]; llama.cpp non-NeoX rotation of adjacent pairs (x[2i], x[2i+1]) over the first rope_dim dims."""
+  T, H, hd = x.shape
+  r = x[..., :rope_dim].reshape(T, H, rope_dim // 2, 2)
+  a, b = r[..., 0], r[..., 1]
+  y = Tensor.stack(a * cos - b * sin, a * sin + b * cos, dim=-1).reshape(T, H, rope_dim)
+  return y if rope_dim == hd else y.cat(x[..., rope_dim:], dim=-1)
+
+
+MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+class Layer:
+  """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds."""
+  def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str):
+    mats = [upload(w[k], device) for k in MATS]
+    self.kinds = tuple(k for k, _ in mats)
+    norms = [Tensor(np.asarray(w[k], np.float32), device=device).realize() for k in ("attn_norm", "ffn_norm")]
+    cache = [Tensor.zeros(p.n_kv_heads, cache_len, p.head_dim, device=device).contiguous().realize() for _ in range(2)]
+    self.tensors: list[Tensor] = norms + cache + [t for _, ts in mats for t in ts]
+
+
+def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor, ts: list[Tensor]) -> Tensor:
+  T = x.shape[0]
+  attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
+  q_, k_, v_, o_, gate_, up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])]) for kind in kinds)
+  h = rms_norm(x, attn_norm, p.norm_eps)
+  q = rope(q_(h).reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
+  k = rope(k_(h).reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
+  v = v_(h).reshape(T, p.n_kv_heads, p.head_dim)
+  cache_k[:, sp:sp + T, :].assign(k.transpose(0, 1))
+  cache_v[:, sp:sp + T, :].assign(v.transpose(0, 1))
+  keys, vals = cache_k[:, 0:sp + T, :], cache_v[:, 0:sp + T, :]  # [KV, L, hd]
+  g = p.n_heads // p.n_kv_heads
+  qg = q.reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
+  s = qg @ keys.unsqueeze(1).transpose(-1, -2) * (1.0 / math.sqrt(p.head_dim))  # [KV, g, T, L]
+  if T > 1:
+    s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
+  a = (s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim)
+  x = x + o_(a)
+  h = rms_norm(x, ffn_norm, p.norm_eps)
+  return (x + down_(gate_(h).silu() * up_(h))).contiguous()
+
+
+class StageModel:
+  """Compute for layers [layer_start, layer_end) of a llama GGUF; weights stay loaded across runs (reset())."""
+
+  def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
+               device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
+               quantized: bool = True, on_progress: Callable[[LoadProgress], None] | None = None):
+    t0 = time.perf_counter()
+    m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
+    p = self.params = m.params
+    if max_seq_len < 1 or prefill_chunk < 1:
+      raise ValueError(f"max_seq_len and prefill_chunk must be >= 1, got {max_seq_len}, {prefill_chunk}")
+    keep = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1}) if quantized else frozenset()
+    w = load_stage(m, layer_start, layer_end, keep=keep, on_progress=on_progress)
+    t1 = time.perf_counter()
+    self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
+    self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
+    self.is_first, self.is_last = w.is_first, w.is_last
+    self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device) for L in w.layers]
+    self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
+    self.head: tuple[Tensor, Weight] | None = None
+    if w.output is not None and w.output_norm is not None:
+      self.head = (Tensor(w.output_norm, device=self.device).realize(), upload(w.output, self.device))
+    half = p.rope_dim // 2
+    freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
+    if w.rope_freqs is not None:
+      freqs = freqs / w.rope_freqs[:half].astype(np.float64)
+    ang = (np.arange(max_seq_len + prefill_chunk, dtype=np.float64) / p.rope_scaling.factor)[:, None] * freqs[None, :]
+    self.cos = Tensor(np.cos(ang).astype(np.float32)[:, None, :], device=self.device).realize()
+    self.sin = Tensor(np.sin(ang).astype(np.float32)[:, None, :], device=self.device).realize()
+    self.v_sp, self.v_row = UOp.variable("start_pos", 0, max_seq_len), UOp.variable("row", 0, prefill_chunk - 1)
+    # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
+    # graphs keeps a layer's input buffer distinct from the output buffer it writes
+    self._layer_jits: dict[tuple[int, tuple[str, ...], int], TinyJit] = {}
+    self._head_jits: dict[int, TinyJit] = {}
+    self.timings = StageTimings(t1 - t0, time.perf_counter() - t1)
+    self.sampler = Sampler(sampling or SamplingPolicy())
+    self.reset()
+
+  @property
+  def hidden_dim(self) -> int: return self.params.dim
+
+  def reset(self, sampling: SamplingPolicy | None = None) -> None:
+    """Start a new run with the loaded weights: positions restart at 0, the sampler is re-seeded."""
+    self.next_pos, self.sampler = 0, Sampler(sampling if sampling is not None else self.sampler.policy)
+
+  def _layer_jit(self, width: int, kinds: tuple[str, ...], parity: int) -> TinyJit:
+    key = (width, kinds, parity)
+    if key not in self._layer_jits:
+      def f(x: Tensor, sp: UOp, ts: list[Tensor]) -> Tensor:
+        return layer_forward(self.params, kinds, x, sp, self.cos[sp:sp + width], self.sin[sp:sp + width], ts)
+      self._layer_jits[key] = TinyJit(f)
+    return self._layer_jits[key]
+
+  def _head_jit(self, width: int) -> TinyJit:
+    if width not in self._head_jits:
+      assert self.head is not None
+      norm, (kind, ts) = self.head
+      self._head_jits[width] = TinyJit(lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps)).reshape(-1))
+    return self._head_jits[width]
+
+  def _embed(self, ids: np.ndarray) -> np.ndarray:
+    assert self.embd is not None
+    if isinstance(self.embd, RawTensor):
+      return dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
+    return self.embd[ids]
+
+  def _check(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+    x = np.asarray(inputs)
+    if self.is_first:
+      if x.ndim != 1 or x.dtype.kind not in "iu":
+        raise ValueError(f"first stage takes int token ids [T], got {x.dtype} {x.shape}")
+      if x.size and (x.min() < 0 or x.max() >= self.params.vocab_size):
+        raise ValueError(f"token id out of range [0, {self.params.vocab_size})")
+    elif x.ndim != 2 or x.shape[1] != self.params.dim or x.dtype != np.float32:
+      raise ValueError(f"stage takes float32 activations [T, {self.params.dim}], got {x.dtype} {x.shape}")
+    if x.shape[0] < 1:
+      raise ValueError("step needs at least one row")
+    if start_pos != self.next_pos:
+      raise ValueError(f"start_pos {start_pos} != expected {self.next_pos} (call reset() for a new run)")
+    if start_pos + x.shape[0] > self.max_seq_len:
+      raise ValueError(f"positions up to {start_pos + x.shape[0]} exceed max_seq_len {self.max_seq_len}")
+    return x
+
+  def _rows(self, rows: np.ndarray, start_pos: int) -> Tensor:
+    """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device."""
+    x = Tensor(np.ascontiguousarray(rows, np.float32), device=self.device).realize()
+    sp = self.v_sp.bind(start_pos)
+    for i, L in enumerate(self.layers):
+      x = self._layer_jit(len(rows), L.kinds, i % 2)(x, sp, L.tensors)
+    return x
+
+  def step_logits(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+    """Like step() but returns the final logits row (float32 [vocab]) instead of a sampled token (last stage only)."""
+    if self.head is None:
+      raise ValueError(f"stage [{self.layer_start}, {self.layer_end}) has no output head (not the last stage)")
+    return self._run(inputs, start_pos)
+
+  def step(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+    y = self._run(inputs, start_pos)
+    return y if self.head is None else np.array([self.sampler(y)], dtype=np.int32)
+
+  def _run(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+    x = self._check(inputs, start_pos)
+    rows = self._embed(x.astype(np.int64)) if self.is_first else x
+    outs, n = [], rows.shape[0]
+    for c0 in range(0, n, self.chunk):
+      part = rows[c0:c0 + self.chunk]
+      t = len(part)
+      width = 1 if t == 1 else self.chunk
+      if t < width:
+        part = np.concatenate([part, np.zeros((width - t, part.shape[1]), np.float32)])
+      y = self._rows(part, start_pos + c0)
+      if self.head is None:
+        outs.append(y.numpy()[:t])
+      elif c0 + self.chunk >= n:
+        outs.append(self._head_jit(width)(y, UOp.variable("row", 0, width - 1).bind(t - 1)).numpy())
+    self.next_pos = start_pos + n
+    return np.concatenate(outs).astype(np.float32, copy=False) if self.head is None else outs[-1]

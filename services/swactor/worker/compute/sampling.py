@@ -1,0 +1,51 @@
+"""Token selection on the last stage's final logits row (spec §10, RuntimePlan.sampling)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingPolicy:
+  temperature: float = 0.0  # 0 -> greedy argmax (ties -> lowest token id)
+  top_k: int = 0            # 0 -> no top-k cut
+  top_p: float = 1.0        # 1 -> no nucleus cut
+  seed: int = 0
+
+  def __post_init__(self) -> None:
+    if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not (0.0 < self.top_p <= 1.0):
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def greedy(self) -> bool: return self.temperature == 0.0
+
+
+class Sampler:
+  """Stateful only through its seeded generator: the same policy and logits sequence give the same tokens."""
+  def __init__(self, policy: SamplingPolicy):
+    self.policy, self.rng = policy, np.random.default_rng(policy.seed)
+
+  def __call__(self, logits: np.ndarray) -> int:
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(x)):
+      raise ValueError("logits contain NaN or inf")
+    p = self.policy
+    if p.greedy:
+      return int(np.argmax(x))  # numpy returns the first (lowest) index of the maximum
+    order = np.argsort(-x, kind="stable")  # descending; ties keep ascending token id
+    if p.top_k:
+      order = order[:p.top_k]
+    z = x[order] / p.temperature
+    probs = np.exp(z - z[0])
+    probs /= probs.sum()
+    if p.top_p < 1.0:
+      keep = int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1  # smallest prefix whose mass reaches top_p
+      probs = probs[:keep] / probs[:keep].sum()
+      order = order[:keep]
+    i = min(int(np.searchsorted(np.cumsum(probs), self.rng.random(), side="right")), len(order) - 1)
+    return int(order[i])

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import itertools
+import pathlib
+
+import numpy as np
+import pytest
+from gguf import GGUFWriter
+
+from swactor.worker.compute.gguf_weights import GGUFModel, LoadProgress, ModelRefused, RawTensor, load_stage
+
+
+def test_default_model_params(gguf_model: GGUFModel) -> None:
+  p = gguf_model.params
+  assert (p.n_layers, p.dim, p.ffn_dim, p.n_heads, p.n_kv_heads, p.head_dim) == (30, 576, 1536, 9, 3, 64)
+  assert (p.rope_base, p.rope_dim, p.rope_scaling.kind, p.vocab_size, p.context_length) == (100000.0, 64, "none", 49152, 8192)
+  assert p.norm_eps == pytest.approx(1e-5) and p.eos_token_id == 2
+
+
+@pytest.mark.parametrize("rng", [(-1, 3), (3, 3), (5, 2), (0, 31)])
+def test_bad_layer_range_refused(gguf_model: GGUFModel, rng: tuple[int, int]) -> None:
+  with pytest.raises(ModelRefused) as e:
+    load_stage(gguf_model, *rng)
+  assert e.value.reason == "InvalidLayerRange" and str(rng[0]) in str(e.value)
+
+
+def test_middle_stage_loads_only_its_range(gguf_model: GGUFModel) -> None:
+  seen: list[LoadProgress] = []
+  w = load_stage(gguf_model, 10, 13, on_progress=seen.append)
+  assert len(w.layers) == 3 and w.token_embd is None and w.output is None and not w.is_first and not w.is_last
+  assert [s.layers_loaded for s in seen] == [1, 2, 3, 3] and all(s.layers_total == 3 for s in seen)
+  assert seen[-1].bytes_loaded == seen[-1].bytes_total > 0
+  assert all(a.bytes_loaded < b.bytes_loaded for a, b in itertools.pairwise(seen[:3]))
+  assert w.layers[0]["attn_q"].shape == (576, 576) and w.layers[0]["ffn_down"].dtype == np.float32
+
+
+def test_first_and_last_stage_tensors(gguf_model: GGUFModel, model_path: str) -> None:
+  first, last = load_stage(gguf_model, 0, 1), load_stage(model_path, 29, 30, keep=frozenset(), on_progress=None)
+  assert first.token_embd is not None and first.output is None
+  assert last.token_embd is None and last.output is not None and last.output.shape == (49152, 576) and last.output_norm is not None
+  np.testing.assert_array_equal(last.output, gguf_model.tensor("token_embd.weight").dequantize())  # tied head
+
+
+def test_keep_leaves_blocks_as_memmap_views(gguf_model: GGUFModel) -> None:
+  from gguf import GGMLQuantizationType as QT
+  w = load_stage(gguf_model, 0, 1, keep=frozenset({QT.Q4_1}))
+  q = w.layers[0]["attn_q"]
+  assert isinstance(q, RawTensor) and isinstance(q.data.base, np.memmap | np.ndarray) and q.data.shape == (576, 360)
+
+
+def _tiny_gguf(path: pathlib.Path, arch: str) -> str:
+  wr = GGUFWriter(str(path), arch)
+  wr.add_block_count(1)
+  wr.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+  wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
+  return str(path)
+
+
+def test_non_llama_refused(tmp_path: pathlib.Path) -> None:
+  with pytest.raises(ModelRefused) as e:
+    GGUFModel(_tiny_gguf(tmp_path / "g.gguf", "gpt2"))
+  assert e.value.reason == "UnsupportedArchitecture" and "gpt2" in str(e.value)
+
+
+def test_llama_missing_metadata_refused(tmp_path: pathlib.Path) -> None:
+  with pytest.raises(ModelRefused) as e:
+    GGUFModel(_tiny_gguf(tmp_path / "l.gguf", "llama"))
+  assert e.value.reason == "MissingMetadata"
+
+
+def test_garbage_file_refused(tmp_path: pathlib.Path) -> None:
+  (bad := tmp_path / "bad.gguf").write_bytes(b"not a gguf at all" * 10)
+  with pytest.raises(ModelRefused) as e:
+    GGUFModel(bad)
+  assert e.value.reason == "MalformedGGUF"

@@ -1,0 +1,52 @@
+"""Reference dequantisers vs the gguf package's own, on synthetic blocks and on the real model's tensors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.quants import dequantize as gguf_dequantize
+
+from swactor.worker.compute.gguf_weights import GGUFModel
+from swactor.worker.compute.quant import BLOCK, UnsupportedQuant, dequantize
+
+F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208]}
+
+
+def synthetic(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+  if qt in (QT.F32, QT.F16):
+    return rng.normal(size=(rows, cols)).astype(np.float32 if qt == QT.F32 else np.float16).view(np.uint8)
+  if qt == QT.BF16:
+    return (rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+  n, nb = BLOCK[qt]
+  b = rng.integers(0, 256, size=(rows, cols // n, nb), dtype=np.uint8)
+  for p in F16_FIELDS[qt]:  # random bytes would make NaN/inf scales; use finite ones
+    b[:, :, p:p + 2] = rng.normal(size=(rows, cols // n, 1)).astype(np.float16).view(np.uint8)
+  return b.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("qt", list(BLOCK), ids=lambda q: q.name)
+def test_synthetic_blocks_match_gguf(qt: QT) -> None:
+  raw = synthetic(qt, 5, 512, np.random.default_rng(int(qt)))
+  ours = dequantize(raw, qt, 512)
+  assert ours.dtype == np.float32 and ours.shape == (5, 512)
+  np.testing.assert_array_equal(ours, gguf_dequantize(raw, qt).astype(np.float32))
+
+
+def test_real_tensors_match_gguf(gguf_model: GGUFModel) -> None:
+  m = gguf_model
+  for name in ("token_embd.weight", "blk.3.attn_q.weight", "blk.3.ffn_down.weight", "blk.3.attn_norm.weight"):
+    t = m.tensor(name)
+    rows = t.data[:64]
+    np.testing.assert_array_equal(dequantize(rows, t.qtype, t.shape[-1], name), gguf_dequantize(np.asarray(rows), t.qtype).reshape(len(rows), -1))
+  assert {m.tensor("token_embd.weight").qtype, m.tensor("blk.0.attn_q.weight").qtype, m.tensor("output_norm.weight").qtype} == {QT.Q8_0, QT.Q4_1, QT.F32}
+
+
+def test_unsupported_type_names_type_and_tensor() -> None:
+  with pytest.raises(UnsupportedQuant) as e:
+    dequantize(np.zeros((1, 22), np.uint8), QT.Q5_0, 32, "blk.7.ffn_up.weight")
+  assert "Q5_0" in str(e.value) and "blk.7.ffn_up.weight" in str(e.value) and e.value.reason == "UnsupportedQuantType"
+
+
+def test_row_not_multiple_of_block() -> None:
+  with pytest.raises(ValueError, match="multiple"):
+    dequantize(np.zeros((1, 34), np.uint8), QT.Q8_0, 33, "x")
