@@ -30,8 +30,9 @@ impl RingFaultReason {
 pub enum ErrorKind {
     /// Header or layout validation failed; carries the spec fault reason.
     Fault(RingFaultReason),
-    /// The operation needs an open ring (or, for consumers, a non-faulted one).
-    NotOpen,
+    /// The operation needs an open ring (or, for consumers, a non-faulted
+    /// one); carries the state found.
+    NotOpen(crate::abi::RingState),
     /// A caller argument is out of range (e.g. advancing past the span).
     Usage,
     /// A wake syscall (poll/eventfd) failed.
@@ -77,10 +78,10 @@ impl RingError {
             message: format!("{field}: {err}"),
         }
     }
-    pub(crate) fn not_open(message: String) -> Self {
+    pub(crate) fn not_open(state: crate::abi::RingState, message: String) -> Self {
         Self {
             field: "state",
-            kind: ErrorKind::NotOpen,
+            kind: ErrorKind::NotOpen(state),
             message,
         }
     }

@@ -451,20 +451,19 @@ impl RingShared {
 fn require_open(shared: &RingShared) -> Result<(), RingError> {
     match shared.ring.state()? {
         RingState::Open => Ok(()),
-        s => Err(RingError::not_open(format!(
-            "ring {} is {}",
-            shared.ring.ring_id,
-            s.name()
-        ))),
+        s => Err(RingError::not_open(
+            s,
+            format!("ring {} is {}", shared.ring.ring_id, s.name()),
+        )),
     }
 }
 
 fn require_not_faulted(shared: &RingShared) -> Result<(), RingError> {
     match shared.ring.state()? {
-        RingState::Faulted => Err(RingError::not_open(format!(
-            "ring {} is faulted",
-            shared.ring.ring_id
-        ))),
+        RingState::Faulted => Err(RingError::not_open(
+            RingState::Faulted,
+            format!("ring {} is faulted", shared.ring.ring_id),
+        )),
         _ => Ok(()),
     }
 }

@@ -55,6 +55,11 @@ impl EventFd {
         Ok(Self(owned))
     }
 
+    /// Give up ownership of the fd (the caller must close it).
+    pub fn into_raw_fd(self) -> RawFd {
+        std::os::fd::IntoRawFd::into_raw_fd(self.0)
+    }
+
     /// Raw fd number, for SCM_RIGHTS or `loop.add_reader`.
     pub fn raw(&self) -> RawFd {
         self.0.as_raw_fd()

@@ -180,7 +180,10 @@ fn close_and_fault_semantics() {
     let (mut p, mut c) = pair(&a, &layout);
     p.write(b"tail").unwrap();
     assert_eq!(p.shared().close().unwrap(), RingState::Closed);
-    assert_eq!(p.write(b"x").unwrap_err().kind, ErrorKind::NotOpen);
+    assert_eq!(
+        p.write(b"x").unwrap_err().kind,
+        ErrorKind::NotOpen(RingState::Closed)
+    );
     // consumer drains a closed ring, then sees EOF; waits return at once
     assert_eq!(c.wait(None).unwrap(), WaitOutcome::Ready);
     let mut buf = [0u8; 8];
@@ -192,7 +195,10 @@ fn close_and_fault_semantics() {
         RingState::Faulted,
         "faulted stays faulted"
     );
-    assert_eq!(c.read_into(&mut buf).unwrap_err().kind, ErrorKind::NotOpen);
+    assert_eq!(
+        c.read_into(&mut buf).unwrap_err().kind,
+        ErrorKind::NotOpen(RingState::Faulted)
+    );
 }
 
 #[test]

@@ -209,7 +209,7 @@ def test_arena_and_eventfd_inputs_are_checked(arena_fd: tuple[int, int], arena: 
     closed = sr.eventfd()
     os.close(closed)
     with pytest.raises(OSError):
-        sr.Producer(arena, sr.RingLayout.for_range(1, 0, 4096, 64), writable_fd=closed)
+        sr.Producer(arena, sr.RingLayout.for_range(1, 0, 4096, 64), readable_fd=closed, writable_fd=closed)
     with pytest.raises(ValueError):
         sr.Arena.create_memfd("bad\0name", 4096)
 

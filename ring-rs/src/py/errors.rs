@@ -39,12 +39,8 @@ fn with_attrs(py: Python<'_>, err: PyErr, attrs: &[(&str, Option<&str>)]) -> PyE
 pub fn ring_err(py: Python<'_>, e: CoreRingError) -> PyErr {
     match e.kind {
         ErrorKind::Io(_) => PyOSError::new_err(e.to_string()),
-        ErrorKind::NotOpen => {
-            let state = if e.message.ends_with("faulted") {
-                "faulted"
-            } else {
-                "closed"
-            };
+        ErrorKind::NotOpen(state) => {
+            let state = state.name();
             with_attrs(
                 py,
                 RingClosedError::new_err(e.to_string()),

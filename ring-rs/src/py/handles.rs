@@ -361,8 +361,7 @@ pub fn open_ring(py: Python<'_>, arena: &PyArena, layout: &PyRingLayout) -> PyRe
 /// A new non-blocking, close-on-exec eventfd; the caller owns the fd.
 #[pyfunction]
 pub fn eventfd() -> PyResult<i32> {
-    let fd = EventFd::new().map_err(io_err)?;
-    Ok(rustix::io::dup(&fd).map_err(|e| io_err(e.into()))?.into_raw_fd())
+    Ok(EventFd::new().map_err(io_err)?.into_raw_fd())
 }
 
 /// Epoch and live export count of the spans one handle has issued.
