@@ -61,5 +61,5 @@ def test_rejections_name_the_field(fn: Callable[[stage_pb2.ProvisionStageRequest
 def test_only_last_stage_samples() -> None:
     r = provision(node_id=5, orchestrator=1, stage_index=0, layers=(0, 15))
     r.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=1.0))
-    with pytest.raises(PlanRejected, match="runtime.sampling"):
+    with pytest.raises(PlanRejected, match=r"runtime\.sampling"):
         build_plan(r, node_id=5, role_id=3)
