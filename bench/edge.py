@@ -144,6 +144,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2000)
     p.add_argument("--profile", action="store_true", help="run both drivers under cProfile and print the top")
     p.add_argument("--max-datagram-size", type=int, default=0)
+    p.add_argument("--uvloop", action="store_true", help="run both drivers on uvloop")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="edgebench"))
     hosts = [EdgeHost(f"h{i}", root / f"h{i}", port=7460 + i) for i in range(2)]
@@ -151,7 +152,7 @@ def main() -> int:
         h.root.mkdir()
         h.init_identity()
     write_peers(root / "peers.toml", hosts)
-    extra = ["--max-datagram-size", str(args.max_datagram_size)]
+    extra = ["--max-datagram-size", str(args.max_datagram_size), *(["--uvloop"] if args.uvloop else [])]
     try:
         for h in hosts:
             h.start_arena()

@@ -13,6 +13,7 @@ import os
 import queue
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -61,6 +62,8 @@ class EdgeHost:
     channel: grpc.Channel | None = None
     stub: edge_pb2_grpc.EdgeDriverStub | None = None
     logs: list[IO[Any]] = field(default_factory=list)
+    notify: socket.socket | None = None
+    _notified: list[str] = field(default_factory=list)
 
     @property
     def state_dir(self) -> Path:
@@ -86,12 +89,24 @@ class EdgeHost:
         doc = json.loads(out.stdout)
         self.node_id, self.fingerprint = doc["node_id"], doc["fingerprint"]
 
-    def _spawn(self, argv: list[str], log_name: str) -> subprocess.Popen[Any]:
+    def _spawn(self, argv: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
         log = (self.root / log_name).open("w")
         self.logs.append(log)
         if self.netns is not None:
-            return self.netns.spawn(argv, stdout=log, stderr=subprocess.STDOUT)  # type: ignore[no-any-return]
-        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            return self.netns.spawn(argv, stdout=log, stderr=subprocess.STDOUT, env=env)  # type: ignore[no-any-return]
+        return subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **(env or {})}
+        )
+
+    def notify_messages(self) -> list[str]:
+        """sd_notify datagrams the driver sent so far (its NOTIFY_SOCKET is ours, read by a thread
+        as systemd would: an unread notify socket fills up and blocks the sender)."""
+        return list(self._notified)
+
+    def _read_notify(self, sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                self._notified.append(sock.recv(4096).decode())
 
     def start_arena(self, ceiling: int = 1 << 30) -> None:
         self.arena_proc = self._spawn(
@@ -111,6 +126,10 @@ class EdgeHost:
             stale.unlink(missing_ok=True)
         if self.channel is not None:
             self.channel.close()
+        if self.notify is None:
+            self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.notify.bind(str(self.root / "notify.sock"))
+            threading.Thread(target=self._read_notify, args=(self.notify,), daemon=True).start()
         self.edge_proc = self._spawn(
             [
                 str(BIN / "swactor-edge"), "--state-dir", str(self.state_dir), "--socket", str(self.edge_socket),
@@ -119,6 +138,7 @@ class EdgeHost:
                 "--wake-socket", str(self.wake_socket), *extra,
             ],
             "edge.log",
+            env={"NOTIFY_SOCKET": str(self.root / "notify.sock")},
         )
         _wait_for(self.edge_socket, self.edge_proc, f"{self.name} edge driver")
         self.channel = grpc.insecure_channel(f"unix:{self.edge_socket}")
@@ -180,6 +200,8 @@ class EdgeHost:
                     proc.wait(5)
         for log in self.logs:
             log.close()
+        if self.notify is not None:
+            self.notify.close()
 
 
 def write_peers(path: Path, hosts: list[EdgeHost]) -> None:

@@ -90,6 +90,14 @@ class Reader(threading.Thread):
                 self.cons.ack_wake()
 
 
+def test_ready_and_status_reach_systemd(netns_pair: Pair) -> None:
+    _, hosts, _ = netns_pair
+    for h in hosts:
+        msgs = h.notify_messages()
+        assert any(m.startswith("READY=1") for m in msgs), msgs
+        assert f"endpoint {h.endpoint}" in msgs[0] and "connections" in msgs[0]
+
+
 def test_256mib_of_object_records_cross_intact(netns_pair: Pair) -> None:
     _, (a, b), _ = netns_pair
     tap = EventTap(b.stub)  # type: ignore[arg-type]
@@ -204,27 +212,30 @@ def test_client_without_member_certificate_is_refused(netns_pair: Pair) -> None:
     assert refused and refused[-1]["reason"] == "STREAM_FAULT_PEER_NOT_AUTHORIZED"
 
 
-def test_peer_sigkilled_mid_object_faults_survivor(netns_pair: Pair) -> None:
+@pytest.mark.parametrize("victim", ["receiver", "sender"])
+def test_peer_sigkilled_mid_object_faults_survivor(netns_pair: Pair, victim: str) -> None:
     _, (a, b), peers = netns_pair
-    tap = EventTap(a.stub)  # type: ignore[arg-type]
-    prod, cons = _edge(a, b, 3, 1 << 20)
+    edge_id = 3 if victim == "receiver" else 5
+    dead, survivor = (b, a) if victim == "receiver" else (a, b)
+    tap = EventTap(survivor.stub)  # type: ignore[arg-type]
+    prod, cons = _edge(a, b, edge_id, 1 << 20)
     size = 4 << 20
     prod.write(sr.ObjectHeader(object_id=1, sequence=0, extent=size).encode())
-    prod.write(b"z" * (512 << 10))  # half an object... then the receiving host's driver dies
+    prod.write(b"z" * (512 << 10))  # half an object... then one host's driver dies
     deadline = time.monotonic() + 10
     while cons.readable() < 512 << 10 and time.monotonic() < deadline:
         time.sleep(0.01)
-    b.kill_edge()
+    dead.kill_edge()
     t0 = time.monotonic()
-    ev = tap.wait("fault", 3, timeout=10)
+    ev = tap.wait("fault", edge_id, timeout=10)
     detected = time.monotonic() - t0
     assert ev.fault.reason == common_pb2.STREAM_FAULT_CONNECTION_LOST
-    print(f"StreamFault {detected:.2f} s after SIGKILL")
+    print(f"{victim} killed: StreamFault on the survivor {detected:.2f} s later")
     assert detected < 5.0, f"fault after {detected:.1f} s"
-    assert a.stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=3)).known  # type: ignore[union-attr]
-    tap.wait("pump_stopped", 3)
+    assert survivor.stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id)).known  # type: ignore[union-attr]
+    tap.wait("pump_stopped", edge_id)
     tap.close()
-    b.start_edge(peers)  # later tests need the driver back
+    dead.start_edge(peers)  # later tests need the driver back
 
 
 def test_everything_arrives_with_20ms_one_way_delay(netns_pair: Pair) -> None:

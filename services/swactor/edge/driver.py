@@ -26,6 +26,7 @@ from swactor.v1 import common_pb2, edge_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
 WATCH_QUEUE = 4096
+STATUS_INTERVAL = 1.0
 
 
 class EdgeError(ValueError):
@@ -116,6 +117,8 @@ class Driver:
         self._incoming: dict[tuple[int, int], _Incoming | RecvPump] = {}
         self._blocked: dict[int, set[SendPump]] = {}
         self._expiry: asyncio.TimerHandle | None = None
+        self._status_timer: asyncio.TimerHandle | None = None
+        self._status_sent = ""
         self._loop = asyncio.get_running_loop()
 
     # ---- lifecycle ----
@@ -126,8 +129,9 @@ class Driver:
     async def close(self) -> None:
         for edge_id in list(self.edges):
             self.stop_edge(edge_id)
-        if self._expiry is not None:
-            self._expiry.cancel()
+        for timer in (self._expiry, self._status_timer):
+            if timer is not None:
+                timer.cancel()
         await self.endpoint.close()
         for w in list(self.watchers):
             with contextlib.suppress(asyncio.QueueFull):
@@ -465,4 +469,13 @@ class Driver:
         return f"{conns} connections, {len(self.edges)} edges ({faulted} faulted), {len(self.rendezvous.pending_streams)} parked streams"
 
     def _status(self) -> None:
-        notify_status(self.status_line())
+        """Coalesced STATUS= update: at most one per STATUS_INTERVAL, only when the line changed."""
+        if self._status_timer is None:
+            self._status_timer = self._loop.call_later(STATUS_INTERVAL, self._send_status)
+
+    def _send_status(self) -> None:
+        self._status_timer = None
+        line = self.status_line()
+        if line != self._status_sent:
+            self._status_sent = line
+            notify_status(line)

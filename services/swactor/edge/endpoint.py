@@ -210,6 +210,7 @@ class Endpoint:
         self._dials: dict[int, asyncio.Task[EdgeConnection]] = {}
         self.connections: set[EdgeConnection] = set()
         self.send_errors = 0
+        self.bad_datagrams = 0
         self.on_refused: Callable[[tuple[str, int], str], None] = lambda addr, why: None
 
     # ---- socket ----
@@ -257,9 +258,15 @@ class Endpoint:
                 continue
             addr = addr[:2]
             conn = self._route(data, addr)
-            if conn is not None:
+            if conn is None:
+                continue
+            try:
                 conn.quic.receive_datagram(data, addr, now=now)
-                touched[conn.uid] = conn
+            except Exception as e:  # aioquic rejects bad input itself; this is the last line
+                self.bad_datagrams += 1
+                log.warning("edge.datagram_rejected", peer=f"{addr[0]}:{addr[1]}", detail=repr(e))
+                continue
+            touched[conn.uid] = conn
         for conn in touched.values():
             conn.process_events()
             conn.transmit()

@@ -40,6 +40,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--arena-fd-socket", type=Path)
     p.add_argument("--wake-socket", type=Path)
     p.add_argument("--max-datagram-size", type=int, help="QUIC payload bytes per datagram (0 = path MTU)")
+    p.add_argument("--uvloop", action="store_true", default=None, help="run on uvloop (optional package)")
     p.add_argument("--profile-out", type=Path, help="run under cProfile and write the stats here at exit")
     p.add_argument("--init-identity", action="store_true", help="create the node's edge key and certificate, then exit")
     return p.parse_args(argv)
@@ -59,6 +60,7 @@ def load_config(args: argparse.Namespace) -> EdgeConfig:
         arena_fd_socket=args.arena_fd_socket,
         wake_socket=args.wake_socket,
         max_datagram_size=args.max_datagram_size,
+        use_uvloop=args.uvloop,
     )
     # Paths as the config file would spell them (load_section coerces strings).
     flags = {k: str(v) if isinstance(v, Path) else v for k, v in overrides.items()}
