@@ -245,3 +245,27 @@ def test_eventfds_passed_in_are_duplicated(arena: sr.Arena) -> None:
     assert c.wait_readable(1.0)
     assert c.ack_wake() in (True, False)
     assert c.read(1) == b"x"
+
+
+def test_infinite_wait_is_interruptible_by_a_signal(arena: sr.Arena) -> None:
+    """EINTR returns to Python so signal handlers run (Ctrl-C never hangs in a wait)."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    _, c = pair(arena, 64)
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        t0 = time.monotonic()
+        with pytest.raises(Interrupted):
+            c.wait_readable(None)
+        assert time.monotonic() - t0 < 5
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not c.status().consumer_waiting
