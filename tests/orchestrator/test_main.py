@@ -93,6 +93,9 @@ def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:
     secret.write_bytes(b"a cluster secret of 32 bytes...!")
     fleet = build_fleet(OrchestratorConfig(model_name="m", secret_file=secret), 5, models)
     assert isinstance(fleet, StageControlFleet)
+    from swactor.orchestrator.token_endpoints import RingEndpointFactory
+
+    assert isinstance(fleet._endpoints, RingEndpointFactory)  # token endpoints on the local arena + edge-driver
     secret.write_bytes(b"short")
     with pytest.raises(ValueError, match="at least 16"):
         build_fleet(OrchestratorConfig(model_name="m", secret_file=secret), 5, models)

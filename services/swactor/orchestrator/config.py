@@ -29,6 +29,11 @@ class OrchestratorConfig:
     secret_file: Path | None = None
     # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
     node_model_path: Path | None = None
+    # The local arena-manager and edge-driver the token endpoints use (this host is a node too).
+    arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
+    arena_fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
+    edge_socket: Path = DEFAULT_RUN_DIR / "edge.sock"
+    edge_wake_socket: Path = DEFAULT_RUN_DIR / "edge-wake.sock"
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20

@@ -32,6 +32,7 @@ from swactor.orchestrator.runner import wall_us
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.token_endpoints import RingEndpointFactory
 from swactor.v1 import common_pb2, orchestrator_pb2_grpc
 
 EXIT_USAGE = 2
@@ -66,7 +67,22 @@ def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry) ->
     def gguf_path(plan: RunPlan) -> Path:
         return node_paths[plan.model.model_id].resolve()
 
-    return StageControlFleet(mtls_channels(secret, node_id), gguf_path)
+    return StageControlFleet(mtls_channels(secret, node_id), gguf_path, endpoints=RingEndpointFactory(local_ports(cfg)))
+
+
+def local_ports(cfg: OrchestratorConfig):
+    """Connects (on first use) to this host's arena-manager and edge-driver for the token endpoints."""
+
+    async def connect():
+        from swactor.arena import client as arena_client
+        from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort
+
+        hold = await asyncio.to_thread(arena_client.connect_holder, cfg.arena_fd_socket)
+        client = arena_client.AsyncArenaClient(hold, cfg.arena_socket)
+        driver = EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket)
+        return ArenaClientPort(client, requester="orchestrator"), driver, hold.map()
+
+    return connect
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

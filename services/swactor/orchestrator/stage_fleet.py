@@ -3,7 +3,7 @@
 One mutually-authenticated channel per node (the control CA derives from the cluster secret; see
 swactor.worker.control_tls). After a node accepts ProvisionStage, a watch task relays the stage's
 updates as run-FSM inputs until StageStopped. Token endpoints are delegated to an
-`EndpointFactory` (the ring token-in producer / token-out consumer), a separate integration step.
+`EndpointFactory` (token_endpoints.RingEndpointFactory on a real host).
 """
 
 from __future__ import annotations
@@ -92,13 +92,12 @@ def stage_input(stage: StagePlan, update: stage_pb2.StageUpdate) -> F.Input | No
     return None
 
 
-class UnwiredEndpoints:
-    """Token endpoints are not integrated yet: refuse by name so the run faults at once."""
+class NoEndpoints:
+    """A fleet built without token endpoints (stage control only): refuse by name so a run faults at once."""
 
     async def open(self, plan: RunPlan, report: Report) -> TokenEndpoints:
         raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
-                         "the orchestrator's ring token endpoints (token-in producer / token-out consumer) "
-                         "are not wired into this build yet")
+                         "this fleet has no token endpoints (StageControlFleet built without an EndpointFactory)")
 
 
 class StageControlFleet:
@@ -106,7 +105,7 @@ class StageControlFleet:
                  endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0) -> None:
         self._channels = channels
         self._gguf_paths = gguf_paths
-        self._endpoints = endpoints or UnwiredEndpoints()
+        self._endpoints = endpoints or NoEndpoints()
         self._timeout = call_timeout_s
         self._open: dict[tuple[int, int], grpc.aio.Channel] = {}
         self._watches: set[asyncio.Task[None]] = set()

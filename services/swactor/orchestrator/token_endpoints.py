@@ -1,0 +1,262 @@
+"""The orchestrator's token endpoints on real edges (spec §10, §13 Provisioning, §26, §38).
+
+For one run: the token-in edge (this host produces, stage 0 consumes) and the token-out edge (the
+last stage produces, this host consumes). Each edge goes through the worker's EdgeEstablisher core
+— lease a ring from the local arena-manager, install it, EstablishSend / EstablishRecv on the local
+edge-driver, and on close the §38 order StopPump -> ring quiesced -> release — with this process
+as the ring host: InstallRing opens a ring-rs handle here, UninstallRing closes it.
+`EndpointsReady` is reported once both edges are Ready and share the driver's wake eventfds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from swactor.common.events import get_logger
+from swactor.common.ids import new_id
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.fleet import FleetError, Report
+from swactor.orchestrator.planner import EdgePlan, RunPlan
+from swactor.orchestrator.token_rings import TokenReader, TokenWriter
+from swactor.v1 import common_pb2 as pb
+from swactor.worker import establisher as est
+from swactor.worker import reasons
+from swactor.worker.objects import RingBroken
+from swactor.worker.ports import ArenaPort, Cancelled, DriverPort, Leased, Rejected
+from swactor.worker.ringport import open_consumer, open_producer
+
+TOKEN_IN_PORT, TOKEN_OUT_PORT = 0, 1
+
+
+def _run_fault(name: str) -> int:
+    """An EdgeFailed reason (RunFaultReason in CamelCase) as the enum value."""
+    try:
+        return reasons.proto_value("RunFaultReason", name)
+    except ValueError:
+        return pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
+
+
+class RingTokenEndpoints:
+    """`TokenEndpoints` of one run over two leased rings and the local edge-driver."""
+
+    def __init__(self, plan: RunPlan, report: Report, arena: ArenaPort, driver: DriverPort, arena_map: Any,
+                 *, close_timeout_s: float = 20.0) -> None:
+        self.plan = plan
+        self.report = report
+        self.arena = arena
+        self.driver = driver
+        self.arena_map = arena_map
+        self.close_timeout_s = close_timeout_s
+        self.est = est.EdgeEstablisher()
+        tin, tout = plan.token_in, plan.token_out
+        self.token_in_edge, self.token_out_edge = tin.edge_id, tout.edge_id
+        self._plans: dict[int, EdgePlan] = {tin.edge_id: tin, tout.edge_id: tout}
+        self._provisions = {
+            tin.edge_id: est.EdgeProvision(tin.edge_id, "Egress", tin.consumer.node_id, TOKEN_IN_PORT, tin.object_spec,
+                                           tin.ring_spec(pb.RING_DIRECTION_EGRESS)),
+            tout.edge_id: est.EdgeProvision(tout.edge_id, "Ingress", tout.producer.node_id, TOKEN_OUT_PORT,
+                                            tout.object_spec, tout.ring_spec(pb.RING_DIRECTION_INGRESS)),
+        }
+        self._ends: dict[int, Any] = {}  # ring_id -> ProducerEnd | ConsumerEnd
+        self._edge_ring: dict[int, int] = {}
+        self._ready: set[int] = set()
+        self._woken: set[int] = set()
+        self._stopped: set[int] = set()
+        self._all_stopped = asyncio.Event()
+        self._failed = False
+        self._announced = False
+        self.writer: TokenWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._reader_ring = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._driver_task: asyncio.Task[None] | None = None
+        self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        self._driver_task = asyncio.create_task(self._follow_driver())
+        for provision in self._provisions.values():
+            self._est(est.Provision(provision, new_id()))
+
+    async def inject(self, sequence: int, token_ids) -> None:
+        if self.writer is None:
+            raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, "token-in edge is not ready")
+        await self.writer.write(sequence, list(token_ids))
+
+    async def close(self) -> None:
+        for edge_id in self._provisions:
+            self._est(est.StopEdge(edge_id))
+        try:
+            await asyncio.wait_for(self._all_stopped.wait(), self.close_timeout_s)
+        except TimeoutError:
+            self.log.warning("token_endpoints_close_timeout", pending=sorted(set(self._provisions) - self._stopped))
+        finally:
+            for task in [self._driver_task, self._reader_task, *self._tasks]:
+                if task is not None:
+                    task.cancel()
+
+    # ---- the establisher core and its actions ----
+
+    def _est(self, inp: est.Input) -> None:
+        for action in self.est.handle(inp):
+            self._do(action)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _do(self, a: est.Action) -> None:
+        match a:
+            case est.LeaseRing():
+                self._spawn(self._lease(a))
+            case est.CancelLease(request_id):
+                self._spawn(self.arena.cancel(request_id))
+            case est.InstallRing(edge, layout):
+                self._spawn(self._install(edge, layout))
+            case est.EstablishSend() | est.EstablishRecv():
+                self._spawn(self._establish(a))
+            case est.StopPump(edge_id):
+                self._spawn(self._stop_pump(edge_id))
+            case est.UninstallRing(ring_id, _reason):
+                self._uninstall(ring_id)
+            case est.ReleaseRing(ring_id, never_installed):
+                self._spawn(self._release(ring_id, never_installed))
+            case est.EdgeReady(edge_id, _ring_id):
+                self._ready.add(edge_id)
+                self._maybe_announce()
+            case est.EdgeFailed(edge_id, reason, _component, detail):
+                self._fail(_run_fault(reason), f"{self._name(edge_id)} edge {edge_id}: {reason}: {detail}")
+            case est.EdgeStopped(edge_id):
+                self._stopped.add(edge_id)
+                if self._stopped >= set(self._provisions):
+                    self._all_stopped.set()
+
+    def _name(self, edge_id: int) -> str:
+        return "token-in" if edge_id == self.token_in_edge else "token-out"
+
+    def _fail(self, reason: int, detail: str) -> None:
+        if not self._failed:
+            self._failed = True
+            self.report(F.EndpointFault(reason, detail))
+
+    async def _lease(self, a: est.LeaseRing) -> None:
+        try:
+            out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
+        except Exception as e:
+            self._est(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
+            return
+        match out:
+            case Leased(layout):
+                self._est(est.RingLeased(a.request_id, layout))
+            case Rejected(reason, detail):
+                self._est(est.RingLeaseRejected(a.request_id, reason, detail))
+            case Cancelled():
+                pass
+
+    async def _install(self, edge: est.EdgeProvision, layout: Any) -> None:
+        try:
+            await self.arena.attach_worker(layout.ring_id)
+            opener = open_producer if edge.direction == "Egress" else open_consumer
+            self._ends[layout.ring_id] = opener(self.arena_map, layout)
+        except Exception as e:  # RingBroken carries the RingFaultReason; an attach failure does not
+            reason = e.reason if isinstance(e, RingBroken) else "RingLayoutInvalid"
+            self._est(est.RingFault(layout.ring_id, reason, f"{type(e).__name__}: {e}"))
+            return
+        self._edge_ring[edge.edge_id] = layout.ring_id
+        self._est(est.RingInstalled(layout.ring_id))
+
+    async def _establish(self, a: est.EstablishSend | est.EstablishRecv) -> None:
+        try:
+            if isinstance(a, est.EstablishSend):
+                await self.driver.establish_send(a.edge_id, a.rx_node_id, a.layout)
+            else:
+                await self.driver.establish_recv(a.edge_id, a.layout)
+        except Exception as e:
+            self._est(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
+            return
+        fds = await self.driver.wake_fds(a.layout.ring_id)
+        end = self._ends.get(a.layout.ring_id)
+        if fds is not None:
+            try:
+                if end is not None:
+                    end.reopen(*fds)  # share the pump's eventfds: commits/consumes wake each other
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        self._woken.add(a.edge_id)
+        self._maybe_announce()
+
+    def _maybe_announce(self) -> None:
+        edges = set(self._provisions)
+        if self._announced or self._failed or not (self._ready >= edges and self._woken >= edges):
+            return
+        self._announced = True
+        tin, tout = self._plans[self.token_in_edge], self._plans[self.token_out_edge]
+        self.writer = TokenWriter(self._ends[self._edge_ring[tin.edge_id]], tin.object_spec, edge_id=tin.edge_id)
+        self._reader_ring = self._edge_ring[tout.edge_id]
+        reader = TokenReader(self._ends[self._reader_ring], tout.object_spec, edge_id=tout.edge_id)
+        self._reader_task = asyncio.create_task(reader.run(self.report))
+        self.report(F.EndpointsReady())
+        self.log.info("token_endpoints_ready", token_in_edge=tin.edge_id, token_out_edge=tout.edge_id)
+
+    async def _stop_pump(self, edge_id: int) -> None:
+        try:
+            known = await self.driver.stop_edge(edge_id)
+        except Exception as e:
+            self.log.warning("edge_driver_stop_failed", edge_id=edge_id, detail=str(e))
+            known = False
+        if not known:
+            self._est(est.PumpStopped(edge_id))
+
+    def _uninstall(self, ring_id: int) -> None:
+        end = self._ends.pop(ring_id, None)
+        if end is not None:
+            if ring_id == self._reader_ring and self._reader_task is not None:
+                self._reader_task.cancel()  # the reader never touches the ring after this
+            end.close()
+        self._est(est.RingQuiesced(ring_id))
+
+    async def _release(self, ring_id: int, never_installed: bool) -> None:
+        try:
+            await self.arena.release(ring_id, never_installed)
+        except Exception as e:  # the arena reclaims this holder's leases when the process exits
+            self.log.warning("arena_release_failed", ring_id=ring_id, detail=str(e))
+        self._est(est.Released(ring_id))
+
+    async def _follow_driver(self) -> None:
+        mine = set(self._provisions)
+        with contextlib.suppress(asyncio.CancelledError):
+            try:
+                async for ev in self.driver.events():
+                    if getattr(ev, "edge_id", None) in mine:
+                        if isinstance(ev, est.StreamFault | est.StreamClosed) and ev.edge_id == self.token_out_edge:
+                            self.log.info("token_out_stream_event", event=type(ev).__name__)
+                        self._est(ev)
+            except Exception as e:
+                self._fail(pb.RUN_FAULT_STREAM_FAULT, f"edge-driver event stream lost: {type(e).__name__}: {e}")
+
+
+class RingEndpointFactory:
+    """`EndpointFactory` for StageControlFleet: the local arena-manager and edge-driver, made on first use."""
+
+    def __init__(self, connect: Callable[[], Awaitable[tuple[ArenaPort, DriverPort, Any]]]) -> None:
+        self._connect = connect
+        self._ports: tuple[ArenaPort, DriverPort, Any] | None = None
+
+    async def open(self, plan: RunPlan, report: Report) -> RingTokenEndpoints:
+        if self._ports is None:
+            try:
+                self._ports = await self._connect()
+            except Exception as e:
+                raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
+                                 f"local arena-manager / edge-driver unreachable: {type(e).__name__}: {e}") from None
+        arena, driver, arena_map = self._ports
+        endpoints = RingTokenEndpoints(plan, report, arena, driver, arena_map)
+        await endpoints.start()
+        return endpoints
