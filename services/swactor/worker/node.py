@@ -115,7 +115,10 @@ class StageNode:
             except Exception as e:  # the driver restarted or is not up yet: re-subscribe
                 self._log.warning("edge_driver_watch_lost", detail=str(e))
             self.driver_up = False
+            self._check_available()
             await asyncio.sleep(1.0)
+            self.driver_up = await self.driver.healthy()
+            self._check_available()
 
     def _check_available(self) -> None:
         now = self.worker_ready and self.driver_up
@@ -128,8 +131,8 @@ class StageNode:
             if now:
                 self._spawn(self.membership.set_available(self.control_endpoint))
             else:
-                self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", "WorkerCrashed")
-                                                        if not self.worker_ready else "EDGE_DRIVER_DOWN"))
+                reason = "WorkerCrashed" if not self.worker_ready else "NodeUnavailable"
+                self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", reason)))
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
