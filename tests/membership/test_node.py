@@ -155,3 +155,16 @@ def test_lost_events_are_recovered_by_resync() -> None:
         await node.stop(graceful=False)
 
     asyncio.run(body())
+
+
+def test_an_engine_stream_that_ends_on_its_own_marks_the_node_failed() -> None:
+    async def body() -> None:
+        engine = FakeEngine()
+        node = make(engine)
+        await node.start()
+        engine.queue.put_nowait(None)  # the engine stopped without being asked
+        await asyncio.wait_for(node.failed.wait(), timeout=2)
+        assert "membership-pump" in node.failure
+        await node.stop(graceful=True)
+
+    asyncio.run(body())

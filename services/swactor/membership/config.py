@@ -35,7 +35,7 @@ class MembershipConfig:
     # confirmations arrived, up to suspicion_max_mult times that with none.
     suspicion_mult: int = 3
     suspicion_max_mult: int = 4
-    expected_confirmations: int = 3
+    expected_confirmations: int = 2
     # Lifeguard local health: at most this many probe intervals added to our own timeouts.
     awareness_max: int = 8
     gossip_interval_s: float = 0.2

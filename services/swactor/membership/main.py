@@ -34,6 +34,7 @@ from swactor.v1 import membership_pb2 as pb
 from swactor.v1 import membership_pb2_grpc as pb_grpc
 
 EXIT_USAGE = 2
+EXIT_INTERNAL = 1
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -168,14 +169,17 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
         await set_serving(health, [SERVICE_NAME])
         notify_ready(status_line(node.view.counts()))
         log.info("node_started", node_id=node_id, socket=str(cfg.socket), gossip_address=node.view.local().member.addr)
-        await stop.wait()
-        notify_stopping("leaving the cluster")
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.failed.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+        notify_stopping("leaving the cluster" if stop.is_set() else f"failed: {node.failure}")
     finally:
-        await node.stop(graceful=stop.is_set())
+        await node.stop(graceful=stop.is_set() or node.failed.is_set())
         await server.stop(grace=1.0)
         with contextlib.suppress(FileNotFoundError):
             cfg.socket.unlink()
-    return 0
+    return EXIT_INTERNAL if node.failed.is_set() else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,6 +78,10 @@ class MembershipNode:
         self._meta_lock = asyncio.Lock()
         self._view: MemberView | None = None
         self._stopped = False
+        # Set when a background task dies or the engine's event stream ends without stop():
+        # the process should exit non-zero (systemd restarts it) rather than serve a frozen view.
+        self.failed = asyncio.Event()
+        self.failure: str = ""
         # Bound here, not at import: a bound structlog logger keeps the config of its creation.
         self._log = get_logger(component="membership")
 
@@ -91,13 +95,16 @@ class MembershipNode:
         self._view.resync(self._backend.members(), [], t)
         self._tasks = [
             asyncio.create_task(self._pump(events), name="membership-pump"),
-            asyncio.create_task(self._join_loop(), name="membership-join"),
             asyncio.create_task(self._reconcile_loop(), name="membership-reconcile"),
         ]
+        if self._seeds:
+            self._tasks.append(asyncio.create_task(self._join_loop(), name="membership-join"))
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
         self._update_alone()
         local = self.view.local().member
         self._log.info("membership_started", node_id=self._metadata.node_id, gossip_address=local.addr,
-                 seeds=self._seeds, incarnation=local.incarnation)
+                       seeds=self._seeds, incarnation=local.incarnation)
 
     async def stop(self, graceful: bool) -> None:
         """Leave (peers see "left") when graceful, then close the engine and end every watch."""
@@ -106,7 +113,10 @@ class MembershipNode:
         self._stopped = True
         if graceful:
             self._log.info("membership_leaving", node_id=self._metadata.node_id)
-            await self._backend.leave(self._timings.leave_timeout_s)
+            try:
+                await self._backend.leave(self._timings.leave_timeout_s)
+            except Exception as e:  # a broken engine cannot leave; peers will see a death instead
+                self._log.error("membership_leave_failed", reason="engine_error", detail=repr(e))
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -116,6 +126,15 @@ class MembershipNode:
         for sub in list(self._subscribers):
             sub.push(None)
         self._log.info("membership_stopped", node_id=self._metadata.node_id, graceful=graceful)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if self._stopped or task.cancelled() or self.failed.is_set():
+            return
+        error = task.exception()
+        self.failure = f"{task.get_name()} ended: {error!r}" if error else f"{task.get_name()} ended"
+        self._log.error("membership_task_failed", task=task.get_name(), reason="internal_error",
+                        detail=repr(error) if error else "event stream ended")
+        self.failed.set()
 
     # ---- reads ----
 
@@ -207,8 +226,6 @@ class MembershipNode:
     async def _join_loop(self) -> None:
         """While no live peer is known, push-pull with the seeds every join_retry_interval_s.
         Logs the first failure, every 30th, and the success, not every attempt."""
-        if not self._seeds:
-            return
         failures = 0
         while True:
             await self._alone.wait()
