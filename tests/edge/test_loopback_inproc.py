@@ -11,7 +11,7 @@ import pytest
 
 from swactor.edge import preamble
 from swactor.edge.driver import EdgeError
-from swactor.v1 import common_pb2
+from swactor.v1 import common_pb2, edge_pb2
 from tests.edge.fakering import FakeRing, wait_fd
 from tests.edge.inproc import next_event, start_nodes, stop_nodes
 
@@ -204,8 +204,8 @@ def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
             data = os.urandom(16 << 20)
             producer = asyncio.ensure_future(_produce(tx, data))
             await asyncio.sleep(1.5)  # nobody consumes rx
-            send = a.driver.edges[1].send_pump
-            recv = b.driver.edges[1].recv_pump
+            send = a.driver.edges[(1, edge_pb2.EDGE_ROLE_SEND)].send_pump
+            recv = b.driver.edges[(1, edge_pb2.EDGE_ROLE_RECV)].recv_pump
             assert send is not None and recv is not None and send.conn is not None
             assert rx.free() == 0 and tx.free() == 0  # both rings full: the producer is blocked
             assert not producer.done()

@@ -26,6 +26,7 @@ from swactor.v1 import common_pb2, edge_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
 WATCH_QUEUE = 4096
+SEND, RECV = edge_pb2.EDGE_ROLE_SEND, edge_pb2.EDGE_ROLE_RECV
 STATUS_INTERVAL = 1.0
 
 
@@ -111,7 +112,8 @@ class Driver:
         self.endpoint = Endpoint(node_id=node_id, identity=identity, config=config, directory=directory, listener=self)
         self.endpoint.on_refused = self._on_refused
         self.rendezvous: Rendezvous[StreamRef, EdgeRecord] = Rendezvous(config.rendezvous_timeout)
-        self.edges: dict[int, EdgeRecord] = {}
+        # Keyed by (edge_id, role): both ends of an edge may live on one host (a self edge).
+        self.edges: dict[tuple[int, int], EdgeRecord] = {}
         self.watchers: set[Watcher] = set()
         self.refused_peers = 0
         self._incoming: dict[tuple[int, int], _Incoming | RecvPump] = {}
@@ -127,7 +129,7 @@ class Driver:
         return self.endpoint.bind(self.config.bind)
 
     async def close(self) -> None:
-        for edge_id in list(self.edges):
+        for edge_id in {k[0] for k in self.edges}:
             self.stop_edge(edge_id)
         for timer in (self._expiry, self._status_timer):
             if timer is not None:
@@ -140,17 +142,17 @@ class Driver:
     # ---- requests (gRPC servicer) ----
 
     async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object) -> None:
-        self._check_new(edge_id, ring_id)
+        self._check_new(edge_id, ring_id, SEND)
         if rx_node_id == 0:
             raise EdgeError("rx_node_id must be set")
         try:
             ring = await self.rings.open_consumer(ring_id, layout)
         except Exception as e:
             raise EdgeError(f"edge {edge_id}: cannot open egress ring {ring_id}: {e}", "ring") from e
-        if edge_id in self.edges:  # a concurrent establish won while we attached
+        if (edge_id, SEND) in self.edges:  # a concurrent establish won while we attached
             ring.release()
             raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
-        rec = EdgeRecord(edge_id, ring_id, edge_pb2.EDGE_ROLE_SEND, peer_node_id=rx_node_id)
+        rec = EdgeRecord(edge_id, ring_id, SEND, peer_node_id=rx_node_id)
         rec.send_pump = SendPump(
             edge_id=edge_id,
             ring=ring,
@@ -158,7 +160,7 @@ class Driver:
             on_end=self._pump_ended,
             on_blocked=self._sender_blocked,
         )
-        self.edges[edge_id] = rec
+        self.edges[(edge_id, SEND)] = rec
         rec.dial = asyncio.ensure_future(self._connect_send(rec))
         log.info("edge.establish_send", edge_id=edge_id, ring_id=ring_id, rx_node_id=rx_node_id)
         self._status()
@@ -173,22 +175,22 @@ class Driver:
             self._fault(rec, common_pb2.STREAM_FAULT_PEER_UNREACHABLE, str(e))
             return
         pump = rec.send_pump
-        if pump is None or self.edges.get(rec.edge_id) is not rec:
+        if pump is None or self.edges.get((rec.edge_id, SEND)) is not rec:
             return
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=rec.edge_id)))
         pump.attach(conn)
 
     async def establish_recv(self, edge_id: int, ring_id: int, layout: object) -> None:
-        self._check_new(edge_id, ring_id)
+        self._check_new(edge_id, ring_id, RECV)
         try:
             ring = await self.rings.open_producer(ring_id, layout)
         except Exception as e:
             raise EdgeError(f"edge {edge_id}: cannot open ingress ring {ring_id}: {e}", "ring") from e
-        if edge_id in self.edges:
+        if (edge_id, RECV) in self.edges:
             ring.release()
             raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
-        rec = EdgeRecord(edge_id, ring_id, edge_pb2.EDGE_ROLE_RECV, ring=ring)
-        self.edges[edge_id] = rec
+        rec = EdgeRecord(edge_id, ring_id, RECV, ring=ring)
+        self.edges[(edge_id, RECV)] = rec
         log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id)
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id)))
         action = self.rendezvous.establish_recv(edge_id, rec)
@@ -196,19 +198,26 @@ class Driver:
             self._start_recv(action)
         self._status()
 
-    def _check_new(self, edge_id: int, ring_id: int) -> None:
+    def _check_new(self, edge_id: int, ring_id: int, role: int) -> None:
         if edge_id == 0 or ring_id == 0:
             raise EdgeError("edge_id and ring_id must be non-zero")
-        if edge_id in self.edges:
+        if (edge_id, role) in self.edges:
             raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
 
     def stop_edge(self, edge_id: int) -> bool:
-        rec = self.edges.pop(edge_id, None)
-        if rec is None:
-            return False
+        """Stop both ends this host has of `edge_id`; False when it has none."""
+        recs = [r for r in (self.edges.pop((edge_id, SEND), None), self.edges.pop((edge_id, RECV), None)) if r]
+        for rec in recs:
+            self._stop_record(rec)
+        if recs:
+            self._status()
+        return bool(recs)
+
+    def _stop_record(self, rec: EdgeRecord) -> None:
+        edge_id = rec.edge_id
         if rec.dial is not None and not rec.dial.done():
             rec.dial.cancel()
-        parked = self.rendezvous.stop(edge_id)
+        parked = self.rendezvous.stop(edge_id) if rec.role == RECV else None
         if parked is not None:
             self._reject_stream(parked, AppError.EDGE_STOPPED)
         if rec.send_pump is not None:
@@ -220,8 +229,6 @@ class Driver:
         elif rec.ring is not None:
             rec.ring.release()  # type: ignore[attr-defined]
         self._emit(rec, edge_pb2.EdgeEvent(pump_stopped=edge_pb2.PumpStopped(edge_id=edge_id, ring_id=rec.ring_id)))
-        self._status()
-        return True
 
     # ---- rendezvous ----
 
@@ -367,7 +374,7 @@ class Driver:
         self._blocked.setdefault(pump.conn.uid, set()).add(pump)
 
     def _pump_ended(self, pump: RecvPump | SendPump, clean: bool, reason: int, detail: str) -> None:
-        rec = self.edges.get(pump.edge_id)
+        rec = self.edges.get((pump.edge_id, RECV if isinstance(pump, RecvPump) else SEND))
         if rec is None or (rec.recv_pump is not pump and rec.send_pump is not pump):
             return
         if isinstance(pump, RecvPump):
