@@ -48,7 +48,7 @@ def to_ready(fsm: F.RunFsm, nodes: tuple = (1, 2)) -> list[F.Action]:
 
 
 def teardown(fsm: F.RunFsm, now: float = 50.0) -> list[F.Action]:
-    out: list[F.Action] = []
+    out: list[F.Action] = fsm.handle(F.EndpointsClosed(), now)
     for s in fsm.plan.stages:
         out += fsm.handle(F.StageStopped(s.stage_index), now)
     return out
@@ -87,8 +87,10 @@ def test_happy_path_prefill_decode_eos_and_teardown() -> None:
     assert fsm.state is F.RunState.TEARING_DOWN
     assert fsm.handle(F.TokenReceived(3, 9), 6.5) == []  # no new run work after the outcome
     assert kinds(fsm.handle(F.StageStopped(0), 7.0)) == ["STAGE_STOPPED"]
-    acts = fsm.handle(F.StageStopped(1), 7.0)
-    assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
+    assert kinds(fsm.handle(F.StageStopped(1), 7.0)) == ["STAGE_STOPPED"]
+    assert fsm.state is F.RunState.TEARING_DOWN  # the token endpoints are still closing
+    acts = fsm.handle(F.EndpointsClosed(), 7.5)
+    assert kinds(acts) == ["RUN_TORN_DOWN"]
     assert fsm.state is F.RunState.DONE and fsm.deadline() is None
     assert fsm.handle(F.OperatorStop(), 8.0) == []
 
@@ -173,6 +175,7 @@ def test_timeouts_fault_the_run(phase: str, reason: str) -> None:
         acts = fsm.handle(F.Tick(), fsm.deadline())
     assert fsm.reason == reason and "RUN_FAULTED" in kinds(acts)
     # teardown times out when a stage never confirms: the outcome stays the first fault
+    fsm.handle(F.EndpointsClosed(), 30.0)
     fsm.handle(F.StageStopped(0), 30.0)
     acts = fsm.handle(F.Tick(), fsm.deadline())
     torn = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_TORN_DOWN)
@@ -220,6 +223,7 @@ def test_membership_loss_after_provisioning_faults_and_teardown_skips_lost_node(
     assert faulted.component == pb.COMPONENT_MEMBERSHIP
     acts = fsm.handle(F.MembershipChanged(pool(1)), 4.1)
     assert kinds(acts) == ["STAGE_STOPPED"]  # node 2 can no longer confirm
+    fsm.handle(F.EndpointsClosed(), 4.15)
     acts = fsm.handle(F.StageStopped(0), 4.2)
     assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
 
@@ -231,6 +235,7 @@ def test_provision_failure_is_not_awaited_in_teardown() -> None:
     acts = fsm.handle(F.ProvisionFailed(1, pb.RUN_FAULT_PROVISIONING_REJECTED, "unknown run"), 1.5)
     assert fsm.reason == "RUN_FAULT_PROVISIONING_REJECTED"
     assert [a.stage.stage_index for a in of(acts, F.StopStage)] == [0]
+    fsm.handle(F.EndpointsClosed(), 1.9)
     assert kinds(fsm.handle(F.StageStopped(0), 2.0)) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
 
 
@@ -271,4 +276,15 @@ def test_provision_refused_after_teardown_began_is_not_awaited() -> None:
     acts = fsm.handle(F.ProvisionFailed(1, pb.RUN_FAULT_PROVISIONING_REJECTED, "busy"), 1.2)
     assert kinds(acts) == ["STAGE_FAULTED"]
     assert fsm.reason == "RUN_FAULT_EDGE_ESTABLISHMENT_FAILED"  # the first fault stays the reason
+    fsm.handle(F.EndpointsClosed(), 1.25)
     assert kinds(fsm.handle(F.StageStopped(0), 1.3)) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
+
+
+def test_endpoints_that_never_close_time_out_teardown_by_name() -> None:
+    fsm = make(stages=1, timeouts=F.Timeouts(teardown_s=4))
+    to_ready(fsm, (1,))
+    fsm.handle(F.OperatorStop(), 5.0)
+    assert kinds(fsm.handle(F.StageStopped(0), 5.5)) == ["STAGE_STOPPED"]
+    acts = fsm.handle(F.Tick(), fsm.deadline())
+    torn = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_TORN_DOWN)
+    assert torn.reason == "RUN_FAULT_TEARDOWN_TIMEOUT" and torn.detail == "token endpoints not closed within 4s"

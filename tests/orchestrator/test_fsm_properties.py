@@ -32,6 +32,7 @@ rare = st.one_of(
     st.builds(F.StageStopped, st.integers(0, 2)),
     st.builds(F.ProvisionFailed, st.integers(0, 2), st.just(pb.RUN_FAULT_PROVISIONING_REJECTED), st.just("no")),
     st.just(F.EndpointsReady()),
+    st.just(F.EndpointsClosed()),
     st.builds(F.EndpointFault, st.just(pb.RUN_FAULT_STREAM_FAULT)),
     st.builds(F.TokenReceived, st.integers(0, 6), st.sampled_from([2, 7, 8])),
     st.just(F.OperatorStop("x")),
@@ -62,6 +63,7 @@ def test_invariants(script, stages: int) -> None:
     for _ in range(10):
         if fsm.state is F.RunState.DONE:
             break
+        actions += [(a, fsm.outcome) for a in fsm.handle(F.EndpointsClosed(), now)]
         for k in range(stages):
             actions += [(a, fsm.outcome) for a in fsm.handle(F.StageStopped(k), now)]
         deadline = fsm.deadline()

@@ -111,6 +111,11 @@ class EndpointsReady:
 
 
 @dataclass(frozen=True)
+class EndpointsClosed:
+    """The local token endpoints are torn down (their edges stopped, rings released)."""
+
+
+@dataclass(frozen=True)
 class EndpointFault:
     reason: int
     detail: str = ""
@@ -141,7 +146,7 @@ class Tick:
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointFault | TokenReceived | OperatorStop | Relay | Tick
+    | EndpointsClosed | EndpointFault | TokenReceived | OperatorStop | Relay | Tick
 )
 
 # ---- actions ----
@@ -217,6 +222,7 @@ class RunFsm:
         self._ready: set[int] = set()
         self._endpoints_open = False
         self._endpoints_ready = False
+        self._endpoints_closing = False  # CloseEndpoints sent, EndpointsClosed not yet seen
         self._provisioned: set[int] = set()
         self._failed: set[int] = set()
         self._awaiting_stop: set[int] = set()
@@ -305,21 +311,25 @@ class RunFsm:
             self._awaiting_stop.add(index)
         if self._endpoints_open:
             out.append(CloseEndpoints())
+            self._endpoints_closing = True
         self._deadline = now + self.config.timeouts.teardown_s
         self._maybe_done(out)
 
     def _maybe_done(self, out: list[Action]) -> None:
         if self.state is not RunState.TEARING_DOWN:
             return
-        if self._awaiting_stop and not self.teardown_timed_out:
+        if (self._awaiting_stop or self._endpoints_closing) and not self.teardown_timed_out:
             return
         counters = {"stages_stopped": len(self._provisioned - self._failed) - len(self._awaiting_stop),
                     "stages_unconfirmed": len(self._awaiting_stop)}
         if self.teardown_timed_out:
             pending = sorted(self._awaiting_stop)
+            what = [f"no StageStopped from stage(s) {pending}"] if pending else []
+            if self._endpoints_closing:
+                what.append("token endpoints not closed")
             out.append(self._ev(K.RUN_TORN_DOWN, reason=reason_name(pb.RUN_FAULT_TEARDOWN_TIMEOUT),
                                 component=pb.COMPONENT_ORCHESTRATOR, counters=counters,
-                                detail=f"no StageStopped from stage(s) {pending} within {self.config.timeouts.teardown_s}s"))
+                                detail=f"{' and '.join(what)} within {self.config.timeouts.teardown_s}s"))
         else:
             out.append(self._ev(K.RUN_TORN_DOWN, counters=counters))
         self._deadline = None
@@ -481,6 +491,8 @@ class RunFsm:
                     return
                 self._awaiting_stop.discard(i)
                 out.append(self._stage_ev(K.STAGE_STOPPED, stage))
+            case EndpointsClosed():
+                self._endpoints_closing = False
             case StageFault(stage_index=i, reason=r, component=c, detail=d):
                 stage = self._stage(i)
                 if stage is not None:

@@ -45,6 +45,7 @@ class RunHandle:
         self._injections: asyncio.Queue[F.InjectTokens] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._provisioning: dict[int, asyncio.Task[None]] = {}
+        self._opening: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=fsm.run_id)
         self.done = asyncio.Event()
         self.outcome_recorded = asyncio.Event()
@@ -112,7 +113,7 @@ class RunHandle:
                 self.updates.append(opb.RunUpdate(token=opb.TokenDelta(
                     sequence=seq, token_id=tid, text=text, end_of_generation=eog)))
             case F.OpenEndpoints(plan=plan):
-                self._spawn(self._open_endpoints(plan))
+                self._opening = self._spawn(self._open_endpoints(plan))
             case F.Provision(plan=plan, stage=stage):
                 self._provisioning[stage.stage_index] = self._spawn(self._provision(plan, stage))
             case F.InjectTokens():
@@ -233,12 +234,15 @@ class RunHandle:
             self.log.warning("stop_run_failed", node_id=stage.node_id, stage_index=stage.stage_index, error=str(e))
 
     async def _close_endpoints(self) -> None:
-        if self._endpoints is None:
-            return
+        if self._opening is not None:
+            await asyncio.wait([self._opening])  # never close endpoints that are still being opened
         try:
-            await self._endpoints.close()
+            if self._endpoints is not None:
+                await self._endpoints.close()
         except Exception as e:
             self.log.warning("token_endpoints_close_failed", error=str(e))
+        finally:
+            self.report(F.EndpointsClosed())
 
 
 async def replay(store: RunStore, run: opb.Run) -> AsyncIterator[opb.RunUpdate]:
