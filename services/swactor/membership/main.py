@@ -15,6 +15,8 @@ import signal
 import sys
 from pathlib import Path
 
+import grpc
+
 from swactor import __version__
 from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
@@ -149,7 +151,6 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
     md = build_metadata(cfg, node_id)
     key = gossip_key(read_secret(cfg.secret_file), cfg.cluster)
     settings = swim_settings(cfg, node_id, key, md)
-    del key
     route_engine_logs()
     node = MembershipNode(
         KinshipBackend(settings), md, cfg.seeds,
@@ -161,9 +162,10 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await node.start()
-    server, _, health = create_server(cfg.socket, service_names=[SERVICE_NAME])
-    pb_grpc.add_MembershipServicer_to_server(MembershipServicer(node, cfg.cluster), server)
+    server: grpc.aio.Server | None = None
     try:
+        server, _, health = create_server(cfg.socket, service_names=[SERVICE_NAME])
+        pb_grpc.add_MembershipServicer_to_server(MembershipServicer(node, cfg.cluster), server)
         await server.start()
         restrict_unix_socket(cfg.socket)
         await set_serving(health, [SERVICE_NAME])
@@ -176,9 +178,10 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
         notify_stopping("leaving the cluster" if stop.is_set() else f"failed: {node.failure}")
     finally:
         await node.stop(graceful=stop.is_set() or node.failed.is_set())
-        await server.stop(grace=1.0)
-        with contextlib.suppress(FileNotFoundError):
-            cfg.socket.unlink()
+        if server is not None:
+            await server.stop(grace=1.0)
+            with contextlib.suppress(FileNotFoundError):
+                cfg.socket.unlink()
     return EXIT_INTERNAL if node.failed.is_set() else 0
 
 
