@@ -110,3 +110,34 @@ def test_nvidia_smi_inventory_is_parsed(tmp_path: Path, monkeypatch: pytest.Monk
     assert detect_nvidia() == [pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=143771 * 2**20)] * 2
     fake.write_text("#!/bin/sh\nexit 9\n")
     assert detect_nvidia() == []
+
+
+def test_edge_certificate_fingerprint_is_sha256_of_the_der(tmp_path: Path) -> None:
+    import datetime
+    import hashlib
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    from swactor.common.config import ConfigError
+    from swactor.membership.main import certificate_fingerprint
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edge")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(now).not_valid_after(now + datetime.timedelta(days=1))
+            .sign(key, hashes.SHA256()))
+    der = cert.public_bytes(serialization.Encoding.DER)
+    (tmp_path / "c.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "c.der").write_bytes(der)
+    (tmp_path / "junk").write_bytes(b"not a certificate")
+    expected = hashlib.sha256(der).hexdigest()
+    assert certificate_fingerprint(tmp_path / "c.pem") == expected
+    assert certificate_fingerprint(tmp_path / "c.der") == expected
+    with pytest.raises(ConfigError, match="not a PEM or DER"):
+        certificate_fingerprint(tmp_path / "junk")
+    with pytest.raises(ConfigError, match="edge certificate"):
+        certificate_fingerprint(tmp_path / "missing.pem")
