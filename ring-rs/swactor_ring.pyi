@@ -149,6 +149,11 @@ def init_ring(arena: Arena, layout: RingLayout) -> None:
 def open_ring(arena: Arena, layout: RingLayout) -> RingStatus:
     """Validate the header at layout (RingError with .field on mismatch)."""
 
+def fault_ring(
+    arena: Arena, layout: RingLayout, *, readable_fd: int | None = None, writable_fd: int | None = None
+) -> None:
+    """Mark the ring faulted from a supervisor; signals the given eventfds so waiters wake."""
+
 def eventfd() -> int:
     """New non-blocking close-on-exec eventfd; caller owns it."""
 

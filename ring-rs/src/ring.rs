@@ -170,6 +170,18 @@ impl Ring {
         Ok(ring)
     }
 
+    /// Mark this ring faulted without being its producer or consumer (e.g. a
+    /// supervisor after a worker crash). Waiters wake only if the caller also
+    /// signals the ring's eventfds. The ring must still validate against the
+    /// layout (magic, ring_id, ...), so a stale request cannot fault a ring
+    /// that has since replaced it in the same range (ring ids are unique).
+    pub fn set_faulted(&self) {
+        self.header()
+            .state
+            .store(RingState::Faulted as u32, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
     /// The shared header.
     pub fn header(&self) -> &RingHeader {
         // SAFETY: `header` is in bounds of the mapping (checked in `locate`),

@@ -269,3 +269,22 @@ def test_infinite_wait_is_interruptible_by_a_signal(arena: sr.Arena) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert not c.status().consumer_waiting
+
+
+def test_supervisor_fault_wakes_a_blocked_waiter(arena: sr.Arena) -> None:
+    layout = sr.RingLayout.for_range(5, 0, 64, 64)
+    sr.init_ring(arena, layout)
+    c = sr.Consumer(arena, layout)
+    woke: list[bool] = []
+    t = threading.Thread(target=lambda: woke.append(c.wait_readable(10.0)))
+    t.start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    sr.fault_ring(arena, layout, readable_fd=c.readable_fd, writable_fd=c.writable_fd)
+    t.join()
+    assert woke == [True] and time.monotonic() - t0 < 5
+    assert c.state == sr.RingState.FAULTED
+    # a stale request naming another ring id for the same range is refused
+    with pytest.raises(sr.RingError) as e:
+        sr.fault_ring(arena, sr.RingLayout.for_range(4, 0, 64, 64))
+    assert e.value.field == "ring_id"

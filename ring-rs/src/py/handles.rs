@@ -358,6 +358,33 @@ pub fn open_ring(py: Python<'_>, arena: &PyArena, layout: &PyRingLayout) -> PyRe
     status_of(py, &ring)
 }
 
+/// Mark the ring at `layout` faulted from any process that maps the arena
+/// (a supervisor), then signal the given eventfds so both sides' waiters
+/// wake. The header must validate, so a stale request cannot hit a newer ring.
+#[pyfunction]
+#[pyo3(signature = (arena, layout, *, readable_fd = None, writable_fd = None))]
+pub fn fault_ring(
+    py: Python<'_>,
+    arena: &PyArena,
+    layout: &PyRingLayout,
+    readable_fd: Option<i32>,
+    writable_fd: Option<i32>,
+) -> PyResult<()> {
+    let fds = [(readable_fd, "readable_fd"), (writable_fd, "writable_fd")];
+    let mut wake = Vec::new();
+    for (fd, field) in fds {
+        if let Some(fd) = fd {
+            wake.push(EventFd::dup_from(borrow_fd(py, fd, field)?).map_err(io_err)?);
+        }
+    }
+    let ring = Ring::open(arena.inner.clone(), &layout.0).map_err(|e| ring_err(py, e))?;
+    ring.set_faulted();
+    for efd in &wake {
+        efd.signal();
+    }
+    Ok(())
+}
+
 /// A new non-blocking, close-on-exec eventfd; the caller owns the fd.
 #[pyfunction]
 pub fn eventfd() -> PyResult<i32> {

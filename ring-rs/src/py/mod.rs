@@ -23,6 +23,7 @@ fn swactor_ring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(handles::init_ring, m)?)?;
     m.add_function(wrap_pyfunction!(handles::open_ring, m)?)?;
     m.add_function(wrap_pyfunction!(handles::eventfd, m)?)?;
+    m.add_function(wrap_pyfunction!(handles::fault_ring, m)?)?;
     m.add("RingError", py.get_type::<errors::RingError>())?;
     m.add("RingClosedError", py.get_type::<errors::RingClosedError>())?;
     m.add("ObjectError", py.get_type::<errors::ObjectError>())?;
