@@ -1,8 +1,14 @@
-"""swactor-edge: the host's QUIC edge driver (spec §23-25, §35), on aioquic.
+"""swactor-edge: the host's QUIC edge driver (spec §23-25, §35), on aioquic. See docs/edge.md.
 
-Modules, one concern each: `config` (EdgeConfig), `identity` (node key and certificate),
-`quic_conn` (aioquic connection with ring-driven credit and pinned TLS), `endpoint` (the one UDP
-socket, connection cache, keepalive), `preamble` (uni-stream edge_id preamble), `credit` (flow
-control policy), `rendezvous` (§25 demux core), `ring_port` (adapter to ring-rs), `pumps`
-(recv/send pumps), `driver` (edges, events), `peers` (PeerDirectory), `service` (gRPC), `main`.
+One concern per module:
+  config      EdgeConfig ([edge] table)            identity   node key + certificate, fingerprint
+  quic_conn   aioquic connection: ring-driven credit, bounded send queue, pinned mutual TLS,
+              multi-frame packets                   mtu        default datagram size from the route
+  connection  one QUIC connection: timers, keepalive, events
+  endpoint    the one UDP socket, CID demux, connection cache, dialing
+  preamble    uni-stream edge_id preamble           credit     receive-credit policy (pure)
+  rendezvous  §25 spec/stream rendezvous (pure)     pumps      recv/send pumps
+  ring_port   what pumps need from a ring           ring_rs    that, over ring-rs + the arena
+  wakefd      wake-eventfd hand-out socket          peers      PeerDirectory (membership, file)
+  driver      edges, routing, events                service    gRPC servicer       main  CLI
 """

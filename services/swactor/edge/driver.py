@@ -16,7 +16,8 @@ from swactor.common.events import get_logger
 from swactor.common.systemd import notify_status
 from swactor.edge import preamble
 from swactor.edge.config import EdgeConfig
-from swactor.edge.endpoint import EdgeConnection, Endpoint, PeerNotAuthorized, PeerUnreachable
+from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnreachable
+from swactor.edge.endpoint import Endpoint
 from swactor.edge.identity import EdgeIdentity
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.pumps import AppError, PumpState, RecvPump, SendPump, reason_for_remote_code

@@ -8,26 +8,25 @@
 * Keepalive: every connection PINGs every `keepalive_interval`, so a quiet persistent edge is
   not closed by the idle timeout, and a dead peer is noticed within `idle_timeout`.
 * Every connection authenticates the peer by certificate fingerprint (quic_conn).
+The per-connection machinery (timers, keepalive, events) is in connection.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Protocol
 
 from aioquic import tls
 from aioquic.buffer import Buffer
-from aioquic.quic import events
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.packet import QuicErrorCode, QuicPacketType, pull_quic_header
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from cryptography import x509
 
 from swactor.common.events import get_logger
 from swactor.edge.config import ALPN, EdgeConfig
+from swactor.edge.connection import ConnectionListener, EdgeConnection, PeerUnreachable
 from swactor.edge.identity import EdgeIdentity, fingerprint
 from swactor.edge.mtu import datagram_size_for
 from swactor.edge.peers import PeerDirectory, parse_endpoint
@@ -36,155 +35,6 @@ from swactor.edge.quic_conn import EdgeQuicConnection
 READ_BATCH = 128
 CID_LEN = 8
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
-
-
-class PeerUnreachable(ConnectionError):
-    pass
-
-
-class PeerNotAuthorized(ConnectionError):
-    pass
-
-
-class ConnectionListener(Protocol):
-    """What the driver hears from connections (called on the event loop, never blocking)."""
-
-    def on_stream_data(self, conn: EdgeConnection, stream_id: int, data: bytes, end: bool) -> None: ...
-
-    def on_stream_reset(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None: ...
-
-    def on_stop_sending(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None: ...
-
-    def on_progress(self, conn: EdgeConnection) -> None: ...
-
-    def on_connection_lost(self, conn: EdgeConnection, reason: str, not_authorized: bool) -> None: ...
-
-
-class EdgeConnection:
-    """One QUIC connection: timers, transmit, keepalive, events out to the listener."""
-
-    _uids = itertools.count(1)
-
-    def __init__(self, endpoint: Endpoint, quic: EdgeQuicConnection, *, initiated_here: bool) -> None:
-        self.endpoint = endpoint
-        self.quic = quic
-        self.initiated_here = initiated_here
-        self.peer_addr: tuple[str, int] | None = None
-        self.handshake: asyncio.Future[None] = endpoint.loop.create_future()
-        self.closed = False
-        self.uid = next(self._uids)
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
-        self._transmit_handle: asyncio.Handle | None = None
-        self._keepalive: asyncio.TimerHandle | None = None
-        self._ping_ids = itertools.count(1)
-
-    @property
-    def peer_node_id(self) -> int | None:
-        return self.quic.peer_node_id
-
-    @property
-    def max_datagram_size(self) -> int:
-        return self.quic._max_datagram_size
-
-    # ---- sending ----
-
-    def transmit(self) -> None:
-        """Send what the connection has to send now and re-arm its timer."""
-        self._transmit_handle = None
-        if self.closed:
-            return
-        loop = self.endpoint.loop
-        sendto = self.endpoint.sendto
-        for data, addr in self.quic.datagrams_to_send(now=loop.time()):
-            sendto(data, addr)
-        timer_at = self.quic.get_timer()
-        if self._timer is not None and self._timer_at != timer_at:
-            self._timer.cancel()
-            self._timer = None
-        if self._timer is None and timer_at is not None:
-            self._timer = loop.call_at(timer_at, self._on_timer)
-        self._timer_at = timer_at
-
-    def transmit_soon(self) -> None:
-        if self._transmit_handle is None and not self.closed:
-            self._transmit_handle = self.endpoint.loop.call_soon(self.transmit)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        now = max(self._timer_at or 0.0, self.endpoint.loop.time())
-        self._timer_at = None
-        self.quic.handle_timer(now=now)
-        self.process_events()
-        self.transmit()
-
-    def _on_keepalive(self) -> None:
-        self._keepalive = None
-        if self.closed:
-            return
-        if self.quic._handshake_complete:
-            self.quic.send_ping(next(self._ping_ids))
-            self.transmit()
-        self._keepalive = self.endpoint.loop.call_later(self.endpoint.config.keepalive_interval, self._on_keepalive)
-
-    def refused_here(self) -> bool:
-        """True when this side refused the peer's certificate on an accepted connection."""
-        return self.quic.refused_reason is not None and not self.initiated_here
-
-    def close(self, error_code: int = QuicErrorCode.NO_ERROR, reason: str = "") -> None:
-        if not self.closed:
-            self.quic.close(error_code=error_code, reason_phrase=reason)
-            self.transmit()
-
-    # ---- events ----
-
-    def process_events(self) -> None:
-        listener = self.endpoint.listener
-        quic = self.quic
-        progressed = False
-        while (event := quic.next_event()) is not None:
-            if isinstance(event, events.StreamDataReceived):
-                listener.on_stream_data(self, event.stream_id, event.data, event.end_stream)
-            elif isinstance(event, events.HandshakeCompleted):
-                self.endpoint._on_handshake(self)
-            elif isinstance(event, events.StreamReset):
-                listener.on_stream_reset(self, event.stream_id, event.error_code)
-            elif isinstance(event, events.StopSendingReceived):
-                listener.on_stop_sending(self, event.stream_id, event.error_code)
-            elif isinstance(event, events.ConnectionIdIssued):
-                self.endpoint._cids[event.connection_id] = self
-            elif isinstance(event, events.ConnectionIdRetired):
-                self.endpoint._cids.pop(event.connection_id, None)
-            elif isinstance(event, events.ConnectionTerminated):
-                self._terminated(event)
-                return
-            elif isinstance(event, events.PingAcknowledged):
-                progressed = True
-        if progressed or quic._streams:
-            listener.on_progress(self)
-
-    def _terminated(self, event: events.ConnectionTerminated) -> None:
-        self.closed = True
-        for handle in (self._timer, self._keepalive, self._transmit_handle):
-            if handle is not None:
-                handle.cancel()
-        refused = self.quic.refused_reason
-        reason = refused or f"{event.reason_phrase or 'closed'} (code {event.error_code:#x})"
-        # TLS alert bad_certificate (42) surfaces as CRYPTO_ERROR 0x100 + 42 on the other side.
-        not_authorized = refused is not None or event.error_code == 0x100 + tls.AlertDescription.bad_certificate
-        if not self.handshake.done():
-            exc: Exception = PeerNotAuthorized(reason) if not_authorized else PeerUnreachable(reason)
-            self.handshake.set_exception(exc)
-            self.handshake.exception()  # mark retrieved: the dialer may have given up already
-        self.endpoint._forget(self)
-        log.info(
-            "edge.connection_closed",
-            peer_node_id=self.peer_node_id or 0,
-            peer=str(self.peer_addr),
-            reason=reason,
-            not_authorized=not_authorized,
-        )
-        self.endpoint.listener.on_connection_lost(self, reason, not_authorized)
 
 
 class Endpoint:

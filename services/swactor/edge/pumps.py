@@ -23,7 +23,7 @@ from swactor.edge.ring_port import ConsumerPort, ProducerPort, RingClosed, RingF
 from swactor.v1 import common_pb2
 
 if TYPE_CHECKING:
-    from swactor.edge.endpoint import EdgeConnection
+    from swactor.edge.connection import EdgeConnection
 
 
 class AppError(enum.IntEnum):
