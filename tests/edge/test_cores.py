@@ -76,3 +76,16 @@ def test_rendezvous_stop_returns_parked_stream() -> None:
     rv.stream_arrived(2, "s", now=0.0)
     assert rv.stop(2) == "s"
     assert rv.stop(2) is None
+
+
+def test_datagram_size_follows_route_and_limits() -> None:
+    from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
+
+    from swactor.edge.mtu import UDP_MAX_PAYLOAD, datagram_size_for, route_mtu
+
+    mtu = route_mtu(("127.0.0.1", 9))
+    assert mtu is not None and mtu >= 1500
+    assert datagram_size_for(("127.0.0.1", 9), 0, 1 << 20) == min(mtu - 28, UDP_MAX_PAYLOAD)
+    assert datagram_size_for(("127.0.0.1", 9), 0, 4000) == 4000
+    assert datagram_size_for(("127.0.0.1", 9), 100, 4000) == SMALLEST_MAX_DATAGRAM_SIZE
+    assert datagram_size_for(("127.0.0.1", 9), 1 << 20, 4000) == UDP_MAX_PAYLOAD

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -239,6 +240,8 @@ def test_peer_sigkilled_mid_object_faults_survivor(netns_pair: Pair, victim: str
 
 
 def test_everything_arrives_with_20ms_one_way_delay(netns_pair: Pair) -> None:
+    if shutil.which("iptables") is None:
+        pytest.skip("the NFQUEUE delayer needs the iptables binary (nft backend): apt-get install iptables")
     cluster, (a, b), _ = netns_pair
     delayers = [
         h.spawn([sys.executable, "-m", "tests.harness.nfqueue_delay", "--delay-ms", "20", "--udp-sport", str(a.port)],

@@ -21,10 +21,10 @@ INITIAL = 64 << 10
 _CLOCK = [0.0]  # virtual time, monotonic across exchanges
 
 
-def _cfg(ident: EdgeIdentity | None, is_client: bool) -> QuicConfiguration:
+def _cfg(ident: EdgeIdentity | None, is_client: bool, mds: int = 1400) -> QuicConfiguration:
     cfg = QuicConfiguration(
         is_client=is_client, alpn_protocols=[ALPN], verify_mode=ssl.CERT_NONE,
-        max_stream_data=INITIAL, max_data=16 << 20, max_datagram_size=1400,
+        max_stream_data=INITIAL, max_data=16 << 20, max_datagram_size=mds,
     )
     if ident is not None:
         cfg.certificate, cfg.private_key = ident.certificate, ident.private_key
@@ -39,11 +39,11 @@ def _pin_to(ident: EdgeIdentity, node_id: int):  # type: ignore[no-untyped-def]
     return pin
 
 
-def _pair(tmp: Path, *, client_ident: EdgeIdentity | None = None, stock_server: bool = False):  # type: ignore[no-untyped-def]
+def _pair(tmp: Path, *, client_ident: EdgeIdentity | None = None, stock_server: bool = False, mds: int = 1400):  # type: ignore[no-untyped-def]
     cid = create_identity(tmp / "c.pem", tmp / "c.key", 1)
     sid = create_identity(tmp / "s.pem", tmp / "s.key", 2)
     client = EdgeQuicConnection(
-        configuration=_cfg(client_ident or cid, True), pin=_pin_to(sid, 2), connection_window=16 << 20, max_streams_uni=8
+        configuration=_cfg(client_ident or cid, True, mds), pin=_pin_to(sid, 2), connection_window=16 << 20, max_streams_uni=8
     )
     if stock_server:
         server: QuicConnection = QuicConnection(configuration=_cfg(sid, False), original_destination_connection_id=client.original_destination_connection_id)
@@ -157,3 +157,26 @@ def test_queued_bytes_counts_unacked(tmp_path: Path, n: int) -> None:
     assert client.queued_bytes(sid) == n * 1000
     _exchange(client, server)
     assert client.queued_bytes(sid) == 0
+
+
+def test_large_datagrams_carry_several_capped_frames(tmp_path: Path) -> None:
+    """aioquic's STREAM frame length is 2 bytes (<= 16383): 60 KB datagrams need several frames."""
+    client, server = _pair(tmp_path, mds=60000)
+    _exchange(client, server)
+    _drain(server)
+    sizes: list[int] = []
+    build = client.datagrams_to_send
+
+    def recording(now: float):  # type: ignore[no-untyped-def]
+        out = build(now=now)
+        sizes.extend(len(d) for d, _ in out)
+        return out
+
+    client.datagrams_to_send = recording  # type: ignore[method-assign]
+    sid = client.get_next_available_stream_id(is_unidirectional=True)
+    payload = bytes(range(256)) * 256  # 64 KiB, within the initial credit
+    client.send_stream_data(sid, payload, end_stream=True)
+    _exchange(client, server, rounds=500)
+    got = b"".join(e.data for e in _drain(server) if isinstance(e, events.StreamDataReceived))
+    assert got == payload
+    assert max(sizes) > 3 * 16383 and max(sizes) <= 60000  # several frames per datagram
