@@ -308,15 +308,23 @@ impl PyRingStatus {
 
     fn __repr__(&self) -> String {
         format!(
-            "RingStatus(ring_id={}, capacity={}, commit={}, consume={}, state={:?}, consumer_waiting={}, producer_waiting={})",
+            "RingStatus(ring_id={}, capacity={}, commit={}, consume={}, state=RingState.{}, consumer_waiting={}, producer_waiting={})",
             self.ring_id,
             self.capacity,
             self.commit,
             self.consume,
-            self.state as u32,
+            state_name(self.state),
             py_bool(self.consumer_waiting),
             py_bool(self.producer_waiting)
         )
+    }
+}
+
+fn state_name(s: PyRingState) -> &'static str {
+    match s {
+        PyRingState::Open => "OPEN",
+        PyRingState::Closed => "CLOSED",
+        PyRingState::Faulted => "FAULTED",
     }
 }
 
