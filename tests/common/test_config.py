@@ -21,6 +21,7 @@ def test_section_fills_dataclass_and_overrides_win() -> None:
     cfg = {"ex": {"socket": "/tmp/a.sock", "ratio": 2, "seeds": ["a:1"]}}
     got = load_section(cfg, "ex", Example, ceiling_bytes=7, ratio=None)
     assert got == Example(socket=Path("/tmp/a.sock"), ceiling_bytes=7, ratio=2.0, seeds=["a:1"])
+    assert load_section(cfg, "ex", Example, socket=Path("/x.sock")).socket == Path("/x.sock")
 
 
 @pytest.mark.parametrize(

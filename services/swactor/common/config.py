@@ -51,6 +51,8 @@ def _coerce(name: str, hint: Any, value: Any) -> Any:
                 continue
         raise ConfigError(f"{name}: {value!r} is not a {hint}")
     if hint is Path:
+        if isinstance(value, Path):
+            return value
         if isinstance(value, str):
             return Path(value)
         raise ConfigError(f"{name}: expected a path string, got {value!r}")

@@ -39,5 +39,9 @@ def configure_logging(service: str, *, level: int = logging.INFO, **identities: 
 
 
 def get_logger(**bound: Any) -> structlog.typing.FilteringBoundLogger:
-    """A logger whose events carry `bound` identities (run_id=..., edge_id=..., ...)."""
-    return structlog.get_logger().bind(**bound)
+    """A logger whose events carry `bound` identities (run_id=..., edge_id=..., ...).
+
+    The logger stays lazy until its first event, so one made at import time still follows a
+    `configure_logging` that runs later.
+    """
+    return structlog.get_logger(**bound)
