@@ -14,7 +14,7 @@ test: setup
 
 lint:
 	.venv/bin/ruff check services tests bench packaging
-	cd ring-rs && cargo clippy --all-targets -q -- -D warnings
+	cd ring-rs && cargo clippy --all-targets -q -- -D warnings && cargo clippy --all-targets --features python -q -- -D warnings
 
 protos:
 	$(PY) packaging/gen_protos.py

@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 echo "== ruff"
 .venv/bin/ruff check services tests bench packaging
 echo "== cargo clippy"
-(cd ring-rs && cargo clippy --all-targets -q -- -D warnings)
+(cd ring-rs && cargo clippy --all-targets -q -- -D warnings && cargo clippy --all-targets --features python -q -- -D warnings)
 echo "== cargo test"
 (cd ring-rs && cargo test -q 2>&1)
 echo "== pytest"
