@@ -56,6 +56,7 @@ class EdgeHost:
     node_id: int = 0
     fingerprint: str = ""
     arena_proc: subprocess.Popen[Any] | None = None
+    membership_proc: subprocess.Popen[Any] | None = None
     edge_proc: subprocess.Popen[Any] | None = None
     hold: ArenaHold | None = None
     arena: ArenaClient | None = None
@@ -108,6 +109,16 @@ class EdgeHost:
             while True:
                 self._notified.append(sock.recv(4096).decode())
 
+    def start_membership(self, secret_file: Path, seed: str | None) -> None:
+        """The host's membership service (gossip on addr:7946), sharing the driver's state dir."""
+        argv = [
+            str(BIN / "swactor-membership"), "--socket", str(self.root / "membership.sock"),
+            "--state-dir", str(self.state_dir), "--bind", f"{self.addr}:7946", "--secret-file", str(secret_file),
+            "--no-gpu-autodetect",
+        ]
+        self.membership_proc = self._spawn([*argv, *(["--seed", seed] if seed else [])], "membership.log")
+        _wait_for(self.root / "membership.sock", self.membership_proc, f"{self.name} membership")
+
     def start_arena(self, ceiling: int = 1 << 30) -> None:
         self.arena_proc = self._spawn(
             [
@@ -121,7 +132,9 @@ class EdgeHost:
         self.hold = connect_holder(self.root / "arena-fd.sock")
         self.arena = ArenaClient(self.hold, self.root / "arena.sock")
 
-    def start_edge(self, peers_file: Path, *extra: str) -> None:
+    def start_edge(self, peers_file: Path | None, *extra: str) -> None:
+        """Start the driver with a static peers file, or (None) following the membership socket
+        at <root>/membership.sock."""
         for stale in (self.edge_socket, self.wake_socket):  # left by a SIGKILLed driver
             stale.unlink(missing_ok=True)
         if self.channel is not None:
@@ -133,7 +146,8 @@ class EdgeHost:
         self.edge_proc = self._spawn(
             [
                 str(BIN / "swactor-edge"), "--state-dir", str(self.state_dir), "--socket", str(self.edge_socket),
-                "--bind", self.endpoint, "--peers-file", str(peers_file),
+                "--bind", self.endpoint,
+                *(["--peers-file", str(peers_file)] if peers_file else ["--membership-socket", str(self.root / "membership.sock")]),
                 "--arena-socket", str(self.root / "arena.sock"), "--arena-fd-socket", str(self.root / "arena-fd.sock"),
                 "--wake-socket", str(self.wake_socket), *extra,
             ],
@@ -190,7 +204,7 @@ class EdgeHost:
             self.arena.close()
         if self.hold is not None:
             self.hold.close()
-        for proc in (self.edge_proc, self.arena_proc):
+        for proc in (self.edge_proc, self.arena_proc, self.membership_proc):
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 try:
