@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import os
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swactor.edge import preamble
-from swactor.edge.driver import EdgeError
+from swactor.edge.driver import Driver, EdgeError
 from swactor.v1 import common_pb2, edge_pb2
 from tests.edge.fakering import FakeRing, wait_fd
 from tests.edge.inproc import next_event, start_nodes, stop_nodes
@@ -266,6 +267,46 @@ def test_unknown_peer_faults_edge_unreachable(tmp_path: Path) -> None:
                 await a.driver.establish_send(1, 424242, 11, None)
             with pytest.raises(EdgeError, match="cannot open"):
                 await a.driver.establish_recv(2, 999, None)
+        finally:
+            await stop_nodes([a])
+
+    asyncio.run(main())
+
+
+def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -> None:
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path, idle_timeout=30.0, keepalive_interval=0.1)
+        try:
+            a.rings.add(FakeRing(11, 64 << 10))
+            b.rings.add(FakeRing(21, 64 << 10))
+            await b.driver.establish_recv(1, 21, None)
+            await a.driver.establish_send(1, b.node_id, 11, None)
+            await next_event(a, "ready", 1)
+            old = a.driver.endpoint.cached(b.node_id)
+            # b "crashes": its socket vanishes without a CONNECTION_CLOSE ...
+            ep = b.driver.endpoint
+            assert ep.sock is not None
+            port = ep.address[1]  # type: ignore[index]
+            ep.loop.remove_reader(ep.sock.fileno())
+            ep.sock.close()
+            ep.sock = None
+            ep.connections.clear()
+            await asyncio.sleep(0.5)
+            # ... and comes back on the same port with the same identity and dials a
+            b2_cfg = dataclasses.replace(b.driver.config, bind=f"127.0.0.1:{port}")
+            b2 = Driver(node_id=b.node_id, config=b2_cfg, identity=b.driver.identity, directory=b.driver.directory, rings=b.rings)
+            b2.start()
+            b.rings.add(FakeRing(22, 64 << 10))
+            a.rings.add(FakeRing(12, 64 << 10))
+            await a.driver.establish_recv(2, 12, None)
+            await b2.establish_send(2, a.node_id, 22, None)
+            for _ in range(100):
+                if a.driver.endpoint.cached(b.node_id) is not old:
+                    break
+                await asyncio.sleep(0.01)
+            new = a.driver.endpoint.cached(b.node_id)
+            assert new is not None and new is not old and not new.initiated_here
+            await b2.close()
         finally:
             await stop_nodes([a])
 

@@ -53,6 +53,7 @@ class EdgeConnection:
         self.peer_addr: tuple[str, int] | None = None
         self.handshake: asyncio.Future[None] = endpoint.loop.create_future()
         self.closed = False
+        self.last_rx = endpoint.loop.time()  # loop time of the last datagram from the peer
         self.uid = next(self._uids)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None

@@ -116,6 +116,7 @@ class Endpoint:
                 self.bad_datagrams += 1
                 log.warning("edge.datagram_rejected", peer=f"{addr[0]}:{addr[1]}", detail=repr(e))
                 continue
+            conn.last_rx = now
             touched[conn.uid] = conn
         for conn in touched.values():
             conn.process_events()
@@ -200,7 +201,12 @@ class Endpoint:
         assert peer is not None  # the pin ran during the handshake
         if not conn.handshake.done():
             conn.handshake.set_result(None)
-        self._cache.setdefault((peer, ALPN), conn)
+        key = (peer, ALPN)
+        old = self._cache.get(key)
+        # A cached connection that has heard nothing for two keepalive intervals is most likely to a
+        # previous instance of the peer (it restarted and now reached us): new edges use the new one.
+        if old is None or old.closed or self.loop.time() - old.last_rx > 2 * self.config.keepalive_interval:
+            self._cache[key] = conn
         log.info(
             "edge.connection_established",
             peer_node_id=peer,
