@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +21,8 @@ MIB = 1 << 20
 
 @dataclass
 class ArenaProc:
+    """A running service; a reader thread keeps its stderr drained (a full pipe would stall it)."""
+
     proc: subprocess.Popen[bytes]
     dir: Path
     socket: Path
@@ -28,44 +30,39 @@ class ArenaProc:
     state_dir: Path
     ceiling: int
     events: list[dict] = field(default_factory=list)
-    _buf: bytes = b""
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _reader: threading.Thread | None = None
 
-    def read_events(self, timeout_s: float = 0.0) -> list[dict]:
-        """Drain the service's JSON event lines that are available within `timeout_s`."""
+    def start_reader(self) -> None:
+        self._reader = threading.Thread(target=self._read, name="arena-stderr", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
         assert self.proc.stderr is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stderr, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = max(0.0, deadline - time.monotonic())
-            if not sel.select(left):
-                break
-            chunk = os.read(self.proc.stderr.fileno(), 65536)
-            if not chunk:
-                break
-            self._buf += chunk
-            *lines, self._buf = self._buf.split(b"\n")
-            for line in lines:
-                try:
-                    self.events.append(json.loads(line))
-                except json.JSONDecodeError:
-                    self.events.append({"event": "_raw", "text": line.decode(errors="replace")})
-            if time.monotonic() >= deadline:
-                break
-        sel.close()
-        return self.events
+        for line in self.proc.stderr:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                ev = {"event": "_raw", "text": line.decode(errors="replace")}
+            with self._cond:
+                self.events.append(ev)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
 
     def wait_event(self, name: str, timeout_s: float = 10.0, **match: object) -> dict:
+        """The first event named `name` whose fields equal `match` (already seen or arriving)."""
         deadline = time.monotonic() + timeout_s
-        seen = 0
-        while True:
-            events = self.read_events(0.05)
-            for ev in events[seen:]:
-                if ev.get("event") == name and all(ev.get(k) == v for k, v in match.items()):
-                    return ev
-            seen = len(events)
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise AssertionError(f"no {name} {match} event; got {[e.get('event') for e in events]}")
+        with self._cond:
+            while True:
+                for ev in self.events:
+                    if ev.get("event") == name and all(ev.get(k) == v for k, v in match.items()):
+                        return ev
+                left = deadline - time.monotonic()
+                if left <= 0 or (self._reader is not None and not self._reader.is_alive()):
+                    names = [e.get("event") for e in self.events]
+                    raise AssertionError(f"no {name} {match} event; got {names}")
+                self._cond.wait(left)
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -75,7 +72,8 @@ class ArenaProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.read_events(0.1)
+        if self._reader is not None:
+            self._reader.join(5)
         return self.proc.returncode
 
 
@@ -109,6 +107,7 @@ def start_arena(
         env={**os.environ, **(env or {})},
     )
     arena = ArenaProc(proc, base, base / "arena.sock", base / "arena-fd.sock", state, ceiling)
+    arena.start_reader()
     arena.wait_event("arena_ready", timeout_s=30)
     return arena
 

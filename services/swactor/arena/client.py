@@ -236,7 +236,7 @@ class AsyncArenaClient:
     def __init__(self, hold: ArenaHold, socket_path: Path = DEFAULT_SOCKET) -> None:
         self.hold = hold
         self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
-        self._stub = arena_pb2_grpc.ArenaStub(self._channel)
+        self._stub = arena_pb2_grpc.ArenaManagerStub(self._channel)
 
     async def lease_updates(
         self,
@@ -359,7 +359,7 @@ class ArenaClient:
     def __init__(self, hold: ArenaHold, socket_path: Path = DEFAULT_SOCKET) -> None:
         self.hold = hold
         self._channel = grpc.insecure_channel(f"unix:{socket_path}")
-        self._stub = arena_pb2_grpc.ArenaStub(self._channel)
+        self._stub = arena_pb2_grpc.ArenaManagerStub(self._channel)
 
     def lease_updates(
         self,

@@ -1,4 +1,4 @@
-"""The gRPC servicer of swactor.v1.Arena: protobuf in, one ArenaNode call, protobuf out.
+"""The gRPC servicer of swactor.v1.ArenaManager: protobuf in, one ArenaNode call, protobuf out.
 
 ArenaError becomes a gRPC status in exactly one place (`_call`), with the field name first in the
 message; nothing else is caught here.
@@ -18,7 +18,7 @@ from swactor.arena.model import LeaseCancelled, LeaseQueued, LeaseRejected, Ring
 from swactor.arena.node import ArenaNode, Terminal
 from swactor.v1 import arena_pb2, arena_pb2_grpc
 
-SERVICE_NAME = arena_pb2.DESCRIPTOR.services_by_name["Arena"].full_name
+SERVICE_NAME = arena_pb2.DESCRIPTOR.services_by_name["ArenaManager"].full_name
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ async def _call(context: grpc.aio.ServicerContext, fn: Callable[[], T]) -> T:
         raise AssertionError("unreachable: abort raises") from e
 
 
-class ArenaServicer(arena_pb2_grpc.ArenaServicer):
+class ArenaServicer(arena_pb2_grpc.ArenaManagerServicer):
     def __init__(self, node: ArenaNode) -> None:
         self.node = node
 
@@ -119,4 +119,4 @@ def _pending(waiter: asyncio.Queue[Terminal]) -> Terminal | None:
 
 
 def add_to_server(server: grpc.aio.Server, node: ArenaNode) -> None:
-    arena_pb2_grpc.add_ArenaServicer_to_server(ArenaServicer(node), server)
+    arena_pb2_grpc.add_ArenaManagerServicer_to_server(ArenaServicer(node), server)
