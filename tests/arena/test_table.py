@@ -299,3 +299,33 @@ def test_attach_events_carry_identities() -> None:
     _, events = table.attach(lay.ring_id, 2, 2)
     assert events == [RingAttached(r, lay.ring_id, 2, 2)]
     assert pages_for(CAP) == 4
+
+
+def test_release_when_detached_defers_reclaim_to_the_last_detach() -> None:
+    table, _ = make_table(ceiling=8 * PAGE)
+    lay = leased(table.lease(req(7 * PAGE), 0.0)).layout
+    table.attach(lay.ring_id, 2, 1)  # the edge-driver's pump still holds it
+    waiting = req(CAP)
+    table.lease(waiting, 0.0)
+    events = table.release(lay.ring_id, 1, QUIESCED, 0.0, when_detached=True)
+    assert events == [RingReleased(events[0].request, lay.ring_id, QUIESCED, deferred=True)]
+    (info,) = table.stats().leases
+    assert not info.owner_holds and info.attached_holder_ids == (2,)
+    for call, field in [
+        (lambda: table.release(lay.ring_id, 1, QUIESCED, 0.0, when_detached=True), "ring_id"),
+        (lambda: table.attach(lay.ring_id, 3, 1), "ring_id"),
+    ]:
+        with pytest.raises(ArenaError) as e:
+            call()
+        assert (e.value.code, e.value.field) == (Code.FAILED_PRECONDITION, field)
+    events = table.detach(lay.ring_id, 2, DetachProof.PUMP_STOPPED, 0.0)
+    assert [type(e) for e in events] == [RingDetached, RingReclaimed, RingLeased]
+    assert events[1].cause is ReclaimCause.LAST_DETACH and events[2].request == waiting
+
+
+def test_release_when_detached_without_attachments_reclaims_at_once() -> None:
+    table, _ = make_table()
+    lay = leased(table.lease(req(CAP), 0.0)).layout
+    events = table.release(lay.ring_id, 1, QUIESCED, 0.0, when_detached=True)
+    assert [type(e) for e in events] == [RingReleased, RingReclaimed]
+    assert not events[0].deferred

@@ -29,7 +29,7 @@ op = st.one_of(
         st.integers(1, 40),  # data pages: some never fit the 32-page ceiling
         st.sampled_from([1, 64, 4096, 4 * PAGE]),
     ),
-    st.tuples(st.just("release"), st.integers(0, 20)),
+    st.tuples(st.just("release"), st.integers(0, 20), st.booleans()),
     st.tuples(st.just("cancel"), st.integers(0, 20)),
     st.tuples(st.just("attach"), st.integers(0, 20), st.sampled_from(HOLDERS)),
     st.tuples(st.just("detach"), st.integers(0, 20), st.sampled_from(HOLDERS)),
@@ -80,7 +80,7 @@ def test_random_sequences_never_overlap_and_fully_coalesce(ops: list[tuple]) -> 
                     table.lease(req(pages * PAGE, holder=holder, alignment=align), now)
             elif kind == "release" and leases:
                 lease = leases[step[1] % len(leases)]
-                table.release(lease.ring_id, lease.owner, ReleaseProof.QUIESCED, now)
+                table.release(lease.ring_id, lease.owner, ReleaseProof.QUIESCED, now, when_detached=step[2])
             elif kind == "cancel" and queued:
                 q = queued[step[1] % len(queued)]
                 table.cancel(q.request_id, q.holder_id, now)

@@ -11,7 +11,8 @@
             case Cancelled(): ...                 # CancelLease (StopEdge) won the race
         await client.attach(ring_id, role)        # every process that touches the ring: pump, worker
         await client.detach(ring_id, proof)       # ...and proves it stopped touching it
-        await client.release(ring_id)             # the owner, once nobody is attached
+        await client.release(ring_id)             # the owner, once nobody is attached, or
+                                                  # when_detached=True: the last detach frees it
 
 `ArenaClient` is the same API, blocking. Every call may raise ArenaCallError (code + message
 naming the field). A holder's leases and attachments outlive a dropped gRPC channel; they end on
@@ -314,9 +315,13 @@ class AsyncArenaClient:
             arena_pb2.CancelLeaseRequest(request_id=request_id, holder_id=self.hold.holder_id),
         )
 
-    async def release(self, ring_id: int, proof: int = QUIESCED) -> int:
-        """ReleaseRing (owner only, nobody attached). Returns the bytes given back to the free list."""
-        msg = arena_pb2.ReleaseRingRequest(ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof)
+    async def release(self, ring_id: int, proof: int = QUIESCED, *, when_detached: bool = False) -> int:
+        """ReleaseRing (owner only). Returns the bytes given back to the free list now. With holders
+        still attached: ArenaCallError FAILED_PRECONDITION, or, with `when_detached`, 0 and the
+        range goes back when the last holder detaches (or exits)."""
+        msg = arena_pb2.ReleaseRingRequest(
+            ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof, when_detached=when_detached
+        )
         resp: arena_pb2.ReleaseRingResponse = await self._unary(self._stub.ReleaseRing, msg)
         return resp.reclaimed_bytes
 
@@ -429,8 +434,10 @@ class ArenaClient:
             arena_pb2.CancelLeaseRequest(request_id=request_id, holder_id=self.hold.holder_id),
         )
 
-    def release(self, ring_id: int, proof: int = QUIESCED) -> int:
-        msg = arena_pb2.ReleaseRingRequest(ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof)
+    def release(self, ring_id: int, proof: int = QUIESCED, *, when_detached: bool = False) -> int:
+        msg = arena_pb2.ReleaseRingRequest(
+            ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof, when_detached=when_detached
+        )
         resp: arena_pb2.ReleaseRingResponse = self._unary(self._stub.ReleaseRing, msg)
         return resp.reclaimed_bytes
 

@@ -162,6 +162,7 @@ class RingReleased:
     request: RingRequest
     ring_id: int
     proof: ReleaseProof
+    deferred: bool = False  # holders still attached: the last detach reclaims the range
 
 
 @dataclass(frozen=True, slots=True)

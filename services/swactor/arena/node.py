@@ -157,8 +157,8 @@ class ArenaNode:
         self.apply(events)
         return events
 
-    def release(self, ring_id: int, holder_id: int, proof: int) -> list[Event]:
-        events = self._t.release(ring_id, holder_id, proof, self._clock())
+    def release(self, ring_id: int, holder_id: int, proof: int, when_detached: bool = False) -> list[Event]:
+        events = self._t.release(ring_id, holder_id, proof, self._clock(), when_detached=when_detached)
         self.apply(events)
         return events
 

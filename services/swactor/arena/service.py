@@ -14,7 +14,14 @@ import grpc
 
 from swactor.arena import convert
 from swactor.arena.errors import ArenaError
-from swactor.arena.model import LeaseCancelled, LeaseQueued, LeaseRejected, RingLeased, RingReclaimed
+from swactor.arena.model import (
+    LeaseCancelled,
+    LeaseQueued,
+    LeaseRejected,
+    RingLeased,
+    RingReclaimed,
+    RingReleased,
+)
 from swactor.arena.node import ArenaNode, Terminal
 from swactor.v1 import arena_pb2, arena_pb2_grpc
 
@@ -73,13 +80,15 @@ class ArenaServicer(arena_pb2_grpc.ArenaManagerServicer):
     async def ReleaseRing(
         self, request: arena_pb2.ReleaseRingRequest, context: grpc.aio.ServicerContext
     ) -> arena_pb2.ReleaseRingResponse:
+        r = request
         events = await _call(
-            context, lambda: self.node.release(request.ring_id, request.holder_id, request.proof)
+            context, lambda: self.node.release(r.ring_id, r.holder_id, r.proof, r.when_detached)
         )
+        deferred = any(isinstance(e, RingReleased) and e.deferred for e in events)
         reclaimed = sum(
-            e.range.length for e in events if isinstance(e, RingReclaimed) and e.ring_id == request.ring_id
+            e.range.length for e in events if isinstance(e, RingReclaimed) and e.ring_id == r.ring_id
         )
-        return arena_pb2.ReleaseRingResponse(ring_id=request.ring_id, reclaimed_bytes=reclaimed)
+        return arena_pb2.ReleaseRingResponse(ring_id=r.ring_id, reclaimed_bytes=reclaimed, deferred=deferred)
 
     async def AttachRing(
         self, request: arena_pb2.AttachRingRequest, context: grpc.aio.ServicerContext

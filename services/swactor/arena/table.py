@@ -203,8 +203,11 @@ class LeaseTable:
             raise precondition("request_id", f"request {request_id} is no longer queued (already answered)")
         raise not_found("request_id", f"no queued lease request {request_id}")
 
-    def release(self, ring_id: int, holder_id: int, proof: int, now: float) -> list[Event]:
-        """The owner's ReleaseRing{proof}: allowed only once no holder is attached."""
+    def release(
+        self, ring_id: int, holder_id: int, proof: int, now: float, *, when_detached: bool = False
+    ) -> list[Event]:
+        """The owner's ReleaseRing{proof}. While holders are still attached it is refused, unless
+        `when_detached`: then the owner's hold ends now and the last detach reclaims the range."""
         self._require(ArenaOp.RELEASE)
         lease = self._lease(ring_id)
         self._holder(holder_id, need_connected=False)
@@ -214,13 +217,20 @@ class LeaseTable:
             raise precondition(
                 "holder_id", f"ring {ring_id} is owned by holder {lease.owner}, not {holder_id}"
             )
-        if lease.attached:
-            holders = ", ".join(str(h) for h in sorted(lease.attached))
+        holders = ", ".join(str(h) for h in sorted(lease.attached))
+        if not lease.owner_holds:
+            raise precondition(
+                "ring_id", f"ring {ring_id} was already released; waiting for holder(s) {holders}"
+            )
+        if lease.attached and not when_detached:
             raise precondition(
                 "ring_id", f"ring {ring_id} is still attached by holder(s) {holders}; detach first"
             )
         lease.owner_holds = False
-        events: list[Event] = [RingReleased(lease.request, ring_id, ReleaseProof(proof))]
+        deferred = bool(lease.attached)
+        events: list[Event] = [RingReleased(lease.request, ring_id, ReleaseProof(proof), deferred)]
+        if deferred:
+            return events
         events.append(self._reclaim(lease, ReclaimCause.RELEASED))
         return events + self._drain(now)
 
