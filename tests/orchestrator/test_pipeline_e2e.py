@@ -1,7 +1,8 @@
 """Acceptance: a whole run with real weights. The orchestrator (gRPC API, run FSM, StageControlFleet
 over mutual TLS, RingTokenEndpoints) drives a real worker StageNode whose real compute process runs
 all 30 layers of SmolLM2 on the CPU. Token and ring bytes move through real ring-rs rings in one
-memfd arena; only QUIC is replaced, by an in-process byte pump between the hosts' rings."""
+memfd arena, carried host to host by real edge-drivers over QUIC on 127.0.0.1 (in this process).
+Left out: the arena-manager (rings come from the harness arena) and membership (a static view)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ wire = pytest.importorskip("swactor.worker.wire")
 harness = pytest.importorskip("tests.worker_service.harness")
 node_fakes = pytest.importorskip("tests.worker_service.node_fakes")
 token_endpoints = pytest.importorskip("swactor.orchestrator.token_endpoints")
-from .loopback_driver import LoopbackDriver, LoopbackHub  # noqa: E402
+from .inproc_edges import start_drivers, stop_drivers  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not MODEL_PATH.exists(), reason="run `make model`")]
@@ -44,11 +45,11 @@ MAX_TOKENS = 6
 class StageHost:
     """One stage node: a real compute process (CPU) behind the real StageControl servicer."""
 
-    def __init__(self, arena, hub: LoopbackHub, node_id: int) -> None:
+    def __init__(self, arena, driver, node_id: int) -> None:
         self.node_id = node_id
         core = ctl_fsm.CtlCore(arena.size, sr.RING_VERSION, {"device": "CPU"}, init_timeout_s=120, stop_timeout_s=10)
         self.ctl = ctl_mod.GpuWorkerCtl(core, arena.fd, python=sys.executable)
-        self.node = worker_node.StageNode(node_id, self.ctl, node_fakes.FakeArenaPort(arena), LoopbackDriver(hub, node_id),
+        self.node = worker_node.StageNode(node_id, self.ctl, node_fakes.FakeArenaPort(arena), driver,
                                           node_fakes.FakeMembership(), control_endpoint="127.0.0.1:1",
                                           orchestrator_node_id=ORCH)
         self.server, self.port, _ = create_server(
@@ -74,11 +75,11 @@ class StageHost:
 
 async def _pipeline(tmp_path: Path, requests: list[opb.SubmitRunRequest]):
     arena = harness.Arena(64 << 20)
-    hub = LoopbackHub(arena.arena)
-    hosts = [StageHost(arena, hub, 2), StageHost(arena, hub, 3)]
+    drivers = await start_drivers(tmp_path, [ORCH, 2, 3], arena.arena)
+    hosts = [StageHost(arena, drivers[2], 2), StageHost(arena, drivers[3], 3)]
 
     async def local_ports():
-        return node_fakes.FakeArenaPort(arena), LoopbackDriver(hub, ORCH), arena.arena
+        return node_fakes.FakeArenaPort(arena), drivers[ORCH], arena.arena
 
     fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan: MODEL_PATH.resolve(),
                               endpoints=token_endpoints.RingEndpointFactory(local_ports))
@@ -93,11 +94,11 @@ async def _pipeline(tmp_path: Path, requests: list[opb.SubmitRunRequest]):
             for req in requests:
                 resp = await s.stub.SubmitRun(req)
                 results.append([u async for u in s.stub.WatchRun(opb.WatchRunRequest(run_id=resp.run_id))])
-        return results, hub.calls
+        return results, [(n, op, e) for n, d in drivers.items() for op, e in d.calls]
     finally:
         for h in hosts:
             await h.close()
-        hub.close()
+        await stop_drivers(drivers)
         arena.close()
 
 
@@ -106,7 +107,7 @@ QUESTION = "What is the capital of France?"
 
 def test_runs_with_real_weights_one_and_two_stages(tmp_path: Path) -> None:
     chat1 = opb.SubmitRunRequest(prompt=QUESTION, stages=1, max_tokens=MAX_TOKENS, node_ids=[2])
-    raw = opb.SubmitRunRequest(prompt=QUESTION, raw=True, stages=1, max_tokens=MAX_TOKENS, node_ids=[3])
+    raw = opb.SubmitRunRequest(prompt=QUESTION, raw=True, stages=1, max_tokens=MAX_TOKENS, node_ids=[2])  # warm
     chat2 = opb.SubmitRunRequest(prompt=QUESTION, stages=2, max_tokens=MAX_TOKENS, node_ids=[2, 3])
     (one, eos, two), calls = asyncio.run(_pipeline(tmp_path, [chat1, raw, chat2]))
     for updates in (one, eos, two):
