@@ -72,8 +72,8 @@ PY
 case "$MODE" in
     dev)
         # clang: tinygrad's CPU device compiles kernels with it. The rest serve the multi-host
-        # tests: network namespaces (iproute2), partitions (nftables), delay (NFQUEUE), systemd hosts.
-        apt_install clang iproute2 nftables libnetfilter-queue1 systemd-container debootstrap
+        # tests: network namespaces (iproute2), partitions (nftables), delay (iptables NFQUEUE), systemd hosts.
+        apt_install clang iproute2 nftables iptables systemd-container debootstrap
         build_venv "$ROOT/.venv"
         fetch_model "$ROOT/.cache/models"
         say "ready: $ROOT/.venv ($("$ROOT/.venv/bin/python" -c 'import swactor, swactor_ring; print("swactor", swactor.__version__, "swactor_ring", swactor_ring.__version__)'))"

@@ -15,6 +15,10 @@ def _send(message: str) -> None:
         return
     if _notifier is None:
         _notifier = sdnotify.SystemdNotifier()
+        # A full notify socket must never stall a service's event loop: a dropped STATUS= is
+        # harmless, the next one replaces it (sdnotify swallows the resulting BlockingIOError).
+        if _notifier.socket is not None:
+            _notifier.socket.setblocking(False)
     _notifier.notify(message)
 
 
