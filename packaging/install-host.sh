@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Install swactor on one host under systemd (called as `bash install.sh host ...`). Idempotent:
+# re-running upgrades the code and keeps the host's config, secret, node id and edge identity.
+#
+#   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
+#   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator            # first host: makes the secret
+#
+# Options:
+#   --advertise-ip IP        address other hosts reach this one at (required)
+#   --seed HOST:PORT         a membership seed (repeatable; the first host needs none)
+#   --secret-file PATH       the pool's cluster secret (copy /etc/swactor/cluster.secret from the first host)
+#   --orchestrator           also run the orchestrator on this host
+#   --model PATH             GGUF the orchestrator serves (default: the bundled SmolLM2-135M-Instruct)
+#   --prefix DIR             install root (default /opt/swactor)
+#   --no-start               install and enable, but do not start the services
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PREFIX=/opt/swactor
+ETC=/etc/swactor
+STATE=/var/lib/swactor
+ADVERTISE_IP=""
+SEEDS=()
+SECRET_FILE=""
+ORCHESTRATOR=0
+MODEL=""
+START=1
+
+say() { printf '[install host] %s\n' "$*" >&2; }
+die() { printf '[install host] error: %s\n' "$*" >&2; exit 1; }
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --advertise-ip) ADVERTISE_IP="${2:?--advertise-ip needs an address}"; shift 2 ;;
+        --seed) SEEDS+=("${2:?--seed needs HOST:PORT}"); shift 2 ;;
+        --secret-file) SECRET_FILE="${2:?--secret-file needs a path}"; shift 2 ;;
+        --orchestrator) ORCHESTRATOR=1; shift ;;
+        --model) MODEL="${2:?--model needs a path}"; shift 2 ;;
+        --prefix) PREFIX="${2:?--prefix needs a directory}"; shift 2 ;;
+        --no-start) START=0; shift ;;
+        *) die "unknown option '$1' (see the header of packaging/install-host.sh)" ;;
+    esac
+done
+[ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system group"
+[ -n "$ADVERTISE_IP" ] || die "--advertise-ip is required: the address other hosts reach this one at"
+[[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die "--advertise-ip '$ADVERTISE_IP' is not an IP address"
+for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die "--seed '$seed' is not HOST:PORT"; done
+[ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file '$SECRET_FILE' is missing or empty"
+command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
+
+say "Debian packages"
+missing=()
+for pkg in clang python3-venv; do dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg"); done
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+getent group swactor >/dev/null || { say "creating system group swactor"; groupadd --system swactor; }
+install -d -m 0755 "$PREFIX"
+install -d -m 0750 -g swactor "$ETC" "$STATE"
+
+say "Python environment in $PREFIX/venv"
+PY=""
+for candidate in python3.11 python3.12 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then PY="$(command -v "$candidate")"; break; fi
+done
+[ -n "$PY" ] || die "Python >= 3.11 not found"
+[ -x "$PREFIX/venv/bin/python" ] || "$PY" -m venv "$PREFIX/venv"
+"$PREFIX/venv/bin/python" -m pip install -q --upgrade pip
+# Wheels built once (`make wheels`) install without a Rust toolchain; otherwise build ring-rs here.
+if ! ls "$ROOT"/dist/ring/swactor_ring-*.whl >/dev/null 2>&1; then
+    command -v cargo >/dev/null || die "no prebuilt ring-rs wheel in dist/ring and no cargo to build one"
+    "$PREFIX/venv/bin/python" -m pip install -q "maturin>=1.5"
+    (cd "$ROOT/ring-rs" && "$PREFIX/venv/bin/maturin" build -q --release --out "$ROOT/dist/ring")
+fi
+"$PREFIX/venv/bin/python" -m pip install -q --force-reinstall --no-deps "$ROOT"/dist/ring/swactor_ring-*.whl
+"$PREFIX/venv/bin/python" -m pip install -q "grpcio-tools>=1.60"
+"$PREFIX/venv/bin/python" "$ROOT/packaging/gen_protos.py"
+"$PREFIX/venv/bin/python" -m pip install -q "$ROOT"
+rm -rf "$PREFIX/docs" && cp -r "$ROOT/docs" "$PREFIX/docs"
+
+if [ ! -s "$ETC/cluster.secret" ]; then
+    if [ -n "$SECRET_FILE" ]; then
+        install -m 0640 -g swactor "$SECRET_FILE" "$ETC/cluster.secret"
+    else
+        say "no --secret-file: generating a new cluster secret (copy $ETC/cluster.secret to every other host)"
+        (umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$ETC/cluster.secret")
+        chgrp swactor "$ETC/cluster.secret"
+    fi
+fi
+
+if [ -z "$MODEL" ] && [ "$ORCHESTRATOR" -eq 1 ]; then
+    MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    [ -s "$MODEL" ] || MODEL_PYTHON="$PREFIX/venv/bin/python" bash "$ROOT/install.sh" model "$STATE/models"
+fi
+
+say "edge TLS identity"
+"$PREFIX/venv/bin/swactor-edge" --init-identity --state-dir "$STATE" >/dev/null
+
+if [ ! -s "$ETC/swactor.toml" ]; then
+    say "writing $ETC/swactor.toml"
+    seeds_toml=""
+    for seed in "${SEEDS[@]}"; do seeds_toml+="\"$seed\", "; done
+    {
+        echo "# swactor host configuration: one table per service (see $PREFIX/docs)."
+        echo "[membership]"
+        echo "advertise = \"$ADVERTISE_IP:7946\""
+        echo "seeds = [${seeds_toml%, }]"
+        echo "secret_file = \"$ETC/cluster.secret\""
+        echo "edge_endpoint = \"$ADVERTISE_IP:7400\""
+        echo "control_endpoint = \"$ADVERTISE_IP:7441\""
+        echo
+        echo "[edge]"
+        echo "advertise = \"$ADVERTISE_IP:7400\""
+        echo
+        echo "[worker]"
+        echo "advertise_control = \"$ADVERTISE_IP:7441\""
+        echo "secret_file = \"$ETC/cluster.secret\""
+        if [ "$ORCHESTRATOR" -eq 1 ]; then
+            echo
+            echo "[orchestrator]"
+            echo "secret_file = \"$ETC/cluster.secret\""
+            echo "model_path = \"$MODEL\""
+        fi
+    } > "$ETC/swactor.toml"
+    chgrp swactor "$ETC/swactor.toml"; chmod 0640 "$ETC/swactor.toml"
+else
+    say "keeping the existing $ETC/swactor.toml"
+fi
+
+say "systemd units"
+units=(swactor-membership swactor-arena swactor-edge swactor-worker)
+[ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
+for unit in "${units[@]}"; do
+    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit.service" > "/etc/systemd/system/$unit.service"
+done
+systemctl daemon-reload
+systemctl enable -q "${units[@]/%/.service}"
+if [ "$START" -eq 1 ]; then
+    systemctl restart "${units[@]/%/.service}"
+    say "started: $(systemctl is-active "${units[@]/%/.service}" | tr '\n' ' ')"
+    say "check with: systemctl status 'swactor-*'"
+fi
