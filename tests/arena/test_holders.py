@@ -186,3 +186,35 @@ def test_attach_returns_the_layout_and_draining_refuses_new_attachments(arena: A
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_child_given_the_connection_keeps_the_holders_ranges_after_the_parent_dies(arena: ArenaProc) -> None:
+    """A parent passing memfd + hand-out connection to a child (like the gpu-worker's compute process)."""
+    code = (
+        "import os, subprocess, sys, time\n"
+        "from swactor.arena.client import ArenaClient, connect_holder\n"
+        "from swactor.v1 import common_pb2\n"
+        f"hold = connect_holder({str(arena.fd_socket)!r})\n"
+        f"client = ArenaClient(hold, {str(arena.socket)!r})\n"
+        "out = client.lease(request_id=1, requester='parent', edge_id=3, direction=1,"
+        " ring_spec=common_pb2.RingSpec(data_capacity=65536, alignment=64))\n"
+        "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'],"
+        " pass_fds=(hold.fd, hold.connection_fileno()))\n"
+        "print(out.ring_id, hold.holder_id, kid.pid, flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    ring_id, holder_id, kid = map(int, parent.stdout.readline().split())
+    try:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        arena.wait_event("arena_holder_exited_connection_open", holder_id=holder_id)
+        with connect_holder(arena.fd_socket) as hold, ArenaClient(hold, arena.socket) as client:
+            assert [i.ring_id for i in client.stats().leases] == [ring_id]
+            os.kill(kid, signal.SIGKILL)
+            reclaimed = arena.wait_event("ring_reclaimed", ring_id=ring_id)
+            assert reclaimed["cause"] == "HOLDER_EXITED"
+            assert not client.stats().leases
+    finally:
+        _kill_quietly(kid)

@@ -68,7 +68,8 @@ class ArenaHold:
     """This process's hand-out connection: the arena memfd and the holder id naming the process.
 
     Keep it open for as long as the process may touch arena memory; close it (or exit) only after
-    detaching/releasing. The fd is close-on-exec: a child process must connect on its own.
+    detaching/releasing. Both fds are close-on-exec: a child that maps the arena either connects
+    on its own or inherits `fd` *and* `connection_fileno()` (see there).
     """
 
     holder_id: int
@@ -86,6 +87,15 @@ class ArenaHold:
 
             self._arena = swactor_ring.Arena.from_fd(self.fd, self.arena_len)
         return self._arena
+
+    def connection_fileno(self) -> int:
+        """The hand-out connection's fd, for a parent that lets a child process map the arena.
+
+        Pass it to the child together with `fd` (subprocess pass_fds): the arena then counts this
+        holder as gone only when the connection's last copy is closed *and* this process exited,
+        so nothing the holder kept is reclaimed while the child may still touch it.
+        """
+        return self._sock.fileno()
 
     @property
     def closed(self) -> bool:
