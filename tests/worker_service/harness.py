@@ -7,6 +7,7 @@ import select
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import swactor_ring as sr
@@ -142,3 +143,17 @@ class WorkerProc:
         for f in (self.proc.stdin, self.proc.stdout):
             if f is not None:
                 f.close()
+
+
+def start_arena(base: Path, ceiling: int = 64 << 20) -> subprocess.Popen[bytes]:
+    """A real arena-manager process with its sockets under `base` (keep paths short: AF_UNIX)."""
+    (base / "swactor.toml").write_text("")
+    proc = subprocess.Popen([sys.executable, "-m", "swactor.arena.main", "--config", str(base / "swactor.toml"),
+                             "--socket", str(base / "arena.sock"), "--fd-socket", str(base / "arena-fd.sock"),
+                             "--state-dir", str(base / "state"), "--ceiling-bytes", str(ceiling)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while not (base / "arena-fd.sock").exists() or not (base / "arena.sock").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "arena-manager did not come up"
+        time.sleep(0.05)
+    return proc

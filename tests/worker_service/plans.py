@@ -28,7 +28,8 @@ def ring(direction: int, capacity: int = 1 << 16) -> common_pb2.RingSpec:
 
 def provision(*, node_id: int, orchestrator: int, run_id: int = 77, stage_index: int = 1, stage_count: int = 2,
               layers: tuple[int, int] = (15, 30), in_edge: int = 101, out_edge: int = 102, max_seq: int = 64,
-              path: str = MODEL, sha256: str = "") -> stage_pb2.ProvisionStageRequest:
+              path: str = MODEL, sha256: str = "", peer: int | None = None) -> stage_pb2.ProvisionStageRequest:
+    """`peer`: the node on the other end of both edges (default: the orchestrator for token edges, 500/600)."""
     first, last = stage_index == 0, stage_index == stage_count - 1
     req = stage_pb2.ProvisionStageRequest(
         run_id=run_id, node_id=node_id, orchestrator_node_id=orchestrator, stage_index=stage_index,
@@ -36,12 +37,12 @@ def provision(*, node_id: int, orchestrator: int, run_id: int = 77, stage_index:
         layer_start=layers[0], layer_end_exclusive=layers[1],
         inbound=stage_pb2.InboundEdgeProvision(
             edge_id=in_edge, kind=common_pb2.EDGE_KIND_TOKEN_IN if first else common_pb2.EDGE_KIND_ACTIVATION,
-            producer_node_id=orchestrator if first else 500,
+            producer_node_id=peer or (orchestrator if first else 500),
             object_spec=token_spec() if first else act_spec(max_seq),
             ring_spec=ring(common_pb2.RING_DIRECTION_INGRESS)),
         outbound=stage_pb2.OutboundEdgeProvision(
             edge_id=out_edge, kind=common_pb2.EDGE_KIND_TOKEN_OUT if last else common_pb2.EDGE_KIND_ACTIVATION,
-            consumer_node_id=orchestrator if last else 600,
+            consumer_node_id=peer or (orchestrator if last else 600),
             object_spec=token_spec() if last else act_spec(max_seq),
             ring_spec=ring(common_pb2.RING_DIRECTION_EGRESS)),
         model=stage_pb2.StageModelFacts(model_id="smollm2-135m", num_layers=LAYERS, hidden_dim=HIDDEN,

@@ -6,10 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,24 +19,12 @@ from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
 from swactor.worker.node import StageNode
 
+from .harness import start_arena
 from .node_fakes import FakeDriverPort, FakeMembership
 from .plans import MODEL, provision
 from .test_node_process import until, wait_for
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not os.path.exists(MODEL), reason="run `make model`")]
-
-
-def start_arena(base: Path) -> subprocess.Popen[bytes]:
-    (base / "swactor.toml").write_text("")
-    proc = subprocess.Popen([sys.executable, "-m", "swactor.arena.main", "--config", str(base / "swactor.toml"),
-                             "--socket", str(base / "arena.sock"), "--fd-socket", str(base / "arena-fd.sock"),
-                             "--state-dir", str(base / "state"), "--ceiling-bytes", str(64 << 20)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not (base / "arena-fd.sock").exists() or not (base / "arena.sock").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "arena-manager did not come up"
-        time.sleep(0.05)
-    return proc
 
 
 def test_stage_node_leases_and_releases_real_arena_rings() -> None:

@@ -67,8 +67,11 @@ class ArenaClientPort:
             await self.client.detach(ring_id, arena_pb2.DETACH_PROOF_RING_QUIESCED)
 
     async def release(self, ring_id: int, never_installed: bool) -> None:
+        """ReleaseRing with `when_detached`: the edge-driver drops its pump hold right after
+        PumpStopped, asynchronously; the arena then reclaims the range at that last detach."""
         await self.detach_worker(ring_id)
-        await self.client.release(ring_id, arena_client.NEVER_INSTALLED if never_installed else arena_client.QUIESCED)
+        proof = arena_client.NEVER_INSTALLED if never_installed else arena_client.QUIESCED
+        await self.client.release(ring_id, proof, when_detached=True)
 
 
 class EdgeDriverPort:
