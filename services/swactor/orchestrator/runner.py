@@ -76,7 +76,7 @@ class RunHandle:
             if self.fsm.state is not F.RunState.DONE:
                 self.record.state = opb.RUN_STATE_DONE
                 self.record.outcome = self.record.outcome or opb.RUN_OUTCOME_FAULTED
-                self.record.reason = self.record.reason or "RUN_FAULT_ORCHESTRATOR_INTERNAL"
+                self.record.reason = self.record.reason or pb.RunFaultReason.Name(pb.RUN_FAULT_ORCHESTRATOR_INTERNAL)
                 self.record.detail = f"orchestrator run driver failed: {e}"
         finally:
             injector.cancel()

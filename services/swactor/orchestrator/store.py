@@ -15,8 +15,7 @@ from pathlib import Path
 from swactor.v1 import common_pb2, orchestrator_pb2
 
 DB_NAME = "orchestrator.sqlite3"
-# Not yet in common.proto's RunFaultReason (the lead owns it): the stable name is used as is.
-ORCHESTRATOR_RESTARTED = "RUN_FAULT_ORCHESTRATOR_RESTARTED"
+ORCHESTRATOR_RESTARTED = common_pb2.RunFaultReason.Name(common_pb2.RUN_FAULT_ORCHESTRATOR_RESTARTED)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
