@@ -23,16 +23,21 @@ import pytest
 import swactor_ring as sr
 from swactor.arena.client import AsyncArenaClient, Leased, connect_holder
 from swactor.edge.wakefd import fetch_wake_fds
-from swactor.v1 import common_pb2, edge_pb2
+from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
 from swactor.worker import wire
-from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort, to_proto_layout, to_wire_layout
+from swactor.worker.adapters import (
+    ArenaClientPort,
+    EdgeDriverPort,
+    MembershipClientPort,
+    to_proto_layout,
+    to_wire_layout,
+)
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
 from swactor.worker.node import StageNode
 from swactor.worker.ringport import native_layout
 
 from .harness import start_arena
-from .node_fakes import FakeMembership
 from .plans import MODEL, provision, ring
 from .test_node_process import until, wait_for
 
@@ -58,6 +63,15 @@ class Host:
         self.node_id, self.fingerprint = int(ident["node_id"]), ident["fingerprint"]
         self.port = free_udp_port()
         self.edge: subprocess.Popen[bytes] | None = None
+        self.membership: subprocess.Popen[bytes] | None = None
+
+    def start_membership(self, secret: Path) -> None:
+        b = self.base
+        self.membership = subprocess.Popen(
+            [sys.executable, "-m", "swactor.membership.main", "--config", str(b / "swactor.toml"), "--socket",
+             str(b / "membership.sock"), "--state-dir", str(b / "state"), "--bind", f"127.0.0.1:{free_udp_port()}",
+             "--secret-file", str(secret), "--no-gpu-autodetect"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def start_edge(self, peers: Path) -> None:
         b = self.base
@@ -69,7 +83,7 @@ class Host:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def stop(self) -> None:
-        for p in (self.edge, self.arena):
+        for p in (self.edge, self.membership, self.arena):
             if p is not None and p.poll() is None:
                 p.terminate()
                 try:
@@ -111,8 +125,11 @@ def test_stage_over_real_arena_and_edge_drivers() -> None:
                                  f'fingerprint = "{x.fingerprint}"\n' for x in hosts))
         for x in hosts:
             x.start_edge(peers)
+        secret = base / "cluster.secret"
+        secret.write_text("test-cluster-secret-0123456789")
+        h.start_membership(secret)
         deadline = time.monotonic() + 30
-        while not all((x.base / "edge.sock").exists() for x in hosts):
+        while not all((x.base / "edge.sock").exists() for x in hosts) or not (h.base / "membership.sock").exists():
             assert time.monotonic() < deadline and all(x.edge.poll() is None for x in hosts)  # type: ignore[union-attr]
             time.sleep(0.05)
         asyncio.run(scenario(h, p))
@@ -128,7 +145,8 @@ async def scenario(h: Host, p: Host) -> None:
     client = AsyncArenaClient(hold, h.base / "arena.sock")
     ctl = GpuWorkerCtl(CtlCore(hold.arena_len, sr.RING_VERSION, {"device": "CPU"}, init_timeout_s=60), hold.fd)
     driver = EdgeDriverPort(h.base / "edge.sock", h.base / "edge-wake.sock")
-    node = StageNode(h.node_id, ctl, ArenaClientPort(client), driver, FakeMembership())
+    membership = MembershipClientPort(h.base / "membership.sock")
+    node = StageNode(h.node_id, ctl, ArenaClientPort(client), driver, membership, control_endpoint="127.0.0.1:7441")
     peer_hold = connect_holder(p.base / "arena-fd.sock")
     peer_arena = peer_hold.map()
     peer_client = AsyncArenaClient(peer_hold, p.base / "arena.sock")
@@ -136,6 +154,13 @@ async def scenario(h: Host, p: Host) -> None:
     await node.start()
     try:
         await wait_for(lambda: node.available)
+        stub = membership_pb2_grpc.MembershipStub(membership._channel)
+        for _ in range(100):  # §8: NodeAvailable reached membership, with the control endpoint
+            me = (await stub.GetSelf(membership_pb2.GetSelfRequest())).self.metadata
+            if me.state == membership_pb2.NODE_STATE_AVAILABLE:
+                break
+            await asyncio.sleep(0.05)
+        assert me.state == membership_pb2.NODE_STATE_AVAILABLE and me.control_endpoint == "127.0.0.1:7441"
         node.provision(provision(node_id=h.node_id, orchestrator=p.node_id, run_id=9, stage_index=0,
                                  layers=(0, 15), in_edge=301, out_edge=302, max_seq=32, peer=p.node_id),
                        caller_orchestrator=p.node_id)
@@ -182,6 +207,7 @@ async def scenario(h: Host, p: Host) -> None:
         await asyncio.wait_for(ctl.wait_exited(), 20)
         await ctl.close()
         await driver.close()
+        await membership.close()
         await peer_driver.close()
         await client.close()
         await peer_client.close()

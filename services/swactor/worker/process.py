@@ -170,8 +170,12 @@ class WorkerProcess:
             return
         from swactor.worker import roles
 
+        last: list[tuple[int, int]] = []
+
         def progress(done: int, total: int) -> None:
-            self.emit(wire.RoleProgress(cmd.role_id, done, total))
+            if not last or last[-1] != (done, total):  # one event per layer, not per tensor
+                last[:] = [(done, total)]
+                self.emit(wire.RoleProgress(cmd.role_id, done, total))
 
         try:
             role, warm = roles.configure(self.role, cmd.config, self.bridge, progress)
