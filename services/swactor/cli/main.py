@@ -203,9 +203,9 @@ def dispatch(args: argparse.Namespace) -> int:
         _sampling(args)
         if args.hosts is not None and args.hosts < args.stages:
             raise CliError(f"--hosts {args.hosts} cannot hold --stages {args.stages} (one stage per host)")
-        raise CliError("`swactor demo` is not wired yet: the local pool bring-up (membership, arena, edge and "
-                       "worker services per simulated host) is the integration step still to come. Against a "
-                       "running pool use `swactor submit --prompt ... --watch`.")
+        from swactor.cli.demo import run_demo
+
+        return run_demo(args)
     with channel(args.address) as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         t = args.timeout

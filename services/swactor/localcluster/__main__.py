@@ -1,0 +1,40 @@
+"""`python -m swactor.localcluster [--hosts N] [--keep]`: bring up a local pool, print how to reach
+it, and hold it until Ctrl-C (then tear everything down)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m swactor.localcluster", description=__doc__)
+    p.add_argument("--hosts", type=int, default=3)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--device", default="CPU", help="tinygrad device of the workers (default CPU)")
+    p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
+    p.add_argument("--dir", type=Path, help="cluster directory (default: a temp dir removed at exit)")
+    p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
+    args = p.parse_args(argv)
+    spec = ClusterSpec(hosts=args.hosts, model=args.model, device=args.device, base_dir=args.dir, keep=args.keep,
+                       netns=False if args.loopback else None)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        with LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True)) as c:
+            print(f"swactor --address {c.orchestrator_address} nodes", flush=True)
+            threading.Event().wait()
+    except ClusterError as e:
+        print(f"localcluster: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""LocalCluster: bring up N simulated hosts on this machine, wait for the pool, tear it all down.
+
+Each host gets its own root dir (state/, run/, log/, swactor.toml), its own address (a loopback
+address 127.X.Y.(i+1), or with `netns=True` and root a network namespace of its own) and its own
+services as separate processes: arena-manager, membership (seeded at host 0), edge-driver, worker.
+Host 0 also runs the orchestrator, sharing host 0's node id, arena and edge-driver for its token
+endpoints. Readiness is evidence-based: gRPC health SERVING per service, membership shows every
+node Available, the orchestrator's ListNodes shows them provisionable and the pool ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from swactor.common.events import get_logger
+from swactor.common.ids import load_or_create_node_id
+from swactor.localcluster import ready
+from swactor.localcluster.layout import (
+    CONTROL_PORT,
+    EDGE_PORT,
+    MEMBERSHIP_PORT,
+    HostLayout,
+    HostPorts,
+    host_config,
+    to_toml,
+)
+from swactor.localcluster.netns import Netns
+from swactor.localcluster.procs import Service, tail
+from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+log = get_logger(component="localcluster")
+
+
+class ClusterError(RuntimeError):
+    """A service failed to start or become ready; the message names it and quotes its log."""
+
+
+@dataclass
+class ClusterSpec:
+    hosts: int = 3
+    model: Path = DEFAULT_MODEL
+    device: str = "CPU"  # tinygrad device of every worker's compute process
+    netns: bool | None = None  # None: namespaces when root and `ip` exists, else loopback addresses
+    base_dir: Path | None = None  # default: a fresh temp dir, removed at teardown
+    keep: bool = False  # keep the dir (logs) after teardown
+    ceiling_bytes: int = 1 << 30
+    pool_window_s: float = 0.5
+    orchestrator: dict[str, object] = field(default_factory=dict)  # extra [orchestrator] keys
+    start_timeout_s: float = 60.0
+    stop_timeout_s: float = 15.0
+
+
+def _port_free(addr: str, port: int) -> bool:
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):
+        with socket.socket(socket.AF_INET, kind) as s:
+            try:
+                s.bind((addr, port))
+            except OSError:
+                return False
+    return True
+
+
+def _loopback_block(n: int) -> list[str]:
+    """N loopback addresses 127.X.Y.1..N whose service ports are free (another cluster or test may
+    run at the same time)."""
+    rng = random.Random(os.getpid() ^ secrets.randbits(32))
+    for _ in range(50):
+        x, y = rng.randint(64, 250), rng.randint(1, 250)
+        addrs = [f"127.{x}.{y}.{i + 1}" for i in range(n)]
+        if all(_port_free(a, p) for a in addrs for p in (MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT)):
+            return addrs
+    raise ClusterError("no free loopback address block for the local cluster")
+
+
+class LocalCluster:
+    def __init__(self, spec: ClusterSpec, progress: Callable[[str], None] | None = None) -> None:
+        if spec.hosts < 1:
+            raise ValueError(f"hosts must be >= 1, got {spec.hosts}")
+        if not spec.model.is_file():
+            raise ClusterError(f"model {spec.model} does not exist (run `bash install.sh model` or `make model`)")
+        self.spec = spec
+        self.progress = progress or (lambda line: None)
+        self.hosts: list[HostLayout] = []
+        self.node_ids: list[int] = []
+        self.services: list[Service] = []
+        self.netns: Netns | None = None
+        self.root: Path | None = None
+        self._own_root = False
+        self.teardown_report: dict[str, object] = {}
+
+    # --- context manager -------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # --- bring-up --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        spec = self.spec
+        if spec.base_dir is None:
+            self.root = Path(tempfile.mkdtemp(prefix="swl-"))  # short: Unix socket paths are <108 bytes
+            self._own_root = True
+        else:
+            self.root = spec.base_dir
+            self.root.mkdir(parents=True, exist_ok=True)
+        use_netns = spec.netns if spec.netns is not None else Netns.available() is None
+        if use_netns:
+            why = Netns.available()
+            if why is not None:
+                raise ClusterError(f"network namespaces unavailable: {why}")
+            self.netns = Netns(spec.hosts)
+            self.netns.create()
+            addrs = self.netns.addrs
+        else:
+            addrs = _loopback_block(spec.hosts)
+        secret_file = self.root / "cluster.secret"
+        secret_file.write_text(secrets.token_hex(32) + "\n")
+        secret_file.chmod(0o600)
+        for i, addr in enumerate(addrs):
+            h = HostLayout(i, addr, self.root / f"h{i}", HostPorts(MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT),
+                           netns=self.netns.host(i) if self.netns else None)
+            for d in (h.state_dir, h.run_dir, h.log_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            self.node_ids.append(load_or_create_node_id(h.state_dir))
+            orch = None
+            if i == 0:
+                orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s, **spec.orchestrator}
+            seed = None if i == 0 else addrs[0] + f":{MEMBERSHIP_PORT}"
+            cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
+                              ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
+                              orchestrator=orch)
+            h.config_path.write_text(to_toml(cfg))
+            self.hosts.append(h)
+        self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
+                      f" ({'network namespaces' if self.netns else 'loopback addresses'}), dir {self.root}")
+        for h in self.hosts:
+            self._init_identity(h)
+        t = spec.start_timeout_s
+        self._start_all("arena", "swactor.arena.main", lambda h: h.sock("arena"), t)
+        self._start_all("membership", "swactor.membership.main", lambda h: h.sock("membership"), t)
+        self._start_all("edge", "swactor.edge.main", lambda h: h.sock("edge"), t)
+        for h in self.hosts:
+            self._spawn(h, "worker", "swactor.worker.main")
+        want = set(self.node_ids)
+        ready.wait_for("membership (every node Available)",
+                       lambda: ready.all_available(self.hosts[0].sock("membership"), want), t,
+                       check=self.check_alive, progress=self.progress)
+        h0 = self.hosts[0]
+        self._spawn(h0, "orchestrator", "swactor.orchestrator.main")
+        ready.wait_for("h0/orchestrator", lambda: ready.health_serving(h0.sock("orchestrator")), t,
+                       check=self.check_alive, progress=self.progress)
+        with self.channel() as ch:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+            ready.wait_for("orchestrator pool", lambda: ready.pool_ready(stub, want), t,
+                           check=self.check_alive, progress=self.progress)
+        self.progress(f"local cluster ready: nodes {', '.join(str(n) for n in self.node_ids)}")
+        log.info("localcluster_ready", hosts=spec.hosts, node_ids=self.node_ids, root=str(self.root))
+
+    def _python(self, h: HostLayout, module: str, *args: str) -> list[str]:
+        return [sys.executable, "-m", module, "--config", str(h.config_path), *args]
+
+    def _prefix(self, h: HostLayout) -> list[str]:
+        return self.netns.exec_prefix(h.index) if self.netns else []
+
+    def _init_identity(self, h: HostLayout) -> None:
+        argv = [*self._prefix(h), *self._python(h, "swactor.edge.main", "--init-identity")]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise ClusterError(f"{h.name}/edge --init-identity failed ({done.returncode}): {done.stderr.strip()}")
+        info = json.loads(done.stdout.strip().splitlines()[-1])
+        if info["node_id"] != self.node_ids[h.index]:
+            raise ClusterError(f"{h.name}: edge identity node id {info['node_id']} != {self.node_ids[h.index]}")
+
+    def _spawn(self, h: HostLayout, name: str, module: str) -> Service:
+        svc = Service(f"{h.name}/{name}", self._python(h, module), h.log_dir / f"{name}.log")
+        svc.start(self._prefix(h))
+        self.services.append(svc)
+        return svc
+
+    def _start_all(self, name: str, module: str, sock: Callable[[HostLayout], Path], timeout_s: float) -> None:
+        for h in self.hosts:
+            self._spawn(h, name, module)
+        for h in self.hosts:
+            ready.wait_for(f"{h.name}/{name}", lambda h=h: ready.health_serving(sock(h)), timeout_s,
+                           check=self.check_alive)
+
+    def check_alive(self) -> None:
+        for svc in self.services:
+            if svc.exited() is not None:
+                raise ClusterError(svc.describe_exit())
+
+    # --- access ----------------------------------------------------------------------------------
+
+    @property
+    def orchestrator_address(self) -> str:
+        return f"unix:{self.hosts[0].sock('orchestrator')}"
+
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(self.orchestrator_address)
+
+    def service(self, name: str) -> Service:
+        return next(s for s in self.services if s.name == name)
+
+    def arena_stats(self, i: int) -> arena_pb2.ArenaStats:
+        with grpc.insecure_channel(f"unix:{self.hosts[i].sock('arena')}") as ch:
+            return arena_pb2_grpc.ArenaManagerStub(ch).Stats(arena_pb2.ArenaStatsRequest(), timeout=5)
+
+    def logs(self, name: str, lines: int = 40) -> str:
+        return tail(self.service(name).log, lines)
+
+    # --- teardown --------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop every service (orchestrator first, arenas last), remove namespaces and the dir.
+        Safe to call twice, and with SIGINT/SIGTERM held off so a second Ctrl-C cannot cut it short."""
+        old = {}
+        with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, signal.SIG_IGN)
+        try:
+            order = ["orchestrator", "worker", "edge", "membership", "arena"]
+            unclean: list[str] = []
+            for kind in order:
+                for svc in [s for s in self.services if s.name.endswith("/" + kind)]:
+                    if not svc.stop(self.spec.stop_timeout_s):
+                        unclean.append(svc.name)
+            for svc in self.services:
+                svc.kill_group()
+            self.teardown_report = {"services": len(self.services), "killed": unclean}
+            self.services = []
+            if self.netns is not None:
+                self.netns.destroy()
+                self.netns = None
+            if self.root is not None and self._own_root and not self.spec.keep:
+                shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
