@@ -8,6 +8,7 @@ when `host_to_device` / `device_to_host` return, the host bytes may be released 
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,18 @@ def tinygrad_dtype(family: str, width: int) -> DType:
         return DTYPES[(family, width)]
     except KeyError:
         raise ValueError(f"dtype {family}{width * 8} is not supported by the device bridge") from None
+
+
+def _writable_alias(src: memoryview) -> memoryview:
+    """A writable-typed view of read-only bytes (consumer ring spans are read-only exports).
+
+    tinygrad's copy-in takes the buffer through ctypes `from_buffer`, which insists on writable
+    memory although it only reads. SAFETY: the alias is used only as the *source* of the copy and
+    only while `src` (which pins the ring span) is alive in the caller; nothing writes through it.
+    """
+    arr = np.frombuffer(src, dtype=np.uint8)
+    alias = (ctypes.c_char * len(src)).from_address(arr.ctypes.data)
+    return memoryview(alias).cast("B")
 
 
 @dataclass
@@ -70,8 +83,8 @@ class DeviceBridge:
 
     def host_to_device(self, src: memoryview, alloc: DeviceAllocation, offset: int) -> None:
         view = self._range(alloc, offset, len(src))
-        if src.readonly:  # tinygrad's copy path needs a writable buffer object
-            src = memoryview(bytearray(src))
+        if src.readonly:
+            src = _writable_alias(src)
         try:
             view.allocator._copyin(view._buf, src)
             if not self._synchronous_host:
