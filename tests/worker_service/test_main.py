@@ -1,0 +1,80 @@
+"""`swactor-worker` as a process, booted from its config against real arena-manager, edge-driver
+and membership services: NodeAvailable with the control endpoint, mTLS StageControl, clean SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from swactor.v1 import membership_pb2, membership_pb2_grpc, stage_pb2, stage_pb2_grpc
+from swactor.worker import control_tls
+
+from .plans import provision
+from .test_node_edge import Host, free_udp_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_service_boots_reports_available_and_serves_control() -> None:
+    base = Path(tempfile.mkdtemp(prefix="swm-", dir="/tmp"))
+    host: Host | None = None
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        host = Host(base / "h")
+        b = host.base
+        (base / "peers.toml").write_text(f'[[peer]]\nnode_id = {host.node_id}\nendpoint = "127.0.0.1:{host.port}"\n'
+                                         f'fingerprint = "{host.fingerprint}"\n')
+        host.start_edge(base / "peers.toml")
+        secret = base / "cluster.secret"
+        secret.write_text("main-test-cluster-secret-0123")
+        host.start_membership(secret)
+        control_port = free_udp_port()
+        cfg = base / "worker.toml"
+        cfg.write_text("[worker]\n" + "".join(f'{k} = "{v}"\n' for k, v in {
+            "control_address": f"127.0.0.1:{control_port}", "secret_file": secret, "state_dir": b / "state",
+            "arena_socket": b / "arena.sock", "arena_fd_socket": b / "arena-fd.sock", "edge_socket": b / "edge.sock",
+            "edge_wake_socket": b / "edge-wake.sock", "membership_socket": b / "membership.sock",
+            "device": "CPU"}.items()))
+        deadline = time.monotonic() + 30
+        while not all((b / s).exists() for s in ("edge.sock", "membership.sock")):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        worker = subprocess.Popen([sys.executable, "-m", "swactor.worker.main", "--config", str(cfg)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        async def check() -> None:
+            async with grpc.aio.insecure_channel(f"unix:{b / 'membership.sock'}") as ch:
+                stub = membership_pb2_grpc.MembershipStub(ch)
+                for _ in range(400):
+                    me = (await stub.GetSelf(membership_pb2.GetSelfRequest())).self.metadata
+                    if me.state == membership_pb2.NODE_STATE_AVAILABLE:
+                        break
+                    await asyncio.sleep(0.1)
+                assert me.state == membership_pb2.NODE_STATE_AVAILABLE
+                assert me.control_endpoint == f"127.0.0.1:{control_port}"
+            async with control_tls.channel(secret.read_bytes().strip(), 1, me.control_endpoint, host.node_id) as ch:
+                s = stage_pb2_grpc.StageControlStub(ch)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await s.ProvisionStage(provision(node_id=host.node_id, orchestrator=1, layers=(15, 29)))
+                assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert not (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=5))).known
+
+        asyncio.run(check())
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(30) == 0
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+            worker.wait(10)
+        if host is not None:
+            host.stop()
+        shutil.rmtree(base, ignore_errors=True)
