@@ -27,6 +27,7 @@ from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.ports import ArenaPort, Cancelled, DriverPort, Leased, MembershipPort, Rejected
 
 MAX_WORKER_RESTARTS = 3
+KEEP_FINISHED_RUNS = 16
 
 
 class WorkerCtlLike(Protocol):
@@ -179,6 +180,8 @@ class StageNode:
             self.establisher.forget(eid)
             if self.establisher.state(eid) is not None:
                 raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
+        for old in [r for r, log in self.runs.items() if log.done][:-KEEP_FINISHED_RUNS or None]:
+            del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
         self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
         self.stage = stage_fsm.StageController(self.node_id)
         self.warm_weights = False
