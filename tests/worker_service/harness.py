@@ -15,6 +15,7 @@ from swactor.worker import fdpass, wire
 from swactor.worker.ringport import native_layout
 
 ARENA_BYTES = 16 << 20
+REPO = str(Path(__file__).resolve().parents[2])  # test roles (tests.worker_service.roles) import from here
 
 
 class Arena:
@@ -73,7 +74,8 @@ class WorkerProc:
             [sys.executable, "-m", "swactor.worker.process"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             pass_fds=(arena.fd, theirs.fileno()),
-            env={**os.environ, "SWACTOR_ARENA_FD": str(arena.fd), "SWACTOR_ARENA_BYTES": str(arena.size),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
+                 "SWACTOR_ARENA_FD": str(arena.fd), "SWACTOR_ARENA_BYTES": str(arena.size),
                  "SWACTOR_FD_SOCKET": str(theirs.fileno()), **(env or {})})
         theirs.close()
         self.events: list[Any] = []
