@@ -363,6 +363,8 @@ class WorkerProcess:
             if h.worker_generation != self.generation or h.id not in self.handles:
                 return failed("InvalidInputHandle", f"handle {h.id} of generation {h.worker_generation}")
             inputs.append(self.handles[h.id])
+        if len({o.ring_id for o in cmd.outputs}) != len(cmd.outputs):
+            return failed("InvalidOutputRing", "two output bindings name the same ring")
         for o in cmd.outputs:
             eslot = self.egress.get(o.ring_id)
             if eslot is None or eslot.producer.busy:
@@ -393,6 +395,8 @@ class WorkerProcess:
                                                       DeviceObjectSource(self.bridge, a))
             except OutputRejected as e:
                 return self._fail_step(e.reason, e.detail)
+        if not cmd.outputs:
+            self._complete_step()
 
     def _end_step(self) -> Step:
         step = self.step
