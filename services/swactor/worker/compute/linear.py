@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from tinygrad import Tensor
+from tinygrad.dtype import _from_np_dtype
 
 from .gguf_weights import RawTensor
 
@@ -17,8 +18,17 @@ Weight = tuple[str, list[Tensor]]
 N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3}
 
 
+def to_device(a: np.ndarray, device: str) -> Tensor:
+  """A realized device tensor holding a copy of `a`: allocate + copyin, no tinygrad schedule (~100x faster per tensor)."""
+  a = np.ascontiguousarray(a)
+  t = Tensor.empty(*a.shape, dtype=_from_np_dtype(a.dtype), device=device)
+  buf = t.uop.buffer.ensure_allocated()
+  buf.allocator._copyin(buf._buf, memoryview(a.reshape(-1).view(np.uint8)))
+  return t
+
+
 def upload(w: np.ndarray | RawTensor, device: str) -> Weight:
-  dev = lambda a: Tensor(np.ascontiguousarray(a), device=device).realize()  # noqa: E731
+  dev = lambda a: to_device(a, device)  # noqa: E731
   if not isinstance(w, RawTensor) or w.qtype not in (QT.Q8_0, QT.Q4_0, QT.Q4_1):
     return "f32", [dev(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32))]
   out, cols = w.shape

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as QT
 from tinygrad import Device, Tensor, TinyJit, UOp
 
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
-from .linear import N_TENSORS, Weight, apply, upload
+from .linear import N_TENSORS, Weight, apply, to_device, upload
 from .quant import dequantize
 from .sampling import Sampler, SamplingPolicy
 
@@ -43,27 +43,38 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int) -> Tensor:
   return y if rope_dim == hd else y.cat(x[..., rope_dim:], dim=-1)
 
 
-MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> np.ndarray | RawTensor:
+  """Stack matrices that read the same input into one [sum(out), in] matrix (one kernel instead of several);
+  rows of a block-quantized matrix are independent, so raw blocks stack as they are."""
+  if all(isinstance(w, RawTensor) for w in ws) and len({w.qtype for w in ws}) == 1:  # type: ignore[union-attr]
+    raws = [w for w in ws if isinstance(w, RawTensor)]
+    return RawTensor(name, raws[0].qtype, (sum(w.shape[0] for w in raws), raws[0].shape[1]), np.concatenate([w.data for w in raws]))
+  return np.concatenate([w.dequantize() if isinstance(w, RawTensor) else w for w in ws])
 
 
 class Layer:
-  """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds."""
+  """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds:
+  [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output, *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str):
-    mats = [upload(w[k], device) for k in MATS]
+    mats = [upload(m, device) for m in (fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), w["attn_output"],
+                                         fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), w["ffn_down"])]
     self.kinds = tuple(k for k, _ in mats)
-    norms = [Tensor(np.asarray(w[k], np.float32), device=device).realize() for k in ("attn_norm", "ffn_norm")]
-    cache = [Tensor.zeros(p.n_kv_heads, cache_len, p.head_dim, device=device).contiguous().realize() for _ in range(2)]
+    norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
+    cache = [to_device(np.zeros((p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
     self.tensors: list[Tensor] = norms + cache + [t for _, ts in mats for t in ts]
+
+  @property
+  def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
 
 
 def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor, ts: list[Tensor]) -> Tensor:
-  T = x.shape[0]
+  T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
-  q_, k_, v_, o_, gate_, up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])]) for kind in kinds)
-  h = rms_norm(x, attn_norm, p.norm_eps)
-  q = rope(q_(h).reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
-  k = rope(k_(h).reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
-  v = v_(h).reshape(T, p.n_kv_heads, p.head_dim)
+  qkv_, o_, gate_up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])]) for kind in kinds)
+  qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
+  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
+  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
+  v = qkv[:, nq + nkv:].reshape(T, p.n_kv_heads, p.head_dim)
   cache_k[:, sp:sp + T, :].assign(k.transpose(0, 1))
   cache_v[:, sp:sp + T, :].assign(v.transpose(0, 1))
   keys, vals = cache_k[:, 0:sp + T, :], cache_v[:, 0:sp + T, :]  # [KV, L, hd]
@@ -74,8 +85,9 @@ def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | i
     s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
   a = (s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim)
   x = x + o_(a)
-  h = rms_norm(x, ffn_norm, p.norm_eps)
-  return (x + down_(gate_(h).silu() * up_(h))).contiguous()
+  gu = gate_up_(rms_norm(x, ffn_norm, p.norm_eps))
+  act = (gu[:, :p.ffn_dim].silu() * gu[:, p.ffn_dim:]).contiguous()  # else silu is recomputed inside the down matvec
+  return (x + down_(act)).contiguous()
 
 
 class StageModel:
@@ -99,14 +111,14 @@ class StageModel:
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
-      self.head = (Tensor(w.output_norm, device=self.device).realize(), upload(w.output, self.device))
+      self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device))
     half = p.rope_dim // 2
     freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
     if w.rope_freqs is not None:
       freqs = freqs / w.rope_freqs[:half].astype(np.float64)
     ang = (np.arange(max_seq_len + prefill_chunk, dtype=np.float64) / p.rope_scaling.factor)[:, None] * freqs[None, :]
-    self.cos = Tensor(np.cos(ang).astype(np.float32)[:, None, :], device=self.device).realize()
-    self.sin = Tensor(np.sin(ang).astype(np.float32)[:, None, :], device=self.device).realize()
+    self.cos = to_device(np.cos(ang).astype(np.float32)[:, None, :], self.device)
+    self.sin = to_device(np.sin(ang).astype(np.float32)[:, None, :], self.device)
     self.v_sp, self.v_row = UOp.variable("start_pos", 0, max_seq_len), UOp.variable("row", 0, prefill_chunk - 1)
     # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
@@ -163,10 +175,14 @@ class StageModel:
 
   def _rows(self, rows: np.ndarray, start_pos: int) -> Tensor:
     """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device."""
-    x = Tensor(np.ascontiguousarray(rows, np.float32), device=self.device).realize()
+    x = to_device(rows.astype(np.float32, copy=False), self.device)
     sp = self.v_sp.bind(start_pos)
     for i, L in enumerate(self.layers):
-      x = self._layer_jit(len(rows), L.kinds, i % 2)(x, sp, L.tensors)
+      jit = self._layer_jit(len(rows), L.kinds, i % 2)
+      if jit.captured is None:
+        x = jit(x, sp, L.tensors)
+      else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
+        x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
     return x
 
   def step_logits(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
