@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import signal
 import sys
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import grpc
 
 from swactor.cli import render
+from swactor.common.events import configure_logging
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.run import RunResult, follow
 from swactor.v1 import common_pb2 as pb
@@ -94,6 +96,7 @@ def request(args: argparse.Namespace) -> opb.SubmitRunRequest:
 
 def run_demo(args: argparse.Namespace) -> int:
     out = Printer(args.json)
+    configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
     hosts = args.hosts or max(3, args.stages)
     try:
         req = request(args)

@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from swactor.common.events import configure_logging
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     spec = ClusterSpec(hosts=args.hosts, model=args.model, device=args.device, base_dir=args.dir, keep=args.keep,
                        netns=False if args.loopback else None)
+    configure_logging("swactor-localcluster")
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
         with LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True)) as c:

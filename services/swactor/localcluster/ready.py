@@ -3,6 +3,7 @@ the membership view, the orchestrator's ListNodes."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,7 +81,8 @@ def wait_for(what: str, probe: Callable[[], T], timeout_s: float, *, check: Call
         try:
             return probe()
         except NotReady as e:
-            if progress is not None and str(e) != last:
+            # Report a new reason, not every tick of a counter in the same one.
+            if progress is not None and re.sub(r"[0-9.]+", "#", str(e)) != re.sub(r"[0-9.]+", "#", last):
                 progress(f"{what}: {e}")
             last = str(e)
         if time.monotonic() > deadline:

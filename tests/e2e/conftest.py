@@ -1,0 +1,69 @@
+"""One real 3-host local cluster (network namespaces when root, else loopback addresses) shared by
+the end-to-end tests of a module; its teardown is checked: no process, namespace or dir left."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swactor.localcluster import ClusterSpec, LocalCluster
+from swactor.localcluster.cluster import DEFAULT_MODEL
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_greedy.json"
+needs_model = pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purpose
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions `text` (the cluster dir is in every service's argv)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmd and pid_alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, netns: list[str]) -> None:
+    left = [p for p in pids if pid_alive(p)]
+    assert not left, f"processes left after teardown: {left}"
+    if root is not None:
+        stray = processes_mentioning(str(root))
+        assert not stray, f"processes of {root} left after teardown: {stray}"
+    assert root is None or not root.exists(), f"cluster dir {root} left after teardown"
+    if cluster.netns is None and netns:
+        from swactor.localcluster.netns import _namespaces
+
+        assert not [n for n in _namespaces() if n in netns], f"namespaces left: {netns}"
+
+
+@pytest.fixture(scope="module")
+def cluster3() -> Iterator[LocalCluster]:
+    # Short pool timeout so a run that cannot be placed is refused in seconds, not a minute.
+    spec = ClusterSpec(hosts=3, orchestrator={"pool_timeout_s": 8.0, "teardown_timeout_s": 20.0})
+    cluster = LocalCluster(spec, progress=lambda line: print(line, flush=True))
+    with cluster:
+        pids = [s.pid for s in cluster.services]
+        root = cluster.root
+        netns = list(cluster.netns.created) if cluster.netns else []
+        yield cluster
+    assert_torn_down(cluster, pids, root, netns)

@@ -1,0 +1,72 @@
+"""The local cluster itself: a failing service is named with its log, and teardown (also after a
+failed bring-up) leaves no process, socket, namespace or directory behind."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
+
+from .conftest import assert_torn_down, needs_model, processes_mentioning
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), needs_model]
+
+
+def test_missing_model_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ClusterError, match="does not exist"):
+        LocalCluster(ClusterSpec(hosts=1, model=tmp_path / "nope.gguf"))
+
+
+def test_failing_service_is_named_with_its_log_and_everything_is_removed() -> None:
+    # An arena that cannot map its memfd: the arena-manager exits at boot.
+    spec = ClusterSpec(hosts=2, ceiling_bytes=1 << 62, start_timeout_s=30)
+    cluster = LocalCluster(spec)
+    with pytest.raises(ClusterError) as e:
+        cluster.__enter__()
+    msg = str(e.value)
+    assert "h0/arena exited" in msg or "h1/arena exited" in msg, msg
+    assert "arena_boot_failed" in msg  # the quoted log tail carries the service's own event
+    assert cluster.services == [] and cluster.netns is None
+    assert cluster.root is not None and not cluster.root.exists()
+    assert processes_mentioning(str(cluster.root)) == []
+
+
+def test_one_host_up_and_down_leaves_nothing() -> None:
+    cluster = LocalCluster(ClusterSpec(hosts=1))
+    with cluster:
+        pids = [s.pid for s in cluster.services]
+        root = cluster.root
+        netns = list(cluster.netns.created) if cluster.netns else []
+        socks = sorted(p.name for p in cluster.hosts[0].run_dir.iterdir())
+        assert {"arena.sock", "membership.sock", "edge.sock", "orchestrator.sock"} <= set(socks)
+        assert len(pids) == 5
+    assert_torn_down(cluster, pids, root, netns)
+    assert cluster.teardown_report["killed"] == [], cluster.teardown_report
+
+
+def test_ctrl_c_tears_the_cluster_down() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "swactor.localcluster", "--hosts", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        first = proc.stderr.readline()
+        m = re.search(r"dir (/\S+)", first)
+        assert m, first
+        root = Path(m[1])
+        ready_line = proc.stdout.readline()  # printed once the pool is ready
+        assert "--address unix:" in ready_line, ready_line + proc.stderr.read()
+        assert len(processes_mentioning(str(root))) >= 8
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert processes_mentioning(str(root)) == []
+    assert not root.exists()

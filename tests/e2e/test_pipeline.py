@@ -1,0 +1,117 @@
+"""End to end on a real 3-host local cluster: membership, arena-manager, edge-driver (QUIC between
+hosts) and worker per host, the orchestrator on host 0, real SmolLM2 weights, S = 3.
+
+Order matters: the last test takes a node out of the pool."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import grpc
+import pytest
+
+from swactor.localcluster import LocalCluster
+from swactor.localcluster.run import RunResult, follow
+from swactor.v1 import common_pb2 as pb
+from swactor.v1 import orchestrator_pb2 as opb
+from swactor.v1 import orchestrator_pb2_grpc
+
+from .conftest import FIXTURE, needs_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_model]
+
+
+def fixture_case(question: str, chat: bool) -> tuple[dict, int]:
+    """The llama.cpp case and how many of its greedy tokens are comparable: up to the first step
+    whose top-2 logit gap is < 0.1 (a tie there may go either way on another numeric path)."""
+    cases = json.loads(FIXTURE.read_text())["cases"]
+    case = next(c for c in cases if c["question"] == question and c["chat_template"] == chat)
+    gaps = case["top2_gap"]
+    return case, next((i for i, g in enumerate(gaps) if g < 0.1), len(gaps))
+
+
+def arena_leases(cluster: LocalCluster) -> dict[str, list[tuple[int, str, int]]]:
+    out = {}
+    for i, h in enumerate(cluster.hosts):
+        stats = cluster.arena_stats(i)
+        out[h.name] = [(lease.ring_id, lease.requester, lease.edge_id) for lease in stats.leases]
+    return out
+
+
+def wait_no_leases(cluster: LocalCluster, timeout_s: float = 10.0) -> dict[str, list[tuple[int, str, int]]]:
+    """Releases finish asynchronously after the last detach: poll the arenas' Stats briefly."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leases = arena_leases(cluster)
+        if not any(leases.values()) or time.monotonic() > deadline:
+            return leases
+        time.sleep(0.2)
+
+
+def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
+    # The chat-template case with the longest comparable prefix and no EOS inside it, so the run
+    # ends on max_tokens, not EOS.
+    case, n = fixture_case("Write a Python function that reverses a string.", chat=True)
+    assert n >= 16 and 2 not in case["greedy_tokens"][:n]
+    with cluster3.channel() as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+        res = follow(stub, opb.SubmitRunRequest(prompt=case["question"], stages=3, max_tokens=n), timeout_s=240)
+    assert res.finished is not None
+    assert res.finished.outcome == opb.RUN_OUTCOME_COMPLETED, (res.finished.reason, res.finished.detail)
+    assert res.finished.reason == "max_tokens"
+    assert res.prompt_tokens == len(case["prompt_tokens"])
+    assert sorted(p.node_id for p in res.finished.placement) == sorted(cluster3.node_ids)
+    assert res.token_ids == case["greedy_tokens"][:n]
+    kinds = [e.kind for e in res.events]
+    assert kinds.count(pb.STAGE_READY) == 3 and pb.RUN_TORN_DOWN in kinds
+    print(f"S=3 TTFT {res.ttft_s:.2f} s, decode {res.decode_tok_s:.2f} tok/s, text {res.text!r}")
+
+
+def test_stop_run_mid_decode_tears_down_and_frees_every_lease(cluster3: LocalCluster) -> None:
+    stopped = threading.Event()
+    with cluster3.channel() as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+
+        def on_update(u: opb.RunUpdate, r: RunResult) -> None:
+            if u.HasField("token") and len(r.token_ids) == 3 and not stopped.is_set():
+                stopped.set()
+                stub.StopRun(opb.StopRunRequest(run_id=r.run_id, detail="e2e: stop mid-decode"), timeout=30)
+
+        res = follow(stub, opb.SubmitRunRequest(prompt="Once upon a time", stages=3, max_tokens=200),
+                     on_update, timeout_s=240)
+    assert stopped.is_set()
+    assert res.finished is not None
+    assert res.finished.outcome == opb.RUN_OUTCOME_STOPPED, (res.finished.reason, res.finished.detail)
+    assert 3 <= len(res.token_ids) < 200
+    assert res.finished.torn_down_us > 0
+    assert res.events[-1].kind == pb.RUN_TORN_DOWN
+    assert sum(e.kind == pb.STAGE_STOPPED for e in res.events) == 3
+    leases = wait_no_leases(cluster3)
+    assert not any(leases.values()), f"live arena leases after teardown: {leases}"
+
+
+def test_node_leaving_before_pool_ready_is_refused_with_a_reason(cluster3: LocalCluster) -> None:
+    # h2 leaves gracefully: the worker first (NodeAvailable withdrawn), then its membership.
+    for name in ("h2/worker", "h2/membership"):
+        assert cluster3.service(name).stop(15), f"{name} did not stop on SIGTERM"
+    t0 = time.monotonic()
+    with cluster3.channel() as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+        try:
+            res = follow(stub, opb.SubmitRunRequest(prompt="Hello", stages=3, max_tokens=4), timeout_s=60)
+        except grpc.RpcError as e:  # refused at submit: the reason is the call's status
+            assert e.code() in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAVAILABLE,  # type: ignore[attr-defined]
+                                grpc.StatusCode.RESOURCE_EXHAUSTED), e
+            assert e.details()  # type: ignore[attr-defined]
+            print(f"refused at submit: {e.code().name}: {e.details()}")  # type: ignore[attr-defined]
+            return
+    elapsed = time.monotonic() - t0
+    assert res.finished is not None
+    assert res.finished.outcome == opb.RUN_OUTCOME_FAULTED, (res.finished.reason, res.finished.detail)
+    assert res.finished.reason and res.finished.detail
+    assert not res.token_ids
+    assert elapsed < 45, f"the refusal took {elapsed:.0f} s"
+    assert not any(arena_leases(cluster3).values())
+    print(f"refused after {elapsed:.1f} s: {res.finished.reason}: {res.finished.detail}")
