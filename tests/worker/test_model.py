@@ -112,5 +112,7 @@ def test_load_progress_and_refusal(gguf_model: GGUFModel) -> None:
   seen: list[LoadProgress] = []
   StageModel(gguf_model, 28, 30, max_seq_len=16, on_progress=seen.append)
   assert seen[-1].layers_loaded == 2 and seen[-1].bytes_loaded == seen[-1].bytes_total
+  with pytest.raises(ValueError, match="context_length"):
+    StageModel(gguf_model, 0, 1, max_seq_len=10**6)
   with pytest.raises(ModelRefused, match="InvalidLayerRange"):
     StageModel(gguf_model, 3, 3)

@@ -99,6 +99,8 @@ class StageModel:
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
+    if max_seq_len > p.context_length:
+      raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's context_length {p.context_length}")
     if max_seq_len < 1 or prefill_chunk < 1:
       raise ValueError(f"max_seq_len and prefill_chunk must be >= 1, got {max_seq_len}, {prefill_chunk}")
     keep = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1}) if quantized else frozenset()
