@@ -89,7 +89,11 @@ def test_stop_run_mid_decode_tears_down_and_frees_every_lease(cluster3: LocalClu
     assert res.events[-1].kind == pb.RUN_TORN_DOWN
     assert sum(e.kind == pb.STAGE_STOPPED for e in res.events) == 3
     leases = wait_no_leases(cluster3)
-    assert not any(leases.values()), f"live arena leases after teardown: {leases}"
+    place = res.finished.placement
+    assert not any(leases.values()), (
+        f"live arena leases (ring_id, requester, edge_id) after teardown: {leases}; token-in edge "
+        f"{place[0].inbound_edge_id}, token-out edge {place[-1].outbound_edge_id}; teardown took "
+        f"{res.summary()['teardown_s']} s")
 
 
 def test_node_leaving_before_pool_ready_is_refused_with_a_reason(cluster3: LocalCluster) -> None:
