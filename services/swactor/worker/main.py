@@ -53,7 +53,9 @@ async def serve(cfg: WorkerConfig) -> int:
     arena = AsyncArenaClient(hold, cfg.arena_socket)
     core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, {"device": cfg.device} if cfg.device else {},
                    init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s)
-    ctl = GpuWorkerCtl(core, hold.fd)
+    # The compute process inherits our arena hand-out connection too: the arena then counts this
+    # holder alive while the child still touches its rings, even if this service dies first.
+    ctl = GpuWorkerCtl(core, hold.fd, extra_fds=(hold.connection_fileno(),))
     driver = EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket)
     membership = MembershipClientPort(cfg.membership_socket)
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
