@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from tinygrad import Device, Tensor, TinyJit, UOp
+from tinygrad import Context, Device, Tensor, TinyJit, UOp
 
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .linear import N_TENSORS, Weight, apply, to_device, upload
@@ -95,7 +95,7 @@ class StageModel:
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
-               quantized: bool = True, on_progress: Callable[[LoadProgress], None] | None = None):
+               quantized: bool = True, beam: int = 0, on_progress: Callable[[LoadProgress], None] | None = None):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -108,7 +108,7 @@ class StageModel:
     t1 = time.perf_counter()
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
-    self.is_first, self.is_last = w.is_first, w.is_last
+    self.is_first, self.is_last, self.beam = w.is_first, w.is_last, beam  # beam: tinygrad kernel search width at capture
     self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device) for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
@@ -182,7 +182,8 @@ class StageModel:
     for i, L in enumerate(self.layers):
       jit = self._layer_jit(len(rows), L.kinds, i % 2)
       if jit.captured is None:
-        x = jit(x, sp, L.tensors)
+        with Context(BEAM=self.beam):
+          x = jit(x, sp, L.tensors)
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
         x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
     return x
@@ -211,6 +212,7 @@ class StageModel:
       if self.head is None:
         outs.append(y.numpy()[:t])
       elif c0 + self.chunk >= n:
-        outs.append(self._head_jit(width)(y, UOp.variable("row", 0, width - 1).bind(t - 1)).numpy())
+        with Context(BEAM=self.beam):
+          outs.append(self._head_jit(width)(y, UOp.variable("row", 0, width - 1).bind(t - 1)).numpy())
     self.next_pos = start_pos + n
     return np.concatenate(outs).astype(np.float32, copy=False) if self.head is None else outs[-1]
