@@ -40,13 +40,18 @@ def arena_leases(cluster: LocalCluster) -> dict[str, list[tuple[int, str, int]]]
     return out
 
 
-def wait_no_leases(cluster: LocalCluster, timeout_s: float = 10.0) -> dict[str, list[tuple[int, str, int]]]:
-    """Releases finish asynchronously after the last detach: poll the arenas' Stats briefly."""
+def run_edges(run: opb.Run) -> set[int]:
+    return {e for p in run.placement for e in (p.inbound_edge_id, p.outbound_edge_id)}
+
+
+def leases_of(cluster: LocalCluster, edges: set[int], timeout_s: float = 10.0) -> dict[str, list[tuple[int, str, int]]]:
+    """The arenas' live leases of `edges` (ring_id, requester, edge_id) per host; releases finish
+    asynchronously after the last detach, so poll Stats briefly for them to go."""
     deadline = time.monotonic() + timeout_s
     while True:
-        leases = arena_leases(cluster)
-        if not any(leases.values()) or time.monotonic() > deadline:
-            return leases
+        mine = {h: [lease for lease in ls if lease[2] in edges] for h, ls in arena_leases(cluster).items()}
+        if not any(mine.values()) or time.monotonic() > deadline:
+            return mine
         time.sleep(0.2)
 
 
@@ -66,6 +71,9 @@ def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     assert res.token_ids == case["greedy_tokens"][:n]
     kinds = [e.kind for e in res.events]
     assert kinds.count(pb.STAGE_READY) == 3 and pb.RUN_TORN_DOWN in kinds
+    left = leases_of(cluster3, run_edges(res.finished))
+    assert not any(left.values()), (f"this run's arena leases (ring_id, requester, edge_id) live after teardown: "
+                                    f"{left}; teardown took {res.summary()['teardown_s']} s")
     print(f"S=3 TTFT {res.ttft_s:.2f} s, decode {res.decode_tok_s:.2f} tok/s, text {res.text!r}")
 
 
@@ -88,12 +96,15 @@ def test_stop_run_mid_decode_tears_down_and_frees_every_lease(cluster3: LocalClu
     assert res.finished.torn_down_us > 0
     assert res.events[-1].kind == pb.RUN_TORN_DOWN
     assert sum(e.kind == pb.STAGE_STOPPED for e in res.events) == 3
-    leases = wait_no_leases(cluster3)
+    left = leases_of(cluster3, run_edges(res.finished))
     place = res.finished.placement
-    assert not any(leases.values()), (
-        f"live arena leases (ring_id, requester, edge_id) after teardown: {leases}; token-in edge "
+    assert not any(left.values()), (
+        f"this run's arena leases (ring_id, requester, edge_id) live after teardown: {left}; token-in edge "
         f"{place[0].inbound_edge_id}, token-out edge {place[-1].outbound_edge_id}; teardown took "
         f"{res.summary()['teardown_s']} s")
+    # Zero live leases on every host (an earlier test's leak fails that test, and this one too).
+    everything = arena_leases(cluster3)
+    assert not any(everything.values()), f"live arena leases on the hosts: {everything}"
 
 
 def test_node_leaving_before_pool_ready_is_refused_with_a_reason(cluster3: LocalCluster) -> None:
@@ -117,5 +128,5 @@ def test_node_leaving_before_pool_ready_is_refused_with_a_reason(cluster3: Local
     assert res.finished.reason and res.finished.detail
     assert not res.token_ids
     assert elapsed < 45, f"the refusal took {elapsed:.0f} s"
-    assert not any(arena_leases(cluster3).values())
+    assert not any(leases_of(cluster3, run_edges(res.finished)).values())
     print(f"refused after {elapsed:.1f} s: {res.finished.reason}: {res.finished.detail}")
