@@ -94,8 +94,6 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "cannot hold --stages 3" in capsys.readouterr().err
     assert cli_main(["demo", "--prompt", "hi", "--top-p", "0"]) == 2
     assert "--top-p must be in (0, 1]" in capsys.readouterr().err
-    assert cli_main(["demo"]) == 2
-    assert "not wired yet" in capsys.readouterr().err
     assert cli_main(["--address", "unix:/nonexistent/orch.sock", "--timeout", "2", "runs"]) == 2
     assert "cannot reach the orchestrator at unix:/nonexistent/orch.sock" in capsys.readouterr().err
     with pytest.raises(SystemExit):
