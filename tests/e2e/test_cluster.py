@@ -3,6 +3,7 @@ failed bring-up) leaves no process, socket, namespace or directory behind."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -12,6 +13,10 @@ from pathlib import Path
 import pytest
 
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
+from swactor.localcluster.netns import Netns
+from swactor.localcluster.run import follow
+from swactor.v1.orchestrator_pb2 import SubmitRunRequest
+from swactor.v1.orchestrator_pb2_grpc import OrchestratorStub
 
 from .conftest import assert_torn_down, needs_model, processes_mentioning
 
@@ -37,15 +42,24 @@ def test_failing_service_is_named_with_its_log_and_everything_is_removed() -> No
     assert processes_mentioning(str(cluster.root)) == []
 
 
-def test_one_host_up_and_down_leaves_nothing() -> None:
-    cluster = LocalCluster(ClusterSpec(hosts=1))
+@pytest.mark.parametrize("mode", ["netns", "loopback"])
+def test_one_host_runs_and_leaves_nothing(mode: str) -> None:
+    if mode == "netns" and Netns.available() is not None:
+        pytest.skip(f"network namespaces unavailable: {Netns.available()}")
+    cluster = LocalCluster(ClusterSpec(hosts=1, netns=mode == "netns"))
     with cluster:
         pids = [s.pid for s in cluster.services]
         root = cluster.root
         netns = list(cluster.netns.created) if cluster.netns else []
+        assert (cluster.netns is not None) == (mode == "netns")
+        assert cluster.hosts[0].addr.startswith("10.78." if mode == "netns" else "127.")
         socks = sorted(p.name for p in cluster.hosts[0].run_dir.iterdir())
         assert {"arena.sock", "membership.sock", "edge.sock", "orchestrator.sock"} <= set(socks)
         assert len(pids) == 5
+        with cluster.channel() as ch:
+            res = follow(OrchestratorStub(ch), SubmitRunRequest(prompt="Once upon a time", raw=True, stages=1,
+                                                                max_tokens=3), timeout_s=100)
+        assert res.outcome == "completed" and res.token_ids == [28, 260, 2240]  # llama.cpp's greedy start
     assert_torn_down(cluster, pids, root, netns)
     assert cluster.teardown_report["killed"] == [], cluster.teardown_report
 
@@ -68,5 +82,37 @@ def test_ctrl_c_tears_the_cluster_down() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert processes_mentioning(str(root)) == []
+    assert not root.exists()
+
+
+def test_demo_ctrl_c_mid_run_stops_the_run_and_tears_down() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "swactor.cli.main", "demo", "--stages", "2", "--hosts", "2",
+                             "--max-tokens", "500", "--raw", "--prompt", "Once upon a time", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    root: Path | None = None
+    lines: list[dict] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            obj = json.loads(line)
+            lines.append(obj)
+            if obj["type"] == "progress" and root is None:
+                m = re.search(r"dir (/\S+)", obj["message"])
+                root = Path(m[1]) if m else None
+            if obj["type"] == "token":
+                break
+        assert root is not None and lines[-1]["type"] == "token", (lines[-3:], proc.stderr.read())
+        proc.send_signal(signal.SIGINT)
+        rest = [json.loads(line) for line in proc.stdout]
+        err = proc.stderr.read()
+        assert proc.wait(90) == 130, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "interrupted" in err
+    progress = [o["message"] for o in rest if o["type"] == "progress"]
+    assert any("stopping run" in p for p in progress), progress
     assert processes_mentioning(str(root)) == []
     assert not root.exists()
