@@ -42,7 +42,7 @@ def test_failing_service_is_named_with_its_log_and_everything_is_removed() -> No
     assert processes_mentioning(str(cluster.root)) == []
 
 
-@pytest.mark.parametrize("mode", ["netns", "loopback"])
+@pytest.mark.parametrize("mode", [pytest.param("netns", marks=pytest.mark.netns), "loopback"])
 def test_one_host_runs_and_leaves_nothing(mode: str) -> None:
     if mode == "netns" and Netns.available() is not None:
         pytest.skip(f"network namespaces unavailable: {Netns.available()}")

@@ -66,7 +66,7 @@ def pool_ready(stub, node_ids: set[int]) -> opb.ListNodesResponse:
     if not node_ids <= prov:
         raise NotReady(f"orchestrator: provisionable {sorted(prov)} of {sorted(node_ids)}; {resp.pool_detail}")
     if not resp.pool_ready:
-        raise NotReady(f"orchestrator pool: {resp.pool_detail}")
+        raise NotReady(resp.pool_detail)
     return resp
 
 
