@@ -121,7 +121,7 @@ class StageModel:
     ang = (np.arange(max_seq_len + prefill_chunk, dtype=np.float64) / p.rope_scaling.factor)[:, None] * freqs[None, :]
     self.cos = to_device(np.cos(ang).astype(np.float32)[:, None, :], self.device)
     self.sin = to_device(np.sin(ang).astype(np.float32)[:, None, :], self.device)
-    self.v_sp, self.v_row = UOp.variable("start_pos", 0, max_seq_len), UOp.variable("row", 0, prefill_chunk - 1)
+    self.v_sp = UOp.variable("start_pos", 0, max_seq_len)
     # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
     self._layer_jits: dict[tuple[int, tuple[str, ...], int], TinyJit] = {}
