@@ -20,8 +20,9 @@ from gguf import GGMLQuantizationType as QT
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
 
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
-from .linear import N_TENSORS, Weight, apply, to_device, upload
+from .linear import N_TENSORS, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
+from .replay import Plan, plan, pool, read
 from .sampling import Sampler, SamplingPolicy
 
 
@@ -95,7 +96,7 @@ class StageModel:
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
-               quantized: bool = True, beam: int = 0, on_progress: Callable[[LoadProgress], None] | None = None):
+               quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -109,6 +110,10 @@ class StageModel:
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
     self.is_first, self.is_last, self.beam = w.is_first, w.is_last, beam  # beam: tinygrad kernel search width at capture
+    # CPU cores a kernel's slices run on (None: every core this process may use); tinygrad runs them one after another
+    self.threads = len(os.sched_getaffinity(0)) if threads is None else threads
+    if self.threads < 1:
+      raise ValueError(f"threads must be >= 1, got {threads}")
     self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device) for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
@@ -126,6 +131,9 @@ class StageModel:
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
     self._layer_jits: dict[tuple[int, tuple[str, ...], int], TinyJit] = {}
     self._head_jits: dict[int, TinyJit] = {}
+    self._inputs: dict[int, Tensor] = {}
+    self._plans: dict[int, Plan | None] = {}       # per width: the layers' kernels as a direct-replay plan (None: can't)
+    self._head_plans: dict[int, Plan | None] = {}
     self.timings = StageTimings(t1 - t0, time.perf_counter() - t1)
     self.sampler = Sampler(sampling or SamplingPolicy())
     self.reset()
@@ -177,16 +185,40 @@ class StageModel:
 
   def _rows(self, rows: np.ndarray, start_pos: int) -> Tensor:
     """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device."""
-    x = to_device(rows.astype(np.float32, copy=False), self.device)
-    sp = self.v_sp.bind(start_pos)
+    width = len(rows)
+    if width not in self._inputs:  # one fixed input buffer per width, so a replay plan can bake in its address
+      self._inputs[width] = to_device(np.zeros((width, self.params.dim), np.float32), self.device)
+    xin = copy_in(self._inputs[width], rows.astype(np.float32, copy=False))
+    if (p := self._plans.get(width)) is not None:
+      p({"start_pos": start_pos})
+      return p.out
+    x, sp = xin, self.v_sp.bind(start_pos)
     for i, L in enumerate(self.layers):
-      jit = self._layer_jit(len(rows), L.kinds, i % 2)
+      jit = self._layer_jit(width, L.kinds, i % 2)
       if jit.captured is None:
         with Context(BEAM=self.beam):
           x = jit(x, sp, L.tensors)
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
         x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
+    caps = [self._layer_jit(width, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
+    if width not in self._plans and all(c is not None for c in caps):
+      # every layer graph is captured: from now on run them without TinyJit (replay.py); layer i reads layer i-1's output
+      p = Plan(out=caps[-1].ret, pool=pool(self.threads))
+      ins = [xin, *(c.ret for c in caps[:-1])]
+      self._plans[width] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
     return x
+
+  def _head_logits(self, y: Tensor, width: int, row: int) -> np.ndarray:
+    jit = self._head_jit(width)
+    if (p := self._head_plans.get(width)) is not None:
+      p({"row": row})
+      return read(p.out)
+    with Context(BEAM=self.beam):
+      out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
+    if width not in self._head_plans and jit.captured is not None and self._plans.get(width) is not None:
+      p = Plan(out=jit.captured.ret, pool=pool(self.threads))  # reads the layer plan's output buffer
+      self._head_plans[width] = p if plan(jit.captured, [self._plans[width].out.uop.base], p) else None
+    return out
 
   def step_logits(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
     """Like step() but returns the final logits row (float32 [vocab]) instead of a sampled token (last stage only)."""
@@ -210,9 +242,8 @@ class StageModel:
         part = np.concatenate([part, np.zeros((width - t, part.shape[1]), np.float32)])
       y = self._rows(part, start_pos + c0)
       if self.head is None:
-        outs.append(y.numpy()[:t])
+        outs.append(read(y)[:t])
       elif c0 + self.chunk >= n:
-        with Context(BEAM=self.beam):
-          outs.append(self._head_jit(width)(y, UOp.variable("row", 0, width - 1).bind(t - 1)).numpy())
+        outs.append(self._head_logits(y, width, t - 1))
     self.next_pos = start_pos + n
     return np.concatenate(outs).astype(np.float32, copy=False) if self.head is None else outs[-1]
