@@ -235,10 +235,10 @@ class RingTokenEndpoints:
             try:
                 async for ev in self.driver.events():
                     if getattr(ev, "edge_id", None) in mine:
-                        if isinstance(ev, est.StreamFault | est.StreamClosed) and ev.edge_id == self.token_out_edge:
-                            self.log.info("token_out_stream_event", event=type(ev).__name__)
                         self._est(ev)
             except Exception as e:
+                # Without this stream no PumpStopped arrives and close() could only time out: say so.
+                self.log.exception("edge_driver_events_lost", detail=f"{type(e).__name__}: {e}")
                 self._fail(pb.RUN_FAULT_STREAM_FAULT, f"edge-driver event stream lost: {type(e).__name__}: {e}")
 
 
