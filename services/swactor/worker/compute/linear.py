@@ -7,10 +7,15 @@ A weight is (kind, tensors) so that one jitted layer graph can be replayed over 
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from tinygrad import Tensor
+from tinygrad import Tensor, UOp, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.dtype import _from_np_dtype
+from tinygrad.helpers import NUM_CPU_THREADS
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
 from .gguf_weights import RawTensor
 
@@ -45,10 +50,15 @@ def upload(w: np.ndarray | RawTensor, device: str) -> Weight:
   return "q4", [dev(b[..., 2:]), dev(d), dev(-8.0 * d)]
 
 
-def apply(kind: str, ts: list[Tensor], x: Tensor) -> Tensor:
+def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:
+  """y = x @ W.T. threads > 0 (CPU only): a hand-scheduled block matvec kernel split into that many core_id slices."""
   T = x.shape[0]
   if kind == "f32":
     return x @ ts[0].T
+  if threads > 0:
+    srcs = [x.contiguous(), *([x.reshape(T, -1, 32).sum(-1)] if kind == "q4" else []), *ts]
+    out = Tensor.empty(T, ts[0].shape[0], dtype=dtypes.float32, device=x.device)
+    return out.custom_kernel(*srcs, fxn=functools.partial(block_matvec, kind, threads))[0]
   if kind == "q8_0":
     q, d = ts
     return ((x.reshape(T, 1, q.shape[1], 32) * q.float()).sum(-1) * d).sum(-1)
@@ -56,3 +66,27 @@ def apply(kind: str, ts: list[Tensor], x: Tensor) -> Tensor:
   xb = x.reshape(T, 1, q.shape[1], 2, 16)  # element j of a block pairs with low nibble j, element 16+j with high nibble j
   dot = (xb[:, :, :, 0] * (q & 0xF).float()).sum(-1) + (xb[:, :, :, 1] * (q >> 4).float()).sum(-1)
   return (dot * d + xb.sum((-1, -2)) * m).sum(-1)
+
+
+def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
+  """out[t, o] = sum over blocks b: q8_0: d[o,b] * sum_j x[t,32b+j] q[o,b,j]
+                                    q4:   d[o,b] * sum_j (x[t,32b+j] lo(q[o,b,j]) + x[t,32b+16+j] hi(q[o,b,j])) + m[o,b] * xsum[t,b]
+  Why by hand: tinygrad's heuristic scalarizes this (~2 G weights/s); 4 rows per iteration with the block's bytes unrolled
+  runs ~2.3x faster on one core (BEAM finds the same shape, but only after minutes of search)."""
+  q, d = (w[0], w[1]) if kind == "q8_0" else (w[1], w[2])
+  (T, n_out), (_, nb, nq) = out.shape, q.shape
+  t, o = UOp.range(T, 0), UOp.range(n_out, 1)
+  b, j = UOp.range(nb, 2, AxisType.REDUCE), UOp.range(nq, 3, AxisType.REDUCE)
+  if kind == "q8_0":
+    acc = ((x[t, b * 32 + j].load() * q[o, b, j].load().cast(dtypes.float)).reduce(j, arg=Ops.ADD) * d[o, b].load()).reduce(b, arg=Ops.ADD)
+  else:
+    xs, m = w[0], w[3]
+    qq = q[o, b, j].load()
+    lo, hi = (qq & 0xF).cast(dtypes.float), (qq >> 4).cast(dtypes.float)
+    dot = (x[t, b * 32 + j].load() * lo + x[t, b * 32 + 16 + j].load() * hi).reduce(j, arg=Ops.ADD)
+    acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
+  ax = 0 if T == 1 else 1  # a size-1 range is dropped before opts are applied
+  up = 4 if n_out % 4 == 0 else 1
+  th = next(k for k in range(min(threads, NUM_CPU_THREADS.value), 0, -1) if (n_out // up) % k == 0)
+  opts = (Opt(OptOps.UPCAST, ax, up), Opt(OptOps.UNROLL, 1, nq)) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
+  return out[t, o].store(acc).end(t, o).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

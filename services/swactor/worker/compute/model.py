@@ -68,10 +68,11 @@ class Layer:
   def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
 
 
-def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor, ts: list[Tensor]) -> Tensor:
+def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor, ts: list[Tensor],
+                  threads: int = 0) -> Tensor:
   T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
-  qkv_, o_, gate_up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])]) for kind in kinds)
+  qkv_, o_, gate_up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in kinds)
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
   q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
   k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
@@ -114,6 +115,7 @@ class StageModel:
     self.threads = len(os.sched_getaffinity(0)) if threads is None else threads
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
+    self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
     self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device) for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
@@ -149,7 +151,7 @@ class StageModel:
     key = (width, kinds, parity)
     if key not in self._layer_jits:
       def f(x: Tensor, sp: UOp, ts: list[Tensor]) -> Tensor:
-        return layer_forward(self.params, kinds, x, sp, self.cos[sp:sp + width], self.sin[sp:sp + width], ts)
+        return layer_forward(self.params, kinds, x, sp, self.cos[sp:sp + width], self.sin[sp:sp + width], ts, self.mv_threads)
       self._layer_jits[key] = TinyJit(f)
     return self._layer_jits[key]
 
@@ -157,7 +159,7 @@ class StageModel:
     if width not in self._head_jits:
       assert self.head is not None
       norm, (kind, ts) = self.head
-      self._head_jits[width] = TinyJit(lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps)).reshape(-1))
+      self._head_jits[width] = TinyJit(lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps), self.mv_threads).reshape(-1))
     return self._head_jits[width]
 
   def _embed(self, ids: np.ndarray) -> np.ndarray:
