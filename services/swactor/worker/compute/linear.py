@@ -35,19 +35,22 @@ def copy_in(t: Tensor, a: np.ndarray) -> Tensor:
   return t
 
 
-def upload(w: np.ndarray | RawTensor, device: str) -> Weight:
+def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weight:
+  """words: codes as uint32 [out, nb, 4 or 8] (the same bytes): the CPU kernel then loads a block in 4-word vector loads
+  (tinygrad folds loads into vectors for 32-bit types only, bytes are loaded one by one)."""
   dev = lambda a: to_device(a, device)  # noqa: E731
   if not isinstance(w, RawTensor) or w.qtype not in (QT.Q8_0, QT.Q4_0, QT.Q4_1):
     return "f32", [dev(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32))]
   out, cols = w.shape
   b = np.asarray(w.data).reshape(out, cols // 32, -1)
   f16 = lambda a: np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]  # noqa: E731
+  codes = lambda a: np.ascontiguousarray(a).view(np.uint32) if words else a  # noqa: E731
   d = f16(b[..., 0:2])
   if w.qtype == QT.Q8_0:
-    return "q8_0", [dev(b[..., 2:].view(np.int8)), dev(d)]
+    return "q8_0", [dev(codes(b[..., 2:].view(np.int8))), dev(d)]
   if w.qtype == QT.Q4_1:
-    return "q4", [dev(b[..., 4:]), dev(d), dev(f16(b[..., 2:4]))]
-  return "q4", [dev(b[..., 2:]), dev(d), dev(-8.0 * d)]
+    return "q4", [dev(codes(b[..., 4:])), dev(d), dev(f16(b[..., 2:4]))]
+  return "q4", [dev(codes(b[..., 2:])), dev(d), dev(-8.0 * d)]
 
 
 def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:
@@ -69,24 +72,27 @@ def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:
 
 
 def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
-  """out[t, o] = sum over blocks b: q8_0: d[o,b] * sum_j x[t,32b+j] q[o,b,j]
-                                    q4:   d[o,b] * sum_j (x[t,32b+j] lo(q[o,b,j]) + x[t,32b+16+j] hi(q[o,b,j])) + m[o,b] * xsum[t,b]
-  Why by hand: tinygrad's heuristic scalarizes this (~2 G weights/s); 4 rows per iteration with the block's bytes unrolled
-  runs ~2.3x faster on one core (BEAM finds the same shape, but only after minutes of search)."""
+  """out[t, o] = sum over blocks b: q8_0: d[o,b] * sum_i x[t,32b+i] q[o,b,i]
+                                    q4:   d[o,b] * sum_i (x[t,32b+i] lo(q[o,b,i]) + x[t,32b+16+i] hi(q[o,b,i])) + m[o,b] * xsum[t,b]
+  with the codes as uint32 words (upload(words=True)): code i is byte i % 4 of word i // 4.
+  Why by hand: tinygrad's heuristic scalarizes this (~2 G weights/s); 4 rows per iteration with two blocks unrolled and
+  vector loads of the words runs ~3x faster on one core (BEAM finds a similar shape, but only after minutes of search)."""
   q, d = (w[0], w[1]) if kind == "q8_0" else (w[1], w[2])
-  (T, n_out), (_, nb, nq) = out.shape, q.shape
+  (T, n_out), (_, nb, nw) = out.shape, q.shape
   t, o = UOp.range(T, 0), UOp.range(n_out, 1)
-  b, j = UOp.range(nb, 2, AxisType.REDUCE), UOp.range(nq, 3, AxisType.REDUCE)
+  b, k, r = UOp.range(nb, 2, AxisType.REDUCE), UOp.range(nw, 3, AxisType.REDUCE), UOp.range(4, 4, AxisType.REDUCE)
+  byte = q[o, b, k].load() >> (r * 8).cast(dtypes.uint32)
+  i = b * 32 + k * 4 + r
   if kind == "q8_0":
-    acc = ((x[t, b * 32 + j].load() * q[o, b, j].load().cast(dtypes.float)).reduce(j, arg=Ops.ADD) * d[o, b].load()).reduce(b, arg=Ops.ADD)
+    acc = ((x[t, i].load() * byte.cast(dtypes.int8).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD) * d[o, b].load()).reduce(b, arg=Ops.ADD)
   else:
     xs, m = w[0], w[3]
-    qq = q[o, b, j].load()
-    lo, hi = (qq & 0xF).cast(dtypes.float), (qq >> 4).cast(dtypes.float)
-    dot = (x[t, b * 32 + j].load() * lo + x[t, b * 32 + 16 + j].load() * hi).reduce(j, arg=Ops.ADD)
+    lo, hi = (byte & 0xF).cast(dtypes.float), ((byte >> 4) & 0xF).cast(dtypes.float)
+    dot = (x[t, i].load() * lo + x[t, i + 16].load() * hi).reduce(k, r, arg=Ops.ADD)
     acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
   ax = 0 if T == 1 else 1  # a size-1 range is dropped before opts are applied
   up = 4 if n_out % 4 == 0 else 1
-  th = next(k for k in range(min(threads, NUM_CPU_THREADS.value), 0, -1) if (n_out // up) % k == 0)
-  opts = (Opt(OptOps.UPCAST, ax, up), Opt(OptOps.UNROLL, 1, nq)) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
+  th = next(n for n in range(min(threads, NUM_CPU_THREADS.value), 0, -1) if (n_out // up) % n == 0)
+  opts = (Opt(OptOps.UPCAST, ax, up), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + \
+         ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 else ()) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   return out[t, o].store(acc).end(t, o).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

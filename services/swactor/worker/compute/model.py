@@ -56,8 +56,8 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> np.ndarray | RawTe
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds:
   [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output, *gate_up, *ffn_down]."""
-  def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str):
-    mats = [upload(m, device) for m in (fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), w["attn_output"],
+  def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str, words: bool):
+    mats = [upload(m, device, words) for m in (fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), w["attn_output"],
                                          fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), w["ffn_down"])]
     self.kinds = tuple(k for k, _ in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
@@ -116,11 +116,11 @@ class StageModel:
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
-    self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device) for L in w.layers]
+    self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0) for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
-      self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device))
+      self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
     half = p.rope_dim // 2
     freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
     if w.rope_freqs is not None:
