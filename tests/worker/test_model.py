@@ -82,6 +82,15 @@ def test_chunked_prefill_and_float_weights_agree(gguf_model: GGUFModel, referenc
   assert generate([m], PROMPTS["chat_france"], N_STEPS) == reference["chat_france"]
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_quantized_chunked_prefill_any_thread_count(gguf_model: GGUFModel, reference: dict[str, list[int]], threads: int) -> None:
+  """The hand-scheduled CPU block matvec with T = 8 rows, unsplit (1) and split into core_id slices run on a pool (3)."""
+  m = StageModel(gguf_model, 0, 30, max_seq_len=128, prefill_chunk=8, threads=threads)
+  assert generate([m], PROMPTS["chat_france"], N_STEPS) == reference["chat_france"]
+  with pytest.raises(ValueError, match="threads"):
+    StageModel(gguf_model, 0, 1, threads=0)
+
+
 def test_reset_reuses_weights_and_sampling_is_seeded(stages: dict[int, list[StageModel]]) -> None:
   m = stages[1][0]
   m.reset(SamplingPolicy(temperature=0.8, top_k=40, seed=11))
