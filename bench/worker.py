@@ -1,6 +1,6 @@
 """gpu-worker compute benchmark: the whole default model as one stage, tinygrad vs llama.cpp on the same file.
 
-  .venv/bin/python bench/worker.py [--model PATH] [--device CPU|CUDA|auto] [--llama-python /tmp/llama-venv/bin/python]
+  .venv/bin/python bench/worker.py [--model PATH] [--device CPU|CUDA|auto] [--threads N] [--llama-python /tmp/llama-venv/bin/python]
 
 Prints load time, first-step (compile) time, cold start (load + first token), prefill and decode tok/s, peak RSS;
 llama.cpp (llama-cpp-python, same GGUF, same thread count) runs first, in a subprocess of the given python, when
@@ -52,10 +52,10 @@ def peak_rss_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int) -> dict[str, float]:
+def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, threads: int) -> dict[str, float]:
   t0 = time.perf_counter()
   from swactor.worker.compute import StageModel
-  m = StageModel(model, 0, 30, max_seq_len=512, device=device, beam=beam)  # default prefill_chunk=1: prefill = decode graph
+  m = StageModel(model, 0, 30, max_seq_len=512, device=device, beam=beam, threads=threads)  # default prefill_chunk=1: prefill = decode graph
   t1 = time.perf_counter()
   tok = m.step(np.asarray(PROMPT, np.int32), 0)
   t2 = time.perf_counter()
@@ -71,7 +71,7 @@ def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int) -> dic
   pre1 = len(LONG) / (time.perf_counter() - t)
   parse_s, upload_s = m.timings.load_s, m.timings.upload_s
   del m
-  c = StageModel(model, 0, 30, max_seq_len=512, device=device, prefill_chunk=chunk, beam=beam)
+  c = StageModel(model, 0, 30, max_seq_len=512, device=device, prefill_chunk=chunk, beam=beam, threads=threads)
   for _ in range(2):  # eager run + JIT capture of the chunk graph
     c.reset()
     c.step(np.asarray(LONG[:chunk], np.int32), 0)
@@ -101,13 +101,14 @@ def main() -> None:
   ap.add_argument("--prefill-chunk", type=int, default=32, help="chunk of the second (prefill) measurement")
   ap.add_argument("--beam", type=int, default=0, help="StageModel(beam=): kernel search at capture; the first run searches"
                   " (minutes), later runs hit tinygrad's disk cache")
+  ap.add_argument("--threads", type=int, default=0, help="CPU threads for both engines (0: every core this process may use)")
   ap.add_argument("--llama-python", default="/tmp/llama-venv/bin/python")
   ap.add_argument("--json", action="store_true")
   a = ap.parse_args()
-  threads = len(os.sched_getaffinity(0))
+  threads = a.threads or len(os.sched_getaffinity(0))
   load0 = os.getloadavg()[0]
   lc = bench_llamacpp(a.llama_python, a.model, threads)
-  tg = bench_tinygrad(a.model, None if a.device == "auto" else a.device, a.prefill_chunk, a.beam)
+  tg = bench_tinygrad(a.model, None if a.device == "auto" else a.device, a.prefill_chunk, a.beam, threads)
   print(f"model {pathlib.Path(a.model).name}, one stage (30 layers), device {a.device}, beam {a.beam}, threads {threads},"
         f" load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}")
   print(f"{'metric':<16}{'tinygrad':>12}{'llama.cpp':>12}{'ratio':>8}")

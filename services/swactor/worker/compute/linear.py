@@ -92,7 +92,8 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
     acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
   ax = 0 if T == 1 else 1  # a size-1 range is dropped before opts are applied
   up = 4 if n_out % 4 == 0 else 1
-  th = next(n for n in range(min(threads, NUM_CPU_THREADS.value), 0, -1) if (n_out // up) % n == 0)
+  # slices of >= 128K weights: a slice handed to the pool costs ~10 us of Python, more of them would not pay off
+  th = next(n for n in range(min(threads, NUM_CPU_THREADS.value, max(1, n_out * nb * 32 >> 17)), 0, -1) if (n_out // up) % n == 0)
   opts = (Opt(OptOps.UPCAST, ax, up), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + \
          ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 and nw == 4 else ()) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   return out[t, o].store(acc).end(t, o).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

@@ -111,8 +111,9 @@ class StageModel:
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
     self.is_first, self.is_last, self.beam = w.is_first, w.is_last, beam  # beam: tinygrad kernel search width at capture
-    # CPU cores a kernel's slices run on (None: every core this process may use); tinygrad runs them one after another
-    self.threads = len(os.sched_getaffinity(0)) if threads is None else threads
+    # CPU cores a matvec's slices run on (None: the cores this process may use, at most 8); tinygrad's own runtime runs
+    # them one after another, replay.Plan hands them to a thread pool
+    self.threads = min(len(os.sched_getaffinity(0)), 8) if threads is None else threads
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
