@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,8 +24,8 @@ from swactor.orchestrator.token_rings import TokenReader, TokenWriter
 from swactor.v1 import common_pb2 as pb
 from swactor.worker import establisher as est
 from swactor.worker import reasons
-from swactor.worker.objects import RingBroken
-from swactor.worker.ports import ArenaPort, Cancelled, DriverPort, Leased, Rejected
+from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.worker.ports import ArenaPort, DriverPort
 from swactor.worker.ringport import open_consumer, open_producer
 
 TOKEN_IN_PORT, TOKEN_OUT_PORT = 0, 1
@@ -75,6 +74,7 @@ class RingTokenEndpoints:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._driver_task: asyncio.Task[None] | None = None
         self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
+        self.edges = EstablisherShell(self.est, arena, driver, self, self._outcome, self._spawn, self.log)
 
     # ---- lifecycle ----
 
@@ -100,33 +100,18 @@ class RingTokenEndpoints:
                 if task is not None:
                     task.cancel()
 
-    # ---- the establisher core and its actions ----
+    # ---- the establisher shell: outcomes, and this process as the ring host ----
 
     def _est(self, inp: est.Input) -> None:
-        for action in self.est.handle(inp):
-            self._do(action)
+        self.edges.handle(inp)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _do(self, a: est.Action) -> None:
+    def _outcome(self, a: EdgeOutcome) -> None:
         match a:
-            case est.LeaseRing():
-                self._spawn(self._lease(a))
-            case est.CancelLease(request_id):
-                self._spawn(self.arena.cancel(request_id))
-            case est.InstallRing(edge, layout):
-                self._spawn(self._install(edge, layout))
-            case est.EstablishSend() | est.EstablishRecv():
-                self._spawn(self._establish(a))
-            case est.StopPump(edge_id):
-                self._spawn(self._stop_pump(edge_id))
-            case est.UninstallRing(ring_id, _reason):
-                self._uninstall(ring_id)
-            case est.ReleaseRing(ring_id, never_installed):
-                self._spawn(self._release(ring_id, never_installed))
             case est.EdgeReady(edge_id, _ring_id):
                 self._ready.add(edge_id)
                 self._maybe_announce()
@@ -137,6 +122,27 @@ class RingTokenEndpoints:
                 if self._stopped >= set(self._provisions):
                     self._all_stopped.set()
 
+    def install(self, edge: est.EdgeProvision, layout: Any) -> bool:
+        opener = open_producer if edge.direction == "Egress" else open_consumer
+        self._ends[layout.ring_id] = opener(self.arena_map, layout)
+        self._edge_ring[edge.edge_id] = layout.ring_id
+        return True
+
+    def uninstall(self, ring_id: int, reason: str) -> bool:
+        end = self._ends.pop(ring_id, None)
+        if end is not None:
+            if ring_id == self._reader_ring and self._reader_task is not None:
+                self._reader_task.cancel()  # the reader never touches the ring after this
+            end.close()
+        return True
+
+    def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
+        end = self._ends.get(ring_id)
+        if fds is not None and end is not None:
+            end.reopen(*fds)  # share the pump's eventfds: commits/consumes wake each other
+        self._woken.add(edge_id)
+        self._maybe_announce()
+
     def _name(self, edge_id: int) -> str:
         return "token-in" if edge_id == self.token_in_edge else "token-out"
 
@@ -144,53 +150,6 @@ class RingTokenEndpoints:
         if not self._failed:
             self._failed = True
             self.report(F.EndpointFault(reason, detail))
-
-    async def _lease(self, a: est.LeaseRing) -> None:
-        try:
-            out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
-        except Exception as e:
-            self._est(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
-            return
-        match out:
-            case Leased(layout):
-                self._est(est.RingLeased(a.request_id, layout))
-            case Rejected(reason, detail):
-                self._est(est.RingLeaseRejected(a.request_id, reason, detail))
-            case Cancelled():
-                pass
-
-    async def _install(self, edge: est.EdgeProvision, layout: Any) -> None:
-        try:
-            await self.arena.attach_worker(layout.ring_id)
-            opener = open_producer if edge.direction == "Egress" else open_consumer
-            self._ends[layout.ring_id] = opener(self.arena_map, layout)
-        except Exception as e:  # RingBroken carries the RingFaultReason; an attach failure does not
-            reason = e.reason if isinstance(e, RingBroken) else "RingLayoutInvalid"
-            self._est(est.RingFault(layout.ring_id, reason, f"{type(e).__name__}: {e}"))
-            return
-        self._edge_ring[edge.edge_id] = layout.ring_id
-        self._est(est.RingInstalled(layout.ring_id))
-
-    async def _establish(self, a: est.EstablishSend | est.EstablishRecv) -> None:
-        try:
-            if isinstance(a, est.EstablishSend):
-                await self.driver.establish_send(a.edge_id, a.rx_node_id, a.layout)
-            else:
-                await self.driver.establish_recv(a.edge_id, a.layout)
-        except Exception as e:
-            self._est(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
-            return
-        fds = await self.driver.wake_fds(a.layout.ring_id)
-        end = self._ends.get(a.layout.ring_id)
-        if fds is not None:
-            try:
-                if end is not None:
-                    end.reopen(*fds)  # share the pump's eventfds: commits/consumes wake each other
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        self._woken.add(a.edge_id)
-        self._maybe_announce()
 
     def _maybe_announce(self) -> None:
         edges = set(self._provisions)
@@ -205,37 +164,11 @@ class RingTokenEndpoints:
         self.report(F.EndpointsReady())
         self.log.info("token_endpoints_ready", token_in_edge=tin.edge_id, token_out_edge=tout.edge_id)
 
-    async def _stop_pump(self, edge_id: int) -> None:
-        try:
-            known = await self.driver.stop_edge(edge_id)
-        except Exception as e:
-            self.log.warning("edge_driver_stop_failed", edge_id=edge_id, detail=str(e))
-            known = False
-        if not known:
-            self._est(est.PumpStopped(edge_id))
-
-    def _uninstall(self, ring_id: int) -> None:
-        end = self._ends.pop(ring_id, None)
-        if end is not None:
-            if ring_id == self._reader_ring and self._reader_task is not None:
-                self._reader_task.cancel()  # the reader never touches the ring after this
-            end.close()
-        self._est(est.RingQuiesced(ring_id))
-
-    async def _release(self, ring_id: int, never_installed: bool) -> None:
-        try:
-            await self.arena.release(ring_id, never_installed)
-        except Exception as e:  # the arena reclaims this holder's leases when the process exits
-            self.log.warning("arena_release_failed", ring_id=ring_id, detail=str(e))
-        self._est(est.Released(ring_id))
-
     async def _follow_driver(self) -> None:
         mine = set(self._provisions)
         with contextlib.suppress(asyncio.CancelledError):
             try:
-                async for ev in self.driver.events():
-                    if getattr(ev, "edge_id", None) in mine:
-                        self._est(ev)
+                await self.edges.follow_driver(lambda ev: getattr(ev, "edge_id", None) in mine)
             except Exception as e:
                 # Without this stream no PumpStopped arrives and close() could only time out: say so.
                 self.log.exception("edge_driver_events_lost", detail=f"{type(e).__name__}: {e}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,8 +22,9 @@ from swactor.v1 import common_pb2, stage_pb2
 from swactor.worker import establisher as est
 from swactor.worker import reasons, stage_fsm, wire
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
+from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
 from swactor.worker.plan import PlanRejected, build_plan
-from swactor.worker.ports import ArenaPort, Cancelled, DriverPort, Leased, MembershipPort, Rejected
+from swactor.worker.ports import ArenaPort, DriverPort, MembershipPort
 
 MAX_WORKER_RESTARTS = 3
 KEEP_FINISHED_RUNS = 16
@@ -86,6 +86,9 @@ class StageNode:
         self.control_endpoint = control_endpoint
         self.orchestrator_node_id = orchestrator_node_id
         self.establisher = est.EdgeEstablisher()
+        self._log = get_logger(node_id=node_id, component="stage_node")
+        self.edges = EstablisherShell(self.establisher, arena, driver, WorkerRingHost(ctl), self._edge_outcome,
+                                      self._spawn, self._log)
         self.stage: stage_fsm.StageController | None = None
         self.runs: dict[int, RunLog] = {}
         self.worker_ready = False
@@ -94,7 +97,6 @@ class StageNode:
         self.restarts = 0
         self.warm_weights = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._log = get_logger(node_id=node_id, component="stage_node")
         ctl.subscribe(self._on_worker)
 
     # ---- boot (§8) ----
@@ -108,11 +110,7 @@ class StageNode:
     async def _follow_driver(self) -> None:
         while True:
             try:
-                async for ev in self.driver.events():
-                    if not self.driver_up:
-                        self.driver_up = True
-                        self._check_available()
-                    self._est(ev)
+                await self.edges.follow_driver(self._driver_seen)
             except Exception as e:  # the driver restarted or is not up yet: re-subscribe
                 self._log.warning("edge_driver_watch_lost", detail=str(e))
             self.driver_up = False
@@ -120,6 +118,12 @@ class StageNode:
             await asyncio.sleep(1.0)
             self.driver_up = await self.driver.healthy()
             self._check_available()
+
+    def _driver_seen(self, ev: Any) -> bool:
+        if not self.driver_up:
+            self.driver_up = True
+            self._check_available()
+        return True
 
     def _check_available(self) -> None:
         now = self.worker_ready and self.driver_up
@@ -294,25 +298,10 @@ class StageNode:
     # ---- EdgeEstablisher ----
 
     def _est(self, inp: est.Input) -> None:
-        for action in self.establisher.handle(inp):
-            self._do_edge(action)
+        self.edges.handle(inp)
 
-    def _do_edge(self, a: est.Action) -> None:
+    def _edge_outcome(self, a: EdgeOutcome) -> None:
         match a:
-            case est.LeaseRing():
-                self._spawn(self._lease(a))
-            case est.CancelLease(request_id):
-                self._spawn(self.arena.cancel(request_id))
-            case est.InstallRing(edge, layout):
-                self._spawn(self._install(edge, layout))
-            case est.UninstallRing(ring_id, reason):
-                self.ctl.send(wire.UninstallRing(ring_id, reason))
-            case est.EstablishSend() | est.EstablishRecv():
-                self._spawn(self._establish(a))
-            case est.StopPump(edge_id):
-                self._spawn(self._stop_pump(edge_id))
-            case est.ReleaseRing(ring_id, never_installed):
-                self._spawn(self._release(ring_id, never_installed))
             case est.EdgeReady(edge_id, ring_id):
                 self._stage(stage_fsm.EdgeReady(edge_id, ring_id))
             case est.EdgeFailed(edge_id, reason, component, detail):
@@ -320,58 +309,23 @@ class StageNode:
             case est.EdgeStopped(edge_id):
                 self._stage(stage_fsm.EdgeStopped(edge_id))
 
-    async def _lease(self, a: est.LeaseRing) -> None:
-        try:
-            out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
-        except Exception as e:
-            self._est(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
-            return
-        match out:
-            case Leased(layout):
-                self._est(est.RingLeased(a.request_id, layout))
-            case Rejected(reason, detail):
-                self._est(est.RingLeaseRejected(a.request_id, reason, detail))
-            case Cancelled():
-                pass
 
-    async def _install(self, edge: est.EdgeProvision, layout: wire.Layout) -> None:
-        try:
-            await self.arena.attach_worker(layout.ring_id)
-        except Exception as e:
-            self._est(est.RingFault(layout.ring_id, "RingLayoutInvalid", f"AttachRing: {e}"))
-            return
+class WorkerRingHost:
+    """The ring host of a stage node: its GPU worker process, which reports RingInstalled /
+    RingFault / RingQuiesced itself (StageNode._on_worker)."""
+
+    def __init__(self, ctl: WorkerCtlLike) -> None:
+        self.ctl = ctl
+
+    def install(self, edge: est.EdgeProvision, layout: wire.Layout) -> bool:
         self.ctl.send(wire.InstallRing(layout.ring_id, edge.edge_id, edge.port_id, edge.direction, layout,
                                        edge.object_spec))
+        return False
 
-    async def _establish(self, a: est.EstablishSend | est.EstablishRecv) -> None:
-        try:
-            if isinstance(a, est.EstablishSend):
-                await self.driver.establish_send(a.edge_id, a.rx_node_id, a.layout)
-            else:
-                await self.driver.establish_recv(a.edge_id, a.layout)
-        except Exception as e:
-            self._est(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
-            return
-        fds = await self.driver.wake_fds(a.layout.ring_id)
+    def uninstall(self, ring_id: int, reason: str) -> bool:
+        self.ctl.send(wire.UninstallRing(ring_id, reason))
+        return False
+
+    def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
         if fds is not None:
-            try:
-                self.ctl.share_wake_fds(a.layout.ring_id, *fds)
-            finally:
-                for fd in fds:
-                    os.close(fd)
-
-    async def _stop_pump(self, edge_id: int) -> None:
-        try:
-            known = await self.driver.stop_edge(edge_id)
-        except Exception as e:
-            self._log.warning("edge_driver_stop_failed", edge_id=edge_id, detail=str(e))
-            known = False  # an unreachable driver runs no pump for this edge any more
-        if not known:
-            self._est(est.PumpStopped(edge_id))
-
-    async def _release(self, ring_id: int, never_installed: bool) -> None:
-        try:
-            await self.arena.release(ring_id, never_installed)
-        except Exception as e:  # the arena reclaims the holder's leases when this process exits
-            self._log.error("arena_release_failed", ring_id=ring_id, detail=str(e))
-        self._est(est.Released(ring_id))
+            self.ctl.share_wake_fds(ring_id, *fds)
