@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from swactor.cli.main import main as cli_main
+from swactor.cli.main import parser, submit_request
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .fakes import FakeFleet
@@ -99,3 +100,18 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli_main(["watch", "not-a-number"])
     assert "run id 'not-a-number' is not an integer" in capsys.readouterr().err
+
+
+def test_submit_prompt_ids_and_ignore_eos_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    req = submit_request(parser().parse_args(["submit", "--prompt-ids", "2,9690, 198", "--ignore-eos",
+                                              "--max-tokens", "8"]))
+    assert req.WhichOneof("input") == "prompt_ids" and list(req.prompt_ids.ids) == [2, 9690, 198]
+    assert req.ignore_eos and req.max_tokens == 8
+    assert not submit_request(parser().parse_args(["submit", "--prompt", "hi"])).ignore_eos
+    for bad, needle in [("1,x", "comma-separated token ids"), ("-3", "0..2^32-1"), ("", "0..2^32-1")]:
+        with pytest.raises(SystemExit):
+            parser().parse_args(["submit", f"--prompt-ids={bad}"])
+        assert needle in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parser().parse_args(["submit", "--prompt", "hi", "--prompt-ids", "1"])
+    assert "not allowed with argument" in capsys.readouterr().err

@@ -18,10 +18,10 @@ EOS = 2
 
 
 def make(stages: int = 2, max_tokens: int = 4, prompt: tuple[int, ...] = (1, 9690, 198), window: float = 1.0,
-         timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = ()) -> F.RunFsm:
+         timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = (), ignore_eos: bool = False) -> F.RunFsm:
     counter = itertools.count(1000)
     req = F.RunRequest(run_id=77, model=model_facts(), prompt_ids=prompt, stages=stages, max_tokens=max_tokens,
-                       sampling=SamplingPolicy(), eog_ids=frozenset({EOS}), node_ids=node_ids)
+                       sampling=SamplingPolicy(), eog_ids=frozenset({EOS}), node_ids=node_ids, ignore_eos=ignore_eos)
     cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=timeouts or F.Timeouts(), pool_window_s=window)
     return F.RunFsm(req, cfg, now=0.0, id_source=lambda: next(counter))
 
@@ -257,6 +257,32 @@ def test_relayed_node_events_are_stamped_with_the_run() -> None:
     fsm = make()
     acts = fsm.handle(F.Relay(pb.LifecycleEvent(kind=K.WEIGHTS_LOADED, node_id=1, stage_index=0)), 0.0)
     assert acts[0].event.run_id == 77 and kinds(acts) == ["WEIGHTS_LOADED"]
+
+
+def test_ignore_eos_decodes_through_eos_until_max_tokens() -> None:
+    fsm = make(stages=1, max_tokens=4, prompt=(EOS, 9690), ignore_eos=True)
+    acts = to_ready(fsm, (1,))
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(0, (EOS, 9690))]
+    fsm.handle(F.TokenReceived(0, 10), 4.0)
+    acts = fsm.handle(F.TokenReceived(1, EOS), 5.0)
+    assert fsm.state is F.RunState.RUNNING and fsm.outcome is None
+    assert of(acts, F.Deliver) == [F.Deliver(1, EOS, True)]  # still marked end-of-generation for the client
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(2, (EOS,))]
+    acts = fsm.handle(F.TokenReceived(2, EOS), 6.0)
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(3, (EOS,))]
+    acts = fsm.handle(F.TokenReceived(3, 11), 7.0)
+    assert of(acts, F.InjectTokens) == []
+    assert (fsm.outcome, fsm.reason, fsm.tokens) == (F.Outcome.COMPLETED, "max_tokens", [10, EOS, EOS, 11])
+    assert kinds(teardown(fsm))[-1] == "RUN_TORN_DOWN"
+
+
+def test_ignore_eos_still_stops_at_a_full_context() -> None:
+    fsm = make(stages=1, max_tokens=100000, prompt=tuple(range(4094)), ignore_eos=True)
+    to_ready(fsm, (1,))
+    fsm.handle(F.TokenReceived(0, EOS), 4.0)
+    assert fsm.state is F.RunState.RUNNING
+    fsm.handle(F.TokenReceived(1, EOS), 4.0)
+    assert (fsm.outcome, fsm.reason) == (F.Outcome.COMPLETED, "context_full")
 
 
 def test_context_full_completes() -> None:

@@ -125,6 +125,51 @@ def test_bad_requests_are_refused_by_name_and_the_server_keeps_serving(tmp_path:
     assert list(still.runs) == []
 
 
+def test_prompt_ids_are_validated_by_field_name(tmp_path: Path) -> None:
+    vocab = registry().get("").facts.vocab_size
+
+    async def main():
+        async with serving(tmp_path, FakeFleet([2]), pool(1, 2)) as s:
+            cases = [
+                (opb.SubmitRunRequest(prompt_ids=opb.PromptIds(), max_tokens=5), "prompt_ids is empty"),
+                (opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=[1, 2, vocab, 3]), max_tokens=5),
+                 f"prompt_ids[2] = {vocab} is not below the vocab size {vocab}"),
+                (opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=[7] * 4096), max_tokens=5),
+                 "prompt_ids is 4096 tokens; the context holds 4096"),
+            ]
+            seen = []
+            for req, needle in cases:
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await s.stub.SubmitRun(req)
+                seen.append((err.value.code(), needle in err.value.details(), err.value.details()))
+            still = await s.stub.ListRuns(opb.ListRunsRequest())
+            return seen, still
+
+    seen, still = run(main())
+    assert [(c, ok) for c, ok, _ in seen] == [(grpc.StatusCode.INVALID_ARGUMENT, True)] * 3, seen
+    assert list(still.runs) == []
+
+
+def test_prompt_ids_go_in_as_is_and_ignore_eos_runs_to_max_tokens(tmp_path: Path) -> None:
+    fleet = FakeFleet([2, 100, 2, 101])  # EOS first and again mid-stream; EOS once the script ends
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=[2, 9690, 198]),
+                                                               max_tokens=6, ignore_eos=True))
+            return resp, await collect(s.stub, resp.run_id)
+
+    resp, updates = run(main())
+    assert resp.prompt_tokens == 3
+    assert fleet.injected[0] == (0, (2, 9690, 198))
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_COMPLETED and final.reason == "max_tokens"
+    assert list(final.token_ids) == [2, 100, 2, 101, 2, 2]
+    deltas = [u.token for u in updates if u.HasField("token")]
+    assert [d.end_of_generation for d in deltas] == [True, False, True, False, True, True]
+
+
 def test_operator_stop_mid_decode(tmp_path: Path) -> None:
     fleet = FakeFleet([100, 101, 102, 103, 104], hold_after=2)
 

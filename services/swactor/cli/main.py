@@ -79,6 +79,16 @@ def message_arg(text: str) -> opb.ChatMessage:
     return opb.ChatMessage(role=role, content=content)
 
 
+def ids_arg(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated token ids, got {text!r}") from None
+    if not ids or min(ids) < 0 or max(ids) >= 2**32:
+        raise argparse.ArgumentTypeError(f"--prompt-ids wants token ids in 0..2^32-1, got {text!r}")
+    return ids
+
+
 def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
@@ -99,10 +109,12 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text (one user message in the model's chat template)")
     src.add_argument("--message", action="append", type=message_arg, metavar="ROLE:TEXT",
                      help="a chat message (repeatable)")
+    src.add_argument("--prompt-ids", type=ids_arg, metavar="ID,ID,...", help="prompt token ids, sent as is")
     s.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
     s.add_argument("--model", default="", help="model name (default: the orchestrator's default)")
     s.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: the orchestrator's)")
     s.add_argument("--max-tokens", type=positive, default=64)
+    s.add_argument("--ignore-eos", action="store_true", help="generate through EOS: stop only at --max-tokens")
     s.add_argument("--node", action="append", type=int, default=[], metavar="NODE_ID",
                    help="place stage k on the k-th --node (repeatable)")
     add_sampling(s)
@@ -162,8 +174,12 @@ def _sampling(args: argparse.Namespace) -> opb.Sampling:
 
 def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
     req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
-                               sampling=_sampling(args), node_ids=args.node)
-    if args.prompt is not None:
+                               sampling=_sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos)
+    if args.prompt_ids is not None:
+        if args.raw:
+            raise CliError("--raw applies to --prompt only")
+        req.prompt_ids.ids.extend(args.prompt_ids)
+    elif args.prompt is not None:
         if not args.prompt.strip():
             raise CliError("--prompt is empty")
         req.prompt = args.prompt

@@ -59,6 +59,7 @@ class RunRequest:
     sampling: SamplingPolicy
     eog_ids: frozenset[int]
     node_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # an end-of-generation token does not end the run
 
 
 @dataclass(frozen=True)
@@ -464,7 +465,7 @@ class RunFsm:
                 out.append(Deliver(seq, tid, eog))
                 assert self.plan is not None
                 done = (
-                    "eos" if eog
+                    "eos" if eog and not self.request.ignore_eos
                     else "max_tokens" if len(self.tokens) >= self.request.max_tokens
                     else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self.plan.max_seq_len
                     else None

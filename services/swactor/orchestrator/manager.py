@@ -64,7 +64,16 @@ class Orchestrator:
         tok = model.tokenizer
         which = req.WhichOneof("input")
         if which is None:
-            raise RequestError.invalid("the request has neither `prompt` nor `messages`")
+            raise RequestError.invalid("the request has neither `prompt`, `messages` nor `prompt_ids`")
+        if which == "prompt_ids":
+            ids = list(req.prompt_ids.ids)
+            if not ids:
+                raise RequestError.invalid("prompt_ids is empty")
+            vocab = model.facts.vocab_size
+            bad = next((i for i, t in enumerate(ids) if t >= vocab), None)
+            if bad is not None:
+                raise RequestError.invalid(f"prompt_ids[{bad}] = {ids[bad]} is not below the vocab size {vocab}")
+            return ids
         if which == "prompt":
             if not req.prompt.strip():
                 raise RequestError.invalid("prompt is empty")
@@ -103,7 +112,8 @@ class Orchestrator:
                 f"(of {len(self.members)} known)")
         context = min(model.facts.max_seq_len, self.fsm_config.max_seq_len_cap)
         if len(prompt_ids) >= context:
-            raise RequestError.invalid(f"prompt is {len(prompt_ids)} tokens; the context holds {context}")
+            field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
+            raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; the context holds {context}")
         active = self.active_runs()
         if active:
             raise RequestError.precondition(f"run {active[0].run_id} is still active; one run at a time")
@@ -112,7 +122,7 @@ class Orchestrator:
         sampling = SamplingPolicy(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, seed=s.seed)
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
-                               node_ids=tuple(req.node_ids))
+                               node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos)
         fsm = F.RunFsm(request, self.fsm_config, self.clock())
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
@@ -123,7 +133,7 @@ class Orchestrator:
         handle.report(F.MembershipChanged(self.members))
         self._tasks[run_id] = asyncio.create_task(handle.drive(), name=f"run-{run_id}")
         self.log.info("run_submitted", run_id=run_id, model=model.name, stages=stages, max_tokens=req.max_tokens,
-                      prompt_tokens=len(prompt_ids))
+                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos)
         return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids))
 
     def _known(self, run_id: int) -> opb.Run:
