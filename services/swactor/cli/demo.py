@@ -97,7 +97,8 @@ def request(args: argparse.Namespace) -> opb.SubmitRunRequest:
 def run_demo(args: argparse.Namespace) -> int:
     out = Printer(args.json)
     configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
-    hosts = args.hosts or max(3, args.stages)
+    hosts = args.hosts or max(3, args.stages or 0)
+    args.stages = args.stages or hosts  # the default model split across every simulated host
     try:
         req = request(args)
     except ValueError as e:

@@ -151,8 +151,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--prompt", default="What is the capital of France?")
     d.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
     d.add_argument("--max-tokens", type=positive, default=64)
-    d.add_argument("--stages", type=positive, default=2)
-    d.add_argument("--hosts", type=positive, default=None, help="simulated hosts (default: --stages)")
+    d.add_argument("--hosts", type=positive, default=None, help="simulated hosts (default: 3, or --stages if more)")
+    d.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: one per host)")
     add_sampling(d)
     d.add_argument("--json", action="store_true")
     return p
@@ -217,7 +217,7 @@ def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
         _sampling(args)
-        if args.hosts is not None and args.hosts < args.stages:
+        if args.hosts is not None and args.stages is not None and args.hosts < args.stages:
             raise CliError(f"--hosts {args.hosts} cannot hold --stages {args.stages} (one stage per host)")
         from swactor.cli.demo import run_demo
 
