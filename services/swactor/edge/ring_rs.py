@@ -9,7 +9,9 @@ client) fetches them from the wake-fd socket (wakefd.py) and opens its handle wi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import swactor_ring as sr
@@ -25,6 +27,15 @@ log = get_logger(component="COMPONENT_EDGE_DRIVER")
 
 def _fault(e: Exception) -> RingFault:
     return RingFault(str(e))
+
+
+@contextlib.contextmanager
+def _ring_errors_as_faults() -> Iterator[None]:
+    """The pumps see one error type for a broken ring, whatever ring-rs called it."""
+    try:
+        yield
+    except sr.RingError as e:
+        raise _fault(e) from None
 
 
 class WakeFds:
@@ -60,22 +71,16 @@ class RingRsProducer:
         return self._h
 
     def free(self) -> int:
-        try:
+        with _ring_errors_as_faults():
             return self._handle().free()
-        except sr.RingError as e:
-            raise _fault(e) from None
 
     def write(self, data: bytes | memoryview) -> int:
-        try:
+        with _ring_errors_as_faults():
             return self._handle().write(data)
-        except sr.RingError as e:
-            raise _fault(e) from None
 
     def arm_writable(self) -> bool:
-        try:
+        with _ring_errors_as_faults():
             return self._handle().arm_writable()
-        except sr.RingError as e:
-            raise _fault(e) from None
 
     def ack_writable(self) -> None:
         if self._h is not None:
@@ -127,16 +132,12 @@ class RingRsConsumer:
         return memoryview(span)
 
     def advance_consume(self, n: int) -> None:
-        try:
+        with _ring_errors_as_faults():
             self._handle().advance_consume(n)
-        except sr.RingError as e:
-            raise _fault(e) from None
 
     def arm_readable(self) -> bool:
-        try:
+        with _ring_errors_as_faults():
             return self._handle().arm_readable()
-        except sr.RingError as e:
-            raise _fault(e) from None
 
     def ack_readable(self) -> None:
         if self._h is not None:
