@@ -10,14 +10,24 @@ weights for the next run of the same plan) and one measured run. TTFT is client-
 to the first token, so it includes planning, (warm) provisioning, edge set-up and prefill; "prefill"
 is the services' own readiness barrier -> first token.
 
-The timeline PNG splits every decode token of the measured runs into where its milliseconds went,
-from the lifecycle events' wall-clock stamps (all processes share this machine's clock):
-  orchestrator   TOKEN_RECEIVED(n-1) -> stage 0 OBJECT_LOADED(n): sample -> inject -> token-in hop
-  dispatch k     OBJECT_LOADED(k, n) -> EXECUTE_STEP_STARTED(k, n): worker wake + step dispatch
-  compute k      EXECUTE_STEP_STARTED(k, n) -> OBJECT_PRODUCED(k, n): the stage's layers
-  hop k          OBJECT_PRODUCED(k, n) -> OBJECT_LOADED(k+1, n) (or TOKEN_RECEIVED(n) for the last
-                 stage): ring commit, edge-driver pump, QUIC, peer ring, wake
-The services expose no per-object QUIC timing, so "hop" is ring + wake + QUIC together.
+The timeline PNG splits every decode token n of the measured runs into where its milliseconds went,
+from the lifecycle events' wall-clock stamps (all processes share this machine's clock). Hop h is
+edge h: h = 0 token-in (orchestrator -> stage 0), h = k stage k-1 -> stage k, h = S token-out:
+  orchestrator   TOKEN_RECEIVED(n-1) -> token-in object committed (EDGE_OBJECT_SENT produced_us):
+                 FSM, sample, inject
+  send h         producer committed (produced_us, or the stage's OBJECT_PRODUCED) -> send pump handed
+                 the last byte to QUIC (EDGE_OBJECT_SENT): ring + wake + pump on the sending host
+  quic h         -> the peer's recv pump has the last byte (EDGE_OBJECT_RECEIVED arrived_us): QUIC
+                 packetising, UDP, the peer's QUIC stack
+  recv h         -> the consumer loaded it (OBJECT_LOADED(h) / TOKEN_RECEIVED(n)): recv ring commit,
+                 wake, the worker's load + report to its node (or the orchestrator's token reader)
+  dispatch k     OBJECT_LOADED(k) -> EXECUTE_STEP_STARTED(k): the stage node starts the step
+  compute k      EXECUTE_STEP_STARTED(k) -> OBJECT_PRODUCED(k): the stage's layers
+OBJECT_PRODUCED / OBJECT_LOADED are stamped by the stage node when the worker process reports them,
+after the fact; a stamp later than the next (driver-stamped) checkpoint is clamped back to it, so its
+lag lands in the segment before (compute / recv) and every token's segments add up to
+TOKEN_RECEIVED(n-1) -> TOKEN_RECEIVED(n). On real multi-host deployments the hosts' clock offset
+shifts only the "quic" segments (the one span whose two ends are stamped on different hosts).
 Numbers on a shared 2-core box move with the load: all S share the two cores (S workers + S edge
 drivers + orchestrator), so this measures overhead, not GPU scaling.
 """
@@ -30,7 +40,6 @@ import os
 import pathlib
 import sys
 import time
-from collections import defaultdict
 
 import numpy as np
 
@@ -72,33 +81,70 @@ def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int):
     return measure
 
 
+SEGMENTS = [("orchestrator", "orchestrator (FSM, sample, inject)", "#7f7f7f"),
+            ("send", "send host: ring commit -> pump -> QUIC", "#d62728"),
+            ("quic", "QUIC transit", "#9467bd"),
+            ("recv", "recv host: ring commit -> wake -> load", "#ff9896"),
+            ("dispatch", "stage node: step dispatch", "#ffbb78"),
+            ("compute", "stage compute", "#1f77b4")]
+
+
 def timeline(events, stages: int) -> list[list[tuple[str, float]]]:
     """Per decode token n >= 1: [(segment, ms), ...] in pipeline order (see the module doc)."""
     from swactor.v1 import common_pb2 as pb
 
-    at: dict[tuple[int, int | None, int], int] = {}
+    at: dict[tuple[int, int | None, int], object] = {}
     for e in events:
         stage = e.stage_index if e.HasField("stage_index") else None
-        key = (e.kind, stage, e.sequence)
-        at.setdefault(key, e.time_us)
+        at.setdefault((e.kind, stage, e.sequence), e)
     seqs = sorted({e.sequence for e in events if e.kind == pb.TOKEN_RECEIVED})
     rows = []
     for n in seqs[1:]:
         try:
-            segs = [("orchestrator", at[(pb.OBJECT_LOADED, 0, n)] - at[(pb.TOKEN_RECEIVED, None, n - 1)])]
-            for k in range(stages):
-                loaded, started = at[(pb.OBJECT_LOADED, k, n)], at[(pb.EXECUTE_STEP_STARTED, k, n)]
-                nxt = at[(pb.OBJECT_LOADED, k + 1, n)] if k + 1 < stages else at[(pb.TOKEN_RECEIVED, None, n)]
-                # OBJECT_PRODUCED is stamped after the commit, so the consumer may stamp its load first:
-                # then the hop was shorter than the event emission and shows as 0 (its time is in compute).
-                produced = min(at[(pb.OBJECT_PRODUCED, k, n)], nxt)
-                segs.append((f"dispatch {k}", max(0, started - loaded)))
-                segs.append((f"compute {k}", produced - max(started, loaded)))
-                segs.append((f"hop {k}", nxt - produced))
+            marks: list[tuple[str, int]] = [("", at[(pb.TOKEN_RECEIVED, None, n - 1)].time_us)]
+            for h in range(stages + 1):
+                sent = at[(pb.EDGE_OBJECT_SENT, h - 1 if h else None, n)]
+                recv = at[(pb.EDGE_OBJECT_RECEIVED, h if h < stages else None, n)]
+                if h == 0:
+                    marks.append(("orchestrator", sent.counters["produced_us"] or sent.counters["picked_us"]))
+                else:
+                    marks.append((f"compute {h - 1}", at[(pb.OBJECT_PRODUCED, h - 1, n)].time_us))
+                marks.append((f"send {h}", sent.time_us))
+                marks.append((f"quic {h}", recv.counters["arrived_us"]))
+                if h < stages:
+                    marks.append((f"recv {h}", at[(pb.OBJECT_LOADED, h, n)].time_us))
+                    marks.append((f"dispatch {h}", at[(pb.EXECUTE_STEP_STARTED, h, n)].time_us))
+                else:
+                    marks.append((f"recv {h}", at[(pb.TOKEN_RECEIVED, None, n)].time_us))
         except KeyError:
             continue  # an event of this step is missing (e.g. the last step raced the stop)
-        rows.append([(name, us / 1000.0) for name, us in segs])
+        t = [us for _, us in marks]
+        for i in range(len(t) - 2, -1, -1):
+            t[i] = min(t[i], t[i + 1])  # a late after-the-fact stamp: clamp back (module doc)
+        rows.append([(marks[i][0], (t[i] - t[i - 1]) / 1000.0) for i in range(1, len(t))])
     return rows
+
+
+def per_token_table(rows: list[list[tuple[str, float]]], stages: int) -> dict[str, list[float]]:
+    """Mean ms per token: kind -> [per hop / stage index ...] (hops 0..S, stages 0..S-1)."""
+    out = {kind: [0.0] * (1 if kind == "orchestrator" else stages + (kind in ("send", "quic", "recv")))
+           for kind, _, _ in SEGMENTS}
+    for segs in rows:
+        for name, ms in segs:
+            kind, _, idx = name.partition(" ")
+            out[kind][int(idx or 0)] += ms / len(rows)
+    return out
+
+
+def print_table(s: int, table: dict[str, list[float]], tokens: int) -> None:
+    width = s + 1
+    print(f"  S={s}: mean ms per decode token over {tokens} tokens (hop h = edge into stage h; "
+          f"hop {s} = token-out), total {sum(map(sum, table.values())):.1f} ms")
+    print("    " + f"{'segment':42s}" + "".join(f"{i:>8d}" for i in range(width)) + f"{'sum':>9s}")
+    for kind, label, _ in SEGMENTS:
+        vals = table[kind]
+        cells = "".join(f"{v:8.2f}" for v in vals) + " " * 8 * (width - len(vals))
+        print(f"    {kind:9s}{label:33s}{cells}{sum(vals):9.2f}")
 
 
 def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path) -> None:
@@ -107,23 +153,22 @@ def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"orchestrator": "#7f7f7f", "dispatch": "#ffbb78", "compute": "#1f77b4", "hop": "#d62728"}
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 2.2 + 1.6 * len(timelines)), squeeze=False)
+    colors = {kind: c for kind, _, c in SEGMENTS}
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 2.4 + 1.7 * len(timelines)), squeeze=False)
     for ax, (s, rows) in zip(axes[:, 0], sorted(timelines.items()), strict=True):
         for i, segs in enumerate(rows):
             x = 0.0
             for name, ms in segs:
-                kind = name.split()[0]
-                shade = 1.0 - 0.18 * int(name.split()[1]) if " " in name else 1.0
+                kind, _, idx = name.partition(" ")
+                shade = 1.0 - 0.15 * int(idx) if idx else 1.0
                 ax.barh(i + 1, ms, left=x, color=colors[kind], alpha=max(0.35, shade), edgecolor="white", linewidth=0.3)
                 x += ms
         ax.set_ylabel(f"S={s}\ntoken")
         ax.invert_yaxis()
-    axes[-1, 0].set_xlabel("ms since the previous token arrived at the orchestrator")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
-    fig.legend(handles, ["orchestrator (sample, inject, token-in)", "worker wake + dispatch", "stage compute",
-                         "ring + edge-driver + QUIC hop"], loc="upper center", ncol=4, fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    axes[-1, 0].set_xlabel("ms since the previous token arrived at the orchestrator (lighter = later hop / stage)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in SEGMENTS]
+    fig.legend(handles, [label for _, label, _ in SEGMENTS], loc="upper center", ncol=3, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
 
@@ -154,6 +199,7 @@ def main() -> int:
     single = before
     results: dict[int, dict[str, object]] = {}
     timelines = {}
+    tables: dict[int, tuple[dict[str, list[float]], int]] = {}
     spec = ClusterSpec(hosts=max(stages), device=a.device, netns=False if a.loopback else None)
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
@@ -168,15 +214,16 @@ def main() -> int:
             results[s] = summ
             tl = timeline(res.events, s)
             timelines[s] = tl
-            per = defaultdict(float)
-            for segs in tl:
-                for name, ms in segs:
-                    per[name.split()[0]] += ms / max(1, len(tl))
-            summ["per_token_ms"] = dict(per)
             print(f"S={s}: {res.outcome} ({summ['reason']}), TTFT {res.ttft_s:.2f} s (cold run {warm.ttft_s:.2f} s; prefill "
                   f"{summ['prefill_s']:.2f} s), decode {res.decode_tok_s:.2f} tok/s, teardown {summ['teardown_s']:.2f} s; "
-                  f"per token ms: " + ", ".join(f"{k} {v:.1f}" for k, v in per.items())
-                  + f"; tokens match single process: {summ['matches_single']}", flush=True)
+                  f"tokens match single process: {summ['matches_single']}", flush=True)
+            if tl:
+                table = per_token_table(tl, s)
+                summ["per_token_ms"] = table
+                tables[s] = (table, len(tl))
+                print_table(s, table, len(tl))
+            else:
+                print(f"  S={s}: no complete per-token timeline (edge timing events missing)")
     after = measure_single()  # the load on a shared box moves: the better of before and after is the baseline
     print(f"single process, after the cluster: TTFT {after['ttft_s']:.3f} s, decode {after['decode_tok_s']:.2f} tok/s")
     single = {**before, "ttft_s": min(before["ttft_s"], after["ttft_s"]),
@@ -186,6 +233,11 @@ def main() -> int:
     for s, r in results.items():
         ttft, dec = r["ttft_s"], r["decode_tok_s"]
         print(f"{s:2d}  {ttft:7.2f}  {ttft / single['ttft_s']:5.1f}x  {dec:12.2f}  {dec / single['decode_tok_s']:5.2f}x")
+    print("\nper decode token, mean ms (all hops / stages summed):")
+    print("  S " + "".join(f"{k:>13s}" for k, _, _ in SEGMENTS) + f"{'total':>10s}")
+    for s, (table, _) in tables.items():
+        print(f"{s:3d} " + "".join(f"{sum(table[k]):13.2f}" for k, _, _ in SEGMENTS)
+              + f"{sum(map(sum, table.values())):10.2f}")
     plot(timelines, a.png)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps({"single": single, "pipeline": results, "max_tokens": n,

@@ -67,6 +67,40 @@ def leases_of(cluster: LocalCluster, edges: set[int], timeout_s: float = 10.0) -
         time.sleep(0.2)
 
 
+def assert_edge_timings(res: RunResult, stages: int) -> None:
+    """Issue 7: every object of every sequence has EDGE_OBJECT_SENT and EDGE_OBJECT_RECEIVED on each of
+    the S + 1 edges, with the run's identities, and per sequence the stamps (one machine clock) are
+    monotone along the whole pipeline: TOKEN_RECEIVED(s-1) <= token-in picked <= sent <= arrived <=
+    committed <= OBJECT_LOADED(0) <= ... <= token-out committed <= TOKEN_RECEIVED(s)."""
+    by: dict[tuple[int, int | None, int], pb.LifecycleEvent] = {}
+    for e in res.events:
+        if e.kind in (pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED, pb.OBJECT_LOADED, pb.OBJECT_PRODUCED,
+                      pb.TOKEN_RECEIVED):
+            key = (e.kind, e.stage_index if e.HasField("stage_index") else None, e.sequence)
+            assert key not in by, f"two {pb.LifecycleEventKind.Name(e.kind)} events for {key}"
+            by[key] = e
+    for s in range(len(res.token_ids)):
+        chain = [by[(pb.TOKEN_RECEIVED, None, s - 1)].time_us] if s else []
+        for hop in range(stages + 1):
+            producer = hop - 1 if hop else None  # token-in is sent by the orchestrator (no stage)
+            consumer = hop if hop < stages else None  # token-out is received by it
+            sent, recv = by[(pb.EDGE_OBJECT_SENT, producer, s)], by[(pb.EDGE_OBJECT_RECEIVED, consumer, s)]
+            for e in (sent, recv):
+                assert e.run_id == res.run_id and e.node_id and e.component == pb.COMPONENT_EDGE_DRIVER
+                assert e.edge_id == sent.edge_id and e.object_id == sent.object_id and e.counters["extent"] > 0
+                assert e.ring_id
+            if producer is not None:
+                assert by[(pb.OBJECT_PRODUCED, producer, s)].edge_id == sent.edge_id
+            if consumer is not None:
+                assert by[(pb.OBJECT_LOADED, consumer, s)].edge_id == recv.edge_id
+            loaded = by[(pb.OBJECT_LOADED, consumer, s)] if consumer is not None else by[(pb.TOKEN_RECEIVED, None, s)]
+            # (the peer may see a record's first bytes before its last byte is sent: header and payload
+            # can be committed separately, so first_us is only checked against picked_us)
+            assert sent.counters["picked_us"] <= recv.counters["first_us"] <= recv.counters["arrived_us"]
+            chain += [sent.counters["picked_us"], sent.time_us, recv.counters["arrived_us"], recv.time_us, loaded.time_us]
+        assert chain == sorted(chain), f"sequence {s}: stamps not monotone along the pipeline: {chain}"
+
+
 def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     # The chat-template case with the longest comparable prefix and no EOS inside it, so the run
     # ends on max_tokens, not EOS.
@@ -83,6 +117,7 @@ def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     assert res.token_ids == case["greedy_tokens"][:n]
     kinds = [e.kind for e in res.events]
     assert kinds.count(pb.STAGE_READY) == 3 and pb.RUN_TORN_DOWN in kinds
+    assert_edge_timings(res, stages=3)
     left = leases_of(cluster3, run_edges(res.finished))
     assert not any(left.values()), (f"this run's arena leases (ring_id, requester, edge_id) live after teardown: "
                                     f"{left}; teardown took {res.summary()['teardown_s']} s")

@@ -50,4 +50,7 @@ class EdgeConfig:
     # A stream that carries no locally established edge for this long is stopped with a fault.
     rendezvous_timeout: float = 30.0
     congestion_control: str = "reno"
+    # Per-object pump timings (objtap.py) for WatchEdges(object_timings); flushed at most this often.
+    object_timing: bool = True
+    object_timing_flush_s: float = 0.02
     use_uvloop: bool = False

@@ -3,6 +3,8 @@
 It is the endpoint's ConnectionListener, routes stream events to pumps, and publishes
 DriverEdgeReady / StreamClosed / StreamFault / PumpStopped to WatchEdges subscribers.
 One bad edge only faults that edge: every per-edge failure ends in a StreamFault event.
+With `object_timing` on, every pump has an ObjectTap (objtap.py); its marks are flushed as
+ObjectTimings batches at most every `object_timing_flush_s` to watchers that asked for them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from swactor.edge.config import EdgeConfig
 from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnreachable
 from swactor.edge.endpoint import Endpoint
 from swactor.edge.identity import EdgeIdentity
+from swactor.edge.objtap import ObjectTap
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.pumps import AppError, PumpState, RecvPump, SendPump, reason_for_remote_code
 from swactor.edge.rendezvous import RejectStream, Rendezvous, StartRecvPump
@@ -81,8 +84,9 @@ class EdgeRecord:
 
 
 class Watcher:
-    def __init__(self, edge_ids: set[int]) -> None:
+    def __init__(self, edge_ids: set[int], object_timings: bool = False) -> None:
         self.edge_ids = edge_ids
+        self.object_timings = object_timings
         self.queue: asyncio.Queue[edge_pb2.EdgeEvent | None] = asyncio.Queue(WATCH_QUEUE)
         self.overflowed = False
 
@@ -122,6 +126,8 @@ class Driver:
         self._expiry: asyncio.TimerHandle | None = None
         self._status_timer: asyncio.TimerHandle | None = None
         self._status_sent = ""
+        self._taps: dict[tuple[int, int], tuple[ObjectTap, int]] = {}  # (edge_id, role) -> (tap, ring_id)
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
 
     # ---- lifecycle ----
@@ -132,7 +138,7 @@ class Driver:
     async def close(self) -> None:
         for edge_id in {k[0] for k in self.edges}:
             self.stop_edge(edge_id)
-        for timer in (self._expiry, self._status_timer):
+        for timer in (self._expiry, self._status_timer, self._flush_timer):
             if timer is not None:
                 timer.cancel()
         await self.endpoint.close()
@@ -160,6 +166,7 @@ class Driver:
             queue_limit=self.config.send_queue_limit,
             on_end=self._pump_ended,
             on_blocked=self._sender_blocked,
+            tap=self._tap(edge_id, SEND, ring_id),
         )
         self.edges[(edge_id, SEND)] = rec
         rec.dial = asyncio.ensure_future(self._connect_send(rec))
@@ -249,6 +256,7 @@ class Driver:
             stream_id=ref.stream_id,
             window=self.config.stream_window,
             on_end=self._pump_ended,
+            tap=self._tap(rec.edge_id, RECV, rec.ring_id),
         )
         rec.ring = None
         rec.recv_pump = pump
@@ -257,6 +265,47 @@ class Driver:
         log.info("edge.recv_pump_started", edge_id=rec.edge_id, ring_id=rec.ring_id, peer_node_id=rec.peer_node_id)
         pump.on_data(action.initial, eof)
         ref.conn.transmit()
+
+    # ---- object timings (objtap.py) ----
+
+    def _tap(self, edge_id: int, role: int, ring_id: int) -> ObjectTap | None:
+        if not self.config.object_timing:
+            return None
+        self._flush_timings()  # a previous end of this edge id: its marks go out first
+        tap = ObjectTap(commits=role == RECV, on_done=self._arm_flush)
+        self._taps[(edge_id, role)] = (tap, ring_id)
+        return tap
+
+    def _arm_flush(self) -> None:
+        if self._flush_timer is None:
+            self._flush_timer = self._loop.call_later(self.config.object_timing_flush_s, self._flush_timings)
+
+    def _flush_timings(self) -> None:
+        """Publish the taps' finished marks (one ObjectTimings per edge end); forget ended ones."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        wanted = [w for w in self.watchers if w.object_timings]
+        for key, (tap, ring_id) in list(self._taps.items()):
+            marks, dropped = tap.drain()
+            rec = self.edges.get(key)
+            pump = rec and (rec.recv_pump or rec.send_pump)
+            if pump is None or pump.tap is not tap:
+                del self._taps[key]  # the pump ended: this was its last batch
+            if tap.broken:
+                del self._taps[key]
+                log.warning("edge.object_timing_off", edge_id=key[0], ring_id=ring_id, detail=tap.broken)
+            if not wanted or not (marks or dropped):
+                continue
+            event = edge_pb2.EdgeEvent(objects=edge_pb2.ObjectTimings(
+                edge_id=key[0], ring_id=ring_id, role=key[1], dropped=dropped,  # type: ignore[arg-type]
+                objects=[edge_pb2.ObjectTiming(object_id=m.object_id, sequence=m.sequence, extent=m.extent,
+                                               first_us=m.first_us, last_us=m.last_us, committed_us=m.committed_us)
+                         for m in marks]))
+            event.time_us = time.time_ns() // 1000
+            event.node_id = self.node_id
+            for w in wanted:
+                w.offer(event, key[0])
 
     def _reject_stream(self, ref: StreamRef, code: AppError) -> None:
         entry = self._incoming.get((ref.conn.uid, ref.stream_id))
@@ -422,13 +471,15 @@ class Driver:
         self._publish(event, rec.edge_id)
 
     def _publish(self, event: edge_pb2.EdgeEvent, edge_id: int) -> None:
+        if event.WhichOneof("event") in ("closed", "fault", "pump_stopped"):
+            self._flush_timings()  # timings of an edge reach watchers before its end
         event.time_us = time.time_ns() // 1000
         event.node_id = self.node_id
         for w in self.watchers:
             w.offer(event, edge_id)
 
-    def watch(self, edge_ids: set[int], replay_current: bool) -> Watcher:
-        w = Watcher(edge_ids)
+    def watch(self, edge_ids: set[int], replay_current: bool, object_timings: bool = False) -> Watcher:
+        w = Watcher(edge_ids, object_timings)
         if replay_current:
             for rec in self.edges.values():
                 if rec.last_event is not None:

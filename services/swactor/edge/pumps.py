@@ -8,17 +8,22 @@ RecvPump: Streaming -> Backpressured (ring full) -> Streaming ... -> Closed | Fa
 SendPump: WaitingForConnection -> WaitingForBytes -> (OpenStream) Streaming <-> Backpressured
     -> Closed | Faulted. At most `send_queue_limit` bytes sit in aioquic (unsent + unacked);
     consume advances once aioquic holds its copy.
+
+An optional ObjectTap (objtap.py) sees each moved span after the move; it reads record headers
+only, and the pump's movement does not depend on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swactor.edge import credit, preamble
+from swactor.edge.objtap import ObjectTap
 from swactor.edge.ring_port import ConsumerPort, ProducerPort, RingClosed, RingFault
 from swactor.v1 import common_pb2
 
@@ -72,8 +77,10 @@ class RecvPump:
         stream_id: int,
         window: int,
         on_end: EndFn,
+        tap: ObjectTap | None = None,
     ) -> None:
         self.edge_id = edge_id
+        self.tap = tap
         self.ring = ring
         self.conn = conn
         self.stream_id = stream_id
@@ -94,6 +101,8 @@ class RecvPump:
             return
         if data:
             self._pending.append(memoryview(data))
+            if self.tap is not None:
+                self.tap.feed(data, time.time_ns() // 1000)
         self._eof = self._eof or end
         self._step()
 
@@ -126,15 +135,23 @@ class RecvPump:
 
     def _drain(self) -> None:
         pending = self._pending
-        while pending:
-            chunk = pending[0]
-            n = self.ring.write(chunk)
-            self.delivered += n
-            self.bytes += n
-            if n < len(chunk):
-                pending[0] = chunk[n:]
-                return
-            pending.popleft()
+        before = self.delivered
+        # Stamped before the write: ring-rs wakes the consumer inside it, and on a busy host the
+        # woken consumer may run (and report its load) before this process reads the clock again.
+        now_us = time.time_ns() // 1000 if self.tap is not None and pending else 0
+        try:
+            while pending:
+                chunk = pending[0]
+                n = self.ring.write(chunk)
+                self.delivered += n
+                self.bytes += n
+                if n < len(chunk):
+                    pending[0] = chunk[n:]
+                    return
+                pending.popleft()
+        finally:
+            if self.tap is not None and self.delivered != before:
+                self.tap.commit(self.delivered - preamble.PREAMBLE_LEN, now_us)
 
     def _announce(self) -> None:
         quic = self.conn.quic
@@ -196,8 +213,10 @@ class SendPump:
         queue_limit: int,
         on_end: EndFn,
         on_blocked: Callable[[SendPump], None],
+        tap: ObjectTap | None = None,
     ) -> None:
         self.edge_id = edge_id
+        self.tap = tap
         self.ring = ring
         self.queue_limit = queue_limit
         self.on_end = on_end
@@ -252,6 +271,8 @@ class SendPump:
                 n = len(view)
                 # aioquic copies into its stream buffer (bytearray += view), so one copy only.
                 quic.send_stream_data(self.stream_id, view)  # type: ignore[arg-type]
+                if self.tap is not None:
+                    self.tap.feed(view, time.time_ns() // 1000)
                 view.release()
                 self.ring.advance_consume(n)
                 self.bytes += n

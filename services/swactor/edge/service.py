@@ -45,7 +45,7 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
     async def WatchEdges(
         self, request: edge_pb2.WatchEdgesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[edge_pb2.EdgeEvent]:
-        watcher = self.driver.watch(set(request.edge_ids), request.replay_current)
+        watcher = self.driver.watch(set(request.edge_ids), request.replay_current, request.object_timings)
         try:
             while True:
                 event = await watcher.queue.get()

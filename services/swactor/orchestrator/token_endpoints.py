@@ -6,22 +6,28 @@ last stage produces, this host consumes). Each edge goes through the worker's Ed
 edge-driver, and on close the §38 order StopPump -> ring quiesced -> release — with this process
 as the ring host: InstallRing opens a ring-rs handle here, UninstallRing closes it.
 `EndpointsReady` is reported once both edges are Ready and share the driver's wake eventfds.
+The driver's object timings of this host's two edge ends are relayed as EDGE_OBJECT_SENT (token-in,
+with counter produced_us: when `inject` had committed the object) and EDGE_OBJECT_RECEIVED
+(token-out) lifecycle events (issue 7, swactor.edge.timing_events).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
+from swactor.edge.timing_events import lifecycle_events
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.orchestrator.planner import EdgePlan, RunPlan
 from swactor.orchestrator.token_rings import TokenReader, TokenWriter
 from swactor.v1 import common_pb2 as pb
+from swactor.v1 import edge_pb2
 from swactor.worker import establisher as est
 from swactor.worker import reasons
 from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
@@ -73,6 +79,8 @@ class RingTokenEndpoints:
         self._reader_ring = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._driver_task: asyncio.Task[None] | None = None
+        self._timing_task: asyncio.Task[None] | None = None
+        self._committed_us: dict[int, int] = {}  # token-in sequence -> commit stamp, until its timing arrives
         self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
         self.edges = EstablisherShell(self.est, arena, driver, self, self._outcome, self._spawn, self.log)
 
@@ -80,6 +88,7 @@ class RingTokenEndpoints:
 
     async def start(self) -> None:
         self._driver_task = asyncio.create_task(self._follow_driver())
+        self._timing_task = asyncio.create_task(self._follow_timings())
         for provision in self._provisions.values():
             self._est(est.Provision(provision, new_id()))
 
@@ -87,6 +96,8 @@ class RingTokenEndpoints:
         if self.writer is None:
             raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, "token-in edge is not ready")
         await self.writer.write(sequence, list(token_ids))
+        if len(self._committed_us) < 4096:
+            self._committed_us[sequence] = time.time_ns() // 1000
 
     async def close(self) -> None:
         for edge_id in self._provisions:
@@ -96,7 +107,7 @@ class RingTokenEndpoints:
         except TimeoutError:
             self.log.warning("token_endpoints_close_timeout", pending=sorted(set(self._provisions) - self._stopped))
         finally:
-            for task in [self._driver_task, self._reader_task, *self._tasks]:
+            for task in [self._driver_task, self._timing_task, self._reader_task, *self._tasks]:
                 if task is not None:
                     task.cancel()
 
@@ -173,6 +184,26 @@ class RingTokenEndpoints:
                 # Without this stream no PumpStopped arrives and close() could only time out: say so.
                 self.log.exception("edge_driver_events_lost", detail=f"{type(e).__name__}: {e}")
                 self._fail(pb.RUN_FAULT_STREAM_FAULT, f"edge-driver event stream lost: {type(e).__name__}: {e}")
+
+
+    async def _follow_timings(self) -> None:
+        source = getattr(self.driver, "object_timings", None)
+        if source is None:
+            return
+        ends = {self.token_in_edge: edge_pb2.EDGE_ROLE_SEND, self.token_out_edge: edge_pb2.EDGE_ROLE_RECV}
+        try:
+            async for batch in source(set(ends)):
+                if ends.get(batch.edge_id) != batch.role:
+                    continue  # a stage's end of a self edge on this host: its node relays it
+                for ev in lifecycle_events(batch, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
+                                           stage_index=None):
+                    if ev.kind == pb.EDGE_OBJECT_SENT:
+                        ev.counters["produced_us"] = self._committed_us.pop(ev.sequence, 0)
+                    self.report(F.Relay(ev))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # diagnostics only: never a reason to fault the run
+            self.log.warning("edge_timing_watch_lost", detail=f"{type(e).__name__}: {e}")
 
 
 class RingEndpointFactory:

@@ -107,6 +107,12 @@ class EdgeDriverPort:
                 case "pump_stopped":
                     yield est.PumpStopped(ev.pump_stopped.edge_id)
 
+    def object_timings(self, edge_ids: set[int]) -> AsyncIterator[edge_pb2.ObjectTimings]:
+        """Per-object pump timings of these edges (issue 7; swactor.edge.timing_events)."""
+        from swactor.edge.timing_events import watch_object_timings
+
+        return watch_object_timings(self._stub, edge_ids)
+
     async def wake_fds(self, ring_id: int) -> tuple[int, int] | None:
         from swactor.edge.wakefd import WakeFdError, fetch_wake_fds
 

@@ -22,6 +22,7 @@ from swactor.v1 import common_pb2, stage_pb2
 from swactor.worker import establisher as est
 from swactor.worker import reasons, stage_fsm, wire
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
+from swactor.worker.edge_timing import relay_object_timings
 from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.ports import ArenaPort, DriverPort, MembershipPort
@@ -97,6 +98,7 @@ class StageNode:
         self.restarts = 0
         self.warm_weights = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> edge_timing relay
         ctl.subscribe(self._on_worker)
 
     # ---- boot (§8) ----
@@ -139,10 +141,11 @@ class StageNode:
                 reason = "WorkerCrashed" if not self.worker_ready else "NodeUnavailable"
                 self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", reason)))
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -189,6 +192,9 @@ class StageNode:
         self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
         self.stage = stage_fsm.StageController(self.node_id)
         self.warm_weights = False
+        self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
+            self.driver, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
+            inbound_edge=plan.inbound.edge_id, outbound_edge=plan.outbound.edge_id, emit=self._relay_timing))
         self._stage(stage_fsm.Provision(plan))
 
     def stop_run(self, run_id: int) -> bool:
@@ -251,10 +257,20 @@ class StageNode:
             up.fault.cause = cause
             up.fault.detail = detail
         elif ev.kind == common_pb2.STAGE_STOPPED:
+            relay = self._timing_relays.pop(ev.run_id, None)
+            if relay is not None:
+                relay.cancel()
             up.stopped.SetInParent()
         else:
             up.event.CopyFrom(ev)
         log.add(up)
+
+    def _relay_timing(self, ev: common_pb2.LifecycleEvent) -> None:
+        """An EDGE_OBJECT_* event of a run here, with the driver's stamp (edge_timing.py)."""
+        log = self.runs.get(ev.run_id)
+        if log is not None and not log.done:
+            log.add(stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
+                                          time_us=ev.time_us, event=ev))
 
     # ---- worker events ----
 
