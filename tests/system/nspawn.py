@@ -1,0 +1,186 @@
+"""Booted systemd hosts for the system tests: one `systemd-nspawn -b` container per host, on an
+overlay of the cached Debian rootfs, in a network namespace of the netns harness.
+
+    with Container("sys-h0", rootfs, workdir, netns="/run/netns/x-h0") as c:
+        c.boot()                                    # waits for `systemctl is-system-running`
+        c.sh("systemctl is-active dbus")            # nsenter -t LEADER -a, clean environment
+
+The container is started with `--register=no --keep-unit` (no machined needed), its init is found
+as the nspawn process's child in a new PID namespace, and every command enters all of init's
+namespaces with `nsenter -t PID -a`. `close()` powers the container off through its own systemd
+(kills nspawn if that takes too long), unmounts the overlay and deletes the host's copy: nothing
+stays behind, also when the body raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+CLEAN_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+             "LANG": "C.UTF-8", "TERM": "dumb"}
+PROPAGATE_DIR = Path("/run/systemd/nspawn/propagate")
+
+
+class ContainerError(RuntimeError):
+    """A container did not boot, a command inside it failed, or it did not stop; names which."""
+
+
+def nspawn_unavailable_reason() -> str | None:
+    """Why this machine cannot boot nspawn containers (not root, tools missing), or None."""
+    if os.geteuid() != 0:
+        return "system tests need root (debootstrap, overlay mounts, systemd-nspawn, network namespaces)"
+    for tool, pkg in (("systemd-nspawn", "systemd-container"), ("debootstrap", "debootstrap"),
+                      ("nsenter", "util-linux"), ("ip", "iproute2"), ("git", "git")):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed (apt-get install {pkg}; install.sh dev installs it)"
+    return None
+
+
+def _pid_ns(pid: int | str) -> str:
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            stat = Path(entry.path, "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+class Container:
+    """One booted Debian host. `workdir` (created, then deleted on close) holds the overlay's upper,
+    work and merged dirs and the console log."""
+
+    def __init__(self, name: str, rootfs: Path, workdir: Path, *, netns: str, addr: str = "",
+                 bind_ro: Sequence[tuple[Path, str]] = ()) -> None:
+        self.name = name
+        self.addr = addr  # this host's address in its network namespace
+        self.rootfs = rootfs
+        self.workdir = workdir
+        self.netns = netns
+        self.bind_ro = list(bind_ro)
+        self.merged = workdir / "merged"
+        self.console = workdir / "console.log"
+        self.proc: subprocess.Popen[Any] | None = None
+        self.leader: int | None = None
+        self._mounted = False
+        self._log: IO[Any] | None = None
+
+    def __enter__(self) -> Container:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        """Mount the overlay and start `systemd-nspawn -b` in the background (see `wait_booted`)."""
+        for d in ("upper", "work", "merged"):
+            (self.workdir / d).mkdir(parents=True, exist_ok=True)
+        opts = f"lowerdir={self.rootfs},upperdir={self.workdir / 'upper'},workdir={self.workdir / 'work'}"
+        self._check(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.merged)], "mount the overlay")
+        self._mounted = True
+        argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--machine={self.name}",
+                f"--network-namespace-path={self.netns}", "--directory", str(self.merged),
+                *(f"--bind-ro={src}:{dst}" for src, dst in self.bind_ro)]
+        self._log = self.console.open("wb")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env={**CLEAN_ENV, "SYSTEMD_LOG_COLOR": "0"}, start_new_session=True)
+
+    def wait_booted(self, timeout_s: float = 90.0) -> str:
+        """Wait for init to be found and `systemctl is-system-running` to say running or degraded;
+        returns that state. Raises ContainerError with the console tail otherwise."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout_s
+        own_ns = _pid_ns("self")
+        state = "no init yet"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ContainerError(f"{self.name}: systemd-nspawn exited with {self.proc.returncode} "
+                                     f"while booting; console: {self.console_tail()}")
+            if self.leader is None:
+                for child in _children(self.proc.pid):
+                    with contextlib.suppress(OSError):
+                        if _pid_ns(child) != own_ns and Path(f"/proc/{child}/comm").read_text().strip() == "systemd":
+                            self.leader = child
+            if self.leader is not None:
+                done = self.run(["systemctl", "is-system-running"], check=False, timeout=10)
+                state = done.stdout.strip() or done.stderr.strip()
+                if state in ("running", "degraded"):
+                    return state
+            time.sleep(0.5)
+        raise ContainerError(f"{self.name}: not booted within {timeout_s} s (last state {state!r}); "
+                             f"console: {self.console_tail()}")
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Power off (systemd inside), kill nspawn if it lingers, unmount, delete the copy."""
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                if self.leader is not None:
+                    self.run(["systemctl", "poweroff"], check=False, timeout=10)
+                try:
+                    self.proc.wait(timeout_s)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()  # nspawn's own session: its container dies with it (PID namespace)
+                    self.proc.wait(10)
+        finally:
+            if self._log is not None:
+                self._log.close()
+            if self._mounted:
+                subprocess.run(["umount", str(self.merged)], capture_output=True)
+                if os.path.ismount(self.merged):
+                    subprocess.run(["umount", "-l", str(self.merged)], capture_output=True)
+                self._mounted = False
+            with contextlib.suppress(OSError):
+                (PROPAGATE_DIR / self.name).rmdir()  # nspawn's mount-propagation dir, left behind
+            if not os.path.ismount(self.merged):
+                shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ---- commands ----
+
+    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 60.0,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run `argv` inside the container (all of init's namespaces, a clean root environment)."""
+        if self.leader is None:
+            raise ContainerError(f"{self.name}: not booted")
+        full = ["nsenter", "-t", str(self.leader), "-a", "env", "-i", *(f"{k}={v}" for k, v in CLEAN_ENV.items()),
+                *argv]
+        try:
+            done = subprocess.run(full, capture_output=True, text=True, timeout=timeout, input=input)
+        except subprocess.TimeoutExpired as e:
+            raise ContainerError(f"{self.name}: `{' '.join(argv)}` did not finish within {timeout} s; "
+                                 f"stderr tail: {(e.stderr or b'')[-2000:]!r}") from None
+        if check and done.returncode != 0:
+            raise ContainerError(f"{self.name}: `{' '.join(argv)}` failed ({done.returncode}); "
+                                 f"stderr tail: {done.stderr[-3000:]}")
+        return done
+
+    def sh(self, script: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return self.run(["bash", "-c", script], **kw)
+
+    def path(self, inside: str) -> Path:
+        """The host-side path of a file inside the (mounted) container."""
+        return self.merged / inside.lstrip("/")
+
+    def console_tail(self, n: int = 2000) -> str:
+        with contextlib.suppress(OSError):
+            return self.console.read_bytes()[-n:].decode(errors="replace")
+        return ""
+
+    def _check(self, argv: list[str], what: str) -> None:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise ContainerError(f"{self.name}: could not {what}: `{' '.join(argv)}`: {done.stderr.strip()}")

@@ -1,0 +1,200 @@
+"""System test of the operator install: two Debian hosts booted with real systemd
+(`systemd-nspawn -b`), each in its own network namespace on one bridge, each installed with the
+project's own `bash install.sh host ...` run inside it, offline (Python wheels from a wheelhouse,
+the model from the repo's .cache/models). Then: every unit is active, the orchestrator lists both
+nodes, a 2-stage greedy run completes with llama.cpp's tokens, and a second install run on a host
+succeeds and keeps its node id.
+
+Needs root, systemd-nspawn, debootstrap and git; the first run debootstraps the rootfs (cached
+under .cache/rootfs) and builds the wheelhouse (.cache/wheelhouse). See docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import NetnsCluster, netns_unavailable_reason
+
+from .nspawn import Container, ContainerError, nspawn_unavailable_reason
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+FIXTURE = REPO / "tests" / "fixtures" / "llamacpp_greedy.json"
+RUNS_DIR = REPO / ".cache" / "system"
+UNITS = ["swactor-membership", "swactor-arena", "swactor-edge", "swactor-worker"]
+MAX_TOKENS = 8
+
+_skip = nspawn_unavailable_reason() or netns_unavailable_reason()
+if _skip is None and not MODEL.exists():
+    _skip = "run `make model` (default GGUF missing)"
+pytestmark = [pytest.mark.system, pytest.mark.netns, pytest.mark.timeout(900),
+              pytest.mark.skipif(_skip is not None, reason=_skip or "")]
+
+
+def prepare(script: str, timeout: float) -> Path:
+    """Run one of the project's idempotent preparation scripts; it prints the path it made."""
+    done = subprocess.run(["bash", str(REPO / script)], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        pytest.fail(f"{script} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def copy_source(dest: Path) -> None:
+    """What an operator's checkout has: tracked and untracked-but-not-ignored files of the working
+    tree (no .venv, build outputs or generated stubs); SWACTOR_SYSTEM_SOURCE=HEAD (or any commit)
+    takes the committed tree instead, as a fresh clone in CI would."""
+    dest.mkdir(parents=True, exist_ok=True)
+    rev = os.environ.get("SWACTOR_SYSTEM_SOURCE", "")
+    if rev:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+        return
+    out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
+                         capture_output=True, check=True).stdout
+    for rel in filter(None, out.decode().split("\0")):
+        src = REPO / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+
+
+def cleanup_stale_runs() -> None:
+    """Unmount and delete container copies of system-test runs whose process is gone (SIGKILLed)."""
+    if not RUNS_DIR.is_dir():
+        return
+    for d in RUNS_DIR.iterdir():
+        m = re.fullmatch(r"(\d+)-\w+", d.name)
+        if m is None:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(m[1]), 0)
+            continue
+        for merged in d.glob("*/merged"):
+            subprocess.run(["umount", "-l", str(merged)], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def install(c: Container, *args: str, timeout: float = 420.0) -> float:
+    """`bash install.sh host ...` inside the container; returns its duration in seconds."""
+    t0 = time.monotonic()
+    c.run(["bash", "/root/swactor/install.sh", "host", "--wheelhouse", "/mnt/wheelhouse",
+           "--model", f"/mnt/models/{MODEL.name}", *args], timeout=timeout)
+    return time.monotonic() - t0
+
+
+def swactor_json(c: Container, *args: str, timeout: float = 30.0, check: bool = True) -> list[dict]:
+    """The project's CLI inside the container, `--json`: one object per output line. With
+    check=False a non-zero exit (a run that did not complete) still returns what was printed."""
+    done = c.run(["/opt/swactor/venv/bin/swactor", *args, "--json"], timeout=timeout, check=check)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip().startswith("{")]
+
+
+def wait_pool(c: Container, want_nodes: int, timeout_s: float = 120.0) -> dict:
+    """Poll the orchestrator's ListNodes until `want_nodes` nodes are listed and the pool is ready."""
+    deadline = time.monotonic() + timeout_s
+    last: dict = {}
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ContainerError):
+            (last,) = swactor_json(c, "nodes")
+            if len(last.get("nodes", [])) >= want_nodes and last.get("pool_ready"):
+                return last
+        time.sleep(1.0)
+    raise AssertionError(f"pool not ready with {want_nodes} nodes within {timeout_s} s: {last}")
+
+
+def units_active(c: Container, units: list[str]) -> dict[str, str]:
+    done = c.run(["systemctl", "is-active", *units], check=False)
+    return dict(zip(units, done.stdout.split(), strict=False))
+
+
+def journal(c: Container) -> str:
+    """The swactor units' journal, for failure messages only."""
+    with contextlib.suppress(ContainerError):
+        return c.run(["journalctl", "--no-pager", "-n", "60", "-o", "cat", "-u", "swactor-*"], check=False).stdout
+    return ""
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[list[Container]]:
+    rootfs = prepare("tests/system/build_rootfs.sh", timeout=900)
+    wheelhouse = prepare("packaging/wheelhouse.sh", timeout=600)
+    cleanup_stale_runs()
+    run_dir = RUNS_DIR / f"{os.getpid()}-{os.urandom(2).hex()}"
+    src = run_dir / "src"
+    copy_source(src)
+    binds = [(wheelhouse, "/mnt/wheelhouse"), (MODEL.parent, "/mnt/models"), (src, "/mnt/swactor-src")]
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, run_dir, True)
+        net = stack.enter_context(NetnsCluster(2, prefix="sys"))
+        containers = []
+        for h in net.hosts:
+            name = f"swsys{os.getpid()}-h{h.index}"
+            c = stack.enter_context(Container(name, rootfs, run_dir / f"h{h.index}", netns=f"/run/netns/{h.ns}",
+                                              addr=h.addr, bind_ro=binds))
+            containers.append(c)
+        t0 = time.monotonic()
+        for c in containers:
+            c.start()
+        for c in containers:
+            state = c.wait_booted()
+            print(f"{c.name}: {state} after {time.monotonic() - t0:.1f} s", flush=True)
+            # The operator's checkout, in root's home (the units cannot read /root: ProtectHome).
+            c.run(["cp", "-a", "/mnt/swactor-src", "/root/swactor"])
+        yield containers
+        # ExitStack: containers power off (reverse order), then the namespaces, then the copies.
+
+
+def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
+    h0, h1 = hosts
+    addr0, addr1 = h0.addr, h1.addr
+    t = install(h0, "--advertise-ip", addr0, "--orchestrator")
+    print(f"install h0 (orchestrator): {t:.1f} s", flush=True)
+    active = units_active(h0, [*UNITS, "swactor-orchestrator"])
+    assert set(active.values()) == {"active"}, (active, journal(h0))
+
+    # The second host joins with the first host's secret, copied as the operator would.
+    secret = h0.path("/etc/swactor/cluster.secret").read_bytes()
+    assert len(secret.strip()) == 64
+    h1.path("/root/cluster.secret").write_bytes(secret)
+    t = install(h1, "--advertise-ip", addr1, "--seed", f"{addr0}:7946", "--secret-file", "/root/cluster.secret")
+    print(f"install h1: {t:.1f} s", flush=True)
+    active = units_active(h1, [*UNITS, "swactor-orchestrator"])
+    assert active == {**dict.fromkeys(UNITS, "active"), "swactor-orchestrator": "inactive"}, (active, journal(h1))
+
+    node_ids = {c.name: int(c.path("/var/lib/swactor/node_id").read_text().strip()) for c in hosts}
+    pool = wait_pool(h0, 2)
+    listed = {int(n["node_id"]) for n in pool["nodes"]}
+    assert listed == set(node_ids.values()), (pool, node_ids)
+
+    case = next(c for c in json.loads(FIXTURE.read_text())["cases"]
+                if c["question"] == "Write a Python function that reverses a string." and c["chat_template"])
+    updates = swactor_json(h0, "submit", "--prompt", case["question"], "--stages", "2",
+                           "--max-tokens", str(MAX_TOKENS), "--watch", timeout=300, check=False)
+    (finished,) = [u["finished"] for u in updates if "finished" in u]
+    events = [u["event"] for u in updates if "event" in u]
+    assert finished["outcome"] == "RUN_OUTCOME_COMPLETED", (
+        f"run {finished.get('reason')}: {finished.get('detail')}\nevents: {json.dumps(events)}\n"
+        f"h0 journal:\n{journal(h0)}\nh1 journal:\n{journal(h1)}")
+    assert finished["reason"] == "max_tokens"
+    assert [int(t) for t in finished["token_ids"]] == case["greedy_tokens"][:MAX_TOKENS]
+    assert {int(p["node_id"]) for p in finished["placement"]} == set(node_ids.values())
+
+    # Idempotent: a second install on the joined host succeeds, keeps its node id and its config,
+    # and the orchestrator lists the same two nodes again.
+    t = install(h1, "--advertise-ip", addr1, "--seed", f"{addr0}:7946", "--secret-file", "/root/cluster.secret")
+    print(f"second install h1: {t:.1f} s", flush=True)
+    assert units_active(h1, UNITS) == dict.fromkeys(UNITS, "active"), journal(h1)
+    assert int(h1.path("/var/lib/swactor/node_id").read_text().strip()) == node_ids[h1.name]
+    pool = wait_pool(h0, 2)
+    assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
