@@ -290,11 +290,10 @@ class Driver:
             marks, dropped = tap.drain()
             rec = self.edges.get(key)
             pump = rec and (rec.recv_pump or rec.send_pump)
-            if pump is None or pump.tap is not tap:
-                del self._taps[key]  # the pump ended: this was its last batch
-            if tap.broken:
-                del self._taps[key]
-                log.warning("edge.object_timing_off", edge_id=key[0], ring_id=ring_id, detail=tap.broken)
+            if pump is None or pump.tap is not tap or tap.broken:
+                del self._taps[key]  # the pump is gone (this was its last batch) or its tap turned off
+                if tap.broken:
+                    log.warning("edge.object_timing_off", edge_id=key[0], ring_id=ring_id, detail=tap.broken)
             if not wanted or not (marks or dropped):
                 continue
             event = edge_pb2.EdgeEvent(objects=edge_pb2.ObjectTimings(
