@@ -78,3 +78,21 @@ def test_service_boots_reports_available_and_serves_control() -> None:
         if host is not None:
             host.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_compute_threads_is_validated_by_name_and_reaches_the_backend(tmp_path: Path) -> None:
+    from swactor.common.config import ConfigError, load_section
+    from swactor.worker.config import WorkerConfig
+
+    assert load_section({}, "worker", WorkerConfig).backend() == {}
+    cfg = load_section({"worker": {"device": "CPU", "compute_threads": 3}}, "worker", WorkerConfig)
+    assert cfg.backend() == {"device": "CPU", "threads": 3}
+    with pytest.raises(ConfigError, match=r"\[worker\]\.compute_threads: must be >= 0"):
+        load_section({"worker": {"compute_threads": -2}}, "worker", WorkerConfig)
+    with pytest.raises(ConfigError, match=r"\[worker\]\.compute_threads: expected int"):
+        load_section({"worker": {"compute_threads": "4"}}, "worker", WorkerConfig)
+    (tmp_path / "w.toml").write_text("[worker]\ncompute_threads = -1\n")
+    done = subprocess.run([sys.executable, "-m", "swactor.worker.main", "--config", str(tmp_path / "w.toml")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "[worker].compute_threads: must be >= 0" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -137,6 +137,7 @@ def test_stop_run_tears_down_edges_then_stops() -> None:
     assert c.state is s.StageState.STOPPING
     assert s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 8))) in actions
     assert [a for a in actions if isinstance(a, s.StopEdge)] == [s.StopEdge(10), s.StopEdge(11)]
+    assert not [a for a in actions if isinstance(a, s.ToWorker) and isinstance(a.command, wire.CancelRole)]
     assert c.handle(s.EdgeStopped(10)) == []
     assert kinds(c.handle(s.EdgeStopped(11))) == ["STAGE_STOPPED"]
     assert c.state is s.StageState.STOPPED
@@ -152,8 +153,10 @@ def test_stop_from_faulted_and_from_preparing() -> None:
     assert c.state is s.StageState.STOPPED
     c = s.StageController(4)
     c.handle(s.Provision(plan()))
-    c.handle(s.StopRun())
+    # the weights are still loading: the stop abandons the load instead of waiting for it
+    assert s.ToWorker(wire.CancelRole(9)) in c.handle(s.StopRun())
     assert c.state is s.StageState.STOPPING
+    assert c.handle(wire.RoleFailed(9, "LoadCancelled", "CancelRole")) == []  # no fault while stopping
     c.handle(s.EdgeStopped(11))
     c.handle(s.EdgeStopped(10))
     assert c.state is s.StageState.STOPPED

@@ -18,16 +18,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--device", default="CPU", help="tinygrad device of the workers (default CPU)")
+    p.add_argument("--compute-threads", type=int, default=0,
+                   help="CPU cores per worker's compute kernels (default 0: max(1, cores // hosts))")
+    p.add_argument("--readiness-timeout", type=float, default=120.0,
+                   help="seconds a run's stages may take to become ready before the run faults (default 120)")
     p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
     p.add_argument("--dir", type=Path, help="cluster directory (default: a temp dir removed at exit)")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
     args = p.parse_args(argv)
     spec = ClusterSpec(hosts=args.hosts, model=args.model, device=args.device, base_dir=args.dir, keep=args.keep,
-                       netns=False if args.loopback else None)
+                       netns=False if args.loopback else None, compute_threads=args.compute_threads,
+                       readiness_timeout_s=args.readiness_timeout)
     configure_logging("swactor-localcluster")
+    try:
+        cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    except (ValueError, ClusterError) as e:
+        print(f"localcluster: {e}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     try:
-        with LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True)) as c:
+        with cluster as c:
             print(f"swactor --address {c.orchestrator_address} nodes", flush=True)
             threading.Event().wait()
     except ClusterError as e:

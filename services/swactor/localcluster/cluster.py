@@ -56,6 +56,11 @@ class ClusterSpec:
     hosts: int = 3
     model: Path = DEFAULT_MODEL
     device: str = "CPU"  # tinygrad device of every worker's compute process
+    # [worker].compute_threads of every host; 0 = share this machine's cores: max(1, cores // hosts)
+    compute_threads: int = 0
+    # [orchestrator].readiness_timeout_s: a stage not ready this long faults the run with
+    # RUN_FAULT_READINESS_TIMEOUT (production default 600 s: a hang here should look like a fault)
+    readiness_timeout_s: float = 120.0
     netns: bool | None = None  # None: namespaces when root and `ip` exists, else loopback addresses
     base_dir: Path | None = None  # default: a fresh temp dir, removed at teardown
     keep: bool = False  # keep the dir (logs) after teardown
@@ -92,6 +97,10 @@ class LocalCluster:
     def __init__(self, spec: ClusterSpec, progress: Callable[[str], None] | None = None) -> None:
         if spec.hosts < 1:
             raise ValueError(f"hosts must be >= 1, got {spec.hosts}")
+        if spec.compute_threads < 0:
+            raise ValueError(f"compute_threads must be >= 0 (0 = auto), got {spec.compute_threads}")
+        if not spec.readiness_timeout_s > 0:
+            raise ValueError(f"readiness_timeout_s must be > 0, got {spec.readiness_timeout_s}")
         if not spec.model.is_file():
             raise ClusterError(f"model {spec.model} does not exist (run `bash install.sh model` or `make model`)")
         self.spec = spec
@@ -148,15 +157,17 @@ class LocalCluster:
             self.node_ids.append(load_or_create_node_id(h.state_dir))
             orch = None
             if i == 0:
-                orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s, **spec.orchestrator}
+                orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s,
+                        "readiness_timeout_s": float(spec.readiness_timeout_s), **spec.orchestrator}
             seed = None if i == 0 else addrs[0] + f":{MEMBERSHIP_PORT}"
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
-                              orchestrator=orch)
+                              orchestrator=orch, compute_threads=self.compute_threads)
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
-                      f" ({'network namespaces' if self.netns else 'loopback addresses'}), dir {self.root}")
+                      f" ({'network namespaces' if self.netns else 'loopback addresses'}), dir {self.root},"
+                      f" {self.compute_threads} compute thread(s) per worker")
         for h in self.hosts:
             self._init_identity(h)
         t = spec.start_timeout_s
@@ -179,6 +190,13 @@ class LocalCluster:
                            check=self.check_alive, progress=self.progress)
         self.progress(f"local cluster ready: nodes {', '.join(str(n) for n in self.node_ids)}")
         log.info("localcluster_ready", hosts=spec.hosts, node_ids=self.node_ids, root=str(self.root))
+
+    @property
+    def compute_threads(self) -> int:
+        """Each worker's share of this machine's cores, so S workers together never oversubscribe it."""
+        if self.spec.compute_threads:
+            return self.spec.compute_threads
+        return max(1, len(os.sched_getaffinity(0)) // self.spec.hosts)
 
     def _python(self, h: HostLayout, module: str, *args: str) -> list[str]:
         return [sys.executable, "-m", module, "--config", str(h.config_path), *args]

@@ -58,8 +58,8 @@ class HostLayout:
         return f"{self.addr}:{port}"
 
 
-def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: str,
-                ceiling_bytes: int, gpu: str, orchestrator: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: str, ceiling_bytes: int, gpu: str,
+                orchestrator: dict[str, Any] | None, compute_threads: int = 0) -> dict[str, dict[str, Any]]:
     """One host's swactor.toml as tables (every service reads its own table)."""
     common = {"arena_socket": str(h.sock("arena")), "arena_fd_socket": str(h.sock("arena-fd"))}
     cfg: dict[str, dict[str, Any]] = {
@@ -81,7 +81,7 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
         "worker": {**common, "control_address": h.endpoint(h.ports.control), "secret_file": str(secret_file),
                    "state_dir": str(h.state_dir), "edge_socket": str(h.sock("edge")),
                    "edge_wake_socket": str(h.sock("edge-wake")), "membership_socket": str(h.sock("membership")),
-                   "device": device},
+                   "device": device, "compute_threads": compute_threads},
     }
     if orchestrator is not None:
         cfg["orchestrator"] = {

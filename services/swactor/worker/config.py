@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, ConfigError
 
 
 @dataclass
@@ -25,5 +25,21 @@ class WorkerConfig:
     membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
     # tinygrad device for the compute process ("" = tinygrad's default: CUDA/NV on GPU hosts).
     device: str = ""
+    # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
+    # process may use, at most 8. Set it when several workers share one machine.
+    compute_threads: int = 0
     init_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.compute_threads < 0:
+            raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
+
+    def backend(self) -> dict[str, object]:
+        """InitializeWorker.backend (§29) of the compute process."""
+        out: dict[str, object] = {}
+        if self.device:
+            out["device"] = self.device
+        if self.compute_threads:
+            out["threads"] = self.compute_threads
+        return out

@@ -3,6 +3,8 @@
 ConfigureRole.config for kind "llama_stage":
   gguf_path, gguf_sha256 ("" = unchecked), layer_start, layer_end (exclusive), max_seq_len,
   hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage).
+The load reports progress (0/N once the GGUF is parsed, then once per layer); the progress callback
+may raise to abandon the load (role_loader). Compute threads come from InitializeWorker.backend.
 Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
 activations [T, hidden] between stages, one int32 token id out of the last stage.
 """
@@ -44,15 +46,17 @@ class LlamaStageRole:
 
     @classmethod
     def load(cls, config: dict[str, Any], bridge: DeviceBridge, progress: Progress,
-             key: tuple[Any, ...]) -> LlamaStageRole:
-        from swactor.worker.compute import ModelRefused, StageModel, UnsupportedQuant
+             key: tuple[Any, ...], *, threads: int | None = None) -> LlamaStageRole:
+        from swactor.worker.compute import GGUFModel, ModelRefused, StageModel, UnsupportedQuant
 
         path = check_weights_file(config.get("gguf_path"), config.get("gguf_sha256", ""))
         start, end, max_seq = _int(config, "layer_start"), _int(config, "layer_end"), _int(config, "max_seq_len")
         policy = sampling_policy(config)
         try:
-            model = StageModel(path, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
-                               on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
+            gguf = GGUFModel(path)  # metadata + tensor index: seconds for a big file, no progress inside
+            progress(0, max(0, end - start))  # parsed: the layers come next (a cancelled load stops here)
+            model = StageModel(gguf, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
+                               threads=threads, on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
         except (ModelRefused, UnsupportedQuant) as e:
             raise RoleError("WeightsLoadFailed", f"{path}: {e}") from None
         except ValueError as e:

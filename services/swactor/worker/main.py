@@ -31,6 +31,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--secret-file", type=Path)
     p.add_argument("--state-dir", type=Path)
     p.add_argument("--device")
+    p.add_argument("--compute-threads", type=int, help="CPU cores of the compute kernels (0 = auto)")
     return p.parse_args(argv)
 
 
@@ -51,7 +52,7 @@ async def serve(cfg: WorkerConfig) -> int:
     hold = connect_holder(cfg.arena_fd_socket)
     hold.map()  # ArenaReady (§8): mapped in this process before the worker maps it too
     arena = AsyncArenaClient(hold, cfg.arena_socket)
-    core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, {"device": cfg.device} if cfg.device else {},
+    core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, cfg.backend(),
                    init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s)
     # The compute process inherits our arena hand-out connection too: the arena then counts this
     # holder alive while the child still touches its rings, even if this service dies first.
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = load_section(read_config(args.config), "worker", WorkerConfig,
                            control_address=args.control_address, orchestrator_node_id=args.orchestrator_node_id,
-                           secret_file=args.secret_file, state_dir=args.state_dir, device=args.device)
+                           secret_file=args.secret_file, state_dir=args.state_dir, device=args.device,
+                           compute_threads=args.compute_threads)
     except ConfigError as e:
         print(f"swactor-worker: {e}", file=sys.stderr)
         sys.exit(2)

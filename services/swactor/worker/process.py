@@ -5,9 +5,11 @@ ceiling), optionally SWACTOR_FD_SOCKET (inherited Unix socket carrying ring even
 else is ever written there), logs go to stderr. A line that is not a known command is fatal
 (WorkerFatal MalformedControlMessage, exit 1).
 
-Worker FSM (§31): Booting -> Running -> Draining -> (exit) | Fatal. The loop waits on stdin and on
-the rings' wake eventfds; after every command or wake it makes all the progress it can (§31:
-drain readable ingress prefixes, advance egress output), one step at a time.
+Worker FSM (§31): Booting -> Running -> Draining -> (exit) | Fatal. The loop waits on stdin, on
+the rings' wake eventfds and on the role loader's wakeup pipe; after every command or wake it makes
+all the progress it can (§31: drain readable ingress prefixes, advance egress output), one step at
+a time. A cold ConfigureRole loads on a thread (`role_loader`), so commands are served while the
+weights load; CancelRole and ShutdownWorker abandon a load at its next layer.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from swactor.common.events import configure_logging, get_logger
-from swactor.worker import fdpass, reasons, wire
+from swactor.worker import fdpass, reasons, role_loader, wire
 from swactor.worker.objects import (
     Broken,
     Closed,
@@ -99,6 +101,11 @@ class WorkerProcess:
         self.codec: Any = None
         self.role: Any = None
         self.role_id: int | None = None
+        self.threads: int | None = None  # backend.threads: CPU cores of the compute kernels (None: auto)
+        self.loading: role_loader.RoleLoader | None = None  # the cold load in flight
+        self.pending: wire.ConfigureRole | None = None  # the next load, once the cancelled one has ended
+        self.wakeup = role_loader.Wakeup()
+        self._last_progress: tuple[int, int] | None = None
         self.ingress: dict[int, IngressSlot] = {}
         self.egress: dict[int, EgressSlot] = {}
         self.handles: dict[int, Any] = {}  # handle id -> DeviceAllocation
@@ -109,6 +116,7 @@ class WorkerProcess:
         self._table: dict[type, Callable[[Any], None]] = {
             wire.InitializeWorker: self.on_initialize,
             wire.ConfigureRole: self.on_configure_role,
+            wire.CancelRole: self.on_cancel_role,
             wire.InstallRing: self.on_install_ring,
             wire.UninstallRing: self.on_uninstall_ring,
             wire.ShareWakeFds: self.on_share_wake_fds,
@@ -153,6 +161,10 @@ class WorkerProcess:
         except (OSError, ValueError) as e:
             raise Fatal("ArenaMapFailed", f"fd {self.arena_fd}, {self.arena_bytes} bytes: {e}") from None
         self.codec = ringport.HEADER_CODEC
+        threads = cmd.backend.get("threads", 0)
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+            raise Fatal("BackendInitFailed", f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
+        self.threads = threads or None
         try:
             from swactor.worker.device import DeviceBridge
 
@@ -162,34 +174,84 @@ class WorkerProcess:
         self.generation = cmd.worker_generation
         self._transition(WorkerState.RUNNING)
         self.emit(wire.WorkerReady(os.getpid(), self.generation, ringport.ABI_VERSION,
-                                   {"device": self.bridge.device}))
+                                   {"device": self.bridge.device, "threads": self.threads or 0}))
 
     def on_configure_role(self, cmd: wire.ConfigureRole) -> None:
         if self.state is not WorkerState.RUNNING:
             self.emit(wire.RoleFailed(cmd.role_id, "WorkerShuttingDown", "worker is draining"))
             return
+        if self.loading is not None:  # a newer config wins: the load in flight is abandoned first
+            self.loading.cancel("LoadCancelled", f"superseded by ConfigureRole {cmd.role_id}")
+            if self.pending is not None:
+                self.emit(wire.RoleFailed(self.pending.role_id, "LoadCancelled",
+                                          f"superseded by ConfigureRole {cmd.role_id}"))
+            self.pending = cmd
+            return
+        self._configure(cmd)
+
+    def _configure(self, cmd: wire.ConfigureRole) -> None:
         from swactor.worker import roles
 
-        last: list[tuple[int, int]] = []
-
-        def progress(done: int, total: int) -> None:
-            if not last or last[-1] != (done, total):  # one event per layer, not per tensor
-                last[:] = [(done, total)]
-                self.emit(wire.RoleProgress(cmd.role_id, done, total))
-
-        try:
-            role, warm = roles.configure(self.role, cmd.config, self.bridge, progress)
-        except roles.RoleError as e:
-            self.role, self.role_id = None, None
-            self.emit(wire.RoleFailed(cmd.role_id, e.reason, e.detail))
+        warm = roles.reuse(self.role, cmd.config)
+        if warm is not None:
+            self.role, self.role_id = warm, cmd.role_id
+            self.emit(wire.RoleConfigured(cmd.role_id, True))
             return
-        self.role, self.role_id = role, cmd.role_id
-        self.emit(wire.RoleConfigured(cmd.role_id, warm))
+        # Cold: drop the resident role first (its device memory), then load on the loader thread.
+        self.role, self.role_id = None, None
+        bridge, config, threads = self.bridge, cmd.config, self.threads
+        self.loading = role_loader.RoleLoader(
+            cmd.role_id, config, lambda progress: roles.load(config, bridge, progress, threads=threads), self.wakeup)
+        self._last_progress = None
+        self.log.info("role_load_started", role_id=cmd.role_id, threads=threads or 0)
+        self.loading.start()
+
+    def on_cancel_role(self, cmd: wire.CancelRole) -> None:
+        if self.pending is not None and self.pending.role_id == cmd.role_id:
+            self.pending = None
+            self.emit(wire.RoleFailed(cmd.role_id, "LoadCancelled", "CancelRole before its load started"))
+        elif self.loading is not None and self.loading.role_id == cmd.role_id:
+            self.loading.cancel("LoadCancelled", "CancelRole")
+        else:
+            self.log.info("cancel_role_ignored", role_id=cmd.role_id, loaded=cmd.role_id == self.role_id)
+
+    def _poll_loader(self) -> None:
+        """Report what the loader thread said; once it has ended, adopt or discard its role."""
+        ld = self.loading
+        if ld is None:
+            return
+        for ev in ld.events():
+            match ev:
+                case role_loader.LoadProgress(done, total):
+                    if not ld.cancelled and self._last_progress != (done, total):  # one event per layer
+                        self._last_progress = (done, total)
+                        self.emit(wire.RoleProgress(ld.role_id, done, total))
+                case role_loader.LoadDone(role) if ld.cancel_reason is None:
+                    self.role, self.role_id = role, ld.role_id
+                    self.log.info("role_loaded", role_id=ld.role_id)
+                    self.emit(wire.RoleConfigured(ld.role_id, False))
+                case role_loader.LoadDone() | role_loader.LoadFailed():
+                    # cancelled: a role that finished anyway is dropped here (its weights with it)
+                    reason, detail = ld.cancel_reason or (ev.reason, ev.detail)  # type: ignore[union-attr]
+                    self.log.info("role_load_ended", role_id=ld.role_id, reason=reason, detail=detail)
+                    self.emit(wire.RoleFailed(ld.role_id, reason, detail))
+        if ld.ended:
+            self.loading = None
+            if self.pending is not None:
+                cmd, self.pending = self.pending, None
+                self._configure(cmd)
 
     def on_shutdown(self, cmd: wire.ShutdownWorker) -> None:
         if cmd.mode not in ("Graceful", "AbortInFlight"):
             raise Fatal("MalformedControlMessage", f"ShutdownWorker.mode {cmd.mode!r}")
         self.shutdown_mode = cmd.mode
+        if self.pending is not None:
+            self.emit(wire.RoleFailed(self.pending.role_id, "WorkerShuttingDown", "ShutdownWorker before its load"))
+            self.pending = None
+        if self.loading is not None:  # not worth waiting for: the process exit ends the thread (main)
+            ld, self.loading = self.loading, None
+            ld.cancel("WorkerShuttingDown", f"ShutdownWorker {cmd.mode} during the load")
+            self.emit(wire.RoleFailed(ld.role_id, "WorkerShuttingDown", f"ShutdownWorker {cmd.mode} during the load"))
         if self.state is WorkerState.BOOTING:
             self._transition(WorkerState.STOPPED)
             self.emit(wire.WorkerStopped("Graceful"))
@@ -302,6 +364,7 @@ class WorkerProcess:
         return fds, ready
 
     def progress(self) -> None:
+        self._poll_loader()
         for slot in list(self.ingress.values()):
             for ev in slot.parser.pump():
                 self._on_ingress(slot, ev)
@@ -312,7 +375,7 @@ class WorkerProcess:
                     continue
                 for ev in eslot.producer.pump():
                     self._on_egress(eslot, ev)
-        if self.state is WorkerState.DRAINING and self.step is None:
+        if self.state is WorkerState.DRAINING and self.step is None and self.loading is None:
             self._finish_draining()
 
     def _on_ingress(self, slot: IngressSlot, ev: Any) -> None:
@@ -463,6 +526,7 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
     sel = selectors.DefaultSelector()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_READ, None)
+    sel.register(worker.wakeup.fileno(), selectors.EVENT_READ, worker.wakeup)  # has ack(), like a ring end
     pending = b""
     registered: dict[int, Any] = {}
     recheck = RECHECK_MIN_S
@@ -529,7 +593,12 @@ def main() -> None:
     fd_socket = None
     if os.environ.get("SWACTOR_FD_SOCKET"):
         fd_socket = socket.socket(fileno=int(os.environ["SWACTOR_FD_SOCKET"]))
-    sys.exit(serve(sys.stdin.fileno(), out, arena_fd, arena_bytes, fd_socket))
+    rc = serve(sys.stdin.fileno(), out, arena_fd, arena_bytes, fd_socket)
+    if role_loader.loads_running():  # a load ShutdownWorker abandoned: exit now, without joining it
+        out.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Role code the compute process runs on ExecuteStep (spec §29 ConfigureRole, §15 weights).
 
 A role turns the device objects of one step's inputs into the device objects of its outputs.
-`configure` builds one from ConfigureRole.config, or re-uses the resident one when the config names
-the same weights (warm reuse across runs: same GGUF, same layer range), resetting its per-run state
-(KV cache) instead of reloading.
+`load` builds one from ConfigureRole.config (a cold load: seconds to minutes, so the compute process
+runs it on a loader thread, `role_loader`); `reuse` re-uses the resident one instead when the config
+names the same weights (warm reuse across runs: same GGUF, same layer range), resetting its per-run
+state (KV cache). `configure` is both in one call.
 
 config kinds:
 - {"kind": "llama_stage", ...}: a contiguous layer range of a GGUF llama model (compute core);
@@ -49,21 +50,35 @@ def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
             config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"))
 
 
-def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge,
-              progress: Progress) -> tuple[Role, bool]:
-    """(role, warm): warm when `current` already holds the weights `config` names."""
-    key = weights_key(config)
-    if current is not None and current.key == key:
+def reuse(current: Role | None, config: dict[str, Any]) -> Role | None:
+    """`current`, reset for a new run, when it already holds the weights `config` names; else None."""
+    if current is not None and current.key == weights_key(config):
         current.reset(config)
-        return current, True
+        return current
+    return None
+
+
+def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, threads: int | None = None) -> Role:
+    """A new role for `config` (cold). threads: CPU cores of the compute kernels (None: the compute core's default).
+    `progress` may raise to abandon the load (the exception propagates)."""
+    key = weights_key(config)
     kind = config.get("kind")
     if kind == "llama_stage":
         from swactor.worker.llama_role import LlamaStageRole
 
-        return LlamaStageRole.load(config, bridge, progress, key), False
+        return LlamaStageRole.load(config, bridge, progress, key, threads=threads)
     if kind == "factory":
-        return _from_factory(config, bridge, progress, key), False
+        return _from_factory(config, bridge, progress, key)
     raise RoleError("ConfigInvalid", f"config.kind {kind!r} is not llama_stage or factory")
+
+
+def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge,
+              progress: Progress, *, threads: int | None = None) -> tuple[Role, bool]:
+    """(role, warm): warm when `current` already holds the weights `config` names."""
+    warm = reuse(current, config)
+    if warm is not None:
+        return warm, True
+    return load(config, bridge, progress, threads=threads), False
 
 
 def _from_factory(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, key: tuple[Any, ...]) -> Role:

@@ -4,7 +4,8 @@
   any provisioned state -> Stopping -> Stopped
 
 Control path only: it consumes worker and edge events and returns actions (ConfigureRole, edge
-provisioning, ExecuteStep, ReleaseDeviceObject, StopEdge) plus §40 lifecycle events. One step at
+provisioning, ExecuteStep, ReleaseDeviceObject, StopEdge, CancelRole when StopRun finds the weights
+still loading) plus §40 lifecycle events. One step at
 a time; the output object of a step carries the input's sequence (§16). Positions (start_pos) are
 derived from the rows of each input object: prefill rows at sequence 0, one row per decode step.
 """
@@ -347,6 +348,8 @@ class StageController:
         assert self.plan is not None
         self._transition(StageState.STOPPING)
         actions: list[Action] = []
+        if not self.role_ready:  # still loading (or failed): a stopped run's weights are not worth the wait
+            actions.append(ToWorker(wire.CancelRole(self.plan.role_id)))
         if self.waiting is not None:
             actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))
             self.waiting = None

@@ -95,6 +95,17 @@ class ConfigureRole:
 
 
 @dataclass(frozen=True)
+class CancelRole:
+    """Abandon the ConfigureRole load of `role_id` if it is still loading (StopRun during Preparing).
+
+    Adapter extension (§15 "stop or reset worker role state according to local policy"): the load
+    ends at its next layer and answers RoleFailed(role_id, LoadCancelled). A role that is already
+    configured stays resident (warm for the next run); an unknown role_id is ignored."""
+
+    role_id: int
+
+
+@dataclass(frozen=True)
 class InstallRing:
     ring_id: int
     edge_id: int
@@ -155,6 +166,7 @@ class ShutdownWorker:
 Command = (
     InitializeWorker
     | ConfigureRole
+    | CancelRole
     | InstallRing
     | UninstallRing
     | ShareWakeFds
@@ -205,7 +217,9 @@ class RoleConfigured:
 @dataclass(frozen=True)
 class RoleFailed:
     role_id: int
-    reason: str  # RoleFailure: WeightsNotFound | WeightsChecksumMismatch | ConfigInvalid | WeightsLoadFailed
+    # RoleFailure: WeightsNotFound | WeightsChecksumMismatch | ConfigInvalid | WeightsLoadFailed |
+    # LoadCancelled (CancelRole, or superseded by a newer ConfigureRole) | WorkerShuttingDown | WorkerUnavailable
+    reason: str
     detail: str = ""
 
 

@@ -1,0 +1,143 @@
+"""A cold ConfigureRole loads on a thread of the compute process: commands are served while the real
+GGUF loads, and CancelRole / ShutdownWorker abandon the load at its next layer (spec §28-31)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import swactor_ring as sr
+from swactor.worker import wire
+from swactor.worker.process import WorkerProcess, WorkerState
+
+from .harness import Arena, WorkerProc, spec
+from .plans import LAYERS, MODEL
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not os.path.exists(MODEL), reason="run `make model`")]
+
+
+def llama(start: int = 0, end: int = LAYERS) -> dict[str, Any]:
+    return {"kind": "llama_stage", "gguf_path": MODEL, "layer_start": start, "layer_end": end, "max_seq_len": 32}
+
+
+@pytest.fixture
+def arena() -> Iterator[Arena]:
+    a = Arena()
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def worker(arena: Arena) -> Iterator[WorkerProc]:
+    w = WorkerProc(arena)
+    yield w
+    w.close()
+
+
+def role_events(w: WorkerProc, role_id: int) -> list[Any]:
+    return [e for e in w.events if isinstance(e, wire.RoleProgress | wire.RoleConfigured | wire.RoleFailed)
+            and e.role_id == role_id]
+
+
+def test_cancel_during_load_serves_commands_meanwhile_and_the_worker_loads_again(worker: WorkerProc,
+                                                                                 arena: Arena) -> None:
+    worker.initialize()
+    worker.send(wire.ConfigureRole(5, llama()))
+    # The loop is not blocked by the load (parsing the GGUF alone takes seconds): a ring installs and
+    # quiesces while it runs.
+    lay = arena.ring(4096)
+    worker.install(lay, "Ingress", spec(1024))
+    worker.send(wire.UninstallRing(lay.ring_id, "EdgeStopped"))
+    worker.expect(wire.RingQuiesced, ring_id=lay.ring_id)
+    assert not [e for e in role_events(worker, 5) if not isinstance(e, wire.RoleProgress)], \
+        "the load ended before the ring commands were answered: they waited for it"
+    worker.send(wire.CancelRole(5))
+    failed = worker.expect(wire.RoleFailed, role_id=5)
+    assert failed.reason == "LoadCancelled"
+    assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0], \
+        "layers were read after CancelRole"
+    assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleConfigured)]
+    # No role was kept: a step on it is refused; the next ConfigureRole loads (cold) and runs.
+    worker.send(wire.ExecuteStep(5, 1, [], []))
+    assert worker.expect(wire.StepFailed, step_id=1).reason == "RoleUnavailable"
+    worker.send(wire.CancelRole(5))  # nothing loading any more: ignored, no event
+    worker.send(wire.ConfigureRole(6, llama(0, 2)))
+    assert worker.expect(wire.RoleConfigured, role_id=6).warm is False
+    progress = [(e.layers_loaded, e.layers_total) for e in role_events(worker, 6) if isinstance(e, wire.RoleProgress)]
+    assert progress == [(0, 2), (1, 2), (2, 2)]
+    worker.send(wire.CancelRole(6))  # configured already: stays resident (warm)
+    worker.send(wire.ConfigureRole(7, llama(0, 2)))
+    assert worker.expect(wire.RoleConfigured, role_id=7).warm is True
+    assert [e for e in worker.events if isinstance(e, wire.RoleFailed)] == [failed]
+    worker.send(wire.ShutdownWorker("Graceful"))
+    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.wait_exit() == 0
+
+
+def test_shutdown_during_load_abandons_it_and_exits_cleanly(worker: WorkerProc) -> None:
+    worker.initialize()
+    worker.send(wire.ConfigureRole(5, llama()))
+    worker.send(wire.ShutdownWorker("Graceful"))
+    failed = worker.expect(wire.RoleFailed, role_id=5)
+    assert failed.reason == "WorkerShuttingDown"
+    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.wait_exit() == 0
+    assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0]
+    assert not [e for e in worker.events if isinstance(e, wire.RoleConfigured)]
+    kinds = [type(e).__name__ for e in worker.events]
+    assert kinds.index("RoleFailed") < kinds.index("WorkerStopped")
+
+
+def test_newer_configure_supersedes_the_load_in_flight(worker: WorkerProc) -> None:
+    worker.initialize()
+    worker.send(wire.ConfigureRole(5, llama()))
+    worker.send(wire.ConfigureRole(6, llama(0, 1)))
+    worker.send(wire.ConfigureRole(7, llama(0, 2)))  # supersedes 6 before 6 even started
+    assert worker.expect(wire.RoleFailed, role_id=6).reason == "LoadCancelled"
+    assert worker.expect(wire.RoleFailed, role_id=5).reason == "LoadCancelled"
+    assert worker.expect(wire.RoleConfigured, role_id=7).warm is False
+    worker.send(wire.ConfigureRole(8, llama(0, 2)))  # same weights: warm, answered at once
+    assert worker.expect(wire.RoleConfigured, role_id=8).warm is True
+
+
+def test_load_failure_is_a_role_failure_not_a_worker_fault(worker: WorkerProc) -> None:
+    worker.initialize()
+    worker.send(wire.ConfigureRole(5, llama(0, LAYERS + 5)))
+    ev = worker.expect(wire.RoleFailed, role_id=5)
+    assert ev.reason == "WeightsLoadFailed" and f"[0, {LAYERS + 5})" in ev.detail
+    worker.send(wire.ConfigureRole(6, {**llama(), "gguf_path": "/nonexistent.gguf"}))
+    assert worker.expect(wire.RoleFailed, role_id=6).reason == "WeightsNotFound"
+    worker.send(wire.ShutdownWorker("Graceful"))
+    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.wait_exit() == 0
+
+
+@pytest.mark.parametrize("threads", [-1, "4", True])
+def test_bad_backend_threads_is_fatal_by_name(arena: Arena, threads: object) -> None:
+    w = WorkerProc(arena)
+    try:
+        w.send(wire.InitializeWorker(1, arena.size, sr.RING_VERSION, {"device": "CPU", "threads": threads}))
+        ev = w.expect(wire.WorkerFatal)
+        assert ev.reason == "BackendInitFailed" and "backend.threads" in ev.detail
+        assert w.wait_exit() == 1
+    finally:
+        w.close()
+
+
+def test_backend_threads_reach_the_compute_core(arena: Arena) -> None:
+    """In process: InitializeWorker.backend.threads is what StageModel runs its kernels on."""
+    out: list[Any] = []
+    w = WorkerProcess(out.append, arena.fd, arena.size)
+    w.handle_line(wire.encode(wire.InitializeWorker(1, arena.size, sr.RING_VERSION, {"device": "CPU", "threads": 1})))
+    assert w.state is WorkerState.RUNNING and out[-1].backend == {"device": "CPU", "threads": 1}
+    w.handle_line(wire.encode(wire.ConfigureRole(3, llama(0, 1))))
+    deadline = time.monotonic() + 60
+    while w.loading is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        w.progress()
+    assert [e for e in out if isinstance(e, wire.RoleConfigured)] == [wire.RoleConfigured(3, False)]
+    assert w.role.model.threads == 1
