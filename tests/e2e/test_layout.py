@@ -18,7 +18,8 @@ from swactor.worker.config import WorkerConfig
 def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) -> None:
     h = HostLayout(1, "127.9.9.2", tmp_path / "h1", HostPorts(7946, 7400, 7441))
     tables = host_config(h, seed="127.9.9.1:7946", secret_file=tmp_path / "s", device="CPU", ceiling_bytes=1 << 30,
-                         gpu="CPU:local-1:0", orchestrator={"model_path": "/m.gguf", "pool_window_s": 0.5})
+                         gpu="CPU:local-1:0", orchestrator={"model_path": "/m.gguf", "pool_window_s": 0.5,
+                                                           "readiness_timeout_s": 120.0}, compute_threads=2)
     cfg = tomllib.loads(to_toml(tables))
     arena = load_section(cfg, "arena", ArenaConfig)
     memb = load_section(cfg, "membership", MembershipConfig)
@@ -35,3 +36,5 @@ def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) ->
     assert memb.seeds == ["127.9.9.1:7946"] and memb.gpu_autodetect is False
     assert arena.state_dir == memb.state_dir == edge.state_dir == worker.state_dir == orch.state_dir
     assert orch.tcp_address == "" and orch.model_path == Path("/m.gguf")
+    assert worker.compute_threads == 2 and worker.backend() == {"device": "CPU", "threads": 2}
+    assert orch.readiness_timeout_s == 120.0

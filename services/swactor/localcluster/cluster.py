@@ -166,8 +166,8 @@ class LocalCluster:
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
-                      f" ({'network namespaces' if self.netns else 'loopback addresses'}), dir {self.root},"
-                      f" {self.compute_threads} compute thread(s) per worker")
+                      f" ({'network namespaces' if self.netns else 'loopback addresses'}),"
+                      f" {self.compute_threads} compute thread(s) per worker, dir {self.root}")
         for h in self.hosts:
             self._init_identity(h)
         t = spec.start_timeout_s

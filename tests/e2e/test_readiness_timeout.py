@@ -1,0 +1,59 @@
+"""A local cluster whose stages cannot be ready in time: the run faults with the spec's
+RUN_FAULT_READINESS_TIMEOUT instead of hanging for the production 600 s, the StopRun that follows
+abandons the weight load still in flight (no WEIGHTS_LOADED), the node is provisionable again and
+`swactor demo`'s summary names the fault."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from swactor.cli.demo import Printer
+from swactor.localcluster import ClusterSpec, LocalCluster, ready
+from swactor.localcluster.run import follow
+from swactor.v1 import common_pb2 as pb
+from swactor.v1.orchestrator_pb2 import SubmitRunRequest
+from swactor.v1.orchestrator_pb2_grpc import OrchestratorStub
+
+from .conftest import needs_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), needs_model]
+
+
+def cancelled_load(log: Path) -> dict[str, object]:
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            ev = json.loads(line)
+            if isinstance(ev, dict) and ev.get("event") == "role_load_ended" and ev.get("reason") == "LoadCancelled":
+                return ev
+    raise ready.NotReady(f"no role_load_ended LoadCancelled in {log}")
+
+
+def test_readiness_timeout_is_a_run_fault_and_the_stop_abandons_the_load(capsys: pytest.CaptureFixture[str]) -> None:
+    # 0.5 s: the cold load of all 30 layers (GGUF parse, layers, upload) takes seconds on any machine
+    spec = ClusterSpec(hosts=1, netns=False, readiness_timeout_s=0.5, compute_threads=1)
+    with LocalCluster(spec) as cluster:
+        cfg = tomllib.loads(cluster.hosts[0].config_path.read_text())
+        assert cfg["orchestrator"]["readiness_timeout_s"] == 0.5 and cfg["worker"]["compute_threads"] == 1
+        with cluster.channel() as ch:
+            stub = OrchestratorStub(ch)
+            res = follow(stub, SubmitRunRequest(prompt="Once upon a time", raw=True, stages=1, max_tokens=3),
+                         timeout_s=120)
+            assert res.finished is not None
+            assert res.outcome == "faulted" and res.finished.reason == "RUN_FAULT_READINESS_TIMEOUT", res.summary()
+            assert "not ready within 0.5s" in res.finished.detail
+            kinds = [e.kind for e in res.events]
+            assert pb.RUN_FAULTED in kinds and pb.RUN_TORN_DOWN in kinds, kinds
+            assert res.finished.torn_down_us > 0
+            assert pb.WEIGHTS_LOADED not in kinds, "the stop waited for the load instead of abandoning it"
+            assert res.token_ids == []
+            ready.wait_for("pool after the faulted run", lambda: ready.pool_ready(stub, set(cluster.node_ids)), 30)
+        # the compute process dropped the abandoned load (its structured event, in the worker's log)
+        ready.wait_for("role_load_ended LoadCancelled", lambda: cancelled_load(cluster.service("h0/worker").log), 60)
+    Printer(as_json=False).summary(res, hosts=1, stages=1)
+    err = capsys.readouterr().err
+    assert "outcome: faulted (RUN_FAULT_READINESS_TIMEOUT)" in err and "not ready within 0.5s" in err, err
