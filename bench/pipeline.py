@@ -81,10 +81,10 @@ def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int):
     return measure
 
 
-SEGMENTS = [("orchestrator", "orchestrator (FSM, sample, inject)", "#7f7f7f"),
-            ("send", "send host: ring commit -> pump -> QUIC", "#d62728"),
+SEGMENTS = [("orchestrator", "FSM, sample, inject", "#7f7f7f"),
+            ("send", "send host: ring, wake, pump", "#d62728"),
             ("quic", "QUIC transit", "#9467bd"),
-            ("recv", "recv host: ring commit -> wake -> load", "#ff9896"),
+            ("recv", "recv host: ring, wake, load", "#ff9896"),
             ("dispatch", "stage node: step dispatch", "#ffbb78"),
             ("compute", "stage compute", "#1f77b4")]
 
@@ -140,11 +140,11 @@ def print_table(s: int, table: dict[str, list[float]], tokens: int) -> None:
     width = s + 1
     print(f"  S={s}: mean ms per decode token over {tokens} tokens (hop h = edge into stage h; "
           f"hop {s} = token-out), total {sum(map(sum, table.values())):.1f} ms")
-    print("    " + f"{'segment':42s}" + "".join(f"{i:>8d}" for i in range(width)) + f"{'sum':>9s}")
+    print(f"    {'segment (columns: hop / stage index)':44s}" + "".join(f"{i:>8d}" for i in range(width)) + f"{'sum':>9s}")
     for kind, label, _ in SEGMENTS:
         vals = table[kind]
         cells = "".join(f"{v:8.2f}" for v in vals) + " " * 8 * (width - len(vals))
-        print(f"    {kind:9s}{label:33s}{cells}{sum(vals):9.2f}")
+        print(f"    {kind + ' = ' + label:44s}{cells}{sum(vals):9.2f}")
 
 
 def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path) -> None:
@@ -152,6 +152,7 @@ def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     colors = {kind: c for kind, _, c in SEGMENTS}
     fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 2.4 + 1.7 * len(timelines)), squeeze=False)
@@ -164,10 +165,11 @@ def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path
                 ax.barh(i + 1, ms, left=x, color=colors[kind], alpha=max(0.35, shade), edgecolor="white", linewidth=0.3)
                 x += ms
         ax.set_ylabel(f"S={s}\ntoken")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("ms since the previous token arrived at the orchestrator (lighter = later hop / stage)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c in SEGMENTS]
-    fig.legend(handles, [label for _, label, _ in SEGMENTS], loc="upper center", ncol=3, fontsize=8)
+    fig.legend(handles, [f"{kind}: {label}" for kind, label, _ in SEGMENTS], loc="upper center", ncol=3, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

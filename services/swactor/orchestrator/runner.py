@@ -93,8 +93,9 @@ class RunHandle:
             self._perform(action, emitted)
         if emitted:
             self.store.append(self.run_id, emitted)
-        self._sync_record()
-        self.store.put(self.record)
+        if not isinstance(event, F.Relay):  # a relayed node event never changes the run record
+            self._sync_record()
+            self.store.put(self.record)
         if actions:
             await self._notify()
 
