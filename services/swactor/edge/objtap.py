@@ -60,6 +60,10 @@ class ObjectTap:
     def feed(self, span: bytes | memoryview, now_us: int) -> None:
         """`span` (the next stream bytes) moved at `now_us`."""
         n = len(span)
+        if self._left > n and self._current is not None:  # all payload (bulk spans): count only
+            self._left -= n
+            self.offset += n
+            return
         if self.broken or n == 0:
             return
         pos = 0
@@ -67,17 +71,27 @@ class ObjectTap:
             if self._current is None:
                 if not self._header:
                     self._header_us = now_us
-                take = min(HEADER_LEN - len(self._header), n - pos)
-                self._header += span[pos:pos + take]
-                pos += take
-                if len(self._header) < HEADER_LEN:
-                    break
+                    if n - pos >= HEADER_LEN:  # the whole header in this span: parse it in place
+                        header: bytes | memoryview | bytearray = span[pos:pos + HEADER_LEN]
+                        pos += HEADER_LEN
+                    else:
+                        self._header += span[pos:]
+                        pos = n
+                        break
+                else:
+                    take = min(HEADER_LEN - len(self._header), n - pos)
+                    self._header += span[pos:pos + take]
+                    pos += take
+                    if len(self._header) < HEADER_LEN:
+                        break
+                    header = self._header
                 try:
-                    h = sr.ObjectHeader.parse(bytes(self._header), 2**64 - 1, 1)
+                    h = sr.ObjectHeader.parse(header, 2**64 - 1, 1)
                 except sr.ObjectError as e:
                     self.broken = f"object header at stream offset {self.offset + pos - HEADER_LEN}: {e}"
                     return
-                self._header.clear()
+                finally:
+                    self._header.clear()
                 self._current = ObjectMark(h.object_id, h.sequence, h.extent, self._header_us)
                 self._left = h.extent
             take = min(self._left, n - pos)
