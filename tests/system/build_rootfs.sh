@@ -29,7 +29,7 @@ mirror() {
     if [ -n "${SWACTOR_DEBIAN_MIRROR:-}" ]; then echo "$SWACTOR_DEBIAN_MIRROR"; return; fi
     local uri
     uri="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
-        | grep -oE '(https?)://[^ ]+/debian/?( |$)' | grep -v -- '-security' | head -n1 | tr -d ' ' || true)"
+        | grep -v '^[[:space:]]*#' | grep -oE '(https?)://[^ ]+/debian/?( |$)' | grep -v -- '-security' | head -n1 | tr -d ' ' || true)"
     echo "${uri:-http://deb.debian.org/debian}"
 }
 

@@ -33,6 +33,8 @@ FIXTURE = REPO / "tests" / "fixtures" / "llamacpp_greedy.json"
 RUNS_DIR = REPO / ".cache" / "system"
 UNITS = ["swactor-membership", "swactor-arena", "swactor-edge", "swactor-worker"]
 MAX_TOKENS = 8
+KEPT = ["/var/lib/swactor/node_id", "/etc/swactor/cluster.secret", "/etc/swactor/swactor.toml",
+        "/var/lib/swactor/edge/cert.pem"]
 
 _skip = nspawn_unavailable_reason() or netns_unavailable_reason()
 if _skip is None and not MODEL.exists():
@@ -80,8 +82,9 @@ def cleanup_stale_runs() -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(m[1]), 0)
             continue
-        for merged in d.glob("*/merged"):
-            subprocess.run(["umount", "-l", str(merged)], capture_output=True)
+        for host in d.iterdir():
+            for mount in (host / "merged", host):
+                subprocess.run(["umount", "-l", str(mount)], capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -118,6 +121,11 @@ def units_active(c: Container, units: list[str]) -> dict[str, str]:
     return dict(zip(units, done.stdout.split(), strict=False))
 
 
+def restarts(c: Container, units: list[str]) -> dict[str, int]:
+    """NRestarts per unit: > 0 means it failed and Restart=on-failure brought it back."""
+    return {u: int(c.run(["systemctl", "show", "-p", "NRestarts", "--value", u]).stdout) for u in units}
+
+
 def journal(c: Container) -> str:
     """The swactor units' journal, for failure messages only."""
     with contextlib.suppress(ContainerError):
@@ -148,7 +156,8 @@ def hosts() -> Iterator[list[Container]]:
             c.start()
         for c in containers:
             state = c.wait_booted()
-            print(f"{c.name}: {state} after {time.monotonic() - t0:.1f} s", flush=True)
+            failed = c.run(["systemctl", "--failed", "--plain", "--no-legend"], check=False).stdout.strip()
+            print(f"{c.name}: {state} after {time.monotonic() - t0:.1f} s {failed}", flush=True)
             # The operator's checkout, in root's home (the units cannot read /root: ProtectHome).
             c.run(["cp", "-a", "/mnt/swactor-src", "/root/swactor"])
         yield containers
@@ -162,6 +171,8 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     print(f"install h0 (orchestrator): {t:.1f} s", flush=True)
     active = units_active(h0, [*UNITS, "swactor-orchestrator"])
     assert set(active.values()) == {"active"}, (active, journal(h0))
+    enabled = h0.run(["systemctl", "is-enabled", *UNITS, "swactor-orchestrator"]).stdout.split()
+    assert enabled == ["enabled"] * 5, enabled
 
     # The second host joins with the first host's secret, copied as the operator would.
     secret = h0.path("/etc/swactor/cluster.secret").read_bytes()
@@ -190,11 +201,26 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert [int(t) for t in finished["token_ids"]] == case["greedy_tokens"][:MAX_TOKENS]
     assert {int(p["node_id"]) for p in finished["placement"]} == set(node_ids.values())
 
-    # Idempotent: a second install on the joined host succeeds, keeps its node id and its config,
-    # and the orchestrator lists the same two nodes again.
+    # Nothing crashed and came back behind our back: every unit is still its first process.
+    for c in hosts:
+        assert restarts(c, UNITS) == dict.fromkeys(UNITS, 0), journal(c)
+
+    # Idempotent: a second install on each host succeeds, keeps the node id, the secret and the
+    # config, and the orchestrator lists the same two nodes again.
+    kept = {c.name: [c.path(p).read_bytes() for p in KEPT] for c in hosts}
+    t = install(h0, "--advertise-ip", addr0, "--orchestrator")
+    print(f"second install h0: {t:.1f} s", flush=True)
     t = install(h1, "--advertise-ip", addr1, "--seed", f"{addr0}:7946", "--secret-file", "/root/cluster.secret")
     print(f"second install h1: {t:.1f} s", flush=True)
-    assert units_active(h1, UNITS) == dict.fromkeys(UNITS, "active"), journal(h1)
+    for c, units in ((h0, [*UNITS, "swactor-orchestrator"]), (h1, UNITS)):
+        assert units_active(c, units) == dict.fromkeys(units, "active"), journal(c)
+        assert [c.path(p).read_bytes() for p in KEPT] == kept[c.name], f"{c.name}: {KEPT} changed"
     assert int(h1.path("/var/lib/swactor/node_id").read_text().strip()) == node_ids[h1.name]
     pool = wait_pool(h0, 2)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
+
+    # An operator's stop is clean: every unit exits by itself (no SIGKILL after TimeoutStopSec).
+    h1.run(["systemctl", "stop", *reversed(UNITS)], timeout=60)
+    for unit in UNITS:
+        shown = h1.run(["systemctl", "show", "-p", "Result,ActiveState", unit]).stdout.split()
+        assert shown == ["Result=success", "ActiveState=inactive"], (unit, shown, journal(h1))
