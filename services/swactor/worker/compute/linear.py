@@ -20,6 +20,7 @@ from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 from .gguf_weights import RawTensor
 
 Weight = tuple[str, list[Tensor]]
+SLICES_PER_THREAD = 4  # compile with Context(NUM_CPU_THREADS=threads * SLICES_PER_THREAD): tinygrad caps slices by it
 N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3}
 
 
@@ -36,8 +37,8 @@ def copy_in(t: Tensor, a: np.ndarray) -> Tensor:
 
 
 def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weight:
-  """words: codes as uint32 [out, nb, 4 or 8] (the same bytes): the CPU kernel then loads a block in 4-word vector loads
-  (tinygrad folds loads into vectors for 32-bit types only, bytes are loaded one by one)."""
+  """words: the layout of the CPU kernel (block_matvec): codes as uint32 [out, nb, 4 or 8] (the same bytes), so that it loads
+  a block in 4-word vector loads (tinygrad folds loads into vectors for 32-bit types only, bytes are loaded one by one)."""
   dev = lambda a: to_device(a, device)  # noqa: E731
   if not isinstance(w, RawTensor) or w.qtype not in (QT.Q8_0, QT.Q4_0, QT.Q4_1):
     return "f32", [dev(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32))]
@@ -47,6 +48,9 @@ def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weigh
   codes = lambda a: np.ascontiguousarray(a).view(np.uint32) if words else a  # noqa: E731
   d = f16(b[..., 0:2])
   if w.qtype == QT.Q8_0:
+    if words:  # [out / up, nb, up]: the up rows of a kernel iteration read adjacent scales (else clang gathers them)
+      up = rows_per_iteration(out)
+      d = np.ascontiguousarray(d.reshape(out // up, up, -1).transpose(0, 2, 1))
     return "q8_0", [dev(codes(b[..., 2:].view(np.int8))), dev(d)]
   if w.qtype == QT.Q4_1:
     return "q4", [dev(codes(b[..., 4:])), dev(d), dev(f16(b[..., 2:4]))]
@@ -71,6 +75,12 @@ def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:
   return (dot * d + xb.sum((-1, -2)) * m).sum(-1)
 
 
+def rows_per_iteration(n_out: int) -> int:
+  """Output rows one iteration of block_matvec computes: 8 where they divide n_out (measured best for both kinds; for
+  q8_0 only with its scales laid out by row groups, see upload)."""
+  return next(u for u in (8, 4, 1) if n_out % u == 0)
+
+
 def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   """out[t, o] = sum over blocks b: q8_0: d[o,b] * sum_i x[t,32b+i] q[o,b,i]
                                     q4:   d[o,b] * sum_i (x[t,32b+i] lo(q[o,b,i]) + x[t,32b+16+i] hi(q[o,b,i])) + m[o,b] * xsum[t,b]
@@ -79,21 +89,23 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   vector loads of the words runs ~4x faster on one core (BEAM finds a similar shape, but only after minutes of search)."""
   q, d = (w[0], w[1]) if kind == "q8_0" else (w[1], w[2])
   (T, n_out), (_, nb, nw) = out.shape, q.shape
+  up = rows_per_iteration(n_out)
   t, o = UOp.range(T, 0), UOp.range(n_out, 1)
   b, k, r = UOp.range(nb, 2, AxisType.REDUCE), UOp.range(nw, 3, AxisType.REDUCE), UOp.range(4, 4, AxisType.REDUCE)
   byte = q[o, b, k].load() >> (r * 8).cast(dtypes.uint32)
   i = b * 32 + k * 4 + r
   if kind == "q8_0":
-    acc = ((x[t, i].load() * byte.cast(dtypes.int8).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD) * d[o, b].load()).reduce(b, arg=Ops.ADD)
+    acc = ((x[t, i].load() * byte.cast(dtypes.int8).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD) * d[o // up, b, o % up].load()).reduce(b, arg=Ops.ADD)
   else:
     xs, m = w[0], w[3]
     lo, hi = (byte & 0xF).cast(dtypes.float), ((byte >> 4) & 0xF).cast(dtypes.float)
     dot = (x[t, i].load() * lo + x[t, i + 16].load() * hi).reduce(k, r, arg=Ops.ADD)
     acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
   ax = 0 if T == 1 else 1  # a size-1 range is dropped before opts are applied
-  up = next(u for u in ((8, 4, 1) if nw == 4 else (4, 1)) if n_out % u == 0)  # rows per iteration (measured best: 8 for q4, 4 for q8_0)
-  # slices of >= 128K weights: a slice handed to the pool costs ~10 us of Python, more of them would not pay off
-  th = next(n for n in range(min(threads, NUM_CPU_THREADS.value, max(1, n_out * nb * 32 >> 17)), 0, -1) if (n_out // up) % n == 0)
+  # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
+  # (replay.py hands them out one by one), each of >= 32K weights (~4 us of one core: much more than taking one)
+  most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * nb * 32 >> 15))
+  th = next(n for n in range(most, 0, -1) if (n_out // up) % n == 0)
   opts = (Opt(OptOps.UPCAST, ax, up), Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + \
          ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 and nw == 4 else ()) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   return out[t, o].store(acc).end(t, o).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

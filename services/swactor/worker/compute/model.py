@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
+from tinygrad.helpers import NUM_CPU_THREADS
 
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
-from .linear import N_TENSORS, Weight, apply, copy_in, to_device, upload
+from .linear import N_TENSORS, SLICES_PER_THREAD, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
-from .replay import Plan, plan, pool, read
+from .replay import Plan, plan, read
 from .sampling import Sampler, SamplingPolicy
 
 
@@ -82,7 +83,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | i
   keys, vals = cache_k[:, 0:sp + T, :], cache_v[:, 0:sp + T, :]  # [KV, L, hd]
   g = p.n_heads // p.n_kv_heads
   qg = q.reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
-  s = qg @ keys.unsqueeze(1).transpose(-1, -2) * (1.0 / math.sqrt(p.head_dim))  # [KV, g, T, L]
+  s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))  # [KV, g, T, L]
   if T > 1:
     s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
   a = (s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim)
@@ -112,7 +113,7 @@ class StageModel:
     self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
     self.is_first, self.is_last, self.beam = w.is_first, w.is_last, beam  # beam: tinygrad kernel search width at capture
     # CPU cores a matvec's slices run on (None: the cores this process may use, at most 8); tinygrad's own runtime runs
-    # them one after another, replay.Plan hands them to a thread pool
+    # them one after another, replay.Plan splits them over native threads
     self.threads = min(len(os.sched_getaffinity(0)), 8) if threads is None else threads
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
@@ -199,14 +200,14 @@ class StageModel:
     for i, L in enumerate(self.layers):
       jit = self._layer_jit(width, L.kinds, i % 2)
       if jit.captured is None:
-        with Context(BEAM=self.beam):
+        with Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD)):
           x = jit(x, sp, L.tensors)
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
         x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
     caps = [self._layer_jit(width, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
     if width not in self._plans and all(c is not None for c in caps):
       # every layer graph is captured: from now on run them without TinyJit (replay.py); layer i reads layer i-1's output
-      p = Plan(out=caps[-1].ret, pool=pool(self.threads))
+      p = Plan(out=caps[-1].ret, threads=self.threads)
       ins = [xin, *(c.ret for c in caps[:-1])]
       self._plans[width] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
     return x
@@ -216,10 +217,10 @@ class StageModel:
     if (p := self._head_plans.get(width)) is not None:
       p({"row": row})
       return read(p.out)
-    with Context(BEAM=self.beam):
+    with Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD)):
       out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
     if width not in self._head_plans and jit.captured is not None and self._plans.get(width) is not None:
-      p = Plan(out=jit.captured.ret, pool=pool(self.threads))  # reads the layer plan's output buffer
+      p = Plan(out=jit.captured.ret, threads=self.threads)  # reads the layer plan's output buffer
       self._head_plans[width] = p if plan(jit.captured, [self._plans[width].out.uop.base], p) else None
     return out
 
