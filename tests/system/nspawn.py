@@ -101,10 +101,14 @@ class Container:
         opts = f"lowerdir={self.rootfs},upperdir={self.workdir / 'upper'},workdir={self.workdir / 'work'}"
         self._check(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.merged)], "mount the overlay")
         self._mounted = True
+        self._launch()
+
+    def _launch(self) -> None:
         argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--machine={self.name}",
                 f"--network-namespace-path={self.netns}", "--directory", str(self.merged),
                 *(f"--bind-ro={src}:{dst}" for src, dst in self.bind_ro)]
-        self._log = self.console.open("wb")
+        self.leader = None
+        self._log = self.console.open("ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**CLEAN_ENV, "SYSTEMD_LOG_COLOR": "0"}, start_new_session=True)
 
@@ -133,15 +137,32 @@ class Container:
         raise ContainerError(f"{self.name}: not booted within {timeout_s} s (last state {state!r}); "
                              f"console: {self.console_tail()}")
 
+    def reboot(self, timeout_s: float = 90.0) -> str:
+        """Power off through systemd and boot again from the same disk (the overlay and its upper
+        dir stay): what the host's services do at boot, not what the installer started."""
+        self._poweroff(timeout_s)
+        if self._log is not None:
+            self._log.close()
+        self._launch()
+        return self.wait_booted(timeout_s)
+
+    def _poweroff(self, timeout_s: float) -> None:
+        assert self.proc is not None
+        if self.leader is not None:
+            self.run(["systemctl", "poweroff"], check=False, timeout=10)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ContainerError(f"{self.name}: not powered off within {timeout_s} s; "
+                                 f"console: {self.console_tail()}") from None
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Power off (systemd inside), kill nspawn if it lingers, unmount, delete the copy."""
         try:
             if self.proc is not None and self.proc.poll() is None:
-                if self.leader is not None:
-                    self.run(["systemctl", "poweroff"], check=False, timeout=10)
                 try:
-                    self.proc.wait(timeout_s)
-                except subprocess.TimeoutExpired:
+                    self._poweroff(timeout_s)
+                except ContainerError:
                     self.proc.kill()  # nspawn's own session: its container dies with it (PID namespace)
                     self.proc.wait(10)
         finally:

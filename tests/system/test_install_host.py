@@ -164,6 +164,28 @@ def hosts() -> Iterator[list[Container]]:
         # ExitStack: containers power off (reverse order), then the namespaces, then the copies.
 
 
+def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
+    """`swactor submit --stages 2 --watch` on the orchestrator host: the run completes on both
+    nodes with llama.cpp's greedy tokens for the fixture's chat prompt."""
+    h0, h1 = hosts
+    case = next(c for c in json.loads(FIXTURE.read_text())["cases"]
+                if c["question"] == "Write a Python function that reverses a string." and c["chat_template"])
+    t0 = time.monotonic()
+    updates = swactor_json(h0, "submit", "--prompt", case["question"], "--stages", "2",
+                           "--max-tokens", str(MAX_TOKENS), "--watch", timeout=300, check=False)
+    finished = [u["finished"] for u in updates if "finished" in u]
+    events = [u["event"] for u in updates if "event" in u]
+    assert len(finished) == 1, (updates, journal(h0))
+    run = finished[0]
+    assert run["outcome"] == "RUN_OUTCOME_COMPLETED", (
+        f"run {run.get('reason')}: {run.get('detail')}\nevents: {json.dumps(events)}\n"
+        f"h0 journal:\n{journal(h0)}\nh1 journal:\n{journal(h1)}")
+    assert run["reason"] == "max_tokens"
+    assert [int(t) for t in run["token_ids"]] == case["greedy_tokens"][:MAX_TOKENS]
+    assert {int(p["node_id"]) for p in run["placement"]} == node_ids
+    print(f"run {run['run_id']}: {MAX_TOKENS} greedy tokens in {time.monotonic() - t0:.1f} s", flush=True)
+
+
 def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     h0, h1 = hosts
     addr0, addr1 = h0.addr, h1.addr
@@ -188,18 +210,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     listed = {int(n["node_id"]) for n in pool["nodes"]}
     assert listed == set(node_ids.values()), (pool, node_ids)
 
-    case = next(c for c in json.loads(FIXTURE.read_text())["cases"]
-                if c["question"] == "Write a Python function that reverses a string." and c["chat_template"])
-    updates = swactor_json(h0, "submit", "--prompt", case["question"], "--stages", "2",
-                           "--max-tokens", str(MAX_TOKENS), "--watch", timeout=300, check=False)
-    (finished,) = [u["finished"] for u in updates if "finished" in u]
-    events = [u["event"] for u in updates if "event" in u]
-    assert finished["outcome"] == "RUN_OUTCOME_COMPLETED", (
-        f"run {finished.get('reason')}: {finished.get('detail')}\nevents: {json.dumps(events)}\n"
-        f"h0 journal:\n{journal(h0)}\nh1 journal:\n{journal(h1)}")
-    assert finished["reason"] == "max_tokens"
-    assert [int(t) for t in finished["token_ids"]] == case["greedy_tokens"][:MAX_TOKENS]
-    assert {int(p["node_id"]) for p in finished["placement"]} == set(node_ids.values())
+    greedy_run_on_both(hosts, set(node_ids.values()))
 
     # Nothing crashed and came back behind our back: every unit is still its first process.
     for c in hosts:
@@ -218,6 +229,19 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert int(h1.path("/var/lib/swactor/node_id").read_text().strip()) == node_ids[h1.name]
     pool = wait_pool(h0, 2)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
+
+    # A reboot of both hosts: the enabled units start by themselves in order, none restarts, the
+    # pool forms again and serves the same greedy run.
+    t0 = time.monotonic()
+    for c in hosts:
+        c.reboot()
+    for c, units in ((h0, [*UNITS, "swactor-orchestrator"]), (h1, UNITS)):
+        assert units_active(c, units) == dict.fromkeys(units, "active"), journal(c)
+        assert restarts(c, units) == dict.fromkeys(units, 0), journal(c)
+    pool = wait_pool(h0, 2)
+    print(f"rebooted, pool ready again after {time.monotonic() - t0:.1f} s", flush=True)
+    assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
+    greedy_run_on_both(hosts, set(node_ids.values()))
 
     # An operator's stop is clean: every unit exits by itself (no SIGKILL after TimeoutStopSec).
     h1.run(["systemctl", "stop", *reversed(UNITS)], timeout=60)
