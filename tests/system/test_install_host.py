@@ -164,6 +164,33 @@ def hosts() -> Iterator[list[Container]]:
         # ExitStack: containers power off (reverse order), then the namespaces, then the copies.
 
 
+BAD_INPUT = [
+    ([], "--advertise-ip is required"),
+    (["--advertise-ip", "host.example"], "--advertise-ip 'host.example' is not an IP address"),
+    (["--advertise-ip", "10.0.0.5", "--seed", "10.0.0.2"], "--seed '10.0.0.2' is not HOST:PORT"),
+    (["--advertise-ip", "10.0.0.5", "--secret-file", "/nonexistent"], "--secret-file '/nonexistent' is missing"),
+    (["--advertise-ip", "10.0.0.5", "--model", "/nonexistent.gguf"], "--model '/nonexistent.gguf' is missing"),
+    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/nonexistent"], "--wheelhouse '/nonexistent' is not a directory"),
+    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/root"], "--wheelhouse '/root' has no swactor_ring wheel"),
+    (["--advertise-ip", "10.0.0.5", "--frobnicate"], "unknown option '--frobnicate'"),
+]
+
+
+def test_bad_input_is_refused_before_anything_changes(hosts: list[Container]) -> None:
+    # On a fresh host (this test runs before the install test): each mistake is named, and the
+    # installer stops before it creates a group, a directory or a unit.
+    c = hosts[1]
+    fresh = not c.path("/etc/swactor").exists()
+    for args, message in BAD_INPUT:
+        done = c.run(["bash", "/root/swactor/install.sh", "host", *args], check=False)
+        assert done.returncode == 1 and message in done.stderr, (args, done.returncode, done.stderr)
+    if not fresh:
+        return  # run after the install test (-k, reordering): the messages were the point
+    assert c.run(["getent", "group", "swactor"], check=False).returncode == 2
+    assert not any(c.path(p).exists() for p in ("/etc/swactor", "/opt/swactor", "/var/lib/swactor")), \
+        "a refused install left files behind"
+
+
 def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
     """`swactor submit --stages 2 --watch` on the orchestrator host: the run completes on both
     nodes with llama.cpp's greedy tokens for the fixture's chat prompt."""
