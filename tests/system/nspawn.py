@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -163,8 +164,16 @@ class Container:
                 try:
                     self._poweroff(timeout_s)
                 except ContainerError:
-                    self.proc.kill()  # nspawn's own session: its container dies with it (PID namespace)
-                    self.proc.wait(10)
+                    # SIGKILL to the container's init ends its PID namespace; nspawn then exits.
+                    # (Killing nspawn alone would orphan the container, still running.)
+                    if self.leader is not None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(self.leader, signal.SIGKILL)
+                    try:
+                        self.proc.wait(10)
+                    except subprocess.TimeoutExpired:
+                        self.proc.kill()
+                        self.proc.wait(10)
         finally:
             if self._log is not None:
                 self._log.close()

@@ -1,9 +1,11 @@
 """System test of the operator install: two Debian hosts booted with real systemd
 (`systemd-nspawn -b`), each in its own network namespace on one bridge, each installed with the
 project's own `bash install.sh host ...` run inside it, offline (Python wheels from a wheelhouse,
-the model from the repo's .cache/models). Then: every unit is active, the orchestrator lists both
-nodes, a 2-stage greedy run completes with llama.cpp's tokens, and a second install run on a host
-succeeds and keeps its node id.
+the model from the repo's .cache/models). Then: every unit is enabled and active and never
+restarted, the orchestrator lists both nodes, a 2-stage greedy run completes with llama.cpp's
+tokens, a second install on each host succeeds and keeps node id, secret, config and edge
+identity, both hosts reboot into a working pool, and the units stop cleanly. Bad installer input is
+refused by name before anything is created.
 
 Needs root, systemd-nspawn, debootstrap and git; the first run debootstraps the rootfs (cached
 under .cache/rootfs) and builds the wheelhouse (.cache/wheelhouse). See docs/operations.md.
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -25,7 +28,7 @@ import pytest
 
 from tests.harness import NetnsCluster, netns_unavailable_reason
 
-from .nspawn import Container, ContainerError, nspawn_unavailable_reason
+from .nspawn import PROPAGATE_DIR, Container, ContainerError, nspawn_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -71,21 +74,51 @@ def copy_source(dest: Path) -> None:
             shutil.copy2(src, dest / rel)
 
 
+def _processes_of_run(d: Path, pid: str) -> list[int]:
+    """Processes a dead run left: its nspawns (the run dir is in their argv) and everything inside
+    its containers, found by network namespace (`sys{pid}-…-h{i}`, named by the harness), which also
+    finds a container's init orphaned by a killed nspawn."""
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(d) in Path(entry.path, "cmdline").read_bytes().decode(errors="replace"):
+                    found.add(int(entry.name))
+    with contextlib.suppress(FileNotFoundError):
+        for ns in os.listdir("/run/netns"):
+            if re.fullmatch(rf"sys{pid}-[0-9a-f]{{4}}-h\d+", ns):
+                out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+                found.update(int(p) for p in out.split())
+    found.discard(os.getpid())
+    return sorted(found)
+
+
 def cleanup_stale_runs() -> None:
-    """Unmount and delete container copies of system-test runs whose process is gone (SIGKILLed)."""
+    """Kill, unmount and delete what a system-test run killed with SIGKILL left: containers whose
+    pytest process is gone (their netns go with the harness's own stale cleanup)."""
     if not RUNS_DIR.is_dir():
         return
     for d in RUNS_DIR.iterdir():
         m = re.fullmatch(r"(\d+)-\w+", d.name)
         if m is None:
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(m[1]), 0)
-            continue
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{m[1]}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state not in ("Z", "X"):
+                continue  # a live run (a zombie is a dead one, not yet reaped)
+        deadline = time.monotonic() + 10
+        while (pids := _processes_of_run(d, m[1])) and time.monotonic() < deadline:
+            for pid in pids:  # SIGKILL of a container's init ends its whole PID namespace
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
         for host in d.iterdir():
             for mount in (host / "merged", host):
                 subprocess.run(["umount", "-l", str(mount)], capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
+        for leftover in PROPAGATE_DIR.glob(f"swsys{m[1]}-h*"):
+            with contextlib.suppress(OSError):
+                leftover.rmdir()
 
 
 def install(c: Container, *args: str, timeout: float = 420.0) -> float:
@@ -108,7 +141,7 @@ def wait_pool(c: Container, want_nodes: int, timeout_s: float = 120.0) -> dict:
     deadline = time.monotonic() + timeout_s
     last: dict = {}
     while time.monotonic() < deadline:
-        with contextlib.suppress(ContainerError):
+        with contextlib.suppress(ContainerError, ValueError):  # not serving yet / no output yet
             (last,) = swactor_json(c, "nodes")
             if len(last.get("nodes", [])) >= want_nodes and last.get("pool_ready"):
                 return last
