@@ -100,6 +100,8 @@ fi
 "$PREFIX/venv/bin/python" "$ROOT/packaging/gen_protos.py"
 "$PREFIX/venv/bin/python" -m pip install -q "$ROOT"
 rm -rf "$PREFIX/docs" && cp -r "$ROOT/docs" "$PREFIX/docs"
+# The operator CLI on PATH (`swactor nodes`, `swactor submit ...`, as docs/operations.md says).
+ln -sfn "$PREFIX/venv/bin/swactor" /usr/local/bin/swactor
 
 if [ ! -s "$ETC/cluster.secret" ]; then
     if [ -n "$SECRET_FILE" ]; then

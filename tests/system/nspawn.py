@@ -8,8 +8,8 @@ overlay of the cached Debian rootfs, in a network namespace of the netns harness
 The container is started with `--register=no --keep-unit` (no machined needed), its init is found
 as the nspawn process's child in a new PID namespace, and every command enters all of init's
 namespaces with `nsenter -t PID -a`. `close()` powers the container off through its own systemd
-(kills nspawn if that takes too long), unmounts the overlay and deletes the host's copy: nothing
-stays behind, also when the body raised.
+(SIGKILLs its init if that takes too long), unmounts the overlay and its tmpfs and deletes the
+host's copy: nothing stays behind, also when the body raised.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def install(c: Container, *args: str, timeout: float = 420.0) -> float:
 def swactor_json(c: Container, *args: str, timeout: float = 30.0, check: bool = True) -> list[dict]:
     """The project's CLI inside the container, `--json`: one object per output line. With
     check=False a non-zero exit (a run that did not complete) still returns what was printed."""
-    done = c.run(["/opt/swactor/venv/bin/swactor", *args, "--json"], timeout=timeout, check=check)
+    done = c.run(["swactor", *args, "--json"], timeout=timeout, check=check)  # on PATH, as operators type it
     return [json.loads(line) for line in done.stdout.splitlines() if line.strip().startswith("{")]
 
 
