@@ -181,6 +181,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--device", default="CPU")
     ap.add_argument("--loopback", action="store_true", help="loopback addresses instead of network namespaces")
+    ap.add_argument("--compute-threads", type=int, default=0,
+                    help="[worker].compute_threads of every host (0 = the local cluster's default, cores // hosts)")
     ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline.json")
     a = ap.parse_args()
@@ -202,7 +204,7 @@ def main() -> int:
     results: dict[int, dict[str, object]] = {}
     timelines = {}
     tables: dict[int, tuple[dict[str, list[float]], int]] = {}
-    spec = ClusterSpec(hosts=max(stages), device=a.device, netns=False if a.loopback else None)
+    spec = ClusterSpec(hosts=max(stages), device=a.device, netns=False if a.loopback else None, compute_threads=a.compute_threads)
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         for s in stages:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
+from test_quant import synthetic
 from tinygrad import Tensor
 
 from swactor.worker.compute.gguf_weights import RawTensor
 from swactor.worker.compute.linear import apply, upload
 from swactor.worker.compute.replay import read
-
-from test_quant import synthetic
 
 
 @pytest.mark.parametrize("qt", [QT.Q8_0, QT.Q4_0, QT.Q4_1], ids=lambda q: q.name)

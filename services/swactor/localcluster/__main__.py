@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--device", default="CPU", help="tinygrad device of the workers (default CPU)")
     p.add_argument("--compute-threads", type=int, default=0,
-                   help="CPU cores per worker's compute kernels (default 0: max(1, cores // hosts))")
+                   help="CPU cores per worker's compute kernels (default 0: all cores, at most 8; stages compute in turn)")
     p.add_argument("--readiness-timeout", type=float, default=120.0,
                    help="seconds a run's stages may take to become ready before the run faults (default 120)")
     p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
