@@ -290,6 +290,20 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     pool = wait_pool(h0, 2)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
 
+    # A run still decoding when the hosts reboot (orchestrator's first): the orchestrator stops
+    # before the local worker, edge-driver and arena (unit ordering), so its shutdown teardown
+    # reaches every stage: operator-stopped, both stages confirmed stopped.
+    (sub,) = swactor_json(h0, "submit", "--prompt", "Hello", "--stages", "2", "--max-tokens", "400", "--ignore-eos")
+    run_id, deadline = sub["run_id"], time.monotonic() + 240
+    while True:
+        (run,) = swactor_json(h0, "show", run_id)
+        decoding = run["state"] == "RUN_STATE_RUNNING" and len(run.get("token_ids", [])) > int(sub["prompt_tokens"])
+        if decoding or run["state"] == "RUN_STATE_DONE":
+            break
+        assert time.monotonic() < deadline, f"run {run_id} produced no token within 240 s: {run}"
+        time.sleep(1.0)
+    assert run["state"] == "RUN_STATE_RUNNING", run
+
     # A reboot of both hosts: the enabled units start by themselves in order, none restarts, the
     # pool forms again and serves the same greedy run.
     t0 = time.monotonic()
@@ -301,6 +315,10 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     pool = wait_pool(h0, 2)
     print(f"rebooted, pool ready again after {time.monotonic() - t0:.1f} s", flush=True)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
+    (run,) = swactor_json(h0, "show", run_id)
+    assert (run["outcome"], run["reason"]) == ("RUN_OUTCOME_STOPPED", "operator_stop"), run
+    (torn_down,) = [e for e in swactor_json(h0, "events", run_id) if e["kind"] == "RUN_TORN_DOWN"]
+    assert torn_down["counters"] == {"stages_stopped": "2", "stages_unconfirmed": "0"}, torn_down
     greedy_run_on_both(hosts, set(node_ids.values()))
 
     # An operator's stop is clean: every unit exits by itself (no SIGKILL after TimeoutStopSec).
