@@ -9,6 +9,7 @@ import pytest
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.nodes import NodeState
 from swactor.orchestrator.planner import SamplingPolicy
+from swactor.orchestrator.pool import PoolGate
 from swactor.v1 import common_pb2 as pb
 
 from .helpers import model_facts, node, pool
@@ -314,3 +315,19 @@ def test_endpoints_that_never_close_time_out_teardown_by_name() -> None:
     acts = fsm.handle(F.Tick(), fsm.deadline())
     torn = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_TORN_DOWN)
     assert torn.reason == "RUN_FAULT_TEARDOWN_TIMEOUT" and torn.detail == "token endpoints not closed within 4s"
+
+
+def test_a_pool_the_orchestrator_has_seen_stable_is_ready_at_once() -> None:
+    """The window is about the pool, not the run: a run submitted into a view stable for the window plans at once."""
+    counter = itertools.count(1000)
+    req = F.RunRequest(run_id=78, model=model_facts(), prompt_ids=(1, 2), stages=2, max_tokens=2,
+                       sampling=SamplingPolicy(), eog_ids=frozenset({EOS}))
+    cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=F.Timeouts(), pool_window_s=1.0)
+    seen = PoolGate(1.0)
+    seen.observe(pool(1, 2), 0.0)
+    fsm = F.RunFsm(req, cfg, now=5.0, id_source=lambda: next(counter), pool_view=seen)
+    assert kinds(fsm.handle(F.MembershipChanged(pool(1, 2)), 5.0))[:2] == ["POOL_READY", "RUN_PLANNED"]
+    # a view that changed just before the run still waits out the window, and the orchestrator's own gate is untouched
+    fsm = F.RunFsm(req, cfg, now=5.0, id_source=lambda: next(counter), pool_view=seen)
+    assert fsm.handle(F.MembershipChanged(pool(1, 2, 3)), 5.0) == [] and fsm.deadline() == 6.0
+    assert seen.check(5.0, 2).ready

@@ -205,7 +205,8 @@ def reason_name(reason: int) -> str:
 
 class RunFsm:
     def __init__(
-        self, request: RunRequest, config: FsmConfig, now: float, *, id_source: Callable[[], int] = new_id
+        self, request: RunRequest, config: FsmConfig, now: float, *, id_source: Callable[[], int] = new_id,
+        pool_view: PoolGate | None = None,
     ) -> None:
         self.request = request
         self.config = config
@@ -217,7 +218,9 @@ class RunFsm:
         self.detail = ""
         self.plan: RunPlan | None = None
         self.tokens: list[int] = []
-        self._gate = PoolGate(config.pool_window_s)
+        # pool_view: the orchestrator's gate, which has watched the pool before this run: a pool that has been stable
+        # for the window is ready at once instead of the window being waited again by every run
+        self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
         self._pool_deadline = now + config.timeouts.pool_s
         self._deadline: float | None = self._pool_deadline
         self._ready: set[int] = set()

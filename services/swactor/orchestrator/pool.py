@@ -7,6 +7,7 @@ for `window_s`, no candidate is in transition, and enough candidates are provisi
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,6 +38,10 @@ class PoolGate:
         if key != self._key:
             self._key, self._since = key, now
         self.members = tuple(members)
+
+    def snapshot(self) -> PoolGate:
+        """A copy that goes on observing on its own (a run's gate, seeded with the view history so far)."""
+        return copy.copy(self)
 
     def stable_at(self) -> float | None:
         """When the current view will have been stable for the window (None before any view)."""
