@@ -290,9 +290,10 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     pool = wait_pool(h0, 2)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
 
-    # A run still decoding when the hosts reboot (orchestrator's first): the orchestrator stops
-    # before the local worker, edge-driver and arena (unit ordering), so its shutdown teardown
-    # reaches every stage: operator-stopped, both stages confirmed stopped.
+    # A run still decoding when the hosts reboot (the orchestrator's first): its SIGTERM teardown
+    # reaches every stage before the host goes down: operator-stopped, both stages confirmed
+    # stopped. (The unit's After= on the local services makes that ordering explicit; this check
+    # also passed with the old unit, where the local worker happened to outlive the teardown.)
     (sub,) = swactor_json(h0, "submit", "--prompt", "Hello", "--stages", "2", "--max-tokens", "400", "--ignore-eos")
     run_id, deadline = sub["run_id"], time.monotonic() + 240
     while True:
