@@ -294,7 +294,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     # reaches every stage before the host goes down: operator-stopped, both stages confirmed
     # stopped. (The unit's After= on the local services makes that ordering explicit; this check
     # also passed with the old unit, where the local worker happened to outlive the teardown.)
-    (sub,) = swactor_json(h0, "submit", "--prompt", "Hello", "--stages", "2", "--max-tokens", "400", "--ignore-eos")
+    (sub,) = swactor_json(h0, "submit", "--prompt", "Hello", "--stages", "2", "--max-tokens", "1000", "--ignore-eos")
     run_id, deadline = sub["run_id"], time.monotonic() + 240
     while True:
         (run,) = swactor_json(h0, "show", run_id)
