@@ -43,3 +43,27 @@ def test_outcome_recorded_before_restart_is_kept(tmp_path: Path) -> None:
     (run,) = store.recover(now_us=5)
     assert (run.outcome, run.reason, run.state) == (opb.RUN_OUTCOME_COMPLETED, "eos", opb.RUN_STATE_DONE)
     assert store.events(4) == []
+
+
+def test_writes_are_held_briefly_but_state_changes_and_reads_see_everything(tmp_path: Path) -> None:
+    now = [0.0]
+    store = RunStore(tmp_path / "s.sqlite3", clock=lambda: now[0])
+    other = RunStore(tmp_path / "s.sqlite3")  # a second connection sees only what was written
+    run = opb.Run(run_id=9, state=opb.RUN_STATE_RUNNING, created_us=1)
+    store.put(run)  # new state: written at once
+    assert other.get(9) == run
+    run.token_ids.append(42)
+    store.put(run)  # same state: held
+    store.append(9, [pb.LifecycleEvent(kind=pb.TOKEN_RECEIVED, run_id=9, sequence=0, time_us=2)])
+    assert other.get(9).token_ids == [] and other.events(9) == []
+    assert [e.kind for e in store.events(9)] == [pb.TOKEN_RECEIVED]  # a read through the store flushes
+    assert other.get(9).token_ids == [42]
+    store.append(9, [pb.LifecycleEvent(kind=pb.TOKEN_RECEIVED, run_id=9, sequence=1, time_us=3)])
+    assert len(other.events(9)) == 1
+    now[0] = 0.5  # the next write after FLUSH_AFTER_S writes everything held
+    store.append(9, [pb.LifecycleEvent(kind=pb.TOKEN_RECEIVED, run_id=9, sequence=2, time_us=4)])
+    assert [e.sequence for e in other.events(9)] == [0, 1, 2]
+    store.append(9, [pb.LifecycleEvent(kind=pb.RUN_COMPLETED, run_id=9, time_us=5)])
+    run.state, run.outcome = opb.RUN_STATE_DONE, opb.RUN_OUTCOME_COMPLETED
+    store.put(run)  # the final state is durable at once, with the events held before it
+    assert other.get(9).state == opb.RUN_STATE_DONE and other.events(9)[-1].kind == pb.RUN_COMPLETED

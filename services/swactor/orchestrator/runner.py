@@ -26,6 +26,9 @@ def wall_us() -> int:
     return time.time_ns() // 1000
 
 
+PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJECT_PRODUCED, pb.STEP_COMPLETED,
+                              pb.TOKEN_RECEIVED, pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED})
+
 class RunHandle:
     """One live run: its FSM, its input queue, its published updates and its record."""
 
@@ -125,6 +128,8 @@ class RunHandle:
                 self._spawn(self._close_endpoints())
 
     def _log_event(self, ev: pb.LifecycleEvent) -> None:
+        if ev.kind in PER_OBJECT_KINDS:  # ~25 per token: they stay in the run's events (GetEvents, WatchRun) only
+            return
         fields: dict[str, object] = {"kind": pb.LifecycleEventKind.Name(ev.kind)}
         if ev.node_id:
             fields["node_id"] = ev.node_id
