@@ -20,8 +20,9 @@ import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
-from tinygrad import Tensor
+from tinygrad import Device, Tensor
 from tinygrad.device import Buffer
+from tinygrad.dtype import _to_np_dtype
 from tinygrad.engine.jit import CapturedJit
 from tinygrad.engine.realize import get_runtime, resolve_params
 from tinygrad.runtime.ops_cpu import CPUProgram
@@ -127,5 +128,10 @@ def plan(captured: CapturedJit, inputs: list[UOp], into: Plan) -> bool:
 
 
 def read(t: Tensor) -> np.ndarray:
-  """A host copy of a realized tensor's buffer (no schedule, unlike Tensor.numpy())."""
-  return t.uop.base.buffer.numpy().reshape(t.shape)
+  """A host copy of a realized tensor's buffer: the device's own copy-out (Buffer.numpy() schedules a copy through
+  tinygrad's realize, ~0.8 ms per call, more than a 30-layer decode step's Python otherwise costs)."""
+  buf = t.uop.base.buffer
+  out = np.empty(buf.size, _to_np_dtype(buf.dtype))
+  Device[buf.device].synchronize()
+  buf.allocator._copyout(memoryview(out.view(np.uint8)), buf._buf)
+  return out.reshape(t.shape)
