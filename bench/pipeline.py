@@ -29,7 +29,9 @@ lag lands in the segment before (compute / recv) and every token's segments add 
 TOKEN_RECEIVED(n-1) -> TOKEN_RECEIVED(n). On real multi-host deployments the hosts' clock offset
 shifts only the "quic" segments (the one span whose two ends are stamped on different hosts).
 Numbers on a shared 2-core box move with the load: all S share the two cores (S workers + S edge
-drivers + orchestrator), so this measures overhead, not GPU scaling.
+drivers + orchestrator), so this measures overhead, not GPU scaling. The CPU table says how much:
+CPU ms per step of each service (all hosts summed; a worker includes its compute process), from
+/proc over the measured run; what is not compute there competes with the stage computing.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import os
 import pathlib
 import sys
 import time
+from collections import defaultdict
 
 import numpy as np
 
@@ -123,6 +126,21 @@ def timeline(events, stages: int) -> list[list[tuple[str, float]]]:
             t[i] = min(t[i], t[i + 1])  # a late after-the-fact stamp: clamp back (module doc)
         rows.append([(marks[i][0], (t[i] - t[i - 1]) / 1000.0) for i in range(1, len(t))])
     return rows
+
+
+def cpu_seconds(cluster) -> dict[str, float]:
+    """CPU seconds so far of each kind of service (orchestrator, worker, edge, ...), all hosts summed: every live
+    process in a service's process group (the local cluster starts each service in its own session)."""
+    groups = {svc.pid: svc.name.split("/")[-1] for svc in cluster.services}
+    tick, out = os.sysconf("SC_CLK_TCK"), defaultdict(float)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            f = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if (kind := groups.get(int(f[2]))) is not None:  # f[2] = pgrp
+            out[kind] += (int(f[11]) + int(f[12])) / tick
+    return out
 
 
 def per_token_table(rows: list[list[tuple[str, float]]], stages: int) -> dict[str, list[float]]:
@@ -210,11 +228,15 @@ def main() -> int:
         for s in stages:
             req = opb.SubmitRunRequest(prompt=QUESTION, stages=s, max_tokens=n)
             warm = follow(stub, req, timeout_s=600)
+            cpu0 = cpu_seconds(cluster)
             res = follow(stub, req, timeout_s=600)
+            steps = max(1, res.prompt_tokens + len(res.token_ids))  # prefill runs the prompt a row at a time: one step per token
+            cpu = {k: (v - cpu0.get(k, 0.0)) * 1000 / steps for k, v in cpu_seconds(cluster).items()}
             assert res.prompt_tokens == len(ids), (res.prompt_tokens, len(ids))
             summ = res.summary()
             summ["warmup_ttft_s"] = warm.ttft_s
             summ["matches_single"] = res.token_ids == single["tokens"][: len(res.token_ids)]
+            summ["cpu_ms_per_step"] = cpu
             results[s] = summ
             tl = timeline(res.events, s)
             timelines[s] = tl
@@ -242,6 +264,12 @@ def main() -> int:
     for s, (table, _) in tables.items():
         print(f"{s:3d} " + "".join(f"{sum(table[k]):13.2f}" for k, _, _ in SEGMENTS)
               + f"{sum(map(sum, table.values())):10.2f}")
+    print("\nCPU ms per step by service (all hosts summed; the measured run's CPU / (prompt + generated tokens)):")
+    kinds = sorted({k for r in results.values() for k in r["cpu_ms_per_step"]})
+    print("  S " + "".join(f"{k:>14s}" for k in kinds) + f"{'total':>10s}")
+    for s, r in results.items():
+        c = r["cpu_ms_per_step"]
+        print(f"{s:3d} " + "".join(f"{c.get(k, 0.0):14.2f}" for k in kinds) + f"{sum(c.values()):10.2f}")
     plot(timelines, a.png)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps({"single": single, "pipeline": results, "max_tokens": n,
