@@ -147,3 +147,14 @@ async def wait_fd(fd: int) -> None:
         await fut
     finally:
         loop.remove_reader(fd)
+
+
+async def produce_all(ring: FakeRing, data: bytes) -> None:
+    """Test-side worker: write all of `data` into an egress ring, waiting for space."""
+    view = memoryview(data)
+    while view:
+        n = ring.write(view)
+        view = view[n:]
+        if view and not ring.arm_writable():
+            await wait_fd(ring.writable_fd)
+            ring.ack_writable()

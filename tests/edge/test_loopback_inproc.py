@@ -13,19 +13,8 @@ import pytest
 from swactor.edge import preamble
 from swactor.edge.driver import Driver, EdgeError
 from swactor.v1 import common_pb2, edge_pb2
-from tests.edge.fakering import FakeRing, wait_fd
+from tests.edge.fakering import FakeRing, produce_all, wait_fd
 from tests.edge.inproc import next_event, start_nodes, stop_nodes
-
-
-async def _produce(ring: FakeRing, data: bytes) -> None:
-    """Test-side worker: write all of `data` into an egress ring, waiting for space."""
-    view = memoryview(data)
-    while view:
-        n = ring.write(view)
-        view = view[n:]
-        if view and not ring.arm_writable():
-            await wait_fd(ring.writable_fd)
-            ring.ack_writable()
 
 
 async def _consume(ring: FakeRing, total: int, h: hashlib._Hash, stall: float = 0.0) -> None:
@@ -55,7 +44,7 @@ def test_bytes_cross_intact_recv_first(tmp_path: Path) -> None:
             data = os.urandom(8 << 20)
             want = hashlib.sha256(data).hexdigest()
             h = hashlib.sha256()
-            await asyncio.wait_for(asyncio.gather(_produce(tx, data), _consume(rx, len(data), h)), 60)
+            await asyncio.wait_for(asyncio.gather(produce_all(tx, data), _consume(rx, len(data), h)), 60)
             assert h.hexdigest() == want
             tx.close()
             await next_event(b, "closed", 7)
@@ -203,7 +192,7 @@ def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             data = os.urandom(16 << 20)
-            producer = asyncio.ensure_future(_produce(tx, data))
+            producer = asyncio.ensure_future(produce_all(tx, data))
             await asyncio.sleep(1.5)  # nobody consumes rx
             send = a.driver.edges[(1, edge_pb2.EDGE_ROLE_SEND)].send_pump
             recv = b.driver.edges[(1, edge_pb2.EDGE_ROLE_RECV)].recv_pump

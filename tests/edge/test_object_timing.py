@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import swactor_ring as sr
 from swactor.edge.objtap import ObjectTap
 from swactor.v1 import edge_pb2
-from tests.edge.fakering import FakeRing, wait_fd
+from tests.edge.fakering import FakeRing, produce_all, wait_fd
 from tests.edge.inproc import next_event, start_nodes, stop_nodes
 
 
@@ -69,16 +69,6 @@ def test_tap_turns_off_on_a_malformed_header_without_raising() -> None:
     assert "stream offset 44" in tap.broken
 
 
-async def _produce(ring: FakeRing, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        n = ring.write(view)
-        view = view[n:]
-        if view and not ring.arm_writable():
-            await wait_fd(ring.writable_fd)
-            ring.ack_writable()
-
-
 async def _drain(ring: FakeRing, total: int) -> None:
     got = 0
     while got < total:
@@ -116,7 +106,7 @@ def test_drivers_report_object_timings_for_each_record(tmp_path: Path) -> None:
             await next_event(a, "ready", 5)
             extents = [4, 2304, 9000, 40000, 2304]  # decode-sized, and larger than the recv ring
             data = b"".join(record(70 + i, i, e) for i, e in enumerate(extents))
-            await asyncio.wait_for(asyncio.gather(_produce(tx, data), _drain(rx, len(data))), 30)
+            await asyncio.wait_for(asyncio.gather(produce_all(tx, data), _drain(rx, len(data))), 30)
             sent = await _timings(a, 5, edge_pb2.EDGE_ROLE_SEND, len(extents))
             recv = await _timings(b, 5, edge_pb2.EDGE_ROLE_RECV, len(extents))
             for marks in (sent, recv):

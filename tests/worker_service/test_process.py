@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -14,20 +13,6 @@ from swactor.worker import wire
 from .harness import Arena, WorkerProc, spec
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def arena() -> Iterator[Arena]:
-    a = Arena()
-    yield a
-    a.close()
-
-
-@pytest.fixture
-def worker(arena: Arena) -> Iterator[WorkerProc]:
-    w = WorkerProc(arena)
-    yield w
-    w.close()
 
 
 def record(seq: int, payload: bytes, *, object_id: int | None = None) -> bytes:

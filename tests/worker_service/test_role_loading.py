@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,20 +21,6 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not os.path.exists(MO
 
 def llama(start: int = 0, end: int = LAYERS) -> dict[str, Any]:
     return {"kind": "llama_stage", "gguf_path": MODEL, "layer_start": start, "layer_end": end, "max_seq_len": 32}
-
-
-@pytest.fixture
-def arena() -> Iterator[Arena]:
-    a = Arena()
-    yield a
-    a.close()
-
-
-@pytest.fixture
-def worker(arena: Arena) -> Iterator[WorkerProc]:
-    w = WorkerProc(arena)
-    yield w
-    w.close()
 
 
 def role_events(w: WorkerProc, role_id: int) -> list[Any]:
