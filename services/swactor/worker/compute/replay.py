@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import pathlib
 import shutil
 import subprocess
@@ -43,8 +44,8 @@ WORDS = ctypes.sizeof(Launch) // 8  # a launch as uint64 words: fn, (core_slot, 
 
 @functools.cache
 def launcher() -> ctypes.CDLL | None:
-  """launcher.c built with the C compiler tinygrad's CPU device uses; None where there is none."""
-  if (cc := shutil.which("clang")) is None:
+  """launcher.c built with the C compiler tinygrad's CPU device uses ($CC, else clang); None where there is none."""
+  if (cc := shutil.which(os.environ.get("CC", "clang"))) is None:
     return None
   src = pathlib.Path(__file__).with_name("launcher.c")
   with tempfile.TemporaryDirectory(prefix="swactor-launcher-") as d:
