@@ -118,4 +118,4 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
   opts = ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + (Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + \
          ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 and nw == 4 else ()) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
-  return out[t, o].store(acc).end(*(r for r in (t, og, oi) if r is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))
+  return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

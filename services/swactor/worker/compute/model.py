@@ -83,7 +83,9 @@ def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | i
   keys, vals = cache_k[:, 0:sp + T, :], cache_v[:, 0:sp + T, :]  # [KV, L, hd]
   g = p.n_heads // p.n_kv_heads
   qg = q.reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
-  s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))  # [KV, g, T, L]
+  # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions and
+  # modulos in the inner loop (3x slower)
+  s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))
   if T > 1:
     s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
   a = (s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim)
@@ -149,6 +151,10 @@ class StageModel:
     """Start a new run with the loaded weights: positions restart at 0, the sampler is re-seeded."""
     self.next_pos, self.sampler = 0, Sampler(sampling if sampling is not None else self.sampler.policy)
 
+  def _capture_context(self) -> Context:
+    """Compile settings of a first (capturing) call: BEAM, and room for the matvecs' core_id slices (linear.py)."""
+    return Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD))
+
   def _layer_jit(self, width: int, kinds: tuple[str, ...], parity: int) -> TinyJit:
     key = (width, kinds, parity)
     if key not in self._layer_jits:
@@ -200,7 +206,7 @@ class StageModel:
     for i, L in enumerate(self.layers):
       jit = self._layer_jit(width, L.kinds, i % 2)
       if jit.captured is None:
-        with Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD)):
+        with self._capture_context():
           x = jit(x, sp, L.tensors)
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
         x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
@@ -217,7 +223,7 @@ class StageModel:
     if (p := self._head_plans.get(width)) is not None:
       p({"row": row})
       return read(p.out)
-    with Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD)):
+    with self._capture_context():
       out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
     if width not in self._head_plans and jit.captured is not None and self._plans.get(width) is not None:
       p = Plan(out=jit.captured.ret, threads=self.threads)  # reads the layer plan's output buffer
