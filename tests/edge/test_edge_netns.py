@@ -65,7 +65,26 @@ class Reader(threading.Thread):
         self.h = hashlib.sha256()
         self.got = 0
         self.headers = 0
+        self.partial = bytearray()  # header bytes of a record whose header the last read cut
         self.error: str | None = None
+
+    def _check_headers(self, view: memoryview) -> None:
+        """Parse the header at every record start; a header may be split over two reads."""
+        i, size = 0, sr.ObjectHeader.SIZE
+        while i < len(view):
+            pos = (self.got + i) % self.record  # offset inside the current record
+            if pos >= size:
+                i += self.record - pos
+                continue
+            take = min(size - pos, len(view) - i)
+            self.partial += view[i : i + take]
+            i += take
+            if len(self.partial) == size:
+                hdr = sr.ObjectHeader.parse(bytes(self.partial), self.record)
+                if hdr.sequence != self.headers:
+                    self.error = f"sequence {hdr.sequence} where {self.headers} was due"
+                self.headers += 1
+                self.partial.clear()
 
     def run(self) -> None:
         time.sleep(self.stall_s)
@@ -76,13 +95,7 @@ class Reader(threading.Thread):
             if n:
                 view = memoryview(buf)[:n]
                 if self.record:
-                    off = (-self.got) % self.record
-                    while off + sr.ObjectHeader.SIZE <= n:
-                        hdr = sr.ObjectHeader.parse(view[off : off + sr.ObjectHeader.SIZE], self.record)
-                        if hdr.sequence != self.headers:
-                            self.error = f"sequence {hdr.sequence} where {self.headers} was due"
-                        self.headers += 1
-                        off += self.record
+                    self._check_headers(view)
                 self.h.update(view)
                 self.got += n
                 continue
