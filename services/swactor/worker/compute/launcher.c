@@ -44,6 +44,7 @@ typedef struct pool {
   _Atomic uint32_t done;           /* slices of the current launch that have finished */
   _Atomic uint32_t sleepers;
   _Atomic int stop;
+  _Atomic int parked;              /* set when a run ends: spinning for the next launch is pointless until the next run */
   _Atomic(launch_t *) cur;         /* the current sliced launch: stored before its epoch is published */
   struct worker_slot { pthread_t tid; struct pool *p; } workers[];
 } pool_t;
@@ -114,11 +115,13 @@ static void *worker(void *arg) {
   pool_t *p = ((struct worker_slot *)arg)->p;
   uint32_t seen = 0;
   for (;;) {
-    /* spin for a new launch (the next matvec of a step follows within microseconds), then sleep: an idle pool costs no CPU */
+    /* spin for a new launch (the next matvec of a step follows within microseconds), then sleep: an idle pool costs no
+       CPU; at the end of a run at once (in a pipeline the stage's output is then on its way to the next host, whose
+       edge driver and node want this core) */
     int64_t until = now_ns() + p->spin_ns;
     for (int i = 1; atomic_load_explicit(&p->epoch, memory_order_acquire) == seen; i++) {
       cpu_relax();
-      if ((i & 63) == 0 && now_ns() > until) {
+      if ((i & 63) == 0 && (atomic_load_explicit(&p->parked, memory_order_relaxed) || now_ns() > until)) {
         atomic_fetch_add(&p->sleepers, 1);
         while (atomic_load(&p->epoch) == seen) futex(&p->epoch, FUTEX_WAIT_PRIVATE, seen);
         atomic_fetch_sub(&p->sleepers, 1);
@@ -152,12 +155,14 @@ pool_t *swl_pool_new(int threads, int64_t spin_ns) {
 /* Runs the launches in order; returns when all have finished. Serial launches run on the caller while the pool's
    threads wait; a sliced launch is shared out (help). Not reentrant: one caller per pool at a time. */
 void swl_run(pool_t *p, launch_t *job, int n) {
+  atomic_store_explicit(&p->parked, 0, memory_order_relaxed);
   for (int j = 0; j < n; j++) {
     launch_t *l = &job[j];
     if (l->core_slot < 0) call(l, l->args);
     else if (p->threads == 1) for (int s = 0; s < l->slices; s++) run_slice(l, (uint32_t)s);
     else run_sliced(p, l);
   }
+  atomic_store_explicit(&p->parked, 1, memory_order_relaxed);
 }
 
 void swl_pool_free(pool_t *p) {
