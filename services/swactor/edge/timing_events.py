@@ -14,7 +14,8 @@ Stamps are the driver host's wall clock; across hosts they compare only as well 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from swactor.v1 import common_pb2, edge_pb2, edge_pb2_grpc
 
@@ -46,3 +47,22 @@ async def watch_object_timings(stub: edge_pb2_grpc.EdgeDriverStub,
     async for ev in stub.WatchEdges(req):
         if ev.WhichOneof("event") == "objects":
             yield ev.objects
+
+
+async def relay_object_timings(driver: Any, ends: dict[int, int], *, run_id: int, node_id: int, stage_index: int | None,
+                               emit: Callable[[common_pb2.LifecycleEvent], None], log: Any) -> None:
+    """Relay the local driver's timings of this host's run ends (`ends`: edge id -> the role of the end owned here)
+    as lifecycle events until the watch ends. A driver port without `object_timings` (test fakes) relays nothing; a
+    lost watch is logged and ends the relay: timings are diagnostics, never a reason to fault a run."""
+    source = getattr(driver, "object_timings", None)
+    if source is None:
+        return
+    try:
+        async for batch in source(set(ends)):
+            if ends.get(batch.edge_id) != batch.role:
+                continue  # the other end of an edge whose two ends are on this host: its owner relays it
+            for ev in lifecycle_events(batch, run_id=run_id, node_id=node_id, stage_index=stage_index):
+                emit(ev)
+    except Exception as e:  # grpc errors, a driver restart
+        log.warning("edge_timing_watch_lost", run_id=run_id, node_id=node_id, stage_index=stage_index,
+                    detail=f"{type(e).__name__}: {e}")

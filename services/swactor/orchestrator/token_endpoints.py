@@ -21,7 +21,7 @@ from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.edge.timing_events import lifecycle_events
+from swactor.edge.timing_events import relay_object_timings
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.orchestrator.planner import EdgePlan, RunPlan
@@ -187,23 +187,14 @@ class RingTokenEndpoints:
 
 
     async def _follow_timings(self) -> None:
-        source = getattr(self.driver, "object_timings", None)
-        if source is None:
-            return
+        def relay(ev: pb.LifecycleEvent) -> None:
+            if ev.kind == pb.EDGE_OBJECT_SENT:
+                ev.counters["produced_us"] = self._committed_us.pop(ev.sequence, 0)
+            self.report(F.Relay(ev))
+
         ends = {self.token_in_edge: edge_pb2.EDGE_ROLE_SEND, self.token_out_edge: edge_pb2.EDGE_ROLE_RECV}
-        try:
-            async for batch in source(set(ends)):
-                if ends.get(batch.edge_id) != batch.role:
-                    continue  # a stage's end of a self edge on this host: its node relays it
-                for ev in lifecycle_events(batch, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
-                                           stage_index=None):
-                    if ev.kind == pb.EDGE_OBJECT_SENT:
-                        ev.counters["produced_us"] = self._committed_us.pop(ev.sequence, 0)
-                    self.report(F.Relay(ev))
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # diagnostics only: never a reason to fault the run
-            self.log.warning("edge_timing_watch_lost", detail=f"{type(e).__name__}: {e}")
+        await relay_object_timings(self.driver, ends, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
+                                   stage_index=None, emit=relay, log=self.log)
 
 
 class RingEndpointFactory:

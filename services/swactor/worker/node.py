@@ -18,11 +18,11 @@ from typing import Any, Protocol
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.v1 import common_pb2, stage_pb2
+from swactor.edge.timing_events import relay_object_timings
+from swactor.v1 import common_pb2, edge_pb2, stage_pb2
 from swactor.worker import establisher as est
 from swactor.worker import reasons, stage_fsm, wire
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
-from swactor.worker.edge_timing import relay_object_timings
 from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.ports import ArenaPort, DriverPort, MembershipPort
@@ -98,7 +98,7 @@ class StageNode:
         self.restarts = 0
         self.warm_weights = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> edge_timing relay
+        self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> relay_object_timings task
         ctl.subscribe(self._on_worker)
 
     # ---- boot (§8) ----
@@ -192,9 +192,10 @@ class StageNode:
         self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
         self.stage = stage_fsm.StageController(self.node_id)
         self.warm_weights = False
+        ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
         self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
-            self.driver, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
-            inbound_edge=plan.inbound.edge_id, outbound_edge=plan.outbound.edge_id, emit=self._relay_timing))
+            self.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
+            emit=self._relay_timing, log=get_logger(component="stage_node")))
         self._stage(stage_fsm.Provision(plan))
 
     def stop_run(self, run_id: int) -> bool:
@@ -266,7 +267,7 @@ class StageNode:
         log.add(up)
 
     def _relay_timing(self, ev: common_pb2.LifecycleEvent) -> None:
-        """An EDGE_OBJECT_* event of a run here, with the driver's stamp (edge_timing.py)."""
+        """An EDGE_OBJECT_* event of a run here, with the driver's stamp (edge/timing_events.py)."""
         log = self.runs.get(ev.run_id)
         if log is not None and not log.done:
             log.add(stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
