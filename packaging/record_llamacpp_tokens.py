@@ -2,8 +2,9 @@
 
 The reference for tests/orchestrator/test_tokenizer_llamacpp.py. Runs under a separate venv holding
 llama-cpp-python (it compiles llama.cpp, ~15 min; kept out of CI) plus the gguf writer:
-  python3.11 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install llama-cpp-python==0.3.36 gguf==0.19.0
-  /tmp/llama-venv/bin/python packaging/record_llamacpp_tokens.py
+  python3.11 -m venv /tmp/llama-venv && /tmp/llama-venv/bin/pip install llama-cpp-python==0.3.36
+  /tmp/llama-venv/bin/pip install --target /tmp/tok-gguf-lib --no-deps gguf==0.19.0 pyyaml tqdm
+  PYTHONPATH=/tmp/tok-gguf-lib /tmp/llama-venv/bin/python packaging/record_llamacpp_tokens.py
 Vocabularies: SmolLM2's byte-level BPE (the default model's GGUF, loaded vocab-only) and the test
 SentencePiece vocabulary (tests/fixtures/spm_vocab.json written as a vocab-only GGUF, with and without
 the leading-space rule). Ids come from llama_tokenize (add_special = add_bos, parse_special) and pieces
@@ -42,6 +43,20 @@ def random_texts(n: int) -> list[str]:
   return ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 30))) for _ in range(n)]
 
 
+def piece(vocab, token: int, special: bool) -> bytes:
+  """llama_token_to_piece, exactly its returned length (the high-level wrapper returns the whole buffer)."""
+  import ctypes
+
+  import llama_cpp
+  size = 64
+  while True:
+    buf = ctypes.create_string_buffer(size)
+    n = llama_cpp.llama_token_to_piece(vocab, token, buf, size, 0, special)
+    if n >= 0:
+      return buf.raw[:n]
+    size = -n
+
+
 def record_vocab(path: pathlib.Path, texts: list[str]) -> dict:
   from llama_cpp import Llama
   llm = Llama(model_path=str(path), vocab_only=True, verbose=False)
@@ -58,9 +73,8 @@ def record_vocab(path: pathlib.Path, texts: list[str]) -> dict:
   n_vocab = llm.n_vocab()
   if n_vocab <= 4096:
     seen.update(range(n_vocab))
-  model = llm._model
-  pieces = {str(t): [model.token_to_piece(t, special=True).hex(), model.token_to_piece(t, special=False).hex()]
-            for t in sorted(seen)}
+  vocab = llm._model.vocab
+  pieces = {str(t): [piece(vocab, t, special=True).hex(), piece(vocab, t, special=False).hex()] for t in sorted(seen)}
   return {"n_vocab": n_vocab, "cases": cases, "pieces_hex": pieces}
 
 
