@@ -1,5 +1,7 @@
-"""GGUF tokenizer: hand-checked ids, an independent cross-check (HF `tokenizers` built from the same
-GGUF vocab and merges), round-trips, streaming decode, chat templates, and a synthetic Llama 3 GGUF."""
+"""GGUF byte-level BPE tokenizer: hand-checked ids, an independent cross-check (HF `tokenizers` built from
+the same GGUF vocab and merges), round-trips, streaming decode, a synthetic Llama 3 GGUF, and llama.cpp's
+own prompt ids for the default model. SentencePiece: test_tokenizer_spm.py; llama.cpp's ids on a broad
+string set: test_tokenizer_llamacpp.py; chat templates: test_tokenizer_chat.py; cost: test_tokenizer_cost.py."""
 
 from __future__ import annotations
 
@@ -11,9 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swactor.orchestrator.tokenizer import ChatTemplateError, Message, StreamDecoder, Tokenizer, render_chat
+from swactor.orchestrator.tokenizer import Message, StreamDecoder, Tokenizer, TokenizerError, chat_prompt
 from swactor.orchestrator.tokenizer.bytemap import BYTE_TO_CHAR, decode_chars, encode_bytes
-from swactor.orchestrator.tokenizer.chat import detect
 from swactor.orchestrator.tokenizer.pretokenize import LLAMA3, PreTokenizer
 
 from .helpers import MODEL_PATH
@@ -152,39 +153,21 @@ def test_bytemap_is_a_bijection() -> None:
     assert encode_bytes(b" \n") == "ĠĊ"
 
 
-# ---- chat templates ----
-
-
-def test_smollm2_chat_template_applies_default_system(tok: Tokenizer) -> None:
-    text = render_chat(tok.data.chat_template, [Message("user", "What is the capital of France?")])
+def test_smollm2_chat_prompt_applies_default_system(tok: Tokenizer) -> None:
+    text = chat_prompt(tok, [Message("user", "What is the capital of France?")])
     assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
                     "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
     ids = tok.encode(text)
     assert ids[:3] == [1, 9690, 198] and ids[-4:] == [1, 520, 9531, 198]
-    own = render_chat(tok.data.chat_template, [Message("system", "Be terse."), Message("user", "Hi")],
-                      add_generation_prompt=False)
+    own = chat_prompt(tok, [Message("system", "Be terse."), Message("user", "Hi")], add_generation_prompt=False)
     assert own == "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
 
 
-def test_llama3_template_rendering() -> None:
-    tmpl = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-    assert detect(tmpl).kind == "llama3"
-    text = render_chat(tmpl, [Message("user", "  Hi there \n")])
-    assert text == "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+def test_unknown_tokenizer_model_is_named(tok: Tokenizer) -> None:
+    from dataclasses import replace
 
-
-@pytest.mark.parametrize(
-    ("template", "messages", "needle"),
-    [
-        ("{{ '[INST]' + m }}", [Message("user", "x")], "unknown chat template"),
-        (None, [Message("user", "x")], "no tokenizer.chat_template"),
-        ("<|im_start|>", [], "at least one message"),
-        ("<|im_start|>", [Message("robot", "x")], "unknown role 'robot'"),
-    ],
-)
-def test_chat_refusals(template, messages, needle: str) -> None:
-    with pytest.raises(ChatTemplateError, match=needle):
-        render_chat(template, messages)
+    with pytest.raises(TokenizerError, match=r"tokenizer\.ggml\.model 'bert' is not supported.*'gpt2'.*'llama'"):
+        Tokenizer(replace(tok.data, model="bert"))
 
 
 # ---- a synthetic Llama 3 style GGUF: add_bos default, ignore_merges, llama-bpe pre-tokenizer ----
@@ -218,6 +201,8 @@ def _write_llama3_gguf(path: Path) -> None:
 
 
 def test_synthetic_llama3_gguf(tmp_path: Path) -> None:
+    from dataclasses import replace
+
     path = tmp_path / "llama3ish.gguf"
     _write_llama3_gguf(path)
     t = Tokenizer.from_gguf(path)
@@ -228,9 +213,14 @@ def test_synthetic_llama3_gguf(tmp_path: Path) -> None:
     assert [t.tokens[i] for i in ids[1:]] == ["Ġhello", "Ġworld", "Ġfoo"]  # Ġfoo: whole word in vocab (ignore_merges)
     assert t.decode(ids) == "<|begin_of_text|> hello world foo"
     assert t.decode(ids, skip_special=True) == " hello world foo"
-    text = render_chat(t.data.chat_template, [Message("user", "hello")])
+    text = chat_prompt(t, [Message("user", "hello")])
     ids = t.encode(text)
     assert [t.tokens[i] for i in ids[:3]] == ["<|begin_of_text|>", "<|start_header_id|>", "u"]
+    # A template that writes BOS itself: the tokenizer adds BOS, so the text's own is cut (llama.cpp does too).
+    bos_template = replace(t.data, chat_template="{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    t2 = Tokenizer(bos_template)
+    assert chat_prompt(t2, [Message("user", " hello")]) == " hello"
+    assert t2.encode(chat_prompt(t2, [Message("user", " hello")]))[:2] == [bos, t.tokens.index("Ġhello")]
     assert t.tokens.index("<|eot_id|>") in t.eog_ids
 
 
@@ -247,7 +237,7 @@ def test_fixture_prompt_ids_match_llamacpp(tok: Tokenizer) -> None:
     the chat text we render and the ids we produce must both be llama.cpp's."""
     for case in _fixture_cases():
         if case["chat_template"]:
-            assert render_chat(tok.data.chat_template, [Message("user", case["question"])]) == case["text"]
+            assert chat_prompt(tok, [Message("user", case["question"])]) == case["text"]
         assert tok.encode(case["text"]) == case["prompt_tokens"], case["text"]
         assert tok.encode(case["text"]) == case["prompt_tokens_add_bos"]  # SmolLM2: add_bos is false
 

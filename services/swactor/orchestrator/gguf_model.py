@@ -35,6 +35,10 @@ class TokenizerData:
     add_bos: bool | None
     add_eos: bool | None
     chat_template: str | None
+    # SentencePiece (`llama`) vocabularies: piece scores, the unknown piece, the leading-space rule.
+    scores: list[float] = field(default_factory=list)
+    unk_id: int | None = None
+    add_space_prefix: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ def read_model(path: Path, model_id: str | None = None) -> tuple[ModelFacts, Tok
         add_bos=_field(reader, "tokenizer.ggml.add_bos_token"),
         add_eos=_field(reader, "tokenizer.ggml.add_eos_token"),
         chat_template=_field(reader, "tokenizer.chat_template"),
+        scores=list(_field(reader, "tokenizer.ggml.scores") or []),
+        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
+        add_space_prefix=_field(reader, "tokenizer.ggml.add_space_prefix"),
     )
     vocab = _field(reader, f"{arch}.vocab_size") or len(tokens)
     facts = ModelFacts(

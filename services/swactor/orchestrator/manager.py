@@ -20,7 +20,13 @@ from swactor.orchestrator.planner import SamplingPolicy
 from swactor.orchestrator.pool import PoolGate
 from swactor.orchestrator.runner import RunHandle, replay, wall_us
 from swactor.orchestrator.store import RunStore
-from swactor.orchestrator.tokenizer import ChatTemplateError, Message, render_chat
+from swactor.orchestrator.tokenizer import (
+    ChatTemplateError,
+    Message,
+    PromptTooLong,
+    TokenizerError,
+    chat_prompt,
+)
 from swactor.v1 import orchestrator_pb2 as opb
 
 
@@ -78,7 +84,7 @@ class Orchestrator:
             if not req.prompt.strip():
                 raise RequestError.invalid("prompt is empty")
             if req.raw:
-                return tok.encode(req.prompt)
+                return self._encode(tok, req.prompt, model)
             messages = [Message("user", req.prompt)]
         else:
             if not req.messages.messages:
@@ -87,10 +93,20 @@ class Orchestrator:
             if not any(m.content.strip() for m in messages):
                 raise RequestError.invalid("every message is empty")
         try:
-            text = render_chat(tok.data.chat_template, messages)
+            text = chat_prompt(tok, messages)
         except ChatTemplateError as e:
             raise RequestError.invalid(f"{e} (set raw to send the prompt without a template)") from None
-        return tok.encode(text)
+        return self._encode(tok, text, model)
+
+    def _encode(self, tok, text: str, model) -> list[int]:
+        # A prompt that cannot fit is refused by its length before the merging, whose cost grows with it.
+        context = min(model.facts.max_seq_len, self.fsm_config.max_seq_len_cap)
+        try:
+            return tok.encode(text, max_tokens=context - 1)
+        except PromptTooLong as e:
+            raise RequestError.invalid(f"prompt does not fit: {e}; the context holds {context}") from None
+        except TokenizerError as e:
+            raise RequestError.invalid(f"prompt cannot be tokenized: {e}") from None
 
     def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
         if req.max_tokens <= 0:

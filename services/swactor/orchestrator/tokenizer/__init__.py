@@ -1,11 +1,15 @@
-"""The model's own tokenizer, rebuilt from the GGUF's `tokenizer.ggml.*` keys (gpt2 / byte-level BPE).
+"""The model's own tokenizer, rebuilt from the GGUF's `tokenizer.ggml.*` keys: byte-level BPE (`gpt2`)
+or SentencePiece (`llama`), chosen by the GGUF.
 
-`Tokenizer.from_gguf(path)` -> encode / decode / token_piece; `StreamDecoder` emits complete UTF-8
-only; `chat.render` applies the model's chat template (ChatML, Llama 3) natively.
+`Tokenizer.from_gguf(path)` -> encode / decode / token_bytes; `StreamDecoder` emits complete UTF-8
+only; `render_chat` / `chat_prompt` render the GGUF's own Jinja chat template in a sandbox.
 """
 
-from swactor.orchestrator.tokenizer.bpe import Tokenizer, TokenizerError
-from swactor.orchestrator.tokenizer.chat import ChatTemplateError, Message, render_chat
+from swactor.orchestrator.tokenizer.chat import ChatTemplateError, Message, chat_prompt, render_chat
 from swactor.orchestrator.tokenizer.stream import StreamDecoder
+from swactor.orchestrator.tokenizer.tokenizer import PromptTooLong, Tokenizer, TokenizerError
 
-__all__ = ["ChatTemplateError", "Message", "StreamDecoder", "Tokenizer", "TokenizerError", "render_chat"]
+__all__ = [
+    "ChatTemplateError", "Message", "PromptTooLong", "StreamDecoder", "Tokenizer", "TokenizerError", "chat_prompt",
+    "render_chat",
+]

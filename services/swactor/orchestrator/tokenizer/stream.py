@@ -1,14 +1,16 @@
 """Streaming detokenizer: feed token ids one by one, get text back only as complete UTF-8.
 
-A token may end in the middle of a multi-byte character (emoji, CJK, byte-fallback tokens); those
-bytes wait until the character completes. Bytes that can never form valid UTF-8 become U+FFFD.
+A token may end in the middle of a multi-byte character (emoji, CJK split over byte-level BPE tokens
+or SentencePiece <0xNN> byte-fallback tokens); those bytes wait until the character completes, so
+byte-fallback pieces are assembled into UTF-8 here. A SentencePiece '▁' is a space (Tokenizer.token_bytes).
+Bytes that can never form valid UTF-8 become U+FFFD.
 """
 
 from __future__ import annotations
 
 import codecs
 
-from swactor.orchestrator.tokenizer.bpe import Tokenizer
+from swactor.orchestrator.tokenizer.tokenizer import Tokenizer
 
 
 class StreamDecoder:
