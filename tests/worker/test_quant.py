@@ -9,7 +9,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from swactor.worker.compute.gguf_weights import GGUFModel
 from swactor.worker.compute.quant import BLOCK, UnsupportedQuant, dequantize
 
-F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208]}
+F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208]}
 
 
 def synthetic(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -24,7 +24,10 @@ def synthetic(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndar
   return b.reshape(rows, -1)
 
 
-@pytest.mark.parametrize("qt", list(BLOCK), ids=lambda q: q.name)
+OURS = [QT.F32, QT.F16, QT.BF16, *F16_FIELDS]  # our own dequantisers (the packed formats' layouts); gguf's for the rest
+
+
+@pytest.mark.parametrize("qt", OURS, ids=lambda q: q.name)
 def test_synthetic_blocks_match_gguf(qt: QT) -> None:
   raw = synthetic(qt, 5, 512, np.random.default_rng(int(qt)))
   ours = dequantize(raw, qt, 512)
@@ -41,10 +44,19 @@ def test_real_tensors_match_gguf(gguf_model: GGUFModel) -> None:
   assert {m.tensor("token_embd.weight").qtype, m.tensor("blk.0.attn_q.weight").qtype, m.tensor("output_norm.weight").qtype} == {QT.Q8_0, QT.Q4_1, QT.F32}
 
 
+@pytest.mark.parametrize("qt", [QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ2_XXS, QT.TQ1_0, QT.MXFP4], ids=lambda q: q.name)
+def test_other_gguf_types_dequantize_through_gguf(qt: QT) -> None:
+  n, nb = BLOCK[qt]
+  raw = np.zeros((3, 2 * nb), np.uint8)  # zero blocks: finite whatever the layout
+  out = dequantize(raw, qt, 2 * n)
+  assert out.dtype == np.float32 and out.shape == (3, 2 * n) and np.array_equal(out, gguf_dequantize(raw, qt).reshape(3, -1))
+
+
 def test_unsupported_type_names_type_and_tensor() -> None:
+  assert QT.Q8_K not in BLOCK and QT.I32 not in BLOCK and QT.Q5_0 in BLOCK
   with pytest.raises(UnsupportedQuant) as e:
-    dequantize(np.zeros((1, 22), np.uint8), QT.Q5_0, 32, "blk.7.ffn_up.weight")
-  assert "Q5_0" in str(e.value) and "blk.7.ffn_up.weight" in str(e.value) and e.value.reason == "UnsupportedQuantType"
+    dequantize(np.zeros((1, 292), np.uint8), QT.Q8_K, 256, "blk.7.ffn_up.weight")
+  assert "Q8_K" in str(e.value) and "blk.7.ffn_up.weight" in str(e.value) and e.value.reason == "UnsupportedQuantType"
 
 
 def test_row_not_multiple_of_block() -> None:
