@@ -62,3 +62,18 @@ def test_unsupported_type_names_type_and_tensor() -> None:
 def test_row_not_multiple_of_block() -> None:
   with pytest.raises(ValueError, match="multiple"):
     dequantize(np.zeros((1, 34), np.uint8), QT.Q8_0, 33, "x")
+
+
+@pytest.mark.parametrize(("qt", "levels"), [(QT.Q4_K, 15), (QT.Q5_K, 31), (QT.Q6_K, 63)], ids=lambda v: getattr(v, "name", str(v)))
+def test_fixture_quantizers_round_trip_through_gguf(qt: QT, levels: int) -> None:
+  """tests/fixtures/gguf_fixtures.py's K-quant quantizers, read back by gguf's dequantizers: within about half a step
+  of a sub-block's range / levels (the scales are rounded up to 6 or 8 bits), zero blocks stay zero."""
+  from tests.fixtures.gguf_fixtures import quantize
+  x = (np.random.default_rng(3).normal(size=(6, 512)) * 0.05).astype(np.float32)
+  x[1, :256], x[2, 256:] = 0, np.abs(x[2, 256:]) + 0.2  # a zero block, a block with no negative values
+  y = gguf_dequantize(quantize(x, qt), qt).reshape(x.shape)
+  group = 16 if qt == QT.Q6_K else 32
+  span = np.ptp(np.concatenate([x.reshape(-1, group), np.zeros((x.size // group, 1), np.float32)], axis=1), axis=1)
+  step = span / levels * (2 if qt == QT.Q6_K else 1)  # Q6_K is symmetric: 63 levels over [-max|x|, max|x|]
+  assert np.all(np.abs(y - x).reshape(-1, group).max(1) <= 0.5 * step * 1.1 + 1e-6)
+  assert np.all(y[1, :256] == 0)
