@@ -2,7 +2,7 @@
 
   .venv/bin/python packaging/record_quant_fixture.py [--llama-python /tmp/llama-venv/bin/python] [--out PATH]
 
-Builds each file with the test-time builder (tests/fixtures/gguf_fixtures.py: this venv's pinned gguf, so the bytes
+Builds each file of FILES with the test-time builder (tests/fixtures/gguf_fixtures.py: this venv's pinned gguf, so the bytes
 are the ones the tests get) and runs llama.cpp on exactly that file in the llama-cpp-python venv (see
 record_llamacpp_fixture.py; not part of CI). Each file's sha256 goes into the fixture: the tests refuse a file that
 differs from the one llama.cpp ran. Greedy = argmax of llama.cpp's logits, no stop at EOS, with the top-2 gap per step.
@@ -43,14 +43,14 @@ def prompts() -> dict[str, list[int]]:
 
 def main() -> None:
   sys.path.insert(0, str(ROOT))
-  from tests.fixtures.gguf_fixtures import BUILDER_VERSION, MIXES, build, sha256
+  from tests.fixtures.gguf_fixtures import BUILDER_VERSION, FILES, sha256
   ap = argparse.ArgumentParser()
   ap.add_argument("--llama-python", default="/tmp/llama-venv/bin/python")
   ap.add_argument("--out", default=str(ROOT / "tests/fixtures/llamacpp_quant_greedy.json"))
   a = ap.parse_args()
   ps, files, version = prompts(), {}, None
-  for mix in MIXES:
-    path = build(mix)
+  for mix, make in FILES.items():
+    path = make()
     r = subprocess.run([a.llama_python, "-c", LLAMA_SCRIPT, str(ROOT / "packaging"), str(path), json.dumps(ps), str(STEPS), str(N_THREADS)],
                        capture_output=True, text=True, check=True)
     got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -18,7 +18,7 @@ from test_model import generate
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED, device_nbytes
 from swactor.worker.compute.quant import BLOCK
-from tests.fixtures.gguf_fixtures import BUILDER_VERSION, Field, build, sha256, write_raw
+from tests.fixtures.gguf_fixtures import BUILDER_VERSION, MIXES, Field, build, sha256, write_raw
 
 FIXTURE = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_quant_greedy.json").read_text())
 REF_TIE, LLAMA_TIE = 0.02, 0.2  # compare up to the first step whose top-2 logit gap is below this
@@ -33,7 +33,7 @@ class Requantized:
   reference: list[tuple[list[int], list[float]]]  # float64 greedy tokens and top-2 gaps per case
 
 
-@pytest.fixture(scope="module", params=list(FIXTURE["files"]))
+@pytest.fixture(scope="module", params=list(MIXES))
 def requantized(request: pytest.FixtureRequest, model_path: str) -> Requantized:
   """One file at a time (the float64 reference of a file holds ~1 GB)."""
   mix, rec = request.param, FIXTURE["files"][request.param]
