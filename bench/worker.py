@@ -1,11 +1,19 @@
 """gpu-worker compute benchmark: the whole default model as one stage, tinygrad vs llama.cpp on the same file.
 
   .venv/bin/python bench/worker.py [--model PATH] [--device CPU|CUDA|auto] [--threads N] [--llama-python /tmp/llama-venv/bin/python]
+                                   [--quant]
 
-Prints load time, first-step (compile) time, cold start (load + first token), prefill and decode tok/s, peak RSS;
-llama.cpp (llama-cpp-python, same GGUF, same thread count) runs first, in a subprocess of the given python, when
-that python has llama_cpp, and the ratios tinygrad / llama.cpp are printed. Targets (not asserted): decode >= 0.5x,
-cold start <= 10 s. Numbers on a shared 2-core box move with the load average, which is printed too.
+Prints load time, first-step (compile) time, cold start (load + first token), prefill and decode tok/s, peak RSS,
+device bytes of the weights / the file's tensor bytes; llama.cpp (llama-cpp-python, same GGUF, same thread count) runs
+first, in a subprocess of the given python, when that python has llama_cpp, and the ratios tinygrad / llama.cpp are
+printed. Targets (not asserted): decode >= 0.5x, cold start <= 10 s. Numbers on a shared 2-core box move with the
+load average, which is printed too.
+
+--quant adds, per quant type: decode tok/s and weight GB/s (file bytes x tok/s) of SmolLM2 re-quantized to Q4_K_M,
+Q6_K, Q5_0, Q8_0 (tests/fixtures/gguf_fixtures.py builds them, cached) beside the shipped Q4_1 with device / file
+bytes (aim: <= 1.15x for Q4_K_M), and one matvec of a Llama-3-8B FFN shape per packed type (SmolLM2's 576-wide
+matrices cannot be K-quants, so the whole-model files hold few): GB/s of weights, and per weight byte / Q4_1's
+(aim: Q4_K >= 0.8).
 """
 from __future__ import annotations
 
@@ -69,7 +77,7 @@ def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, thread
   t = time.perf_counter()
   m.step(np.asarray(LONG, np.int32), 0)
   pre1 = len(LONG) / (time.perf_counter() - t)
-  parse_s, upload_s = m.timings.load_s, m.timings.upload_s
+  parse_s, upload_s, mem = m.timings.load_s, m.timings.upload_s, m.memory
   del m
   c = StageModel(model, 0, 30, max_seq_len=512, device=device, prefill_chunk=chunk, beam=beam, threads=threads)
   for _ in range(2):  # eager run + JIT capture of the chunk graph
@@ -80,7 +88,80 @@ def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, thread
   c.step(np.asarray(LONG, np.int32), 0)
   pre = len(LONG) / (time.perf_counter() - t)
   return {"load_s": t1 - t0, "first_step_s": t2 - t1, "cold_start_s": t2 - t0, "prefill_tok_s": pre, "decode_tok_s": dec,
-          "peak_rss_mib": peak_rss_mib(), "prefill_chunk1_tok_s": pre1, "load_parse_s": parse_s, "load_upload_s": upload_s}
+          "peak_rss_mib": peak_rss_mib(), "prefill_chunk1_tok_s": pre1, "load_parse_s": parse_s, "load_upload_s": upload_s,
+          "device_bytes": mem.device_bytes, "file_bytes": mem.file_bytes}
+
+
+def decode_rate(model: str, device: str | None, threads: int) -> tuple[float, float, float]:
+  """(decode tok/s, the file's bytes of the weights, device bytes of the weights) of a one-stage model."""
+  from swactor.worker.compute import StageModel
+  m = StageModel(model, 0, 30, max_seq_len=256, device=device, threads=threads)
+  tok, pos = m.step(np.asarray(PROMPT, np.int32), 0), len(PROMPT)
+  t = time.perf_counter()
+  for _ in range(DECODE):
+    tok = m.step(tok, pos)
+    pos += 1
+  return DECODE / (time.perf_counter() - t), m.memory.file_bytes, m.memory.device_bytes
+
+
+MATVEC_SHAPE = (14336, 4096)  # Llama 3 8B's gate/up: 33 MB in Q4_K, more than this box's caches
+F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def bench_matvec(threads: int, repeats: int = 5) -> dict[str, dict[str, float]]:
+  """One [MATVEC_SHAPE] matvec per packed type through the CPU kernel and the native launcher (what a decode step runs),
+  interleaved over the types `repeats` times; the best time of each."""
+  from gguf import GGMLQuantizationType as QT
+  from gguf.constants import GGML_QUANT_SIZES
+  from tinygrad import Context, Tensor, TinyJit
+
+  from swactor.worker.compute.cpu_matvec import SLICES_PER_THREAD
+  from swactor.worker.compute.gguf_weights import RawTensor
+  from swactor.worker.compute.linear import apply, upload
+  from swactor.worker.compute.replay import Plan, plan
+  rng, (rows, cols) = np.random.default_rng(0), MATVEC_SHAPE
+  x = Tensor(rng.normal(size=(1, cols)).astype(np.float32), device="CPU").realize()
+  runs = {}
+  for name, at in F16_AT.items():
+    n, nb = GGML_QUANT_SIZES[QT[name]]
+    b = rng.integers(0, 256, size=(rows, cols // n, nb), dtype=np.uint8)
+    for p in at:  # finite scales; the codes' values do not change the speed
+      b[..., p:p + 2] = (rng.normal(size=(rows, cols // n, 1)) * 0.01).astype(np.float16).view(np.uint8)
+    kind, ts = upload(RawTensor(name, QT[name], (rows, cols), b.reshape(rows, -1)), "CPU", words=True)
+    jit = TinyJit(lambda x, kind=kind, ts=ts: apply(kind, ts, x, threads).realize())
+    with Context(NUM_CPU_THREADS=threads * SLICES_PER_THREAD):
+      for _ in range(3):
+        jit(x)
+    runs[name] = (b.nbytes, Plan(out=jit.captured.ret, threads=threads))
+    assert plan(jit.captured, [x.uop.base], runs[name][1])
+  best = dict.fromkeys(runs, float("inf"))
+  for _ in range(repeats):
+    for name, (_, p) in runs.items():
+      p({})
+      t = time.perf_counter()
+      for _ in range(10):
+        p({})
+      best[name] = min(best[name], (time.perf_counter() - t) / 10)
+  return {name: {"ms": best[name] * 1e3, "gb_s": nbytes / best[name] / 1e9, "gweights_s": rows * cols / best[name] / 1e9}
+          for name, (nbytes, _) in runs.items()}
+
+
+def print_quant(model: str, device: str | None, threads: int) -> dict[str, object]:
+  sys.path.insert(0, str(ROOT))
+  from tests.fixtures.gguf_fixtures import MIXES, build
+  files = {"Q4_1 (shipped)": model, **{mix: str(build(mix)) for mix in MIXES}}
+  rates = {name: decode_rate(path, device, threads) for name, path in files.items()}
+  print(f"SmolLM2 re-quantized, one stage, {DECODE} decode steps, threads {threads}")
+  print(f"{'file':<16}{'decode tok/s':>14}{'weights GB/s':>14}{'file MB':>10}{'device MB':>11}{'device/file':>13}")
+  for name, (tok_s, fb, db) in rates.items():
+    print(f"{name:<16}{tok_s:>14.1f}{fb * tok_s / 1e9:>14.2f}{fb / 1e6:>10.1f}{db / 1e6:>11.1f}{db / fb:>12.3f}x")
+  mv = bench_matvec(threads)
+  base = mv["Q4_1"]["gb_s"]
+  print(f"one matvec {MATVEC_SHAPE[0]}x{MATVEC_SHAPE[1]} (CPU kernel, native launcher), threads {threads}")
+  print(f"{'type':<8}{'ms':>9}{'GB/s':>8}{'G weights/s':>13}{'per byte / Q4_1':>17}")
+  for name, r in mv.items():
+    print(f"{name:<8}{r['ms']:>9.2f}{r['gb_s']:>8.2f}{r['gweights_s']:>13.2f}{r['gb_s'] / base:>16.2f}x")
+  return {"files": {k: dict(zip(("decode_tok_s", "file_bytes", "device_bytes"), v, strict=True)) for k, v in rates.items()}, "matvec": mv}
 
 
 def bench_llamacpp(python: str, model: str, threads: int) -> dict[str, float] | None:
@@ -103,6 +184,7 @@ def main() -> None:
                   " (minutes), later runs hit tinygrad's disk cache")
   ap.add_argument("--threads", type=int, default=0, help="CPU threads for both engines (0: every core this process may use)")
   ap.add_argument("--llama-python", default="/tmp/llama-venv/bin/python")
+  ap.add_argument("--quant", action="store_true", help="also: decode and matvec figures per quant type")
   ap.add_argument("--json", action="store_true")
   a = ap.parse_args()
   threads = a.threads or len(os.sched_getaffinity(0))
@@ -118,8 +200,11 @@ def main() -> None:
     print(f"{k:<16}{tg[k]:>12.2f}{(f'{other:.2f}' if other else '-'):>12}{ratio:>8}")
   print(f"(tinygrad load = GGUF parse+read {tg['load_parse_s']:.2f} s + device upload {tg['load_upload_s']:.2f} s; prefill_tok_s is"
         f" with prefill_chunk={a.prefill_chunk}, {tg['prefill_chunk1_tok_s']:.1f} tok/s with the default prefill_chunk=1)")
+  print(f"weights on the device {tg['device_bytes'] / 1e6:.1f} MB = {tg['device_bytes'] / tg['file_bytes']:.3f}x the file's"
+        f" {tg['file_bytes'] / 1e6:.1f} MB")
+  quant = print_quant(a.model, None if a.device == "auto" else a.device, threads) if a.quant else None
   if a.json:
-    print(json.dumps({"tinygrad": tg, "llama_cpp": lc}))
+    print(json.dumps({"tinygrad": tg, "llama_cpp": lc, "quant": quant}))
 
 
 if __name__ == "__main__":

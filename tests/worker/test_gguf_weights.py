@@ -5,9 +5,18 @@ import pathlib
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as QT
 from gguf import GGUFWriter
 
-from swactor.worker.compute.gguf_weights import GGUFModel, LoadProgress, ModelRefused, RawTensor, load_stage
+from swactor.worker.compute.gguf_weights import (
+  LAYER_TENSORS,
+  GGUFModel,
+  LoadProgress,
+  ModelRefused,
+  RawTensor,
+  load_stage,
+)
+from swactor.worker.compute.quant import UnsupportedQuant
 
 
 def test_default_model_params(gguf_model: GGUFModel) -> None:
@@ -42,7 +51,6 @@ def test_first_and_last_stage_tensors(gguf_model: GGUFModel, model_path: str) ->
 
 
 def test_keep_leaves_blocks_as_memmap_views(gguf_model: GGUFModel) -> None:
-  from gguf import GGMLQuantizationType as QT
   w = load_stage(gguf_model, 0, 1, keep=frozenset({QT.Q4_1}))
   q = w.layers[0]["attn_q"]
   assert isinstance(q, RawTensor) and isinstance(q.data.base, np.memmap | np.ndarray) and q.data.shape == (576, 360)
@@ -73,3 +81,39 @@ def test_garbage_file_refused(tmp_path: pathlib.Path) -> None:
   with pytest.raises(ModelRefused) as e:
     GGUFModel(bad)
   assert e.value.reason == "MalformedGGUF"
+
+
+def _llama_with(path: pathlib.Path, qt: QT, type_id: int | None = None) -> str:
+  """A one-layer llama whose blk.0.attn_q is of type qt (zero blocks); type_id: then patched to that raw type id."""
+  from gguf import GGUFValueType
+  from gguf.constants import GGML_QUANT_SIZES
+
+  from tests.fixtures.gguf_fixtures import Field, write_raw
+  u32 = GGUFValueType.UINT32
+  fields = [Field(f"llama.{k}", v, u32) for k, v in [("block_count", 1), ("embedding_length", 256), ("feed_forward_length", 256),
+            ("attention.head_count", 4), ("context_length", 64), ("vocab_size", 8)]]
+  fields.append(Field("llama.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32))
+  n, nb = GGML_QUANT_SIZES[qt]
+  tensors = {"blk.0.attn_q.weight": (np.zeros((256, 256 // n * nb), np.uint8), qt)}
+  tensors |= {f"blk.0.{k}.weight": (np.zeros((256, 256), np.float32), QT.F32) for k in LAYER_TENSORS if k not in ("attn_q", "attn_norm", "ffn_norm")}
+  tensors |= {f"blk.0.{k}.weight": (np.ones(256, np.float32), QT.F32) for k in ("attn_norm", "ffn_norm")}
+  write_raw(path, "llama", fields, tensors)
+  if type_id is not None:  # tensor info: u64 name length, name, u32 n_dims, u64 dims..., u32 type
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"blk.0.attn_q.weight") + len("blk.0.attn_q.weight") + 4 + 2 * 8
+    raw[at:at + 4] = np.uint32(type_id).tobytes()
+    path.write_bytes(bytes(raw))
+  return str(path)
+
+
+def test_unknown_type_id_refused_naming_tensor(tmp_path: pathlib.Path) -> None:
+  with pytest.raises(UnsupportedQuant) as e:
+    GGUFModel(_llama_with(tmp_path / "u.gguf", QT.Q8_0, type_id=99))
+  assert e.value.reason == "UnsupportedQuantType" and "blk.0.attn_q.weight" in str(e.value) and "99" in str(e.value)
+
+
+def test_type_without_dequantizer_refused_naming_type_and_tensor(tmp_path: pathlib.Path) -> None:
+  m = GGUFModel(_llama_with(tmp_path / "k.gguf", QT.Q8_K))
+  with pytest.raises(UnsupportedQuant) as e:
+    load_stage(m, 0, 1, keep=frozenset())
+  assert "Q8_K" in str(e.value) and "blk.0.attn_q.weight" in str(e.value)

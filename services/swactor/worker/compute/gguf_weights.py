@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
+from gguf.gguf_reader import ReaderField
 
 from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 
@@ -68,19 +69,31 @@ class LoadProgress:
   layers_total: int
 
 
+@dataclass(frozen=True)
+class Expanded:
+  """A tensor dequantized to float32 at load because its type is not kept packed: its memory grows by float32_bytes / file_bytes."""
+  name: str
+  qtype: QT
+  file_bytes: int
+  float32_bytes: int
+
+
 @dataclass
 class StageWeights:
   """Weights of layers [layer_start, layer_end) (+ embedding on the first, norm/head on the last stage).
 
-  Tensors are float32 numpy arrays, except those whose type is in `keep` at load time (raw blocks)."""
+  Tensors are float32 numpy arrays, except those whose type is in `keep` at load time (raw blocks) and the embedding
+  (raw, memory-mapped: only the rows of a step's tokens are ever dequantized)."""
   params: LlamaParams
   layer_start: int
   layer_end: int
   layers: list[dict[str, np.ndarray | RawTensor]] = field(default_factory=list)
-  token_embd: np.ndarray | RawTensor | None = None
+  token_embd: RawTensor | None = None
   output_norm: np.ndarray | None = None
   output: np.ndarray | RawTensor | None = None
   rope_freqs: np.ndarray | None = None  # optional per-frequency divisors (llama3-style)
+  device_file_bytes: int = 0            # the file's bytes of the tensors above that go to the device (all but the embedding)
+  expanded: list[Expanded] = field(default_factory=list)  # the non-float32 tensors dequantized to float32
 
   @property
   def is_first(self) -> bool: return self.layer_start == 0
@@ -123,12 +136,22 @@ def read_params(reader: GGUFReader) -> LlamaParams:
     bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", None), eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id", None))
 
 
+class _Reader(GGUFReader):
+  def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
+    """GGUFReader fails on a type id outside GGMLQuantizationType with a bare ValueError; name the tensor instead."""
+    known = {int(q) for q in QT}
+    for f in fields:  # parts: name length, name, n_dims, dims, type, offset
+      if int(f.parts[4][0]) not in known:
+        raise UnsupportedQuant(int(f.parts[4][0]), bytes(f.parts[1]).decode("utf-8", "replace"))
+    super()._build_tensors(start_offs, fields)
+
+
 class GGUFModel:
   """An opened GGUF: metadata parsed, tensor data memory-mapped, nothing read yet."""
   def __init__(self, path: str | os.PathLike[str]):
     try:
-      self.reader = GGUFReader(path, "r")
-    except FileNotFoundError:
+      self.reader = _Reader(path, "r")
+    except (FileNotFoundError, UnsupportedQuant):
       raise
     except Exception as e:
       raise ModelRefused("MalformedGGUF", f"{path}: {e}") from e
@@ -172,19 +195,30 @@ def load_stage(model: GGUFModel | str | os.PathLike[str], layer_start: int, laye
   m = model if isinstance(model, GGUFModel) else GGUFModel(model)
   layers, extra = m.stage_tensors(layer_start, layer_end)
   needed = {t.name: t for t in [*extra.values(), *(t for L in layers for t in L.values())]}
-  total, done, cache = sum(t.nbytes for t in needed.values()), 0, {}
-  def get(t: RawTensor) -> np.ndarray | RawTensor:
+  total, done, cache, counted = sum(t.nbytes for t in needed.values()), 0, {}, set()
+  host = extra["token_embd"].nbytes if "token_embd" in extra and extra.get("output") is not extra["token_embd"] else 0
+  w = StageWeights(m.params, layer_start, layer_end, device_file_bytes=total - host)
+  def count(t: RawTensor) -> None:
     nonlocal done
-    if t.name not in cache:  # a tied head is the embedding: read once
+    if t.name not in counted:  # a tied head is the embedding: read once
+      counted.add(t.name)
       done += t.nbytes
-      cache[t.name] = t if (t.qtype in keep and len(t.shape) == 2) else t.dequantize()
+  def get(t: RawTensor) -> np.ndarray | RawTensor:
+    count(t)
+    if t.name not in cache:
+      if t.qtype in keep and len(t.shape) == 2:
+        cache[t.name] = t
+      else:
+        cache[t.name] = t.dequantize()
+        if t.qtype != QT.F32:
+          w.expanded.append(Expanded(t.name, t.qtype, t.nbytes, int(cache[t.name].nbytes)))
     return cache[t.name]
   def report(n_layers: int) -> None:
     if on_progress:
       on_progress(LoadProgress(done, total, n_layers, layer_end - layer_start))
-  w = StageWeights(m.params, layer_start, layer_end)
   if "token_embd" in extra:
-    w.token_embd = get(extra["token_embd"])
+    w.token_embd = extra["token_embd"]
+    count(w.token_embd)
   if "rope_freqs" in extra:
     w.rope_freqs = np.asarray(get(extra["rope_freqs"])).reshape(-1)
   for i, L in enumerate(layers):

@@ -1,9 +1,19 @@
 """Device-side weight matrices: y = x @ W.T for a float weight or a GGML-block weight dequantized inside the kernel.
 
-A weight is (kind, tensors) so that one jitted layer graph can be replayed over every layer's tensors.
-  "f32":  [W float32 [out, in]]                                   (dequantized once at load)
-  "q8_0": [q int8 [out, nb, 32], d float32 [out, nb]]             w = d * q
-  "q4":   [q uint8 [out, nb, 16], d, m float32 [out, nb]]         w = d * nibble + m  (Q4_0: m = -8 d)
+A weight is (kind, tensors) so that one jitted layer graph can be replayed over every layer's tensors. Per block of a
+row (nb blocks per row), the device holds the file's codes as they are and the scales in float32 (or as bytes):
+  kind    GGML types    tensors                                                               w               B/block (file)
+  "f32"   the rest      [W float32 [out, in]]                 (dequantized once at load)
+  "q8_0"  Q8_0          [q int8 [out, nb, 32], d float32 [out, nb]]                           d q             36 (34)
+  "q4"    Q4_0, Q4_1    [q uint8 [out, nb, 16], d, m float32 [out, nb]]                       d q + m         24 (18, 20)
+  "q5_0"  Q5_0          [q uint8 [out, nb, 16], qh uint32 [out, nb], d]                       d (q - 16)      24 (22)
+  "q5_1"  Q5_1          [q, qh, d, m]                                                         d q + m         28 (24)
+  "q4_k"  Q4_K          [q uint8 [out, nb, 128], s uint8 [out, nb, 16], dm float32 [out, nb, 2]]     152 (144)
+  "q5_k"  Q5_K          [q uint8 [out, nb, 128], qh uint8 [out, nb, 32], s, dm]                      184 (176)
+  "q6_k"  Q6_K          [ql uint8 [out, nb, 128], qh uint8 [out, nb, 64], sc int8 [out, nb, 16], d]  212 (210)
+Q4_0's m is -8 d. The K-quants' 6-bit sub-block scales and mins are unpacked to bytes s = (sc[0..7], mn[0..7]) and
+their d, dmin kept as dm: w = d sc[j] q - dmin mn[j] in sub-block j (the products stay exact in float32). Code layouts
+within a block are ggml's (cpu_matvec.py says which byte holds which element).
 """
 from __future__ import annotations
 
@@ -11,17 +21,25 @@ import functools
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from tinygrad import Tensor, UOp, dtypes
-from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad import Tensor, dtypes
 from tinygrad.dtype import _from_np_dtype
-from tinygrad.helpers import NUM_CPU_THREADS
-from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
+from .cpu_matvec import XSUM_BLOCK, block_matvec, scale_group
 from .gguf_weights import RawTensor
+from .quant import BLOCK, k_scales
 
 Weight = tuple[str, list[Tensor]]
-SLICES_PER_THREAD = 4  # compile with Context(NUM_CPU_THREADS=threads * SLICES_PER_THREAD): tinygrad caps slices by it
-N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3}
+PACKED: dict[QT, str] = {QT.Q8_0: "q8_0", QT.Q4_0: "q4", QT.Q4_1: "q4", QT.Q5_0: "q5_0", QT.Q5_1: "q5_1",
+                         QT.Q4_K: "q4_k", QT.Q5_K: "q5_k", QT.Q6_K: "q6_k"}
+N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3, "q5_0": 3, "q5_1": 4, "q4_k": 3, "q5_k": 4, "q6_k": 4}
+DEVICE_BLOCK_BYTES = {"q8_0": 36, "q4": 24, "q5_0": 24, "q5_1": 28, "q4_k": 152, "q5_k": 184, "q6_k": 212}
+
+
+def device_nbytes(qtype: QT, rows: int, cols: int) -> int:
+  """Device bytes of a [rows, cols] matrix of this type as upload() lays it out (float32 for unpacked types)."""
+  if qtype not in PACKED:
+    return rows * cols * 4
+  return rows * cols // BLOCK[qtype][0] * DEVICE_BLOCK_BYTES[PACKED[qtype]]
 
 
 def to_device(a: np.ndarray, device: str) -> Tensor:
@@ -36,86 +54,120 @@ def copy_in(t: Tensor, a: np.ndarray) -> Tensor:
   return t
 
 
-def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weight:
-  """words: the layout of the CPU kernel (block_matvec): codes as uint32 [out, nb, 4 or 8] (the same bytes), so that it loads
-  a block in 4-word vector loads (tinygrad folds loads into vectors for 32-bit types only, bytes are loaded one by one)."""
-  dev = lambda a: to_device(a, device)  # noqa: E731
-  if not isinstance(w, RawTensor) or w.qtype not in (QT.Q8_0, QT.Q4_0, QT.Q4_1):
-    return "f32", [dev(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32))]
+def _f16(a: np.ndarray) -> np.ndarray: return np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]
+
+
+def transpose_q5_bits(h: np.ndarray) -> np.ndarray:
+  """Q5_0/Q5_1's 5th bits (bit j: element j) for the CPU kernel: bit 8r + k <- bit 4k + r (element 4k + r, the low nibble
+  of byte r of code word k) and bit 8r + 4 + k <- bit 16 + 4k + r (its high nibble), so that `(h >> k) & 0x01010101`
+  puts word k's four 5th bits in its four bytes."""
+  out = np.zeros_like(h)
+  for k in range(4):
+    for r in range(4):
+      out |= ((h >> (4 * k + r)) & 1) << (8 * r + k)
+      out |= ((h >> (16 + 4 * k + r)) & 1) << (8 * r + 4 + k)
+  return out
+
+
+def layout(w: RawTensor, words: bool = False) -> tuple[str, list[np.ndarray]]:
+  """The host arrays of a packed matrix's device tensors (table above). words: the CPU kernels' layout (cpu_matvec.py):
+  codes as uint32 [out, nb, bytes / 4] (the same bytes), q8_0's scales group-major [out / g, nb, g], Q5's 5th bits
+  transposed (transpose_q5_bits)."""
   out, cols = w.shape
-  b = np.asarray(w.data).reshape(out, cols // 32, -1)
-  f16 = lambda a: np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]  # noqa: E731
-  codes = lambda a: np.ascontiguousarray(a).view(np.uint32) if words else a  # noqa: E731
-  d = f16(b[..., 0:2])
+  kind, b = PACKED[w.qtype], np.asarray(w.data).reshape(out, cols // BLOCK[w.qtype][0], -1)
+  codes = lambda a: np.ascontiguousarray(a).view(np.uint32) if words else np.ascontiguousarray(a)  # noqa: E731
+  word = lambda a: np.ascontiguousarray(a).view(np.uint32)[..., 0]  # noqa: E731
+  d = _f16(b[..., 0:2])
+  fifth = lambda h: transpose_q5_bits(h) if words else h  # noqa: E731
   if w.qtype == QT.Q8_0:
     if words:  # [out / g, nb, g]: group-major (block_matvec)
       g = scale_group(out)
       d = np.ascontiguousarray(d.reshape(out // g, g, -1).transpose(0, 2, 1))
-    return "q8_0", [dev(codes(b[..., 2:].view(np.int8))), dev(d)]
+    return kind, [codes(b[..., 2:].view(np.int8)), d]
+  if w.qtype == QT.Q4_0:
+    return kind, [codes(b[..., 2:]), d, -8.0 * d]
   if w.qtype == QT.Q4_1:
-    return "q4", [dev(codes(b[..., 4:])), dev(d), dev(f16(b[..., 2:4]))]
-  return "q4", [dev(codes(b[..., 2:])), dev(d), dev(-8.0 * d)]
+    return kind, [codes(b[..., 4:]), d, _f16(b[..., 2:4])]
+  if w.qtype == QT.Q5_0:
+    return kind, [codes(b[..., 6:]), fifth(word(b[..., 2:6])), d]
+  if w.qtype == QT.Q5_1:
+    return kind, [codes(b[..., 8:]), fifth(word(b[..., 4:8])), d, _f16(b[..., 2:4])]
+  if w.qtype == QT.Q6_K:
+    return kind, [codes(b[..., :128]), codes(b[..., 128:192]), np.ascontiguousarray(b[..., 192:208]).view(np.int8), _f16(b[..., 208:210])]
+  sc, mn = k_scales(b[..., 4:16].reshape(-1, 12))
+  s = np.concatenate([sc, mn], axis=1).astype(np.uint8).reshape(*b.shape[:2], 16)
+  dm = np.stack([d, _f16(b[..., 2:4])], axis=-1)
+  if w.qtype == QT.Q4_K:
+    return kind, [codes(b[..., 16:]), s, dm]
+  return kind, [codes(b[..., 48:]), codes(b[..., 16:48]), s, dm]  # Q5_K
+
+
+def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weight:
+  """A matrix on the device: packed (layout()) if its type is in PACKED, else dequantized to float32."""
+  if not isinstance(w, RawTensor) or w.qtype not in PACKED:
+    return "f32", [to_device(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32), device)]
+  kind, arrays = layout(w, words)
+  return kind, [to_device(a, device) for a in arrays]
 
 
 def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:
-  """y = x @ W.T. threads > 0 (CPU only): a hand-scheduled block matvec kernel split into that many core_id slices."""
+  """y = x @ W.T. threads > 0 (CPU only): the hand-scheduled kernel of cpu_matvec.py split into that many core_id
+  slices; threads = 0: a tensor expression (what other devices run, with tinygrad's own opts)."""
   T = x.shape[0]
   if kind == "f32":
     return x @ ts[0].T
   if threads > 0:
-    srcs = [x.contiguous(), *([x.reshape(T, -1, 32).sum(-1)] if kind == "q4" else []), *ts]
+    srcs = [x.contiguous(), *([x.reshape(T, -1, XSUM_BLOCK[kind]).sum(-1)] if kind in XSUM_BLOCK else []), *ts]
     out = Tensor.empty(T, ts[0].shape[0], dtype=dtypes.float32, device=x.device)
     return out.custom_kernel(*srcs, fxn=functools.partial(block_matvec, kind, threads))[0]
-  if kind == "q8_0":
-    q, d = ts
-    return ((x.reshape(T, 1, q.shape[1], 32) * q.float()).sum(-1) * d).sum(-1)
-  q, d, m = ts
-  xb = x.reshape(T, 1, q.shape[1], 2, 16)  # element j of a block pairs with low nibble j, element 16+j with high nibble j
+  return EXPRESSIONS[kind](x, *ts)
+
+
+def _q8_0(x: Tensor, q: Tensor, d: Tensor) -> Tensor:
+  return ((x.reshape(x.shape[0], 1, q.shape[1], 32) * q.float()).sum(-1) * d).sum(-1)
+
+
+def _q4(x: Tensor, q: Tensor, d: Tensor, m: Tensor) -> Tensor:
+  xb = x.reshape(x.shape[0], 1, q.shape[1], 2, 16)  # element j of a block pairs with low nibble j, element 16+j with high nibble j
   dot = (xb[:, :, :, 0] * (q & 0xF).float()).sum(-1) + (xb[:, :, :, 1] * (q >> 4).float()).sum(-1)
   return (dot * d + xb.sum((-1, -2)) * m).sum(-1)
 
 
-def rows_per_iteration(n: int) -> int:
-  """Rows (q4) or row groups (q8_0) one iteration of block_matvec computes: 8 where they divide n (measured best)."""
-  return next(u for u in (8, 4, 1) if n % u == 0)
+def _q5(x: Tensor, q: Tensor, qh: Tensor, d: Tensor, m: Tensor | None = None) -> Tensor:
+  xb = x.reshape(x.shape[0], 1, q.shape[1], 2, 16)
+  h, j = qh.unsqueeze(-1), Tensor.arange(16, dtype=dtypes.uint32)  # bit j of qh: 5th bit of element j
+  lo = (q.cast(dtypes.uint32) & 0xF) | (((h >> j) & 1) << 4)
+  hi = (q.cast(dtypes.uint32) >> 4) | (((h >> (j + 16)) & 1) << 4)
+  dot, xs = (xb[:, :, :, 0] * lo.float()).sum(-1) + (xb[:, :, :, 1] * hi.float()).sum(-1), xb.sum((-1, -2))
+  return ((dot - 16 * xs) * d if m is None else dot * d + xs * m).sum(-1)
 
 
-def scale_group(n_out: int) -> int:
-  """Rows per scale group of a q8_0 matrix on CPU (upload's layout, block_matvec's row ranges)."""
-  return rows_per_iteration(n_out)
+def _q4_k(x: Tensor, q: Tensor, s: Tensor, dm: Tensor, qh: Tensor | None = None) -> Tensor:
+  out, nb = q.shape[:2]
+  xb = x.reshape(x.shape[0], 1, nb, 4, 2, 32)  # [chunk c, sub-block 2c + half, element]
+  q = q.reshape(out, nb, 4, 32).cast(dtypes.uint32)
+  lo, hi = q & 0xF, q >> 4
+  if qh is not None:  # bit j of qh byte l: 5th bit of element l of sub-block j
+    h, sh = qh.reshape(out, nb, 1, 32).cast(dtypes.uint32), Tensor.arange(0, 8, 2, dtype=dtypes.uint32).reshape(4, 1)
+    lo, hi = lo | (((h >> sh) & 1) << 4), hi | (((h >> (sh + 1)) & 1) << 4)
+  sc, mn = s[..., :8].float().reshape(out, nb, 4, 2), s[..., 8:].float().reshape(out, nb, 4, 2)
+  dots = (xb[..., 0, :] * lo.float()).sum(-1) * sc[..., 0] + (xb[..., 1, :] * hi.float()).sum(-1) * sc[..., 1]
+  return (dm[..., 0] * dots.sum(-1) - dm[..., 1] * (xb.sum(-1) * mn).sum((-1, -2))).sum(-1)
 
 
-def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
-  """out[t, o] = sum over blocks b: q8_0: d[o,b] * sum_i x[t,32b+i] q[o,b,i]
-                                    q4:   d[o,b] * sum_i (x[t,32b+i] lo(q[o,b,i]) + x[t,32b+16+i] hi(q[o,b,i])) + m[o,b] * xsum[t,b]
-  with the codes as uint32 words (upload(words=True)): code i is byte i % 4 of word i // 4.
-  Why by hand: tinygrad's heuristic scalarizes this (~2 G weights/s); 8 rows per iteration with two blocks unrolled and
-  vector loads of the words runs ~4x faster on one core (BEAM finds a similar shape, but only after minutes of search)."""
-  q, d = (w[0], w[1]) if kind == "q8_0" else (w[1], w[2])
-  (T, n_out), (_, nb, nw) = out.shape, q.shape
-  # q8_0's rows are (group g, row i in group) = 8g + i, with the scales stored group-major (upload); the kernel upcasts
-  # 8 groups, so an iteration computes 8 rows that lie 8 apart, and loops over i (measured: head 7.7 -> 5.4 ms on one
-  # core; 8 adjacent rows with these scales: 7.2 ms). q4's rows are one range, 8 adjacent rows per iteration.
-  g = scale_group(n_out) if kind == "q8_0" else 1
-  up = rows_per_iteration(n_out // g)
-  t, og = UOp.range(T, 0), UOp.range(n_out // g, 1)
-  oi = UOp.range(g, 2) if g > 1 else None
-  o = og if oi is None else og * g + oi
-  b, k, r = UOp.range(nb, 3, AxisType.REDUCE), UOp.range(nw, 4, AxisType.REDUCE), UOp.range(4, 5, AxisType.REDUCE)
-  byte = q[o, b, k].load() >> (r * 8).cast(dtypes.uint32)
-  i = b * 32 + k * 4 + r
-  if kind == "q8_0":
-    acc = ((x[t, i].load() * byte.cast(dtypes.int8).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD) * d[og, b, oi].load()).reduce(b, arg=Ops.ADD)
-  else:
-    xs, m = w[0], w[3]
-    lo, hi = (byte & 0xF).cast(dtypes.float), ((byte >> 4) & 0xF).cast(dtypes.float)
-    dot = (x[t, i].load() * lo + x[t, i + 16].load() * hi).reduce(k, r, arg=Ops.ADD)
-    acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
-  ax = 0 if T == 1 else 1  # the row (group) axis: a size-1 range is dropped before opts are applied
-  # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
-  # (replay.py hands them out one by one), each of >= 32K weights (~4 us of one core: much more than taking one)
-  most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * nb * 32 >> 15))
-  th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
-  opts = ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + (Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + \
-         ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 and nw == 4 else ()) + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
-  return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))
+def _q5_k(x: Tensor, q: Tensor, qh: Tensor, s: Tensor, dm: Tensor) -> Tensor: return _q4_k(x, q, s, dm, qh)
+
+
+def _q6_k(x: Tensor, ql: Tensor, qh: Tensor, sc: Tensor, d: Tensor) -> Tensor:
+  out, nb = ql.shape[:2]
+  xb = x.reshape(x.shape[0], 1, nb, 2, 4, 2, 16)  # [half n, quarter, 16-group h, element]
+  # quarter qq = 2 nib + p of a half: nibble nib of ql part p, bits 2qq, 2qq+1 of qh (shifts by a constant tensor, so
+  # that the codes are one expression and the whole product one reduce)
+  low = ql.reshape(out, nb, 2, 1, 2, 32).cast(dtypes.uint32) >> Tensor.arange(0, 8, 4, dtype=dtypes.uint32).reshape(2, 1, 1)
+  high = qh.reshape(out, nb, 2, 1, 32).cast(dtypes.uint32) >> Tensor.arange(0, 8, 2, dtype=dtypes.uint32).reshape(4, 1)
+  code = ((low.reshape(out, nb, 2, 4, 32) & 0xF) | ((high & 3) << 4)).reshape(out, nb, 2, 4, 2, 16)
+  groups = (xb * code.float()).sum(-1) - 32 * xb.sum(-1)  # [T, out, nb, n, quarter, h]
+  return ((groups * sc.float().reshape(out, nb, 2, 4, 2)).sum((-1, -2, -3)) * d).sum(-1)
+
+
+EXPRESSIONS = {"q8_0": _q8_0, "q4": _q4, "q5_0": _q5, "q5_1": _q5, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}

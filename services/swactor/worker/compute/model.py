@@ -16,12 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as QT
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
 from tinygrad.helpers import NUM_CPU_THREADS
 
+from swactor.common.events import get_logger
+
+from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
-from .linear import N_TENSORS, SLICES_PER_THREAD, Weight, apply, copy_in, to_device, upload
+from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
 from .replay import Plan, plan, read
 from .sampling import Sampler, SamplingPolicy
@@ -31,6 +33,13 @@ from .sampling import Sampler, SamplingPolicy
 class StageTimings:
   load_s: float      # GGUF parse + read/dequantize of the range
   upload_s: float    # host -> device copies
+
+
+@dataclass(frozen=True)
+class StageMemory:
+  file_bytes: int    # the GGUF's bytes of the stage's device tensors (a first stage's embedding stays on the host)
+  device_bytes: int  # the device's bytes of the stage's weights (norms, matrices, head; not the KV cache)
+  cache_bytes: int   # the KV cache
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
@@ -45,35 +54,53 @@ def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int) -> Tensor:
   return y if rope_dim == hd else y.cat(x[..., rope_dim:], dim=-1)
 
 
-def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> np.ndarray | RawTensor:
-  """Stack matrices that read the same input into one [sum(out), in] matrix (one kernel instead of several);
-  rows of a block-quantized matrix are independent, so raw blocks stack as they are."""
-  if all(isinstance(w, RawTensor) for w in ws) and len({w.qtype for w in ws}) == 1:  # type: ignore[union-attr]
-    raws = [w for w in ws if isinstance(w, RawTensor)]
-    return RawTensor(name, raws[0].qtype, (sum(w.shape[0] for w in raws), raws[0].shape[1]), np.concatenate([w.data for w in raws]))
-  return np.concatenate([w.dequantize() if isinstance(w, RawTensor) else w for w in ws])
+def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | RawTensor]:
+  """Stack matrices that read the same input into [sum(out), in] matrices (one kernel instead of several): each run
+  of neighbours of one type becomes one (a Q4_K_M file has Q4_K q/k and a Q6_K v); rows of a block-quantized matrix
+  are independent, so raw blocks stack as they are."""
+  kind = lambda w: w.qtype if isinstance(w, RawTensor) else None  # noqa: E731
+  runs: list[list[np.ndarray | RawTensor]] = []
+  for w in ws:
+    if runs and kind(runs[-1][-1]) == kind(w):
+      runs[-1].append(w)
+    else:
+      runs.append([w])
+  def fuse(run: list[np.ndarray | RawTensor]) -> np.ndarray | RawTensor:
+    if len(run) == 1:
+      return run[0]
+    raws = [w for w in run if isinstance(w, RawTensor)]
+    if len(raws) == len(run):
+      return RawTensor(name, raws[0].qtype, (sum(w.shape[0] for w in raws), raws[0].shape[1]), np.concatenate([w.data for w in raws]))
+    return np.concatenate(run)
+  return [fuse(r) for r in runs]
 
 
 class Layer:
-  """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds:
-  [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output, *gate_up, *ffn_down]."""
+  """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
+  its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output,
+  *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str, words: bool):
-    mats = [upload(m, device, words) for m in (fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), w["attn_output"],
-                                         fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), w["ffn_down"])]
-    self.kinds = tuple(k for k, _ in mats)
+    groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
+              fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
+    mats = [[upload(m, device, words) for m in g] for g in groups]
+    self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
     cache = [to_device(np.zeros((p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
-    self.tensors: list[Tensor] = norms + cache + [t for _, ts in mats for t in ts]
+    self.tensors: list[Tensor] = norms + cache + [t for g in mats for _, ts in g for t in ts]
+    self.weight_bytes = sum(t.nbytes() for t in self.tensors) - sum(t.nbytes() for t in cache)
 
   @property
   def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
 
 
-def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor, ts: list[Tensor],
-                  threads: int = 0) -> Tensor:
+def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor,
+                  ts: list[Tensor], threads: int = 0) -> Tensor:
   T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
-  qkv_, o_, gate_up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in kinds)
+  def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
+    fs = [functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in group]
+    return fs[0] if len(fs) == 1 else lambda h: Tensor.cat(*(f(h) for f in fs), dim=-1)
+  qkv_, o_, gate_up_, down_ = (product(g) for g in kinds)
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
   q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
   k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
@@ -108,7 +135,7 @@ class StageModel:
       raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's context_length {p.context_length}")
     if max_seq_len < 1 or prefill_chunk < 1:
       raise ValueError(f"max_seq_len and prefill_chunk must be >= 1, got {max_seq_len}, {prefill_chunk}")
-    keep = frozenset({QT.Q8_0, QT.Q4_0, QT.Q4_1}) if quantized else frozenset()
+    keep = frozenset(PACKED) if quantized else frozenset()
     w = load_stage(m, layer_start, layer_end, keep=keep, on_progress=on_progress)
     t1 = time.perf_counter()
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
@@ -125,6 +152,13 @@ class StageModel:
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
       self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
+    head_bytes = sum(t.nbytes() for t in [self.head[0], *self.head[1][1]]) if self.head else 0
+    cache_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * 4
+    self.memory = StageMemory(w.device_file_bytes, sum(L.weight_bytes for L in self.layers) + head_bytes, cache_bytes)
+    if w.expanded:  # types kept as float32 on the device: say what that costs
+      get_logger().info("compute_weights_expanded", tensors=len(w.expanded), types=sorted({e.qtype.name for e in w.expanded}),
+                        file_bytes=sum(e.file_bytes for e in w.expanded), float32_bytes=sum(e.float32_bytes for e in w.expanded),
+                        layer_start=layer_start, layer_end=layer_end)
     half = p.rope_dim // 2
     freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
     if w.rope_freqs is not None:
@@ -172,9 +206,7 @@ class StageModel:
 
   def _embed(self, ids: np.ndarray) -> np.ndarray:
     assert self.embd is not None
-    if isinstance(self.embd, RawTensor):
-      return dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
-    return self.embd[ids]
+    return dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
 
   def _check(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
     x = np.asarray(inputs)

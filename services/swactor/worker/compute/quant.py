@@ -1,7 +1,9 @@
-"""GGML block formats: numpy reference dequantisers (spec §15 weight load).
+"""GGML block formats: numpy dequantisers (spec §15 weight load).
 
-Each dequantiser maps raw bytes [rows, row_bytes] (uint8) to float32 [rows, cols].
-Layouts follow ggml's block structs; the tests check them against `gguf.quants`.
+Each dequantiser maps raw bytes [rows, row_bytes] (uint8) to float32 [rows, cols]. The formats the device keeps packed
+(linear.py) have our own dequantisers here, written from ggml's block structs (their layouts are what the matvec kernels
+read, and the tests check them against `gguf.quants`); every other type the `gguf` package can dequantize (Q2_K, Q3_K,
+IQ*, TQ*, MXFP4, ...) goes through `gguf.quants.dequantize` and is expanded to float32 at load.
 """
 from __future__ import annotations
 
@@ -9,19 +11,27 @@ from collections.abc import Callable
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
+from gguf import quants as gguf_quants
+from gguf.constants import GGML_QUANT_SIZES
 
-# qtype -> (elements per block, bytes per block)
-BLOCK: dict[QT, tuple[int, int]] = {
-  QT.F32: (1, 4), QT.F16: (1, 2), QT.BF16: (1, 2),
-  QT.Q8_0: (32, 34), QT.Q4_0: (32, 18), QT.Q4_1: (32, 20),
-  QT.Q4_K: (256, 144), QT.Q5_K: (256, 176), QT.Q6_K: (256, 210),
-}
+
+def _gguf_dequantizes(qt: QT) -> bool:
+  try:
+    gguf_quants.dequantize(np.zeros((1, GGML_QUANT_SIZES[qt][1]), np.uint8), qt)
+  except NotImplementedError:
+    return False
+  return True
+
+
+# qtype -> (elements per block, bytes per block), for every type that can be dequantized; the rest (Q8_1, Q8_K, the
+# integer types, F64, ...) is refused by name
+BLOCK: dict[QT, tuple[int, int]] = {q: GGML_QUANT_SIZES[q] for q in QT if _gguf_dequantizes(q)}
 
 
 class UnsupportedQuant(ValueError):
   def __init__(self, qtype: QT | int, tensor: str):
     self.qtype, self.tensor, self.reason = qtype, tensor, "UnsupportedQuantType"
-    name = qtype.name if isinstance(qtype, QT) else str(qtype)
+    name = qtype.name if isinstance(qtype, QT) else f"id {qtype} (not a GGML type)"
     super().__init__(f"tensor {tensor!r} has unsupported quant type {name}; supported: {', '.join(q.name for q in BLOCK)}")
 
 
@@ -38,7 +48,17 @@ def _q4_0(b: np.ndarray) -> np.ndarray: return _f16(b[:, :2]) * (_nibbles(b[:, 2
 def _q4_1(b: np.ndarray) -> np.ndarray: return _f16(b[:, :2]) * _nibbles(b[:, 4:]).astype(np.float32) + _f16(b[:, 2:4])
 
 
-def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _q5_codes(qh: np.ndarray, qs: np.ndarray) -> np.ndarray:
+  """Q5_0/Q5_1: bit j of the little-endian word qh is the 5th bit of element j (j < 16: low nibble j, else high j-16)."""
+  high = (np.ascontiguousarray(qh).view(np.uint32) >> np.arange(32, dtype=np.uint32)) & 1
+  return (_nibbles(qs) | (high.astype(np.uint8) << 4)).astype(np.float32)
+
+
+def _q5_0(b: np.ndarray) -> np.ndarray: return _f16(b[:, :2]) * (_q5_codes(b[:, 2:6], b[:, 6:]) - 16)
+def _q5_1(b: np.ndarray) -> np.ndarray: return _f16(b[:, :2]) * _q5_codes(b[:, 4:8], b[:, 8:]) + _f16(b[:, 2:4])
+
+
+def k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
   """12 packed bytes -> 8 six-bit (scale, min) pairs, as ggml's get_scale_min_k4."""
   s = s.astype(np.uint8)
   hi = s[:, 8:12]
@@ -54,13 +74,13 @@ def _k_low4(qs: np.ndarray) -> np.ndarray:
 
 
 def _q4_k(b: np.ndarray) -> np.ndarray:
-  d, dmin, (sc, mn) = _f16(b[:, 0:2]), _f16(b[:, 2:4]), _k_scales(b[:, 4:16])
+  d, dmin, (sc, mn) = _f16(b[:, 0:2]), _f16(b[:, 2:4]), k_scales(b[:, 4:16])
   q = _k_low4(b[:, 16:144]).astype(np.float32)
   return (d[:, :, None] * sc[:, :, None] * q - dmin[:, :, None] * mn[:, :, None]).reshape(-1, 256)
 
 
 def _q5_k(b: np.ndarray) -> np.ndarray:
-  d, dmin, (sc, mn) = _f16(b[:, 0:2]), _f16(b[:, 2:4]), _k_scales(b[:, 4:16])
+  d, dmin, (sc, mn) = _f16(b[:, 0:2]), _f16(b[:, 2:4]), k_scales(b[:, 4:16])
   qh = b[:, 16:48]  # bit s of qh[l] is the 5th bit of element l of sub-block s
   high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
   q = (_k_low4(b[:, 48:176]) + 16 * high).astype(np.float32)
@@ -78,7 +98,7 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
 
 
 _BLOCKWISE: dict[QT, Callable[[np.ndarray], np.ndarray]] = {
-  QT.Q8_0: _q8_0, QT.Q4_0: _q4_0, QT.Q4_1: _q4_1, QT.Q4_K: _q4_k, QT.Q5_K: _q5_k, QT.Q6_K: _q6_k}
+  QT.Q8_0: _q8_0, QT.Q4_0: _q4_0, QT.Q4_1: _q4_1, QT.Q5_0: _q5_0, QT.Q5_1: _q5_1, QT.Q4_K: _q4_k, QT.Q5_K: _q5_k, QT.Q6_K: _q6_k}
 
 
 def row_bytes(qtype: QT, cols: int, tensor: str = "?") -> int:
@@ -101,4 +121,6 @@ def dequantize(raw: np.ndarray, qtype: QT, cols: int, tensor: str = "?") -> np.n
   if qtype == QT.BF16:
     return (b.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
   _, nb = BLOCK[qtype]
+  if qtype not in _BLOCKWISE:
+    return np.asarray(gguf_quants.dequantize(b, qtype), np.float32).reshape(b.shape[0], cols)
   return _BLOCKWISE[qtype](b.reshape(-1, nb)).reshape(b.shape[0], cols)

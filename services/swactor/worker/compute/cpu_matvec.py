@@ -1,0 +1,149 @@
+"""Hand-scheduled CPU block matvecs: custom UOp kernels with fixed opts, one per packed weight kind (layouts: linear.py).
+
+Why by hand: tinygrad's heuristic scalarizes a block matvec (~2 G weights/s on one core); 8 output rows per iteration
+with a block's words and bytes fully unrolled and 4-word vector loads runs ~4x faster (BEAM finds similar shapes, but
+only after minutes of search). The codes come as uint32 words (upload(words=True), the same bytes): tinygrad folds
+loads into vectors only for 32-bit types; byte i of a block is byte i % 4 of word i // 4, taken out by shifts.
+
+Every kernel computes out[t, o] = sum over the row's blocks of the block's dot product with x. A block with an offset
+(w = d * code + m) adds m * (the sum of x over the block): `xs`, the block sums of x, come from a separate small kernel.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tinygrad import UOp, dtypes
+from tinygrad.codegen.opt import Opt, OptOps
+from tinygrad.helpers import NUM_CPU_THREADS
+from tinygrad.uop.ops import AxisType, KernelInfo, Ops
+
+SLICES_PER_THREAD = 4  # compile with Context(NUM_CPU_THREADS=threads * SLICES_PER_THREAD): tinygrad caps slices by it
+# elements of x per block sum a kind's kernel reads (apply() computes them); kinds without an offset read none
+XSUM_BLOCK = {"q4": 32, "q5_0": 32, "q5_1": 32, "q4_k": 32, "q5_k": 32, "q6_k": 16}
+
+Unrolls = tuple[Opt, ...]
+
+
+def rows_per_iteration(n: int) -> int:
+  """Rows (q4) or row groups (q8_0) one iteration of a kernel computes: 8 where they divide n (measured best)."""
+  return next(u for u in (8, 4, 1) if n % u == 0)
+
+
+def scale_group(n_out: int) -> int:
+  """Rows per scale group of a q8_0 matrix on CPU (upload's layout, block_matvec's row ranges)."""
+  return rows_per_iteration(n_out)
+
+
+def _reduce(*sizes: int) -> list[UOp]:
+  """Reduce ranges numbered from 3 (0-2 are the output's t, row group, row in group); UNROLL opts index them in order."""
+  return [UOp.range(n, 3 + i, AxisType.REDUCE) for i, n in enumerate(sizes)]
+
+
+def _byte(word: UOp, r: UOp, shift: int = 0) -> UOp: return word >> (r * 8 + shift).cast(dtypes.uint32)
+
+
+def _lane(word: UOp, r: UOp) -> UOp:
+  """Byte r of a word whose bytes each hold one code (built by whole-word masks and ors: the bit work for 4 codes at once)."""
+  return (word >> (r * 8).cast(dtypes.uint32)) & 0xFF
+
+
+def _q8_0(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, q: UOp, d: UOp) -> tuple[UOp, Unrolls]:
+  """w = d * int8 code. q8_0's rows are (group g, row i in group) = 8g + i, with the scales stored group-major (upload);
+  the kernel upcasts 8 groups, so an iteration computes 8 rows that lie 8 apart, and loops over i (measured: head
+  7.7 -> 5.4 ms on one core; 8 adjacent rows with these scales: 7.2 ms)."""
+  nb, nw = q.shape[1], q.shape[2]
+  b, k, r = _reduce(nb, nw, 4)
+  code = _byte(q[o, b, k].load(), r).cast(dtypes.int8).cast(dtypes.float)
+  acc = ((x[t, b * 32 + k * 4 + r].load() * code).reduce(k, r, arg=Ops.ADD) * d[og, b, 0 if oi is None else oi].load()).reduce(b, arg=Ops.ADD)
+  return acc, (Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw))
+
+
+def _q4(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, xs: UOp, q: UOp, d: UOp, m: UOp) -> tuple[UOp, Unrolls]:
+  """Q4_0/Q4_1: w = d * nibble + m; byte i of a block holds elements i (low nibble) and 16 + i (high)."""
+  nb, nw = q.shape[1], q.shape[2]
+  b, k, r = _reduce(nb, nw, 4)
+  byte, i = _byte(q[o, b, k].load(), r), b * 32 + k * 4 + r
+  lo, hi = (byte & 0xF).cast(dtypes.float), ((byte >> 4) & 0xF).cast(dtypes.float)
+  dot = (x[t, i].load() * lo + x[t, i + 16].load() * hi).reduce(k, r, arg=Ops.ADD)
+  acc = (dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()).reduce(b, arg=Ops.ADD)
+  return acc, (Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 else ())
+
+
+def _q5(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, xs: UOp, q: UOp, qh: UOp, d: UOp, m: UOp | None = None) -> tuple[UOp, Unrolls]:
+  """Q5_0 (w = d * (code - 16)) and Q5_1 (w = d * code + m): Q4's nibbles plus a 5th bit from the block's word qh, its
+  bits transposed at upload (linear.transpose_q5_bits) so that bits k and k + 4 of byte r belong to byte r of code
+  word k (measured: ~1.2x faster than spreading 4 bits of ggml's order by a multiply, ~1.4x than a shift per code)."""
+  nb, nw = q.shape[1], q.shape[2]
+  b, k, r = _reduce(nb, nw, 4)
+  word, i = q[o, b, k].load(), b * 32 + k * 4 + r
+  h = qh[o, b].load() >> k.cast(dtypes.uint32)
+  lo = _lane((word & 0x0F0F0F0F) | ((h & 0x01010101) << 4), r).cast(dtypes.float)
+  hi = _lane(((word >> 4) & 0x0F0F0F0F) | (((h >> 4) & 0x01010101) << 4), r).cast(dtypes.float)
+  dot = (x[t, i].load() * lo + x[t, i + 16].load() * hi).reduce(k, r, arg=Ops.ADD)
+  blk = (dot - xs[t, b].load() * 16.0) * d[o, b].load() if m is None else dot * d[o, b].load() + xs[t, b].load() * m[o, b].load()
+  return blk.reduce(b, arg=Ops.ADD), (Opt(OptOps.UNROLL, 2, 4), Opt(OptOps.UNROLL, 1, nw)) + ((Opt(OptOps.UNROLL, 0, 2),) if nb % 2 == 0 else ())
+
+
+def _q4_k(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, xs: UOp, q: UOp, s: UOp, dm: UOp, qh: UOp | None = None) -> tuple[UOp, Unrolls]:
+  """Q4_K/Q5_K: a 256-block of 8 sub-blocks of 32, w = d * sc[j] * code - dmin * mn[j] for sub-block j. Code byte l of
+  32-byte chunk c holds element l of sub-block 2c (low nibble) and of 2c+1 (high); Q5_K's 5th bit of element l of
+  sub-block j is bit j of qh byte l. s = (sc[0..7], mn[0..7]) as bytes, dm = (d, dmin)."""
+  nb = q.shape[1]
+  b, c, k, r = _reduce(nb, 4, 8, 4)
+  word = q[o, b, c * 8 + k].load()
+  lo, hi = word & 0x0F0F0F0F, (word >> 4) & 0x0F0F0F0F
+  if qh is not None:
+    hb = qh[o, b, k].load() >> (c * 2).cast(dtypes.uint32)
+    lo, hi = lo | ((hb & 0x01010101) << 4), hi | (((hb >> 1) & 0x01010101) << 4)
+  i, j = b * 256 + c * 64 + k * 4 + r, c * 2
+  dlo = (x[t, i].load() * _lane(lo, r).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD)
+  dhi = (x[t, i + 32].load() * _lane(hi, r).cast(dtypes.float)).reduce(k, r, arg=Ops.ADD)
+  sc = lambda n: s[o, b, n].load().cast(dtypes.float)  # noqa: E731
+  mins = sc(j + 8) * xs[t, b * 8 + j].load() + sc(j + 9) * xs[t, b * 8 + j + 1].load()
+  blk = dm[o, b, 0].load() * (sc(j) * dlo + sc(j + 1) * dhi) - dm[o, b, 1].load() * mins
+  return blk.reduce(b, c, arg=Ops.ADD), (Opt(OptOps.UNROLL, 3, 4), Opt(OptOps.UNROLL, 2, 8))
+
+
+def _q5_k(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, xs: UOp, q: UOp, qh: UOp, s: UOp, dm: UOp) -> tuple[UOp, Unrolls]:
+  return _q4_k(t, o, og, oi, x, xs, q, s, dm, qh)
+
+
+def _q6_k(t: UOp, o: UOp, og: UOp, oi: UOp | None, x: UOp, xs: UOp, ql: UOp, qh: UOp, sc: UOp, d: UOp) -> tuple[UOp, Unrolls]:
+  """Q6_K: a 256-block of 16 groups of 16, w = d * sc[g] * (code - 32). In half n (128 elements), byte l of ql[n*64 +
+  32p ..] holds element n*128 + 32p + l (low nibble) and n*128 + 64 + 32p + l (high); bits 2q, 2q+1 of qh[n*32 + l] are
+  the top two bits of element n*128 + 32q + l. Loops: half n, 16-element half h of l, word k, byte r."""
+  nb = ql.shape[1]
+  b, n, h, k, r = _reduce(nb, 2, 2, 4, 4)
+  lw = [ql[o, b, n * 16 + p * 8 + h * 4 + k].load() for p in (0, 1)]
+  hw = qh[o, b, n * 8 + h * 4 + k].load()
+  blk: UOp | None = None
+  for qq in range(4):  # element quarter of the half: 32 elements, 2 scale groups (h)
+    code = _lane(((lw[qq % 2] >> (4 * (qq // 2))) & 0x0F0F0F0F) | (((hw >> (2 * qq)) & 0x03030303) << 4), r)
+    dot = (x[t, b * 256 + n * 128 + qq * 32 + h * 16 + k * 4 + r].load() * code.cast(dtypes.float)).reduce(k, r, arg=Ops.ADD)
+    g = n * 8 + qq * 2 + h
+    term = sc[o, b, g].load().cast(dtypes.float) * (dot - xs[t, b * 16 + g].load() * 32.0)
+    blk = term if blk is None else blk + term
+  assert blk is not None
+  return (blk * d[o, b].load()).reduce(b, n, h, arg=Ops.ADD), (Opt(OptOps.UNROLL, 4, 4), Opt(OptOps.UNROLL, 3, 4))
+
+
+KERNELS: dict[str, Callable[..., tuple[UOp, Unrolls]]] = {
+  "q8_0": _q8_0, "q4": _q4, "q5_0": _q5, "q5_1": _q5, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+
+
+def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
+  """out[t, o] = x[t] . row o of the packed weight; w = [xs (kinds in XSUM_BLOCK)] + the weight's device tensors."""
+  (T, n_out), cols = out.shape, x.shape[1]
+  g = scale_group(n_out) if kind == "q8_0" else 1
+  up = rows_per_iteration(n_out // g)
+  t, og = UOp.range(T, 0), UOp.range(n_out // g, 1)
+  oi = UOp.range(g, 2) if g > 1 else None
+  acc, unrolls = KERNELS[kind](t, og if oi is None else og * g + oi, og, oi, x, *w)
+  ax = 0 if T == 1 else 1  # the row (group) axis: a size-1 range is dropped before opts are applied
+  # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
+  # (replay.py hands them out one by one), each of >= 32K weights (~4 us of one core: much more than taking one)
+  most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * cols >> 15))
+  th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
+  opts = ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
+  o = og if oi is None else og * g + oi
+  return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

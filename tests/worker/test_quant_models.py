@@ -1,0 +1,133 @@
+"""Whole models in other quant types through StageModel: SmolLM2 re-quantized to Q4_K_M, Q6_K, Q5_0 and Q8_0
+(tests/fixtures/gguf_fixtures.py) against the float64 reference and llama.cpp's recorded tokens, and a small random
+model in the types that are expanded to float32 at load."""
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType
+from reference import RefLlama
+from structlog.testing import capture_logs
+from test_model import generate
+
+from swactor.worker.compute import GGUFModel, StageModel
+from swactor.worker.compute.linear import PACKED, device_nbytes
+from swactor.worker.compute.quant import BLOCK
+from tests.fixtures.gguf_fixtures import BUILDER_VERSION, MIXES, Field, build, sha256, write_raw
+
+FIXTURE = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_quant_greedy.json").read_text())
+REF_TIE, LLAMA_TIE = 0.02, 0.2  # compare up to the first step whose top-2 logit gap is below this
+SPLITS = {1: [(0, 30)], 2: [(0, 13), (13, 30)], 3: [(0, 5), (5, 19), (19, 30)]}
+
+
+@dataclass
+class Requantized:
+  mix: str
+  model: GGUFModel
+  cases: list[dict]
+  reference: list[tuple[list[int], list[float]]]  # float64 greedy tokens and top-2 gaps per case
+
+
+@pytest.fixture(scope="module", params=list(MIXES))
+def requantized(request: pytest.FixtureRequest, model_path: str) -> Requantized:
+  """One file at a time (the float64 reference of a file holds ~1 GB)."""
+  mix, rec = request.param, FIXTURE["files"][request.param]
+  path = build(mix)
+  assert FIXTURE["builder_version"] == BUILDER_VERSION and sha256(path) == rec["sha256"], \
+    f"{path} is not the file llama.cpp ran: re-record tests/fixtures/llamacpp_quant_greedy.json (packaging/record_quant_fixture.py)"
+  ref = RefLlama(str(path))
+  reference = [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"]), kv_cache=True) for c in rec["cases"]]
+  return Requantized(mix, GGUFModel(path), rec["cases"], reference)
+
+
+def first_below(gaps: list[float], tie: float) -> int:
+  return next((i for i, g in enumerate(gaps) if g < tie), len(gaps))
+
+
+@pytest.mark.slow  # the float64 reference of 4 files + 24 stage models: 16 min at load average ~10 on the shared 2-core box
+@pytest.mark.parametrize("n_stages", [1, 2, 3])
+def test_greedy_equals_reference_and_llamacpp(requantized: Requantized, n_stages: int) -> None:
+  chain = [StageModel(requantized.model, a, b, max_seq_len=64) for a, b in SPLITS[n_stages]]
+  compared = [0, 0]  # steps compared with the reference, with llama.cpp
+  for case, (ref_tokens, ref_gaps) in zip(requantized.cases, requantized.reference, strict=True):
+    logits: list[np.ndarray] = []
+    ours = generate(chain, case["prompt_tokens"], len(ref_tokens), logits)
+    cut = first_below(ref_gaps, REF_TIE)
+    assert ours[:cut] == ref_tokens[:cut], f"{requantized.mix} S={n_stages} {case['prompt']}: differs from float64 before step {cut}"
+    ours_gaps = [float(np.diff(np.sort(lg)[-2:])[0]) for lg in logits]
+    cut2 = first_below([min(a, b) for a, b in zip(case["top2_gap"], ours_gaps, strict=True)], LLAMA_TIE)
+    assert ours[:cut2] == case["greedy_tokens"][:cut2], f"{requantized.mix} S={n_stages} {case['prompt']}: differs from llama.cpp before step {cut2}"
+    compared = [compared[0] + cut, compared[1] + cut2]
+  assert min(compared) >= 8, f"{requantized.mix}: too few steps before a near-tie to compare: {compared}"
+
+
+def test_packed_types_stay_packed(requantized: Requantized) -> None:
+  """Device bytes are the packed layouts' (linear.device_nbytes) plus float32 norms: nothing expanded."""
+  with capture_logs() as logs:
+    m = StageModel(requantized.model, 0, 30, max_seq_len=16)
+  assert not [e for e in logs if e["event"] == "compute_weights_expanded"]
+  ts = [t for t in requantized.model.tensors.values() if t.name != "token_embd.weight" or "output.weight" not in requantized.model.tensors]
+  assert {t.qtype for t in ts if len(t.shape) == 2} <= set(PACKED)
+  assert m.memory.device_bytes == sum(device_nbytes(t.qtype, *t.shape) if len(t.shape) == 2 else 4 * t.shape[0] for t in ts)
+  assert m.memory.file_bytes == sum(t.nbytes for t in ts)
+
+
+# --- a small random llama in the types the device does not keep packed (next to packed Q5_1): the gguf package's
+# dequantizers at load, float32 on the device; random block bytes with finite float16 scales, no quantizer needed
+DIM, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 320
+F16_AT = {QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.IQ4_NL: [0], QT.IQ4_XS: [0], QT.TQ2_0: [64], QT.IQ2_XXS: [0], QT.Q5_1: [0, 2]}
+TYPES = {"token_embd": QT.IQ4_XS, "output": QT.Q3_K,
+         "blk.0.attn_q": QT.Q2_K, "blk.0.attn_k": QT.IQ4_NL, "blk.0.attn_v": QT.F16, "blk.0.attn_output": QT.BF16,
+         "blk.0.ffn_gate": QT.TQ2_0, "blk.0.ffn_up": QT.Q5_1, "blk.0.ffn_down": QT.Q2_K,
+         "blk.1.attn_q": QT.Q5_1, "blk.1.attn_k": QT.Q5_1, "blk.1.attn_v": QT.Q5_1, "blk.1.attn_output": QT.IQ2_XXS,
+         "blk.1.ffn_gate": QT.Q3_K, "blk.1.ffn_up": QT.IQ4_XS, "blk.1.ffn_down": QT.F16}
+
+
+def _random_tensor(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+  if qt in (QT.F16, QT.BF16):
+    a = (rng.normal(size=(rows, cols)) * 0.05).astype(np.float32)
+    return a.astype(np.float16) if qt == QT.F16 else (a.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+  n, nb = BLOCK[qt]
+  b = rng.integers(0, 256, size=(rows, cols // n, nb), dtype=np.uint8)
+  for p in F16_AT[qt]:
+    b[:, :, p:p + 2] = (rng.normal(size=(rows, cols // n, 1)) * 0.01).astype(np.float16).view(np.uint8)
+  return b.reshape(rows, -1)
+
+
+def small_model(path: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """Writes the model; returns the matrices' shapes."""
+  rng = np.random.default_rng(7)
+  shapes = {"token_embd": (VOCAB, DIM), "output": (VOCAB, DIM)}
+  for i in range(2):
+    shapes |= {f"blk.{i}.{n}": s for n, s in [("attn_q", (DIM, DIM)), ("attn_k", (DIM // 2, DIM)), ("attn_v", (DIM // 2, DIM)),
+               ("attn_output", (DIM, DIM)), ("ffn_gate", (FFN, DIM)), ("ffn_up", (FFN, DIM)), ("ffn_down", (DIM, FFN))]}
+  tensors = {f"{n}.weight": (_random_tensor(TYPES[n], *s, rng), TYPES[n]) for n, s in shapes.items()}
+  for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(2) for k in ("attn_norm", "ffn_norm"))]:
+    tensors[f"{n}.weight"] = ((1 + 0.1 * rng.normal(size=DIM)).astype(np.float32), QT.F32)
+  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+  fields = [Field("llama.block_count", 2, u32), Field("llama.embedding_length", DIM, u32), Field("llama.feed_forward_length", FFN, u32),
+            Field("llama.attention.head_count", HEADS, u32), Field("llama.attention.head_count_kv", KV_HEADS, u32),
+            Field("llama.rope.freq_base", 10000.0, f32), Field("llama.attention.layer_norm_rms_epsilon", 1e-5, f32),
+            Field("llama.context_length", 128, u32), Field("llama.vocab_size", VOCAB, u32)]
+  write_raw(path, "llama", fields, tensors)
+  return shapes
+
+
+def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) -> None:
+  shapes = small_model(path := tmp_path / "small.gguf")
+  with capture_logs() as logs:
+    m = StageModel(path, 0, 2, max_seq_len=32)
+  (ev,) = [e for e in logs if e["event"] == "compute_weights_expanded"]
+  expanded = {n: s for n, s in shapes.items() if n != "token_embd" and TYPES[n] not in PACKED}  # the embedding stays on the host
+  assert set(ev["types"]) == {TYPES[n].name for n in expanded} and ev["tensors"] == len(expanded)
+  assert ev["float32_bytes"] == sum(4 * r * c for r, c in expanded.values())
+  assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * DIM
+  prompt = [5, 17, 260, 3]
+  want, gaps = RefLlama(str(path)).greedy(prompt, 8)
+  cut = first_below(gaps, REF_TIE)
+  assert cut > 0 and generate([m], prompt, 8)[:cut] == want[:cut]
