@@ -18,9 +18,9 @@ from swactor.edge.driver import Driver
 from swactor.edge.identity import create_identity
 from swactor.edge.peers import StaticPeerDirectory
 from swactor.edge.ring_rs import RingRsConsumer, RingRsProducer, WakeFds
+from swactor.edgeend import establisher as est
+from swactor.edgeend.adapters import to_proto_layout
 from swactor.v1 import common_pb2
-from swactor.worker import establisher as est
-from swactor.worker.adapters import to_proto_layout
 
 
 class HarnessRingSource:

@@ -11,19 +11,17 @@ import itertools
 import numpy as np
 import pytest
 
+import swactor_ring as sr
+from swactor.edgeend import ringport
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator import token_endpoints, token_rings
 from swactor.orchestrator.fleet import FleetError
 from swactor.orchestrator.planner import SamplingPolicy, plan_run
 from swactor.v1 import common_pb2 as pb
+from tests.worker_service import harness, node_fakes
 
 from .helpers import model_facts, node
 
-sr = pytest.importorskip("swactor_ring")
-token_endpoints = pytest.importorskip("swactor.orchestrator.token_endpoints")
-token_rings = pytest.importorskip("swactor.orchestrator.token_rings")
-harness = pytest.importorskip("tests.worker_service.harness")
-node_fakes = pytest.importorskip("tests.worker_service.node_fakes")
-ringport = pytest.importorskip("swactor.worker.ringport")
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -90,7 +88,7 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
 
 class RejectingArena(node_fakes.FakeArenaPort):
     async def lease(self, request_id, edge_id, direction, ring_spec):
-        from swactor.worker.ports import Rejected
+        from swactor.edgeend.ports import Rejected
 
         self.calls.append(("lease", edge_id))
         return Rejected("ExceedsCeiling", "ring of 4 MiB exceeds the 1 MiB ceiling")

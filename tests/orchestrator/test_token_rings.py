@@ -9,15 +9,15 @@ import os
 import numpy as np
 import pytest
 
+import swactor_ring as sr
+from swactor.edgeend import ringport
+from swactor.edgeend.shapes import Layout
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator import token_rings
 from swactor.orchestrator.fleet import FleetError
 from swactor.orchestrator.planner import token_spec
 from swactor.v1 import common_pb2 as pb
 
-sr = pytest.importorskip("swactor_ring")
-token_rings = pytest.importorskip("swactor.orchestrator.token_rings")
-ringport = pytest.importorskip("swactor.worker.ringport")
-wire = pytest.importorskip("swactor.worker.wire")
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -31,7 +31,7 @@ class Rings:
         native = sr.RingLayout.for_range(ring_id, self.next_offset, capacity, 64)
         self.next_offset += 256 << 10
         sr.init_ring(self.arena, native)
-        layout = wire.Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
+        layout = Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
                              native.data_offset, native.data_capacity, native.alignment)
         prod = ringport.open_producer(self.arena, layout)
         cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.h.readable_fd,

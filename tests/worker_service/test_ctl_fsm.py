@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from swactor.worker import wire
 from swactor.worker.ctl_fsm import (
     CtlCore,
     CtlState,
@@ -21,6 +20,7 @@ from swactor.worker.ctl_fsm import (
     WorkerFailed,
     WriteCommand,
 )
+from swactor.worker.process import wire
 
 READY = wire.WorkerReady(42, 1, 1, {})
 

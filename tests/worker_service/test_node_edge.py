@@ -23,19 +23,19 @@ import pytest
 import swactor_ring as sr
 from swactor.arena.client import AsyncArenaClient, Leased, connect_holder
 from swactor.edge.wakefd import fetch_wake_fds
-from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
-from swactor.worker import wire
-from swactor.worker.adapters import (
+from swactor.edgeend.adapters import (
     ArenaClientPort,
     EdgeDriverPort,
-    MembershipClientPort,
+    to_layout,
     to_proto_layout,
-    to_wire_layout,
 )
+from swactor.edgeend.ringport import native_layout
+from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
+from swactor.worker.membership import MembershipClientPort
 from swactor.worker.node import StageNode
-from swactor.worker.ringport import native_layout
+from swactor.worker.process import wire
 
 from .harness import start_arena
 from .plans import MODEL, provision, ring
@@ -96,7 +96,7 @@ async def peer_ring(client: AsyncArenaClient, edge_id: int, direction: int) -> w
     out = await client.lease(request_id=edge_id * 10, requester="test-peer", edge_id=edge_id, direction=direction,
                              ring_spec=ring(direction))  # type: ignore[arg-type]
     assert isinstance(out, Leased), out
-    return to_wire_layout(out.layout)
+    return to_layout(out.layout)
 
 
 def read_object(cons: Any, deadline: float) -> tuple[Any, bytes]:

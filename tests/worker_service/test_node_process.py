@@ -13,10 +13,10 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2, stage_pb2
-from swactor.worker import wire
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore, CtlState, WorkerCrashed
 from swactor.worker.node import StageNode
+from swactor.worker.process import wire
 
 from .harness import Arena
 from .node_fakes import FakeArenaPort, FakeDriverPort, FakeMembership

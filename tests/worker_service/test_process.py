@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import swactor_ring as sr
-from swactor.worker import wire
+from swactor.worker.process import wire
 
 from .harness import Arena, WorkerProc, spec
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import swactor_ring as sr
-from swactor.worker import wire
-from swactor.worker.process import WorkerProcess, WorkerState
+from swactor.worker.process import wire
+from swactor.worker.process.loop import WorkerProcess, WorkerState
 
 from .harness import Arena, WorkerProc, spec
 from .plans import LAYERS, MODEL

@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
+from swactor.common import control_tls
 from swactor.common.grpcio import create_server
 from swactor.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from swactor.worker import control_tls
 from swactor.worker.node import StageNode
 from swactor.worker.service import SERVICE_NAME, StageControlServicer
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from swactor.edgeend.establisher import EdgeProvision
 from swactor.v1 import common_pb2
 from swactor.worker import stage_fsm as s
-from swactor.worker import wire
-from swactor.worker.establisher import EdgeProvision
+from swactor.worker.process import wire
 
 HID = 8  # hidden_dim: 8 float32 = 32 bytes per activation row
 

@@ -8,7 +8,7 @@ as the ring host: InstallRing opens a ring-rs handle here, UninstallRing closes 
 `EndpointsReady` is reported once both edges are Ready and share the driver's wake eventfds.
 The driver's object timings of this host's two edge ends are relayed as EDGE_OBJECT_SENT (token-in,
 with counter produced_us: when `inject` had committed the object) and EDGE_OBJECT_RECEIVED
-(token-out) lifecycle events (issue 7, swactor.edge.timing_events).
+(token-out) lifecycle events (issue 7, swactor.edgeend.timings).
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from swactor.common import reasons
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.edge.timing_events import relay_object_timings
+from swactor.edgeend import establisher as est
+from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.ports import ArenaPort, DriverPort
+from swactor.edgeend.ringport import open_consumer, open_producer
+from swactor.edgeend.timings import relay_object_timings
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.orchestrator.planner import EdgePlan, RunPlan
 from swactor.orchestrator.token_rings import TokenReader, TokenWriter
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import edge_pb2
-from swactor.worker import establisher as est
-from swactor.worker import reasons
-from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
-from swactor.worker.ports import ArenaPort, DriverPort
-from swactor.worker.ringport import open_consumer, open_producer
 
 TOKEN_IN_PORT, TOKEN_OUT_PORT = 0, 1
 

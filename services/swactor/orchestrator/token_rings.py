@@ -2,8 +2,8 @@
 
 `TokenWriter` is the token-in producer: one §17 object of int32 token ids per `write(sequence, ids)`.
 `TokenReader` is the token-out consumer: it parses token objects and reports
-`TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the worker's I/O-free ring-object
-FSMs (`swactor.worker.objects`) over ring-rs handles (`swactor.worker.ringport`) and wait on the
+`TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the edge end's I/O-free ring-object
+FSMs (`swactor.edgeend.objects`) over ring-rs handles (`swactor.edgeend.ringport`) and wait on the
 ring's eventfd through the event loop, never by polling.
 
 Not here (the integration step): leasing the two rings from the local arena-manager, the
@@ -13,15 +13,12 @@ edge-driver's EstablishSend / EstablishRecv and wake-fd sharing, and §38 edge t
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 
 from swactor.common.ids import new_id
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.fleet import FleetError, Report
-from swactor.v1 import common_pb2 as pb
-from swactor.worker.objects import (
+from swactor.edgeend.hostobjects import HostSink, HostSource
+from swactor.edgeend.objects import (
     Broken,
     Closed,
     EgressProducer,
@@ -32,7 +29,10 @@ from swactor.worker.objects import (
     ObjectRules,
     OutputRejected,
 )
-from swactor.worker.ringport import HEADER_CODEC, ConsumerEnd, ProducerEnd
+from swactor.edgeend.ringport import HEADER_CODEC, ConsumerEnd, ProducerEnd
+from swactor.orchestrator import fsm as F
+from swactor.orchestrator.fleet import FleetError, Report
+from swactor.v1 import common_pb2 as pb
 
 TOKEN_DTYPE = np.dtype("<i4")
 
@@ -51,35 +51,6 @@ def rules_for(spec: pb.ObjectSpec) -> ObjectRules:
     return ObjectRules.from_spec(spec.max_extent, spec.dtype_width_bytes, spec.row_elements, spec.alignment)
 
 
-class _Payload:
-    """objects.ObjectSource over host bytes."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.extent = len(data)
-
-    def read_into(self, offset: int, dest: memoryview) -> None:
-        dest[:] = self.data[offset:offset + len(dest)]
-
-
-class _HostBuffer:
-    def __init__(self, extent: int) -> None:
-        self.data = bytearray(extent)
-
-    def write(self, offset: int, data: memoryview) -> None:
-        self.data[offset:offset + len(data)] = data
-
-
-class _HostSink:
-    """objects.ObjectSink: token objects land in host memory."""
-
-    def allocate(self, facts: HeaderFacts) -> _HostBuffer:
-        return _HostBuffer(facts.extent)
-
-    def discard(self, buffer: Any) -> None:
-        return None
-
-
 class TokenWriter:
     def __init__(self, end: ProducerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
@@ -89,7 +60,7 @@ class TokenWriter:
         """Write one token object; returns once every byte is committed (waits on backpressure)."""
         payload = np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
         try:
-            self._egress.start(HeaderFacts(new_id(), sequence, len(payload), 0), _Payload(payload))
+            self._egress.start(HeaderFacts(new_id(), sequence, len(payload), 0), HostSource(payload))
         except OutputRejected as e:
             raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {e.reason}: {e.detail}") from None
         while True:
@@ -107,7 +78,7 @@ class TokenWriter:
 class TokenReader:
     def __init__(self, end: ConsumerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
-        self._ingress = IngressParser(end, HEADER_CODEC, rules_for(spec), _HostSink(), edge_id=edge_id)
+        self._ingress = IngressParser(end, HEADER_CODEC, rules_for(spec), HostSink(), edge_id=edge_id)
 
     async def run(self, report: Report) -> None:
         """Report every token object until the producer closes the ring or it faults."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import wire
+from swactor.worker.process import wire
 
 
 class CtlState(enum.Enum):

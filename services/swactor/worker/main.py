@@ -38,11 +38,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 async def serve(cfg: WorkerConfig) -> int:
     import swactor_ring
     from swactor.arena.client import AsyncArenaClient, connect_holder
-    from swactor.membership.secret import read_secret
-    from swactor.worker import control_tls
-    from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort, MembershipClientPort
+    from swactor.common import control_tls
+    from swactor.common.secret import read_secret
+    from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
     from swactor.worker.ctl import GpuWorkerCtl
     from swactor.worker.ctl_fsm import CtlCore
+    from swactor.worker.membership import MembershipClientPort
     from swactor.worker.node import StageNode
     from swactor.worker.service import SERVICE_NAME, StageControlServicer
 
@@ -80,7 +81,7 @@ async def serve(cfg: WorkerConfig) -> int:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=30)
     notify_stopping("shutting down")
-    from swactor.worker import wire
+    from swactor.worker.process import wire
 
     ctl.send(wire.ShutdownWorker("AbortInFlight"))
     with contextlib.suppress(TimeoutError):

@@ -16,16 +16,20 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from swactor.common import reasons
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.edge.timing_events import relay_object_timings
+from swactor.edgeend import establisher as est
+from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.ports import ArenaPort, DriverPort
+from swactor.edgeend.shapes import Layout
+from swactor.edgeend.timings import relay_object_timings
 from swactor.v1 import common_pb2, edge_pb2, stage_pb2
-from swactor.worker import establisher as est
-from swactor.worker import reasons, stage_fsm, wire
+from swactor.worker import stage_fsm
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
-from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
-from swactor.worker.ports import ArenaPort, DriverPort, MembershipPort
+from swactor.worker.process import wire
 
 MAX_WORKER_RESTARTS = 3
 KEEP_FINISHED_RUNS = 16
@@ -334,7 +338,7 @@ class WorkerRingHost:
     def __init__(self, ctl: WorkerCtlLike) -> None:
         self.ctl = ctl
 
-    def install(self, edge: est.EdgeProvision, layout: wire.Layout) -> bool:
+    def install(self, edge: est.EdgeProvision, layout: Layout) -> bool:
         self.ctl.send(wire.InstallRing(layout.ring_id, edge.edge_id, edge.port_id, edge.direction, layout,
                                        edge.object_spec))
         return False

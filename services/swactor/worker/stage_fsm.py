@@ -16,11 +16,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from swactor.common import reasons
 from swactor.common.events import get_logger
+from swactor.edgeend.establisher import EdgeProvision
 from swactor.v1 import common_pb2
-from swactor.worker import reasons, wire
 from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
-from swactor.worker.establisher import EdgeProvision
+from swactor.worker.process import wire
 
 INPUT_PORT = 0
 OUTPUT_PORT = 1

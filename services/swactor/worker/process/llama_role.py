@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from swactor.worker.device import DeviceAllocation, DeviceBridge
-from swactor.worker.roles import Progress, RoleError, check_weights_file
+from swactor.worker.process.device import DeviceAllocation, DeviceBridge
+from swactor.worker.process.roles import Progress, RoleError, check_weights_file
 
 
 def _int(config: dict[str, Any], name: str) -> int:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import swactor_ring as sr
-from swactor.worker import wire
-from swactor.worker.objects import HeaderFacts, HeaderInvalid, RingBroken
+from swactor.edgeend.objects import HeaderFacts, HeaderInvalid, RingBroken
+from swactor.edgeend.shapes import Layout
 
 # The ring helper ABI this worker speaks: ring-rs' header version (RING_VERSION).
 ABI_VERSION: int = sr.RING_VERSION
@@ -21,7 +21,7 @@ def map_arena(fd: int, size: int) -> Any:
     return sr.Arena.from_fd(fd, size)
 
 
-def native_layout(layout: wire.Layout) -> Any:
+def native_layout(layout: Layout) -> Any:
     return sr.RingLayout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
                          layout.data_offset, layout.data_capacity, layout.alignment)
 
@@ -53,7 +53,7 @@ HEADER_CODEC = RingHeaderCodec()
 
 
 class _End:
-    def __init__(self, handle: Any, arena: Any, layout: wire.Layout) -> None:
+    def __init__(self, handle: Any, arena: Any, layout: Layout) -> None:
         self.h = handle
         self.arena = arena
         self.layout = layout
@@ -144,7 +144,7 @@ class ProducerEnd(_End):
         self.h.ack_wake()
 
 
-def open_consumer(arena: Any, layout: wire.Layout, *, readable_fd: int | None = None,
+def open_consumer(arena: Any, layout: Layout, *, readable_fd: int | None = None,
                   writable_fd: int | None = None) -> ConsumerEnd:
     try:
         return ConsumerEnd(sr.Consumer(arena, native_layout(layout), readable_fd=readable_fd,
@@ -153,7 +153,7 @@ def open_consumer(arena: Any, layout: wire.Layout, *, readable_fd: int | None = 
         raise RingBroken(getattr(e, "reason", None) or "RingLayoutInvalid", str(e)) from None
 
 
-def open_producer(arena: Any, layout: wire.Layout, *, readable_fd: int | None = None,
+def open_producer(arena: Any, layout: Layout, *, readable_fd: int | None = None,
                   writable_fd: int | None = None) -> ProducerEnd:
     try:
         return ProducerEnd(sr.Producer(arena, native_layout(layout), readable_fd=readable_fd,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import roles
+from swactor.worker.process import roles
 
 
 class LoadCancelled(Exception):

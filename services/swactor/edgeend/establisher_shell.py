@@ -13,9 +13,9 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from swactor.worker import establisher as est
-from swactor.worker.objects import RingBroken
-from swactor.worker.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
+from swactor.edgeend import establisher as est
+from swactor.edgeend.objects import RingBroken
+from swactor.edgeend.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
 
 EdgeOutcome = est.EdgeReady | est.EdgeFailed | est.EdgeStopped
 

@@ -18,7 +18,7 @@ from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import UOp
 
-from swactor.worker.objects import HeaderFacts, SinkFailed
+from swactor.edgeend.objects import HeaderFacts, SinkFailed
 
 DTYPES: dict[tuple[str, int], DType] = {
     ("Float", 4): dtypes.float32,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.worker.objects import (
+from swactor.edgeend.objects import (
     Broken,
     Closed,
     EgressProducer,

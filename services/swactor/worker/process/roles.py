@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from swactor.worker.device import DeviceAllocation, DeviceBridge
+from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
 Progress = Callable[[int, int], None]
 
@@ -64,7 +64,7 @@ def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, th
     key = weights_key(config)
     kind = config.get("kind")
     if kind == "llama_stage":
-        from swactor.worker.llama_role import LlamaStageRole
+        from swactor.worker.process.llama_role import LlamaStageRole
 
         return LlamaStageRole.load(config, bridge, progress, key, threads=threads)
     if kind == "factory":

@@ -15,6 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from swactor.edgeend.shapes import Layout, ObjSpec
+
 T = TypeVar("T")
 
 
@@ -31,32 +33,6 @@ class DeviceHandle:
 
     worker_generation: int
     id: int
-
-
-@dataclass(frozen=True)
-class Layout:
-    """§18 RingLayout, arena-relative."""
-
-    ring_id: int
-    arena_offset: int
-    total_len: int
-    header_offset: int
-    data_offset: int
-    data_capacity: int
-    alignment: int
-
-
-@dataclass(frozen=True)
-class ObjSpec:
-    """§17 ObjectSpec. kind: Tokens|Activations|Weights; dtype_family: Float|Int|Uint|Bfloat."""
-
-    kind: str
-    max_extent: int
-    dtype_family: str
-    dtype_width_bytes: int
-    row_elements: int
-    alignment: int
-    sequence_policy: str = "StrictlyConsecutive"
 
 
 @dataclass(frozen=True)

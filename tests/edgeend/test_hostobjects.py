@@ -1,26 +1,37 @@
-"""Token endpoints over real ring-rs rings in a memfd arena: the orchestrator's reuse of `objects`."""
+"""Host-memory objects over real ring-rs rings in a memfd arena: the token endpoints' use of `objects`."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from swactor.worker import ringport
-from swactor.worker.hostobjects import TokenConsumer, TokenProducer
-from swactor.worker.objects import Closed, Failed, Loaded, Produced
-
-from .harness import Arena, spec
+from swactor.edgeend import ringport
+from swactor.edgeend.hostobjects import HostSink, HostSource
+from swactor.edgeend.objects import (
+    Closed,
+    EgressProducer,
+    Failed,
+    HeaderFacts,
+    IngressParser,
+    Loaded,
+    ObjectRules,
+    Produced,
+)
+from tests.worker_service.harness import Arena
 
 
 def test_token_roundtrip_and_eof_mid_object() -> None:
     arena = Arena(1 << 20)
     try:
         lay = arena.ring(128, alignment=16)
-        tok = spec(64 * 4, kind="Tokens", family="Int", width=4, row=1, alignment=4)
-        prod = TokenProducer(ringport.open_producer(arena.arena, lay), tok, ring_id=lay.ring_id)
-        cons = TokenConsumer(ringport.open_consumer(arena.arena, lay), tok, ring_id=lay.ring_id)
+        rules = ObjectRules.from_spec(64 * 4, 4, 1, 4)  # int32 token ids, one per row
+        prod = EgressProducer(ringport.open_producer(arena.arena, lay), ringport.HEADER_CODEC, rules,
+                              ring_id=lay.ring_id)
+        cons = IngressParser(ringport.open_consumer(arena.arena, lay), ringport.HEADER_CODEC, rules, HostSink(),
+                             ring_id=lay.ring_id)
         got: list[list[int]] = []
         for seq, ids in enumerate([list(range(40)), [7], [9]]):  # 160 B + header through a 128 B ring
-            prod.start(sequence=seq, object_id=10 + seq, payload=np.array(ids, np.int32).tobytes())
+            payload = np.array(ids, np.int32).tobytes()
+            prod.start(HeaderFacts(10 + seq, seq, len(payload)), HostSource(payload))
             produced = []
             for _ in range(10):
                 produced += [e for e in prod.pump() if isinstance(e, Produced)]

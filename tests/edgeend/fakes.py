@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from swactor.worker.objects import HeaderFacts, HeaderInvalid, RingBroken, SinkFailed
+from swactor.edgeend.objects import HeaderFacts, HeaderInvalid, RingBroken, SinkFailed
 
 MAGIC = 0x4A424F53
 _FMT = "<IHHQQQII"

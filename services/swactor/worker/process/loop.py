@@ -1,4 +1,4 @@
-"""The compute process (spec §28-33): `python -m swactor.worker.process`, spawned by GpuWorkerCtl.
+"""The compute process (spec §28-33): `python -m swactor.worker.process` runs `main()`, spawned by GpuWorkerCtl.
 
 Environment: SWACTOR_ARENA_FD (inherited memfd of the node arena), SWACTOR_ARENA_BYTES (its
 ceiling), optionally SWACTOR_FD_SOCKET (inherited Unix socket carrying ring eventfds, `fdpass`). Commands arrive as JSON lines on stdin, events leave as JSON lines on stdout (nothing
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from swactor.common import reasons
 from swactor.common.events import configure_logging, get_logger
-from swactor.worker import fdpass, reasons, role_loader, wire
-from swactor.worker.objects import (
+from swactor.edgeend.objects import (
     Broken,
     Closed,
     EgressProducer,
@@ -41,6 +41,7 @@ from swactor.worker.objects import (
     RingBroken,
     SinkFailed,
 )
+from swactor.worker.process import fdpass, role_loader, wire
 
 _ACTIVE_INGRESS = (IngressState.NEED_HEADER, IngressState.NEED_PAYLOAD)
 
@@ -148,7 +149,7 @@ class WorkerProcess:
     def on_initialize(self, cmd: wire.InitializeWorker) -> None:
         if self.state is not WorkerState.BOOTING:
             raise Fatal("MalformedControlMessage", "InitializeWorker sent twice")
-        from swactor.worker import ringport  # native helper: imported here so an ABI problem is an event
+        from swactor.edgeend import ringport  # native helper: imported here so an ABI problem is an event
 
         if cmd.required_ring_helper_abi != ringport.ABI_VERSION:
             raise Fatal("RingHelperAbiMismatch",
@@ -166,7 +167,7 @@ class WorkerProcess:
             raise Fatal("BackendInitFailed", f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
         self.threads = threads or None
         try:
-            from swactor.worker.device import DeviceBridge
+            from swactor.worker.process.device import DeviceBridge
 
             self.bridge = DeviceBridge(cmd.backend.get("device"))
         except Exception as e:
@@ -190,7 +191,7 @@ class WorkerProcess:
         self._configure(cmd)
 
     def _configure(self, cmd: wire.ConfigureRole) -> None:
-        from swactor.worker import roles
+        from swactor.worker.process import roles
 
         warm = roles.reuse(self.role, cmd.config)
         if warm is not None:
@@ -271,7 +272,7 @@ class WorkerProcess:
     # ---- rings ----
 
     def on_install_ring(self, cmd: wire.InstallRing) -> None:
-        from swactor.worker import ringport
+        from swactor.edgeend import ringport
 
         def fault(reason: str, detail: str) -> None:
             self.emit(wire.RingFault(cmd.ring_id, cmd.edge_id, cmd.port_id, reason, detail))
@@ -298,7 +299,7 @@ class WorkerProcess:
         try:
             if cmd.direction == "Ingress":
                 end = ringport.open_consumer(self.arena, cmd.layout, **wake)
-                from swactor.worker.device import DeviceSink
+                from swactor.worker.process.device import DeviceSink
 
                 parser = IngressParser(end, self.codec, rules, DeviceSink(self.bridge), **ids)
                 self.ingress[cmd.ring_id] = IngressSlot(cmd, end, parser)
@@ -449,7 +450,7 @@ class WorkerProcess:
             for a in results:
                 self.bridge.free(a)
             return failed("OutputExtentInvalid", f"role produced {len(results)} outputs, {len(cmd.outputs)} bound")
-        from swactor.worker.device import DeviceObjectSource
+        from swactor.worker.process.device import DeviceObjectSource
 
         self.step = Step(cmd, {o.ring_id: (o, a) for o, a in zip(cmd.outputs, results, strict=True)})
         for o, a in zip(cmd.outputs, results, strict=True):
@@ -600,6 +601,3 @@ def main() -> None:
         os._exit(rc)
     sys.exit(rc)
 
-
-if __name__ == "__main__":
-    main()
