@@ -5,7 +5,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from swactor.edgeend.objects import HeaderFacts, HeaderInvalid, RingBroken, SinkFailed
+from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.edgeend.objects import HeaderFacts, HeaderInvalid, SinkFailed
 
 MAGIC = 0x4A424F53
 _FMT = "<IHHQQQII"
@@ -47,14 +48,13 @@ class FakeRing:
         self._check()
         phys = self.consume % self.capacity
         n = min(self.commit - self.consume, self.capacity - phys)
+        if n == 0 and self.closed:
+            raise RingClosed("fake ring closed")
         return memoryview(self.data)[phys:phys + n]
 
     def advance_consume(self, n: int) -> None:
         assert self.consume + n <= self.commit
         self.consume += n
-
-    def producer_closed(self) -> bool:
-        return self.closed
 
     # producer
     def writable(self) -> memoryview:
@@ -84,7 +84,10 @@ class FakeRing:
     def drain(self) -> bytes:
         out = bytearray()
         while True:
-            span = self.readable()
+            try:
+                span = self.readable()
+            except RingClosed:
+                return bytes(out)
             if not len(span):
                 return bytes(out)
             out += span

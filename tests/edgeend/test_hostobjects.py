@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from swactor.edgeend import ringport
+from swactor.common import ringport
+from swactor.edgeend.header import HEADER_CODEC
 from swactor.edgeend.hostobjects import HostSink, HostSource
 from swactor.edgeend.objects import (
     Closed,
@@ -24,9 +25,9 @@ def test_token_roundtrip_and_eof_mid_object() -> None:
     try:
         lay = arena.ring(128, alignment=16)
         rules = ObjectRules.from_spec(64 * 4, 4, 1, 4)  # int32 token ids, one per row
-        prod = EgressProducer(ringport.open_producer(arena.arena, lay), ringport.HEADER_CODEC, rules,
+        prod = EgressProducer(ringport.open_producer(arena.arena, lay), HEADER_CODEC, rules,
                               ring_id=lay.ring_id)
-        cons = IngressParser(ringport.open_consumer(arena.arena, lay), ringport.HEADER_CODEC, rules, HostSink(),
+        cons = IngressParser(ringport.open_consumer(arena.arena, lay), HEADER_CODEC, rules, HostSink(),
                              ring_id=lay.ring_id)
         got: list[list[int]] = []
         for seq, ids in enumerate([list(range(40)), [7], [9]]):  # 160 B + header through a 128 B ring

@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import swactor_ring as sr
-from swactor.arena.client import ring_layout
+from swactor.common.ringport import ConsumerEnd, ProducerEnd, open_consumer, open_producer
 from swactor.edge.config import EdgeConfig
 from swactor.edge.driver import Driver
 from swactor.edge.identity import create_identity
 from swactor.edge.peers import StaticPeerDirectory
-from swactor.edge.ring_rs import RingRsConsumer, RingRsProducer, WakeFds
+from swactor.edge.ring_source import WakeFds
 from swactor.edgeend import establisher as est
 from swactor.edgeend.adapters import to_proto_layout
 from swactor.v1 import common_pb2
@@ -30,15 +29,13 @@ class HarnessRingSource:
         self.arena = arena
         self.wake = WakeFds()
 
-    async def open_producer(self, ring_id: int, layout: common_pb2.RingLayout) -> RingRsProducer:
+    async def open_producer(self, ring_id: int, layout: common_pb2.RingLayout) -> ProducerEnd:
         rfd, wfd = self.wake.create(ring_id)
-        return RingRsProducer(sr.Producer(self.arena, ring_layout(layout), readable_fd=rfd, writable_fd=wfd),
-                              self.wake.drop)
+        return open_producer(self.arena, layout, readable_fd=rfd, writable_fd=wfd, on_release=self.wake.drop)
 
-    async def open_consumer(self, ring_id: int, layout: common_pb2.RingLayout) -> RingRsConsumer:
+    async def open_consumer(self, ring_id: int, layout: common_pb2.RingLayout) -> ConsumerEnd:
         rfd, wfd = self.wake.create(ring_id)
-        return RingRsConsumer(sr.Consumer(self.arena, ring_layout(layout), readable_fd=rfd, writable_fd=wfd),
-                              self.wake.drop)
+        return open_consumer(self.arena, layout, readable_fd=rfd, writable_fd=wfd, on_release=self.wake.drop)
 
 
 class DriverPortAdapter:

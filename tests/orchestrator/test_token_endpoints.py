@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import swactor_ring as sr
-from swactor.edgeend import ringport
+from swactor.common import ringport
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator import token_endpoints, token_rings
 from swactor.orchestrator.fleet import FleetError
@@ -23,6 +23,13 @@ from tests.worker_service import harness, node_fakes
 from .helpers import model_facts, node
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def read(cons: ringport.ConsumerEnd, max_bytes: int) -> bytes:
+    """Up to `max_bytes` committed bytes, consumed (stage 0's side of the token-in ring)."""
+    data = bytes(cons.readable(max_bytes))
+    cons.advance_consume(len(data))
+    return data
 
 
 def make_plan():
@@ -56,20 +63,20 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
         assert tin.layout.data_capacity >= plan.token_in.ring_data_capacity
         # the far ends, sharing the orchestrator handles' eventfds (the driver's pumps in production)
         orch_in, orch_out = ep._ends[tin.ring_id], ep._ends[tout.ring_id]
-        stage0 = ringport.open_consumer(arena.arena, tin.layout, readable_fd=orch_in.h.readable_fd,
-                                        writable_fd=orch_in.h.writable_fd)
-        last = ringport.open_producer(arena.arena, tout.layout, readable_fd=orch_out.h.readable_fd,
-                                      writable_fd=orch_out.h.writable_fd)
+        stage0 = ringport.open_consumer(arena.arena, tin.layout, readable_fd=orch_in.readable_fd,
+                                        writable_fd=orch_in.writable_fd)
+        last = ringport.open_producer(arena.arena, tout.layout, readable_fd=orch_out.readable_fd,
+                                      writable_fd=orch_out.writable_fd)
         last_writer = token_rings.TokenWriter(last, plan.token_out.object_spec)
 
         await ep.inject(0, [1, 2, 3, 4])
-        header = sr.ObjectHeader.parse(stage0.h.read(sr.OBJECT_HEADER_LEN), 2**64 - 1, 1)
+        header = sr.ObjectHeader.parse(read(stage0, sr.OBJECT_HEADER_LEN), 2**64 - 1, 1)
         assert (header.sequence, header.extent) == (0, 16)
-        assert np.frombuffer(stage0.h.read(16), dtype="<i4").tolist() == [1, 2, 3, 4]
+        assert np.frombuffer(read(stage0, 16), dtype="<i4").tolist() == [1, 2, 3, 4]
         await last_writer.write(0, [42])
         await wait_for(lambda: F.TokenReceived(0, 42) in got, "token 0")
         await ep.inject(1, [42])
-        assert sr.ObjectHeader.parse(stage0.h.read(sr.OBJECT_HEADER_LEN), 2**64 - 1, 1).sequence == 1
+        assert sr.ObjectHeader.parse(read(stage0, sr.OBJECT_HEADER_LEN), 2**64 - 1, 1).sequence == 1
         await last_writer.write(1, [43])
         await wait_for(lambda: F.TokenReceived(1, 43) in got, "token 1")
         await asyncio.wait_for(ep.close(), 5)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import swactor_ring as sr
-from swactor.edgeend.ringport import native_layout
+from swactor.common.ringport import native_layout
 from swactor.worker.process import fdpass, wire
 
 ARENA_BYTES = 16 << 20

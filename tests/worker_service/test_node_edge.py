@@ -22,6 +22,7 @@ import pytest
 
 import swactor_ring as sr
 from swactor.arena.client import AsyncArenaClient, Leased, connect_holder
+from swactor.common.ringport import native_layout
 from swactor.edge.wakefd import fetch_wake_fds
 from swactor.edgeend.adapters import (
     ArenaClientPort,
@@ -29,7 +30,6 @@ from swactor.edgeend.adapters import (
     to_layout,
     to_proto_layout,
 )
-from swactor.edgeend.ringport import native_layout
 from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore

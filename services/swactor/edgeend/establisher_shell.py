@@ -13,8 +13,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from swactor.common.ringerrors import RingBroken
 from swactor.edgeend import establisher as est
-from swactor.edgeend.objects import RingBroken
 from swactor.edgeend.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
 
 EdgeOutcome = est.EdgeReady | est.EdgeFailed | est.EdgeStopped

@@ -3,9 +3,11 @@
 Both are I/O-free cores over three narrow interfaces, so the compute process (device memory) and
 the orchestrator's token endpoints (host memory) share them:
 
-- a ring end (`ReadRing` / `WriteRing`): spans, cursor advances, closed state; the real one wraps
-  `swactor_ring` handles (see `ringport`), tests use an in-memory ring;
-- a `HeaderCodec` (the §17 ObjectHeader encode/parse of ring-rs);
+- a ring end (`ReadRing` / `WriteRing`): spans, cursor advances, closed state; the real one is
+  `swactor.common.ringport` over `swactor_ring` handles, tests use an in-memory ring. Ring ends
+  raise `RingBroken` (a §37 RingFaultReason) and, at the orderly end of data, `RingClosed`
+  (`swactor.common.ringerrors`);
+- a `HeaderCodec` (the §17 ObjectHeader encode/parse of ring-rs, `header.py`);
 - an `ObjectSink` that allocates the destination of an incoming object (a device allocation, a
   host bytearray) and an `ObjectSource` that yields the bytes of an outgoing one.
 
@@ -22,27 +24,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.events import get_logger
+from swactor.common.ringerrors import RingBroken, RingClosed
 
 # ---- interfaces ----
 
 
-class RingBroken(Exception):
-    """The ring itself is unusable (faulted state, layout/ABI problem): a §37 RingFaultReason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 class ReadRing(Protocol):
     def readable(self) -> memoryview:
-        """Contiguous committed bytes at the consume cursor (may be empty)."""
+        """Contiguous committed bytes at the consume cursor (may be empty); RingClosed once the
+        producer closed the ring and every committed byte was read."""
 
     def advance_consume(self, n: int) -> None: ...
-
-    def producer_closed(self) -> bool:
-        """The producer ended the stream (ring state Closed): no more commits will come."""
 
 
 class WriteRing(Protocol):
@@ -245,12 +237,12 @@ class IngressParser:
         events: list[IngressEvent] = []
         try:
             while self.state in (IngressState.NEED_HEADER, IngressState.NEED_PAYLOAD):
-                # Read the closed flag before the span: a Closed ring has committed its last byte.
-                closed = self.ring.producer_closed()
-                span = self.ring.readable()
+                try:
+                    span = self.ring.readable()
+                except RingClosed:
+                    events.append(self._on_eof())
+                    break
                 if not len(span):
-                    if closed:
-                        events.append(self._on_eof())
                     break
                 if self.state is IngressState.NEED_HEADER:
                     event = self._take_header(span)

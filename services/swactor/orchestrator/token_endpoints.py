@@ -22,10 +22,10 @@ from typing import Any
 from swactor.common import reasons
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
+from swactor.common.ringport import open_consumer, open_producer
 from swactor.edgeend import establisher as est
 from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
 from swactor.edgeend.ports import ArenaPort, DriverPort
-from swactor.edgeend.ringport import open_consumer, open_producer
 from swactor.edgeend.timings import relay_object_timings
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
@@ -144,7 +144,7 @@ class RingTokenEndpoints:
         if end is not None:
             if ring_id == self._reader_ring and self._reader_task is not None:
                 self._reader_task.cancel()  # the reader never touches the ring after this
-            end.close()
+            end.release()
         return True
 
     def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:

@@ -3,7 +3,7 @@
 `TokenWriter` is the token-in producer: one §17 object of int32 token ids per `write(sequence, ids)`.
 `TokenReader` is the token-out consumer: it parses token objects and reports
 `TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the edge end's I/O-free ring-object
-FSMs (`swactor.edgeend.objects`) over ring-rs handles (`swactor.edgeend.ringport`) and wait on the
+FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
 ring's eventfd through the event loop, never by polling.
 
 Not here (the integration step): leasing the two rings from the local arena-manager, the
@@ -17,6 +17,8 @@ import asyncio
 import numpy as np
 
 from swactor.common.ids import new_id
+from swactor.common.ringport import ConsumerEnd, ProducerEnd
+from swactor.edgeend.header import HEADER_CODEC
 from swactor.edgeend.hostobjects import HostSink, HostSource
 from swactor.edgeend.objects import (
     Broken,
@@ -29,7 +31,6 @@ from swactor.edgeend.objects import (
     ObjectRules,
     OutputRejected,
 )
-from swactor.edgeend.ringport import HEADER_CODEC, ConsumerEnd, ProducerEnd
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.v1 import common_pb2 as pb

@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from swactor.common import reasons
 from swactor.common.events import configure_logging, get_logger
+from swactor.common.ringerrors import RingBroken
 from swactor.edgeend.objects import (
     Broken,
     Closed,
@@ -38,7 +39,6 @@ from swactor.edgeend.objects import (
     ObjectRules,
     OutputRejected,
     Produced,
-    RingBroken,
     SinkFailed,
 )
 from swactor.worker.process import fdpass, role_loader, wire
@@ -149,7 +149,8 @@ class WorkerProcess:
     def on_initialize(self, cmd: wire.InitializeWorker) -> None:
         if self.state is not WorkerState.BOOTING:
             raise Fatal("MalformedControlMessage", "InitializeWorker sent twice")
-        from swactor.edgeend import ringport  # native helper: imported here so an ABI problem is an event
+        from swactor.common import ringport  # native helper: imported here so an ABI problem is an event
+        from swactor.edgeend.header import HEADER_CODEC
 
         if cmd.required_ring_helper_abi != ringport.ABI_VERSION:
             raise Fatal("RingHelperAbiMismatch",
@@ -161,7 +162,7 @@ class WorkerProcess:
             self.arena = ringport.map_arena(self.arena_fd, self.arena_bytes)
         except (OSError, ValueError) as e:
             raise Fatal("ArenaMapFailed", f"fd {self.arena_fd}, {self.arena_bytes} bytes: {e}") from None
-        self.codec = ringport.HEADER_CODEC
+        self.codec = HEADER_CODEC
         threads = cmd.backend.get("threads", 0)
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
             raise Fatal("BackendInitFailed", f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
@@ -272,7 +273,7 @@ class WorkerProcess:
     # ---- rings ----
 
     def on_install_ring(self, cmd: wire.InstallRing) -> None:
-        from swactor.edgeend import ringport
+        from swactor.common import ringport
 
         def fault(reason: str, detail: str) -> None:
             self.emit(wire.RingFault(cmd.ring_id, cmd.edge_id, cmd.port_id, reason, detail))
@@ -345,7 +346,7 @@ class WorkerProcess:
                 slot.parser.uninstall()
             else:
                 slot.producer.uninstall()
-            slot.ring.close()
+            slot.ring.release()
         self.emit(wire.RingQuiesced(ring_id))
 
     def arm(self) -> tuple[dict[int, Any], bool]:

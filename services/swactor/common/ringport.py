@@ -1,0 +1,208 @@
+"""The one Python face of a ring end (spec §21-22): `swactor_ring` handles behind one adapter with one
+error type, for every process that touches a ring: the edge-driver's pumps, the compute process and
+the orchestrator's token endpoints.
+
+    end = open_consumer(arena, layout, readable_fd=r, writable_fd=w)   # or open_producer
+    span = end.readable(max_bytes)     # zero-copy memoryview (may be empty); RingClosed at the end
+    end.advance_consume(len(span))     # the span is released first: ring-rs refuses to advance under it
+    fd = end.arm_wait()                # None: progress is possible now; else poll fd, then end.ack()
+
+Python does no cursor arithmetic: spans, advances, state and wake bits are ring-rs calls. Every
+ring-rs failure of a ring end becomes `RingBroken(reason, detail)` with the §37 RingFaultReason;
+the orderly end of a producer's data is `RingClosed`, which is not an error (both in `ringerrors`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import swactor_ring as sr
+from swactor.common.ringerrors import RingBroken, RingClosed
+
+# The ring helper ABI this runtime speaks: ring-rs' header version (RING_VERSION).
+ABI_VERSION: int = sr.RING_VERSION
+
+
+def map_arena(fd: int, size: int) -> Any:
+    return sr.Arena.from_fd(fd, size)
+
+
+def native_layout(layout: Any) -> Any:
+    """ring-rs' RingLayout of any §18 layout value with its seven fields (a `shapes.Layout`, a
+    common.proto RingLayout, the arena's own Layout)."""
+    return sr.RingLayout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
+                         layout.data_offset, layout.data_capacity, layout.alignment)
+
+
+def broken(e: Exception, default_reason: str = "RingStateInvalid") -> RingBroken:
+    """A ring-rs (or buffer) error as RingBroken, keeping ring-rs' RingFaultReason when it names one."""
+    if isinstance(e, sr.RingClosedError):
+        return RingBroken("RingStateInvalid", f"ring is {getattr(e, 'state', 'not open')}: {e}")
+    return RingBroken(getattr(e, "reason", None) or default_reason, str(e))
+
+
+class _End:
+    """What both ends share: the handle, its eventfds, the live span export, release and reopen."""
+
+    def __init__(self, handle: Any, arena: Any, layout: Any, on_release: Callable[[int], None] | None) -> None:
+        self._h: Any = handle
+        self.arena = arena
+        self.layout = layout
+        self.ring_id: int = handle.ring_id
+        self.capacity: int = handle.capacity
+        self._on_release = on_release
+        self._view: memoryview | None = None
+
+    def _handle(self) -> Any:
+        if self._h is None:
+            raise RingBroken("RingStateInvalid", f"ring {self.ring_id}: handle already released")
+        return self._h
+
+    def _release_view(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+
+    def _span(self, span: Any) -> memoryview:
+        self._release_view()
+        self._view = memoryview(span) if len(span) else memoryview(b"")
+        return self._view
+
+    @property
+    def readable_fd(self) -> int:
+        """The eventfd the producer signals and the consumer sleeps on (share it with the other end)."""
+        return int(self._handle().readable_fd)
+
+    @property
+    def writable_fd(self) -> int:
+        """The eventfd the consumer signals and the producer sleeps on."""
+        return int(self._handle().writable_fd)
+
+    def fileno(self) -> int:
+        """The eventfd this side sleeps on (the producer's writable fd, the consumer's readable fd)."""
+        return int(self._handle().fileno())
+
+    def arm_wait(self) -> int | None:
+        """Set this side's waiting bit: the fd to poll, or None when progress is possible now. A
+        broken ring also answers None: the next span or advance raises its RingBroken."""
+        try:
+            return None if self._arm() else int(self._handle().fileno())
+        except (sr.RingError, RingBroken):
+            return None
+
+    def _arm(self) -> bool:
+        raise NotImplementedError
+
+    def ack(self) -> None:
+        """Drain this side's eventfd after a wake."""
+        if self._h is not None:
+            self._h.ack_wake()
+
+    def reopen(self, readable_fd: int, writable_fd: int) -> None:
+        """Swap in a handle that shares the peer's eventfds. Cursors live in the shared header and
+        this adapter never holds a reservation across calls, so nothing is lost."""
+        self._release_view()
+        self._h = type(self._handle())(self.arena, native_layout(self.layout), readable_fd=readable_fd,
+                                       writable_fd=writable_fd)
+
+    def release(self) -> None:
+        """Drop the handle: after this the end never touches ring memory again."""
+        self._release_view()
+        if self._h is not None:
+            self._h = None
+            if self._on_release is not None:
+                self._on_release(self.ring_id)
+
+
+class ConsumerEnd(_End):
+    """The consumer of a ring: `objects.ReadRing` for the compute process and the token-out
+    endpoint, the ring side of the edge-driver's send pump."""
+
+    def readable(self, max_bytes: int | None = None) -> memoryview:
+        """Committed bytes at the consume cursor, one contiguous span (may be empty). Raises
+        RingClosed once the producer closed the ring and nothing is left to read."""
+        h = self._handle()
+        try:
+            span = h.readable_span(max_bytes)
+            if not len(span) and h.state == sr.RingState.CLOSED:
+                # Closed after its last commit: a span read now holds every byte there will be.
+                span = h.readable_span(max_bytes)
+                if not len(span):
+                    raise RingClosed(f"ring {self.ring_id} closed by its producer")
+            return self._span(span)
+        except (sr.RingError, BufferError) as e:
+            raise broken(e) from None
+
+    def advance_consume(self, n: int) -> None:
+        self._release_view()
+        try:
+            self._handle().advance_consume(n)
+        except sr.RingError as e:
+            raise broken(e) from None
+
+    def _arm(self) -> bool:
+        return bool(self._handle().arm_readable())
+
+
+class ProducerEnd(_End):
+    """The producer of a ring: `objects.WriteRing` for the compute process and the token-in
+    endpoint, the ring side of the edge-driver's recv pump."""
+
+    def writable(self, max_bytes: int | None = None) -> memoryview:
+        """Free bytes at the write cursor, one contiguous span (may be empty)."""
+        try:
+            return self._span(self._handle().writable_span(max_bytes))
+        except (sr.RingError, BufferError) as e:
+            raise broken(e) from None
+
+    def advance_commit(self, n: int) -> None:
+        self._release_view()
+        try:
+            self._handle().advance_commit(n)
+        except sr.RingError as e:
+            raise broken(e) from None
+
+    def free(self) -> int:
+        try:
+            return int(self._handle().free())
+        except sr.RingError as e:
+            raise broken(e) from None
+
+    def write(self, data: bytes | memoryview) -> int:
+        """Copy as much of `data` as fits (across the wrap) and commit it; the bytes written."""
+        try:
+            return int(self._handle().write(data))
+        except sr.RingError as e:
+            raise broken(e) from None
+
+    def close_stream(self) -> None:
+        """Open -> Closed, the orderly end of data: the consumer reads the committed bytes, then RingClosed."""
+        try:
+            self._handle().close()
+        except sr.RingError as e:
+            raise broken(e) from None
+
+    def _arm(self) -> bool:
+        return bool(self._handle().arm_writable())
+
+
+def open_consumer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
+                  on_release: Callable[[int], None] | None = None) -> ConsumerEnd:
+    """The consumer end of the ring at `layout` in `arena`; eventfds are dup'ed (None: fresh ones).
+    `on_release(ring_id)` runs once when the end is released."""
+    try:
+        return ConsumerEnd(sr.Consumer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
+                           arena, layout, on_release)
+    except (sr.RingError, ValueError, OSError) as e:
+        raise broken(e, "RingLayoutInvalid") from None
+
+
+def open_producer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
+                  on_release: Callable[[int], None] | None = None) -> ProducerEnd:
+    """The producer end of the ring at `layout` in `arena`; as open_consumer."""
+    try:
+        return ProducerEnd(sr.Producer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
+                           arena, layout, on_release)
+    except (sr.RingError, ValueError, OSError) as e:
+        raise broken(e, "RingLayoutInvalid") from None
