@@ -12,6 +12,7 @@ import contextlib
 import os
 
 from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.v1 import common_pb2 as pb
 
 
 class FakeRing:
@@ -115,7 +116,7 @@ class FakeRing:
 
     def _check(self) -> None:
         if self.state == "faulted":
-            raise RingBroken("RingStateInvalid", f"ring {self.ring_id} is faulted")
+            raise RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring {self.ring_id} is faulted")
 
 
 class FakeProducerEnd:

@@ -17,6 +17,7 @@ from swactor.edgeend.objects import (
     ObjectRules,
     Produced,
 )
+from swactor.v1 import common_pb2 as pb
 from tests.worker_service.harness import Arena
 
 
@@ -46,7 +47,7 @@ def test_token_roundtrip_and_eof_mid_object() -> None:
         assert torn.write(b"SWOB\x01\x00(\x00\x0d\x00") == 10
         torn.close()
         (ev,) = cons.pump()
-        assert isinstance(ev, Failed) and ev.reason == "EofMidObject"
+        assert isinstance(ev, Failed) and ev.reason == pb.OBJECT_FAILURE_EOF_MID_OBJECT
         assert not isinstance(ev, Closed)
     finally:
         arena.close()

@@ -71,8 +71,7 @@ class DriverPortAdapter:
                     case "closed":
                         yield est.StreamClosed(ev.closed.edge_id)
                     case "fault":
-                        yield est.StreamFault(ev.fault.edge_id, common_pb2.StreamFaultReason.Name(ev.fault.reason),
-                                              ev.fault.detail)
+                        yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
                     case "pump_stopped":
                         yield est.PumpStopped(ev.pump_stopped.edge_id)
         finally:

@@ -17,6 +17,7 @@ from swactor.orchestrator import fsm as F
 from swactor.orchestrator import token_endpoints, token_rings
 from swactor.orchestrator.fleet import FleetError
 from swactor.orchestrator.planner import SamplingPolicy, plan_run
+from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 from tests.worker_service import harness, node_fakes
 
@@ -98,7 +99,7 @@ class RejectingArena(node_fakes.FakeArenaPort):
         from swactor.edgeend.ports import Rejected
 
         self.calls.append(("lease", edge_id))
-        return Rejected("ExceedsCeiling", "ring of 4 MiB exceeds the 1 MiB ceiling")
+        return Rejected(arena_pb2.LEASE_REJECT_EXCEEDS_CEILING, "ring of 4 MiB exceeds the 1 MiB ceiling")
 
 
 def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
@@ -115,7 +116,7 @@ def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
     asyncio.run(main())
     (fault,) = got
     assert isinstance(fault, F.EndpointFault) and fault.reason == pb.RUN_FAULT_RING_REQUEST_OVERSIZED
-    assert "ExceedsCeiling" in fault.detail and "token-" in fault.detail
+    assert "LEASE_REJECT_EXCEEDS_CEILING" in fault.detail and "token-" in fault.detail
 
 
 def test_unreachable_local_services_refuse_by_name() -> None:

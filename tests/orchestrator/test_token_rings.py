@@ -129,10 +129,10 @@ def test_token_out_objects_become_token_received_until_close(rings: Rings) -> No
 
 
 @pytest.mark.parametrize(("raw", "reason", "needle"), [
-    (b"\x00" * 40, pb.RUN_FAULT_OBJECT_FAILED, "token-out object None: ObjectFailure."),
-    (bytes(sr.ObjectHeader(7, 0, 8, 0).encode()) + bytes(8), pb.RUN_FAULT_OBJECT_FAILED, "ExtentExceedsMax"),
+    (b"\x00" * 40, pb.RUN_FAULT_OBJECT_FAILED, "token-out object None: OBJECT_FAILURE_"),
+    (bytes(sr.ObjectHeader(7, 0, 8, 0).encode()) + bytes(8), pb.RUN_FAULT_OBJECT_FAILED, "OBJECT_FAILURE_EXTENT_EXCEEDS_MAX"),
     (bytes(sr.ObjectHeader(7, 3, 4, 0).encode()) + bytes(4), pb.RUN_FAULT_SEQUENCE_VIOLATION, "expected 0"),
-    (bytes(sr.ObjectHeader(7, 0, 4, 0).encode()) + bytes(2), pb.RUN_FAULT_OBJECT_FAILED, "EofMidObject"),
+    (bytes(sr.ObjectHeader(7, 0, 4, 0).encode()) + bytes(2), pb.RUN_FAULT_OBJECT_FAILED, "OBJECT_FAILURE_EOF_MID_OBJECT"),
 ])
 def test_bad_token_out_objects_fault_by_name(rings: Rings, raw: bytes, reason: int, needle: str) -> None:
     prod, cons = rings.pair(64 << 10, 4)

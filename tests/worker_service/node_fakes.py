@@ -9,6 +9,7 @@ from typing import Any
 from swactor.edgeend import establisher as est
 from swactor.edgeend.ports import Leased
 from swactor.edgeend.shapes import Layout
+from swactor.v1 import common_pb2
 from swactor.worker.ctl_fsm import CtlState
 from swactor.worker.process import wire
 
@@ -79,14 +80,14 @@ class FakeMembership:
     async def set_available(self, control_endpoint: str) -> None:
         self.states.append(f"available:{control_endpoint}")
 
-    async def set_faulted(self, reason: str) -> None:
-        self.states.append(f"faulted:{reason}")
+    async def set_faulted(self, reason: int) -> None:
+        self.states.append(f"faulted:{common_pb2.RunFaultReason.Name(reason)}")
 
 
 class FakeCtl:
     """A GpuWorkerCtl stand-in that answers commands the way a healthy worker does (unit tests only)."""
 
-    def __init__(self, role_failure: str | None = None) -> None:
+    def __init__(self, role_failure: int | None = None) -> None:
         self.state = CtlState.NOT_STARTED
         self.sent: list[Any] = []
         self.subs: list[Any] = []

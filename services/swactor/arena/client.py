@@ -168,14 +168,14 @@ class Leased:
 @dataclass(frozen=True)
 class Rejected:
     request_id: int
-    reason: str  # LeaseRejectReason name, e.g. "LEASE_REJECT_EXCEEDS_CEILING"
+    reason: int  # arena_pb2.LeaseRejectReason, e.g. LEASE_REJECT_EXCEEDS_CEILING
     detail: str
 
 
 @dataclass(frozen=True)
 class Cancelled:
     request_id: int
-    reason: str  # LeaseCancelReason name
+    reason: int  # arena_pb2.LeaseCancelReason
 
 
 LeaseOutcome = Leased | Rejected | Cancelled
@@ -206,10 +206,10 @@ def _update(msg: arena_pb2.LeaseRingUpdate) -> LeaseUpdate:
             return Leased(msg.leased.request_id, msg.leased.edge_id, msg.leased.layout)
         case "rejected":
             r = msg.rejected
-            return Rejected(r.request_id, arena_pb2.LeaseRejectReason.Name(r.reason), r.detail)
+            return Rejected(r.request_id, r.reason, r.detail)
         case "cancelled":
             c = msg.cancelled
-            return Cancelled(c.request_id, arena_pb2.LeaseCancelReason.Name(c.reason))
+            return Cancelled(c.request_id, c.reason)
     raise ArenaCallError(grpc.StatusCode.INTERNAL, f"LeaseRing sent an empty update: {msg}")
 
 

@@ -1,57 +1,43 @@
-"""Spec §37 reason names: CamelCase on the JSON process adapter, proto enum names elsewhere.
+"""Spec §37 reasons are the common.proto enums, everywhere: a reason is the enum's int value
+(`common_pb2.RING_FAULT_HEADER_MALFORMED`), logs and the compute process's JSON wire carry its
+value name ("RING_FAULT_HEADER_MALFORMED").
 
-The source of truth is common.proto; the CamelCase spellings are derived from it so the two can
-never drift. `RingFaultReason.HeaderMalformed` <-> `RING_FAULT_HEADER_MALFORMED`.
+Two helpers for the edges of that rule: `name` for a log field, and `from_ring_rs` for the one
+place names arrive in another spelling: ring-rs reports its RingFaultReason / ObjectFailure in
+CamelCase (`HeaderMalformed`), which maps to the proto value of the same meaning.
 """
 
 from __future__ import annotations
 
 import re
-from functools import cache
+from typing import Any
 
-from swactor.v1 import common_pb2
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-# enum name -> prefix of its value names in common.proto
+from swactor.v1 import common_pb2 as pb
+
+# enum -> the prefix of its value names in common.proto
 _PREFIX = {
-    "RingFaultReason": "RING_FAULT_",
-    "ObjectFailure": "OBJECT_FAILURE_",
-    "StepFailure": "STEP_FAILURE_",
-    "WorkerFatalReason": "WORKER_FATAL_",
-    "UninstallReason": "UNINSTALL_",
-    "WorkerStoppedReason": "WORKER_STOPPED_",
-    "RunFaultReason": "RUN_FAULT_",
+    pb.RingFaultReason: "RING_FAULT_",
+    pb.ObjectFailure: "OBJECT_FAILURE_",
 }
 
 
-def _camel(upper_snake: str) -> str:
-    return "".join(part.capitalize() for part in upper_snake.split("_"))
+def name(enum: EnumTypeWrapper, value: int) -> str:
+    """The value's name for a log field; an unknown number is shown as such rather than raising."""
+    try:
+        return str(enum.Name(value))
+    except ValueError:
+        return f"{enum.DESCRIPTOR.name}({value})"
 
 
-def _upper_snake(camel: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", camel).upper()
-
-
-@cache
-def names(enum: str) -> frozenset[str]:
-    """The CamelCase reason names of `enum` (UNSPECIFIED excluded)."""
-    prefix = _PREFIX[enum]
-    desc = common_pb2.DESCRIPTOR.enum_types_by_name[enum]
-    return frozenset(_camel(v.name[len(prefix):]) for v in desc.values if v.number != 0)
-
-
-def proto_name(enum: str, camel: str) -> str:
-    """`proto_name("ObjectFailure", "EofMidObject")` -> "OBJECT_FAILURE_EOF_MID_OBJECT"."""
-    if camel not in names(enum):
-        raise ValueError(f"{camel!r} is not a {enum}; known: {', '.join(sorted(names(enum)))}")
-    return _PREFIX[enum] + _upper_snake(camel)
-
-
-def proto_value(enum: str, camel: str) -> int:
-    desc = common_pb2.DESCRIPTOR.enum_types_by_name[enum]
-    return desc.values_by_name[proto_name(enum, camel)].number
-
-
-def check(enum: str, camel: str) -> str:
-    """`camel` unchanged if it names a value of `enum`, else ValueError naming the enum."""
-    proto_name(enum, camel)
-    return camel
+def from_ring_rs(enum: EnumTypeWrapper, camel: Any, default: int) -> int:
+    """ring-rs' CamelCase name of a RingFaultReason / ObjectFailure as the proto value; `default`
+    when ring-rs gave none or one common.proto does not know."""
+    if not isinstance(camel, str) or not camel:
+        return default
+    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", camel).upper()
+    try:
+        return int(enum.Value(_PREFIX[enum] + snake))
+    except ValueError:
+        return default

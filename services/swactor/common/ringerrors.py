@@ -7,9 +7,9 @@ from __future__ import annotations
 
 class RingBroken(Exception):
     """The ring is unusable (faulted, closed under a producer, layout/ABI problem, handle released):
-    `reason` is a §37 RingFaultReason name, `detail` says what happened."""
+    `reason` is a §37 RingFaultReason (common_pb2 value), `detail` says what happened."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: int, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail

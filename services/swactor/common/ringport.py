@@ -18,7 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 import swactor_ring as sr
+from swactor.common.reasons import from_ring_rs
 from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.v1 import common_pb2 as pb
 
 # The ring helper ABI this runtime speaks: ring-rs' header version (RING_VERSION).
 ABI_VERSION: int = sr.RING_VERSION
@@ -35,11 +37,11 @@ def native_layout(layout: Any) -> Any:
                          layout.data_offset, layout.data_capacity, layout.alignment)
 
 
-def broken(e: Exception, default_reason: str = "RingStateInvalid") -> RingBroken:
+def broken(e: Exception, default_reason: int = pb.RING_FAULT_RING_STATE_INVALID) -> RingBroken:
     """A ring-rs (or buffer) error as RingBroken, keeping ring-rs' RingFaultReason when it names one."""
     if isinstance(e, sr.RingClosedError):
-        return RingBroken("RingStateInvalid", f"ring is {getattr(e, 'state', 'not open')}: {e}")
-    return RingBroken(getattr(e, "reason", None) or default_reason, str(e))
+        return RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring is {getattr(e, 'state', 'not open')}: {e}")
+    return RingBroken(from_ring_rs(pb.RingFaultReason, getattr(e, "reason", None), default_reason), str(e))
 
 
 class _End:
@@ -56,7 +58,7 @@ class _End:
 
     def _handle(self) -> Any:
         if self._h is None:
-            raise RingBroken("RingStateInvalid", f"ring {self.ring_id}: handle already released")
+            raise RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring {self.ring_id}: handle already released")
         return self._h
 
     def _release_view(self) -> None:
@@ -195,7 +197,7 @@ def open_consumer(arena: Any, layout: Any, *, readable_fd: int | None = None, wr
         return ConsumerEnd(sr.Consumer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
                            arena, layout, on_release)
     except (sr.RingError, ValueError, OSError) as e:
-        raise broken(e, "RingLayoutInvalid") from None
+        raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
 
 
 def open_producer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
@@ -205,4 +207,4 @@ def open_producer(arena: Any, layout: Any, *, readable_fd: int | None = None, wr
         return ProducerEnd(sr.Producer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
                            arena, layout, on_release)
     except (sr.RingError, ValueError, OSError) as e:
-        raise broken(e, "RingLayoutInvalid") from None
+        raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None

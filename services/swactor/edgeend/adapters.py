@@ -17,8 +17,6 @@ from swactor.edgeend.shapes import Layout
 from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc
 
 _DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
-_REJECT = {arena_pb2.LEASE_REJECT_EXCEEDS_CEILING: "ExceedsCeiling", arena_pb2.LEASE_REJECT_SHUTTING_DOWN: "ShuttingDown",
-           arena_pb2.LEASE_REJECT_RING_INIT_FAILED: "RingInitFailed"}
 
 
 def to_layout(layout: common_pb2.RingLayout) -> Layout:
@@ -48,7 +46,7 @@ class ArenaClientPort:
             case arena_client.Leased():
                 return Leased(to_layout(out.layout))
             case arena_client.Rejected():
-                return Rejected(_REJECT.get(out.reason, "RingInitFailed"), out.detail)
+                return Rejected(out.reason, out.detail)
         return Cancelled()
 
     async def cancel(self, request_id: int) -> None:
@@ -102,8 +100,7 @@ class EdgeDriverPort:
                 case "closed":
                     yield est.StreamClosed(ev.closed.edge_id)
                 case "fault":
-                    name = common_pb2.StreamFaultReason.Name(ev.fault.reason)
-                    yield est.StreamFault(ev.fault.edge_id, name, ev.fault.detail)
+                    yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
                 case "pump_stopped":
                     yield est.PumpStopped(ev.pump_stopped.edge_id)
 

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from swactor.common.ringerrors import RingBroken
 from swactor.edgeend import establisher as est
 from swactor.edgeend.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
+from swactor.v1 import arena_pb2
+from swactor.v1 import common_pb2 as pb
 
 EdgeOutcome = est.EdgeReady | est.EdgeFailed | est.EdgeStopped
 
@@ -24,9 +26,9 @@ class RingHost(Protocol):
     def install(self, edge: est.EdgeProvision, layout: Any) -> bool:
         """Install the leased ring (after AttachRing WORKER_RING). True: installed now (the shell
         reports RingInstalled); False: the host reports RingInstalled / RingFault itself later.
-        Raising reports a RingFault: RingBroken's reason, else RingLayoutInvalid."""
+        Raising reports a RingFault: RingBroken's reason, else RING_FAULT_RING_LAYOUT_INVALID."""
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         """Stop touching the ring. True: quiesced now (the shell reports RingQuiesced); False: later."""
 
     def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
@@ -79,7 +81,8 @@ class EstablisherShell:
         try:
             out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
         except Exception as e:
-            self.handle(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
+            self.handle(est.RingLeaseRejected(a.request_id, arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED,
+                                              f"arena-manager unreachable: {type(e).__name__}: {e}"))
             return
         match out:
             case Leased(layout):
@@ -93,12 +96,13 @@ class EstablisherShell:
         try:
             await self.arena.attach_worker(layout.ring_id)
         except Exception as e:
-            self.handle(est.RingFault(layout.ring_id, "RingLayoutInvalid", f"AttachRing: {type(e).__name__}: {e}"))
+            self.handle(est.RingFault(layout.ring_id, pb.RING_FAULT_RING_LAYOUT_INVALID,
+                                      f"AttachRing: {type(e).__name__}: {e}"))
             return
         try:
             now = self.host.install(edge, layout)
         except Exception as e:  # RingBroken carries the RingFaultReason
-            reason = e.reason if isinstance(e, RingBroken) else "RingLayoutInvalid"
+            reason = e.reason if isinstance(e, RingBroken) else pb.RING_FAULT_RING_LAYOUT_INVALID
             self.handle(est.RingFault(layout.ring_id, reason, f"{type(e).__name__}: {e}"))
             return
         if now:

@@ -4,7 +4,9 @@ production (tests use an in-memory codec). Extent rules are checked by `objects.
 from __future__ import annotations
 
 import swactor_ring as sr
+from swactor.common.reasons import from_ring_rs
 from swactor.edgeend.objects import HeaderFacts, HeaderInvalid
+from swactor.v1 import common_pb2 as pb
 
 
 class RingHeaderCodec:
@@ -14,7 +16,7 @@ class RingHeaderCodec:
         try:
             h = sr.ObjectHeader.parse(data, 2**64 - 1, 1)
         except sr.ObjectError as e:
-            raise HeaderInvalid(e.failure, str(e)) from None
+            raise HeaderInvalid(from_ring_rs(pb.ObjectFailure, e.failure, pb.OBJECT_FAILURE_HEADER_MALFORMED), str(e)) from None
         return HeaderFacts(h.object_id, h.sequence, h.extent, h.flags)
 
     def encode(self, facts: HeaderFacts) -> bytes:

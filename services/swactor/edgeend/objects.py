@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.events import get_logger
+from swactor.common.reasons import name
 from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.v1 import common_pb2 as pb
 
 # ---- interfaces ----
 
@@ -55,9 +57,9 @@ class HeaderFacts:
 
 
 class HeaderInvalid(Exception):
-    """Header bytes rejected by the codec; `reason` is HeaderMalformed or UnsupportedObjectVersion."""
+    """Header bytes rejected by the codec; `reason` is OBJECT_FAILURE_HEADER_MALFORMED or _UNSUPPORTED_OBJECT_VERSION."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: int, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -67,15 +69,16 @@ class HeaderCodec(Protocol):
     header_len: int
 
     def parse(self, data: bytes) -> HeaderFacts:
-        """Raise HeaderInvalid for bad magic/header_len (HeaderMalformed) or version."""
+        """Raise HeaderInvalid for bad magic/header_len (HEADER_MALFORMED) or version."""
 
     def encode(self, facts: HeaderFacts) -> bytes: ...
 
 
 class SinkFailed(Exception):
-    """The destination could not be allocated or written: DeviceAllocationFailed / DeviceCopyFailed."""
+    """The destination could not be allocated or written: an ObjectFailure,
+    OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED or OBJECT_FAILURE_DEVICE_COPY_FAILED."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: int, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -83,12 +86,12 @@ class SinkFailed(Exception):
 
 class ObjectBuffer(Protocol):
     def write(self, offset: int, data: memoryview) -> None:
-        """Copy `data` to `offset`; synchronous; raise SinkFailed(DeviceCopyFailed)."""
+        """Copy `data` to `offset`; synchronous; raise SinkFailed(OBJECT_FAILURE_DEVICE_COPY_FAILED)."""
 
 
 class ObjectSink(Protocol):
     def allocate(self, facts: HeaderFacts) -> ObjectBuffer:
-        """Destination for `facts.extent` bytes; raise SinkFailed(DeviceAllocationFailed)."""
+        """Destination for `facts.extent` bytes; raise SinkFailed(OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED)."""
 
     def discard(self, buffer: ObjectBuffer) -> None:
         """Free a partially filled destination after a failure."""
@@ -98,7 +101,7 @@ class ObjectSource(Protocol):
     extent: int
 
     def read_into(self, offset: int, dest: memoryview) -> None:
-        """Copy `len(dest)` bytes starting at `offset`; raise SinkFailed(DeviceCopyFailed)."""
+        """Copy `len(dest)` bytes starting at `offset`; raise SinkFailed(OBJECT_FAILURE_DEVICE_COPY_FAILED)."""
 
 
 # ---- object rules ----
@@ -126,12 +129,12 @@ class ObjectRules:
             raise ValueError(f"object_spec.sequence_policy {sequence_policy!r} is not supported")
         return ObjectRules(max_extent, dtype_width_bytes * row_elements, alignment)
 
-    def extent_failure(self, extent: int) -> str | None:
-        """The ObjectFailure name for a bad extent, or None."""
+    def extent_failure(self, extent: int) -> int | None:
+        """The ObjectFailure for a bad extent, or None."""
         if extent > self.max_extent:
-            return "ExtentExceedsMax"
+            return pb.OBJECT_FAILURE_EXTENT_EXCEEDS_MAX
         if extent == 0 or extent % self.row_bytes or extent % self.alignment:
-            return "ExtentAlignmentInvalid"
+            return pb.OBJECT_FAILURE_EXTENT_ALIGNMENT_INVALID
         return None
 
 
@@ -150,7 +153,7 @@ class Loaded:
 class Failed:
     """ObjectFailed; object_id/sequence are None when the header never parsed."""
 
-    reason: str
+    reason: int  # ObjectFailure
     detail: str
     object_id: int | None = None
     sequence: int | None = None
@@ -168,9 +171,9 @@ class Produced:
 
 @dataclass(frozen=True)
 class Broken:
-    """RingFault: the ring is unusable (RingFaultReason)."""
+    """RingFault: the ring is unusable."""
 
-    reason: str
+    reason: int  # RingFaultReason
     detail: str
 
 
@@ -216,12 +219,12 @@ class IngressParser:
         if old is not new:
             self._log("ingress_state", old=old.value, new=new.value, **facts)
 
-    def _fail(self, reason: str, detail: str) -> Failed:
+    def _fail(self, reason: int, detail: str) -> Failed:
         facts = self._facts
         if self._buffer is not None:
             self.sink.discard(self._buffer)
             self._buffer = None
-        self._transition(IngressState.FAULTED, reason=reason,
+        self._transition(IngressState.FAULTED, reason=name(pb.ObjectFailure, reason),
                          object_id=facts.object_id if facts else None,
                          sequence=facts.sequence if facts else None)
         return Failed(reason, detail, facts.object_id if facts else None, facts.sequence if facts else None)
@@ -251,7 +254,7 @@ class IngressParser:
                 if event is not None:
                     events.append(event)
         except RingBroken as e:
-            self._transition(IngressState.FAULTED, reason=e.reason)
+            self._transition(IngressState.FAULTED, reason=name(pb.RingFaultReason, e.reason))
             events.append(Broken(e.reason, e.detail))
         return events
 
@@ -261,7 +264,7 @@ class IngressParser:
             return Closed()
         got = self._copied if self.state is IngressState.NEED_PAYLOAD else len(self._header)
         part = "payload" if self.state is IngressState.NEED_PAYLOAD else "header"
-        return self._fail("EofMidObject", f"ring closed after {got} bytes of the {part}")
+        return self._fail(pb.OBJECT_FAILURE_EOF_MID_OBJECT, f"ring closed after {got} bytes of the {part}")
 
     def _take_header(self, span: memoryview) -> IngressEvent | None:
         n = min(len(span), self.codec.header_len - len(self._header))
@@ -280,7 +283,7 @@ class IngressParser:
             return self._fail(bad_extent, f"extent {facts.extent} (max {self.rules.max_extent}, "
                                           f"row {self.rules.row_bytes} B, alignment {self.rules.alignment})")
         if self.rules.strictly_consecutive and facts.sequence != self.expected_sequence:
-            return self._fail("SequenceViolation",
+            return self._fail(pb.OBJECT_FAILURE_SEQUENCE_VIOLATION,
                               f"sequence {facts.sequence}, expected {self.expected_sequence}")
         try:
             self._buffer = self.sink.allocate(facts)
@@ -321,9 +324,9 @@ class EgressState(enum.Enum):
 
 
 class OutputRejected(Exception):
-    """An output cannot be produced on this ring: a §37 StepFailure name and detail."""
+    """An output cannot be produced on this ring: a §37 StepFailure and detail."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: int, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
@@ -361,15 +364,16 @@ class EgressProducer:
 
     def start(self, facts: HeaderFacts, source: ObjectSource) -> None:
         if self.state is not EgressState.WAITING_FOR_OUTPUT:
-            raise OutputRejected("InvalidOutputRing", f"egress ring is {self.state.value}, not WaitingForOutput")
+            raise OutputRejected(pb.STEP_FAILURE_INVALID_OUTPUT_RING, f"egress ring is {self.state.value}, not WaitingForOutput")
         if source.extent != facts.extent:
-            raise OutputRejected("OutputExtentInvalid",
+            raise OutputRejected(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID,
                                  f"role produced {source.extent} bytes, binding declared {facts.extent}")
         bad = self.rules.extent_failure(facts.extent)
         if bad is not None:
-            raise OutputRejected("OutputExtentInvalid", f"output extent {facts.extent}: {bad}")
+            raise OutputRejected(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID,
+                                 f"output extent {facts.extent}: {name(pb.ObjectFailure, bad)}")
         if self.rules.strictly_consecutive and facts.sequence != self.next_sequence:
-            raise OutputRejected("InvalidOutputRing",
+            raise OutputRejected(pb.STEP_FAILURE_INVALID_OUTPUT_RING,
                                  f"output sequence {facts.sequence}, ring expects {self.next_sequence}")
         self._facts, self._source = facts, source
         self._header, self._written = self.codec.encode(facts), 0
@@ -408,9 +412,9 @@ class EgressProducer:
                                      sequence=facts.sequence)
                     events.append(Produced(facts))
         except SinkFailed as e:
-            self._transition(EgressState.FAULTED, reason="DeviceCopyFailed")
-            events.append(Broken("DeviceCopyFailed", e.detail))
+            self._transition(EgressState.FAULTED, reason="RING_FAULT_DEVICE_COPY_FAILED")
+            events.append(Broken(pb.RING_FAULT_DEVICE_COPY_FAILED, e.detail))
         except RingBroken as e:
-            self._transition(EgressState.FAULTED, reason=e.reason)
+            self._transition(EgressState.FAULTED, reason=name(pb.RingFaultReason, e.reason))
             events.append(Broken(e.reason, e.detail))
         return events

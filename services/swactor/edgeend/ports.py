@@ -23,7 +23,7 @@ class Leased:
 
 @dataclass(frozen=True)
 class Rejected:
-    reason: str  # ExceedsCeiling | ShuttingDown | RingInitFailed
+    reason: int  # arena_pb2.LeaseRejectReason
     detail: str
 
 

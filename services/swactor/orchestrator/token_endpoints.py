@@ -19,9 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from swactor.common import reasons
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
+from swactor.common.reasons import name
 from swactor.common.ringport import open_consumer, open_producer
 from swactor.edgeend import establisher as est
 from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
@@ -35,14 +35,6 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import edge_pb2
 
 TOKEN_IN_PORT, TOKEN_OUT_PORT = 0, 1
-
-
-def _run_fault(name: str) -> int:
-    """An EdgeFailed reason (RunFaultReason in CamelCase) as the enum value."""
-    try:
-        return reasons.proto_value("RunFaultReason", name)
-    except ValueError:
-        return pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
 
 
 class RingTokenEndpoints:
@@ -127,7 +119,7 @@ class RingTokenEndpoints:
                 self._ready.add(edge_id)
                 self._maybe_announce()
             case est.EdgeFailed(edge_id, reason, _component, detail):
-                self._fail(_run_fault(reason), f"{self._name(edge_id)} edge {edge_id}: {reason}: {detail}")
+                self._fail(reason, f"{self._name(edge_id)} edge {edge_id}: {name(pb.RunFaultReason, reason)}: {detail}")
             case est.EdgeStopped(edge_id):
                 self._stopped.add(edge_id)
                 if self._stopped >= set(self._provisions):
@@ -139,7 +131,7 @@ class RingTokenEndpoints:
         self._edge_ring[edge.edge_id] = layout.ring_id
         return True
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         end = self._ends.pop(ring_id, None)
         if end is not None:
             if ring_id == self._reader_ring and self._reader_task is not None:

@@ -17,6 +17,7 @@ import asyncio
 import numpy as np
 
 from swactor.common.ids import new_id
+from swactor.common.reasons import name
 from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edgeend.header import HEADER_CODEC
 from swactor.edgeend.hostobjects import HostSink, HostSource
@@ -63,11 +64,11 @@ class TokenWriter:
         try:
             self._egress.start(HeaderFacts(new_id(), sequence, len(payload), 0), HostSource(payload))
         except OutputRejected as e:
-            raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {e.reason}: {e.detail}") from None
+            raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {name(pb.StepFailure, e.reason)}: {e.detail}") from None
         while True:
             for ev in self._egress.pump():
                 if isinstance(ev, Broken):
-                    raise FleetError(pb.RUN_FAULT_RING_FAULT, f"token-in ring: {ev.reason}: {ev.detail}")
+                    raise FleetError(pb.RUN_FAULT_RING_FAULT, f"token-in ring: {name(pb.RingFaultReason, ev.reason)}: {ev.detail}")
             if not self._egress.busy:
                 return
             fd = self.end.arm_wait()
@@ -95,12 +96,12 @@ class TokenReader:
                             return
                         report(F.TokenReceived(facts.sequence, int(ids[0])))
                     case Failed(reason=reason, detail=detail, sequence=seq):
-                        fault = (pb.RUN_FAULT_SEQUENCE_VIOLATION if reason == "SequenceViolation"
+                        fault = (pb.RUN_FAULT_SEQUENCE_VIOLATION if reason == pb.OBJECT_FAILURE_SEQUENCE_VIOLATION
                                  else pb.RUN_FAULT_OBJECT_FAILED)
-                        report(F.EndpointFault(fault, f"token-out object {seq}: ObjectFailure.{reason}: {detail}"))
+                        report(F.EndpointFault(fault, f"token-out object {seq}: {name(pb.ObjectFailure, reason)}: {detail}"))
                         return
                     case Broken(reason=reason, detail=detail):
-                        report(F.EndpointFault(pb.RUN_FAULT_RING_FAULT, f"token-out ring: {reason}: {detail}"))
+                        report(F.EndpointFault(pb.RUN_FAULT_RING_FAULT, f"token-out ring: {name(pb.RingFaultReason, reason)}: {detail}"))
                         return
                     case Closed():
                         return

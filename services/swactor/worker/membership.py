@@ -11,13 +11,14 @@ from typing import Protocol
 
 import grpc
 
-from swactor.v1 import membership_pb2, membership_pb2_grpc
+from swactor.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 
 
 class MembershipPort(Protocol):
     async def set_available(self, control_endpoint: str) -> None: ...
 
-    async def set_faulted(self, reason: str) -> None: ...
+    async def set_faulted(self, reason: int) -> None:
+        """NodeFaulted with a RunFaultReason."""
 
 
 class MembershipClientPort:
@@ -31,9 +32,9 @@ class MembershipClientPort:
         await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
             state=membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint), timeout=10)
 
-    async def set_faulted(self, reason: str) -> None:
+    async def set_faulted(self, reason: int) -> None:
         await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
-            state=membership_pb2.NODE_STATE_FAULTED, reason=reason), timeout=10)
+            state=membership_pb2.NODE_STATE_FAULTED, reason=common_pb2.RunFaultReason.Name(reason)), timeout=10)
 
     async def close(self) -> None:
         await self._channel.close()

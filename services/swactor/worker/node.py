@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from swactor.common import reasons
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.edgeend import establisher as est
@@ -142,8 +141,8 @@ class StageNode:
             if now:
                 self._spawn(self.membership.set_available(self.control_endpoint))
             else:
-                reason = "WorkerCrashed" if not self.worker_ready else "NodeUnavailable"
-                self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", reason)))
+                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if not self.worker_ready else common_pb2.RUN_FAULT_NODE_UNAVAILABLE
+                self._spawn(self.membership.set_faulted(reason))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
@@ -287,7 +286,7 @@ class StageNode:
             case WorkerCrashed() | WorkerFailed():
                 self.worker_ready = False
                 self._check_available()
-                reason = "WorkerCrashed" if isinstance(ev, WorkerCrashed) else "WorkerFatal"
+                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if isinstance(ev, WorkerCrashed) else common_pb2.RUN_FAULT_WORKER_FATAL
                 self._stage(stage_fsm.WorkerGone(reason, ev.detail))
                 self._maybe_restart_worker()
             case wire.RingInstalled(ring_id=rid):
@@ -343,7 +342,7 @@ class WorkerRingHost:
                                        edge.object_spec))
         return False
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         self.ctl.send(wire.UninstallRing(ring_id, reason))
         return False
 

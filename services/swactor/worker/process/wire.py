@@ -1,8 +1,9 @@
 """The process adapter of spec §28-30: one JSON object per line, commands on stdin, events on stdout.
 
 Every message is `{"type": "<Name>", ...fields}`; fields are exactly the dataclass fields below,
-reason fields carry §37 names in CamelCase (see `reasons`). Decoding is strict: a missing, unknown
-or wrongly typed field is a `MalformedMessage` naming it. Payload bytes never appear here; device
+a reason field holds a common.proto enum value (swactor.common.reasons) and is carried as the value's
+name, e.g. `"reason": "RING_FAULT_HEADER_MALFORMED"`. Decoding is strict: a missing, unknown or
+wrongly typed field, or a reason name its enum does not have, is a `MalformedMessage` naming it. Payload bytes never appear here; device
 objects travel only as opaque `DeviceHandle`s.
 """
 
@@ -13,11 +14,25 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import cache
+from typing import Annotated, Any, TypeVar
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from swactor.edgeend.shapes import Layout, ObjSpec
+from swactor.v1 import common_pb2 as pb
 
 T = TypeVar("T")
+
+# Reason fields: the enum's int value in Python, its value name on the wire.
+UninstallReason = Annotated[int, pb.UninstallReason]
+WorkerFatalReason = Annotated[int, pb.WorkerFatalReason]
+WorkerStoppedReason = Annotated[int, pb.WorkerStoppedReason]
+RoleFailure = Annotated[int, pb.RoleFailure]
+RingFaultReason = Annotated[int, pb.RingFaultReason]
+ObjectFailure = Annotated[int, pb.ObjectFailure]
+StepFailure = Annotated[int, pb.StepFailure]
+ReleaseFailure = Annotated[int, pb.ReleaseFailure]
 
 
 class MalformedMessage(ValueError):
@@ -98,7 +113,7 @@ class InstallRing:
 @dataclass(frozen=True)
 class UninstallRing:
     ring_id: int
-    reason: str  # UninstallReason
+    reason: UninstallReason
 
 
 @dataclass(frozen=True)
@@ -166,13 +181,13 @@ class WorkerReady:
 
 @dataclass(frozen=True)
 class WorkerFatal:
-    reason: str  # WorkerFatalReason
+    reason: WorkerFatalReason
     detail: str = ""
 
 
 @dataclass(frozen=True)
 class WorkerStopped:
-    reason: str  # WorkerStoppedReason
+    reason: WorkerStoppedReason
 
 
 @dataclass(frozen=True)
@@ -193,9 +208,7 @@ class RoleConfigured:
 @dataclass(frozen=True)
 class RoleFailed:
     role_id: int
-    # RoleFailure: WeightsNotFound | WeightsChecksumMismatch | ConfigInvalid | WeightsLoadFailed |
-    # LoadCancelled (CancelRole, or superseded by a newer ConfigureRole) | WorkerShuttingDown | WorkerUnavailable
-    reason: str
+    reason: RoleFailure
     detail: str = ""
 
 
@@ -211,7 +224,7 @@ class RingFault:
     ring_id: int
     edge_id: int
     port_id: int
-    reason: str  # RingFaultReason
+    reason: RingFaultReason
     detail: str = ""
 
 
@@ -248,7 +261,7 @@ class ObjectFailed:
     port_id: int
     object_id: int | None
     sequence: int | None
-    reason: str  # ObjectFailure
+    reason: ObjectFailure
     detail: str = ""
 
 
@@ -262,7 +275,7 @@ class StepCompleted:
 class StepFailed:
     role_id: int
     step_id: int
-    reason: str  # StepFailure
+    reason: StepFailure
     detail: str = ""
 
 
@@ -274,7 +287,7 @@ class DeviceObjectReleased:
 @dataclass(frozen=True)
 class ReleaseFailed:
     device_handle: DeviceHandle
-    reason: str  # UnknownHandle | StaleGeneration | InUse
+    reason: ReleaseFailure
 
 
 Event = (
@@ -305,12 +318,42 @@ EVENTS: dict[str, type] = {c.__name__: c for c in typing.get_args(Event)}
 # ---- codec ----
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def _enum_of(hint: Any) -> EnumTypeWrapper | None:
+    if typing.get_origin(hint) is Annotated:
+        return next((m for m in typing.get_args(hint)[1:] if isinstance(m, EnumTypeWrapper)), None)
+    return None
+
+
+def _encode_value(hint: Any, value: Any) -> Any:
+    enum = _enum_of(hint)
+    if enum is not None:
+        return enum.Name(value)
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode_value(_hints(type(value))[f.name], getattr(value, f.name))
+                for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [_encode_value(typing.get_args(hint)[0], v) for v in value]
+    return value
+
+
 def encode(message: Any) -> str:
     """One line (no newline) for a command or event dataclass."""
-    return json.dumps({"type": type(message).__name__, **dataclasses.asdict(message)}, separators=(",", ":"))
+    return json.dumps({"type": type(message).__name__, **_encode_value(type(message), message)}, separators=(",", ":"))
 
 
 def _decode_value(path: str, hint: Any, value: Any) -> Any:
+    enum = _enum_of(hint)
+    if enum is not None:
+        values = enum.DESCRIPTOR.values_by_name
+        if not isinstance(value, str) or value not in values or values[value].number == 0:
+            known = ", ".join(n for n, v in values.items() if v.number)
+            raise MalformedMessage(f"{path}: {value!r} is not a {enum.DESCRIPTOR.name}; known: {known}")
+        return values[value].number
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
@@ -349,7 +392,7 @@ def _decode_value(path: str, hint: Any, value: Any) -> Any:
 
 
 def _decode_fields(path: str, cls: type[T], obj: dict[str, Any]) -> T:
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(obj) - set(known))
     if unknown:
