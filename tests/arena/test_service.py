@@ -12,7 +12,6 @@ import pytest
 from swactor.arena.client import (
     NEVER_INSTALLED,
     ArenaCallError,
-    ArenaClient,
     AsyncArenaClient,
     Cancelled,
     Leased,
@@ -23,6 +22,7 @@ from swactor.arena.client import (
 from swactor.v1 import arena_pb2, common_pb2
 
 from .conftest import MIB, ArenaProc, start_arena
+from .sync_client import ArenaClient
 
 INGRESS = common_pb2.RING_DIRECTION_INGRESS
 

@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from swactor.common.layout import Layout
 from swactor.edgeend import establisher as e
-from swactor.edgeend import shapes
+from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 
-SPEC = shapes.ObjSpec("Activations", 64, "Float", 4, 4, 4)
+SPEC = ObjSpec("Activations", 64, "Float", 4, 4, 4)
 
 
 def prov(edge_id: int = 5, direction: str = "Ingress") -> e.EdgeProvision:
     return e.EdgeProvision(edge_id, direction, peer_node_id=99, port_id=0, object_spec=SPEC, ring_spec=None)
 
 
-def layout(ring_id: int = 70) -> shapes.Layout:
-    return shapes.Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
+def layout(ring_id: int = 70) -> Layout:
+    return Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
 
 
 def ready(direction: str = "Ingress") -> e.EdgeEstablisher:

@@ -18,7 +18,6 @@ from swactor.edge.identity import create_identity
 from swactor.edge.peers import StaticPeerDirectory
 from swactor.edge.ring_source import WakeFds
 from swactor.edgeend import establisher as est
-from swactor.edgeend.adapters import to_proto_layout
 from swactor.v1 import common_pb2
 
 
@@ -48,11 +47,11 @@ class DriverPortAdapter:
 
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Any) -> None:
         self.calls.append(("send", edge_id))
-        await self.driver.establish_send(edge_id, rx_node_id, layout.ring_id, to_proto_layout(layout))
+        await self.driver.establish_send(edge_id, rx_node_id, layout.ring_id, layout.to_pb())
 
     async def establish_recv(self, edge_id: int, layout: Any) -> None:
         self.calls.append(("recv", edge_id))
-        await self.driver.establish_recv(edge_id, layout.ring_id, to_proto_layout(layout))
+        await self.driver.establish_recv(edge_id, layout.ring_id, layout.to_pb())
 
     async def stop_edge(self, edge_id: int) -> bool:
         self.calls.append(("stop", edge_id))

@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from swactor.common import control_tls
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import SamplingPolicy, plan_run
+from swactor.orchestrator.planner import plan_run
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels, provision_request
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb

@@ -13,10 +13,11 @@ import pytest
 
 import swactor_ring as sr
 from swactor.common import ringport
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator import token_endpoints, token_rings
 from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import SamplingPolicy, plan_run
+from swactor.orchestrator.planner import plan_run
 from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 from tests.worker_service import harness, node_fakes
@@ -59,8 +60,8 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
         factory = token_endpoints.RingEndpointFactory(connect)
         ep = await factory.open(plan, got.append)
         await wait_for(lambda: F.EndpointsReady() in got, "EndpointsReady")
-        tin = ep.est.records[plan.token_in.edge_id]
-        tout = ep.est.records[plan.token_out.edge_id]
+        tin = ep.edges.core.records[plan.token_in.edge_id]
+        tout = ep.edges.core.records[plan.token_out.edge_id]
         assert tin.layout.data_capacity >= plan.token_in.ring_data_capacity
         # the far ends, sharing the orchestrator handles' eventfds (the driver's pumps in production)
         orch_in, orch_out = ep._ends[tin.ring_id], ep._ends[tout.ring_id]
@@ -84,12 +85,12 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
         return ep
 
     ep = asyncio.run(main())
-    rings = {r.ring_id for r in ep.est.records.values()}
+    rings = {r.ring_id for r in ep.edges.core.records.values()}
     kinds = [k for k, _ in arena_port.calls]
     assert kinds.count("lease") == 2 and kinds.count("attach") == 2 and kinds.count("release") == 2
     assert {r for k, r in arena_port.calls if k == "release"} == rings
     assert sorted(k for k, _ in driver.calls) == ["recv", "send", "stop", "stop"]
-    assert all(r.state.name == "STOPPED" for r in ep.est.records.values())
+    assert all(r.state.name == "STOPPED" for r in ep.edges.core.records.values())
     assert not [g for g in got if isinstance(g, F.EndpointFault)]
     assert ep._ends == {}  # both ring handles closed before the leases were released
 

@@ -11,7 +11,7 @@ import pytest
 
 import swactor_ring as sr
 from swactor.common import ringport
-from swactor.edgeend.shapes import Layout
+from swactor.common.layout import Layout
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator import token_rings
 from swactor.orchestrator.fleet import FleetError

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 from swactor.edgeend.ports import Leased
-from swactor.edgeend.shapes import Layout
 from swactor.v1 import common_pb2
 from swactor.worker.ctl_fsm import CtlState
 from swactor.worker.process import wire

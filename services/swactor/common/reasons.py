@@ -2,9 +2,10 @@
 (`common_pb2.RING_FAULT_HEADER_MALFORMED`), logs and the compute process's JSON wire carry its
 value name ("RING_FAULT_HEADER_MALFORMED").
 
-Two helpers for the edges of that rule: `name` for a log field, and `from_ring_rs` for the one
-place names arrive in another spelling: ring-rs reports its RingFaultReason / ObjectFailure in
-CamelCase (`HeaderMalformed`), which maps to the proto value of the same meaning.
+`ReasonError` is the one exception shape that carries such a reason with a detail. Two helpers for
+the edges of the rule: `name` for a log field, and `from_ring_rs` for the one place names arrive in
+another spelling: ring-rs reports its RingFaultReason / ObjectFailure in CamelCase
+(`HeaderMalformed`), which maps to the proto value of the same meaning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,16 @@ _PREFIX = {
     pb.RingFaultReason: "RING_FAULT_",
     pb.ObjectFailure: "OBJECT_FAILURE_",
 }
+
+
+class ReasonError(Exception):
+    """A failure with a reason (a common.proto enum value; each subclass says which enum) and a
+    detail naming what went wrong; str() is the detail."""
+
+    def __init__(self, reason: int, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
 
 
 def name(enum: EnumTypeWrapper, value: int) -> str:

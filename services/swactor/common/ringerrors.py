@@ -4,15 +4,12 @@ report a broken one as an event), can name these without importing `swactor_ring
 
 from __future__ import annotations
 
+from swactor.common.reasons import ReasonError
 
-class RingBroken(Exception):
+
+class RingBroken(ReasonError):
     """The ring is unusable (faulted, closed under a producer, layout/ABI problem, handle released):
     `reason` is a §37 RingFaultReason (common_pb2 value), `detail` says what happened."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class RingClosed(Exception):

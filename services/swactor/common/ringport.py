@@ -15,7 +15,7 @@ the orderly end of a producer's data is `RingClosed`, which is not an error (bot
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import swactor_ring as sr
 from swactor.common.reasons import from_ring_rs
@@ -25,14 +25,16 @@ from swactor.v1 import common_pb2 as pb
 # The ring helper ABI this runtime speaks: ring-rs' header version (RING_VERSION).
 ABI_VERSION: int = sr.RING_VERSION
 
+_E = TypeVar("_E", bound="_End")
+
 
 def map_arena(fd: int, size: int) -> Any:
     return sr.Arena.from_fd(fd, size)
 
 
 def native_layout(layout: Any) -> Any:
-    """ring-rs' RingLayout of any §18 layout value with its seven fields (a `shapes.Layout`, a
-    common.proto RingLayout, the arena's own Layout)."""
+    """ring-rs' RingLayout of any §18 layout value with its seven fields (`common.layout.Layout`, a
+    common.proto RingLayout)."""
     return sr.RingLayout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
                          layout.data_offset, layout.data_capacity, layout.alignment)
 
@@ -47,6 +49,8 @@ def broken(e: Exception, default_reason: int = pb.RING_FAULT_RING_STATE_INVALID)
 class _End:
     """What both ends share: the handle, its eventfds, the live span export, release and reopen."""
 
+    _ARM: str  # the ring-rs call that sets this side's waiting bit
+
     def __init__(self, handle: Any, arena: Any, layout: Any, on_release: Callable[[int], None] | None) -> None:
         self._h: Any = handle
         self.arena = arena
@@ -60,6 +64,13 @@ class _End:
         if self._h is None:
             raise RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring {self.ring_id}: handle already released")
         return self._h
+
+    def _do(self, op: str, *args: Any) -> Any:
+        """ring-rs handle method `op`; its errors (and BufferError: a span still exported) as RingBroken."""
+        try:
+            return getattr(self._handle(), op)(*args)
+        except (sr.RingError, BufferError) as e:
+            raise broken(e) from None
 
     def _release_view(self) -> None:
         if self._view is not None:
@@ -89,12 +100,9 @@ class _End:
         """Set this side's waiting bit: the fd to poll, or None when progress is possible now. A
         broken ring also answers None: the next span or advance raises its RingBroken."""
         try:
-            return None if self._arm() else int(self._handle().fileno())
-        except (sr.RingError, RingBroken):
+            return None if self._do(self._ARM) else int(self._handle().fileno())
+        except RingBroken:
             return None
-
-    def _arm(self) -> bool:
-        raise NotImplementedError
 
     def ack(self) -> None:
         """Drain this side's eventfd after a wake."""
@@ -121,6 +129,8 @@ class ConsumerEnd(_End):
     """The consumer of a ring: `objects.ReadRing` for the compute process and the token-out
     endpoint, the ring side of the edge-driver's send pump."""
 
+    _ARM = "arm_readable"
+
     def readable(self, max_bytes: int | None = None) -> memoryview:
         """Committed bytes at the consume cursor, one contiguous span (may be empty). Raises
         RingClosed once the producer closed the ring and nothing is left to read."""
@@ -138,73 +148,52 @@ class ConsumerEnd(_End):
 
     def advance_consume(self, n: int) -> None:
         self._release_view()
-        try:
-            self._handle().advance_consume(n)
-        except sr.RingError as e:
-            raise broken(e) from None
-
-    def _arm(self) -> bool:
-        return bool(self._handle().arm_readable())
+        self._do("advance_consume", n)
 
 
 class ProducerEnd(_End):
     """The producer of a ring: `objects.WriteRing` for the compute process and the token-in
     endpoint, the ring side of the edge-driver's recv pump."""
 
+    _ARM = "arm_writable"
+
     def writable(self, max_bytes: int | None = None) -> memoryview:
         """Free bytes at the write cursor, one contiguous span (may be empty)."""
-        try:
-            return self._span(self._handle().writable_span(max_bytes))
-        except (sr.RingError, BufferError) as e:
-            raise broken(e) from None
+        return self._span(self._do("writable_span", max_bytes))
 
     def advance_commit(self, n: int) -> None:
         self._release_view()
-        try:
-            self._handle().advance_commit(n)
-        except sr.RingError as e:
-            raise broken(e) from None
+        self._do("advance_commit", n)
 
     def free(self) -> int:
-        try:
-            return int(self._handle().free())
-        except sr.RingError as e:
-            raise broken(e) from None
+        return int(self._do("free"))
 
     def write(self, data: bytes | memoryview) -> int:
         """Copy as much of `data` as fits (across the wrap) and commit it; the bytes written."""
-        try:
-            return int(self._handle().write(data))
-        except sr.RingError as e:
-            raise broken(e) from None
+        return int(self._do("write", data))
 
     def close_stream(self) -> None:
         """Open -> Closed, the orderly end of data: the consumer reads the committed bytes, then RingClosed."""
-        try:
-            self._handle().close()
-        except sr.RingError as e:
-            raise broken(e) from None
+        self._do("close")
 
-    def _arm(self) -> bool:
-        return bool(self._handle().arm_writable())
+
+def _open(end: type[_E], handle: Any, arena: Any, layout: Any, readable_fd: int | None, writable_fd: int | None,
+          on_release: Callable[[int], None] | None) -> _E:
+    try:
+        h = handle(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd)
+    except (sr.RingError, ValueError, OSError) as e:
+        raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
+    return end(h, arena, layout, on_release)
 
 
 def open_consumer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
                   on_release: Callable[[int], None] | None = None) -> ConsumerEnd:
     """The consumer end of the ring at `layout` in `arena`; eventfds are dup'ed (None: fresh ones).
     `on_release(ring_id)` runs once when the end is released."""
-    try:
-        return ConsumerEnd(sr.Consumer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
-                           arena, layout, on_release)
-    except (sr.RingError, ValueError, OSError) as e:
-        raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
+    return _open(ConsumerEnd, sr.Consumer, arena, layout, readable_fd, writable_fd, on_release)
 
 
 def open_producer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
                   on_release: Callable[[int], None] | None = None) -> ProducerEnd:
     """The producer end of the ring at `layout` in `arena`; as open_consumer."""
-    try:
-        return ProducerEnd(sr.Producer(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd),
-                           arena, layout, on_release)
-    except (sr.RingError, ValueError, OSError) as e:
-        raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
+    return _open(ProducerEnd, sr.Producer, arena, layout, readable_fd, writable_fd, on_release)

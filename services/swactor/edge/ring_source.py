@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import swactor_ring as sr
 from swactor.common.events import get_logger
@@ -67,19 +68,16 @@ class ArenaRingSource:
         return attached
 
     async def open_producer(self, ring_id: int, layout: common_pb2.RingLayout) -> ProducerEnd:
-        attached = await self._attach(ring_id, layout)
-        rfd, wfd = self.wake.create(ring_id)
-        try:
-            return open_producer(self.arena, attached, readable_fd=rfd, writable_fd=wfd, on_release=self._release)
-        except Exception:
-            self._release(ring_id)
-            raise
+        return await self._open(open_producer, ring_id, layout)
 
     async def open_consumer(self, ring_id: int, layout: common_pb2.RingLayout) -> ConsumerEnd:
+        return await self._open(open_consumer, ring_id, layout)
+
+    async def _open(self, opener: Callable[..., Any], ring_id: int, layout: common_pb2.RingLayout) -> Any:
         attached = await self._attach(ring_id, layout)
         rfd, wfd = self.wake.create(ring_id)
         try:
-            return open_consumer(self.arena, attached, readable_fd=rfd, writable_fd=wfd, on_release=self._release)
+            return opener(self.arena, attached, readable_fd=rfd, writable_fd=wfd, on_release=self._release)
         except Exception:
             self._release(ring_id)
             raise

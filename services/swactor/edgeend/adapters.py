@@ -11,24 +11,13 @@ import grpc
 
 from swactor.arena import client as arena_client
 from swactor.common.events import get_logger
+from swactor.common.grpcio import LocalClient
+from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 from swactor.edgeend.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
-from swactor.edgeend.shapes import Layout
 from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc
 
 _DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
-
-
-def to_layout(layout: common_pb2.RingLayout) -> Layout:
-    return Layout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
-                       layout.data_offset, layout.data_capacity, layout.alignment)
-
-
-def to_proto_layout(layout: Layout) -> common_pb2.RingLayout:
-    return common_pb2.RingLayout(ring_id=layout.ring_id, arena_offset=layout.arena_offset,
-                                 total_len=layout.total_len, header_offset=layout.header_offset,
-                                 data_offset=layout.data_offset, data_capacity=layout.data_capacity,
-                                 alignment=layout.alignment)
 
 
 class ArenaClientPort:
@@ -44,7 +33,7 @@ class ArenaClientPort:
                                       direction=_DIRECTION[direction], ring_spec=ring_spec)
         match out:
             case arena_client.Leased():
-                return Leased(to_layout(out.layout))
+                return Leased(Layout.from_pb(out.layout))
             case arena_client.Rejected():
                 return Rejected(out.reason, out.detail)
         return Cancelled()
@@ -72,21 +61,21 @@ class ArenaClientPort:
         await self.client.release(ring_id, proof, when_detached=True)
 
 
-class EdgeDriverPort:
+class EdgeDriverPort(LocalClient):
     """DriverPort over the edge-driver's gRPC Unix socket and its wake-fd hand-out socket."""
 
     def __init__(self, socket_path: Path, wake_socket: Path) -> None:
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        super().__init__(socket_path)
         self._stub = edge_pb2_grpc.EdgeDriverStub(self._channel)
         self.wake_socket = wake_socket
 
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None:
         await self._stub.EstablishSend(edge_pb2.EstablishSendRequest(
-            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
 
     async def establish_recv(self, edge_id: int, layout: Layout) -> None:
         await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
 
     async def stop_edge(self, edge_id: int) -> bool:
         resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id))
@@ -125,6 +114,3 @@ class EdgeDriverPort:
         except grpc.aio.AioRpcError:
             return False
         return True
-
-    async def close(self) -> None:
-        await self._channel.close()

@@ -52,7 +52,7 @@ class EdgeProvision:
     direction: str  # "Egress" (Tx: this node produces) | "Ingress" (Rx: this node consumes)
     peer_node_id: int  # consumer node for Tx; producer node for Rx (informational)
     port_id: int
-    object_spec: Any  # shapes.ObjSpec (stage node) | common_pb2.ObjectSpec (token endpoints)
+    object_spec: Any  # objects.ObjSpec (stage node) | common_pb2.ObjectSpec (token endpoints)
     ring_spec: Any  # common_pb2.RingSpec
 
 
@@ -68,7 +68,7 @@ class Provision:
 @dataclass(frozen=True)
 class RingLeased:
     request_id: int
-    layout: Any  # shapes.Layout
+    layout: Any  # common.layout.Layout
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from swactor.common.ringerrors import RingBroken
@@ -35,16 +36,17 @@ class RingHost(Protocol):
         """The driver accepted the edge; `fds` are its pump's eventfds for the ring (the shell closes them)."""
 
 
+@dataclass(eq=False)
 class EstablisherShell:
-    def __init__(self, core: est.EdgeEstablisher, arena: ArenaPort, driver: DriverPort, host: RingHost,
-                 outcome: Callable[[EdgeOutcome], None], spawn: Callable[[Awaitable[Any]], None], log: Any) -> None:
-        self.core = core
-        self.arena = arena
-        self.driver = driver
-        self.host = host
-        self.outcome = outcome
-        self.spawn = spawn
-        self.log = log
+    """One owner's edges: the core, the local services, the ring host, and where outcomes go."""
+
+    arena: ArenaPort
+    driver: DriverPort
+    host: RingHost
+    outcome: Callable[[EdgeOutcome], None]
+    spawn: Callable[[Awaitable[Any]], None]  # runs a coroutine as a task the owner tracks
+    log: Any
+    core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.events import get_logger
-from swactor.common.reasons import name
+from swactor.common.reasons import ReasonError, name
 from swactor.common.ringerrors import RingBroken, RingClosed
 from swactor.v1 import common_pb2 as pb
 
@@ -56,13 +56,8 @@ class HeaderFacts:
     flags: int = 0
 
 
-class HeaderInvalid(Exception):
+class HeaderInvalid(ReasonError):
     """Header bytes rejected by the codec; `reason` is OBJECT_FAILURE_HEADER_MALFORMED or _UNSUPPORTED_OBJECT_VERSION."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class HeaderCodec(Protocol):
@@ -74,14 +69,9 @@ class HeaderCodec(Protocol):
     def encode(self, facts: HeaderFacts) -> bytes: ...
 
 
-class SinkFailed(Exception):
+class SinkFailed(ReasonError):
     """The destination could not be allocated or written: an ObjectFailure,
     OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED or OBJECT_FAILURE_DEVICE_COPY_FAILED."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class ObjectBuffer(Protocol):
@@ -105,6 +95,19 @@ class ObjectSource(Protocol):
 
 
 # ---- object rules ----
+
+
+@dataclass(frozen=True)
+class ObjSpec:
+    """§17 ObjectSpec. kind: Tokens|Activations|Weights; dtype_family: Float|Int|Uint|Bfloat."""
+
+    kind: str
+    max_extent: int
+    dtype_family: str
+    dtype_width_bytes: int
+    row_elements: int
+    alignment: int
+    sequence_policy: str = "StrictlyConsecutive"
 
 
 @dataclass(frozen=True)
@@ -323,13 +326,8 @@ class EgressState(enum.Enum):
     UNINSTALLED = "Uninstalled"
 
 
-class OutputRejected(Exception):
+class OutputRejected(ReasonError):
     """An output cannot be produced on this ring: a §37 StepFailure and detail."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class EgressProducer:

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
-from swactor.edgeend.shapes import Layout
 
 
 @dataclass(frozen=True)

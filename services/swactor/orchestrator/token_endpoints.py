@@ -44,11 +44,8 @@ class RingTokenEndpoints:
                  *, close_timeout_s: float = 20.0) -> None:
         self.plan = plan
         self.report = report
-        self.arena = arena
-        self.driver = driver
         self.arena_map = arena_map
         self.close_timeout_s = close_timeout_s
-        self.est = est.EdgeEstablisher()
         tin, tout = plan.token_in, plan.token_out
         self.token_in_edge, self.token_out_edge = tin.edge_id, tout.edge_id
         self._plans: dict[int, EdgePlan] = {tin.edge_id: tin, tout.edge_id: tout}
@@ -74,7 +71,7 @@ class RingTokenEndpoints:
         self._timing_task: asyncio.Task[None] | None = None
         self._committed_us: dict[int, int] = {}  # token-in sequence -> commit stamp, until its timing arrives
         self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
-        self.edges = EstablisherShell(self.est, arena, driver, self, self._outcome, self._spawn, self.log)
+        self.edges = EstablisherShell(arena, driver, self, self._outcome, self._spawn, self.log)
 
     # ---- lifecycle ----
 
@@ -185,7 +182,7 @@ class RingTokenEndpoints:
             self.report(F.Relay(ev))
 
         ends = {self.token_in_edge: edge_pb2.EDGE_ROLE_SEND, self.token_out_edge: edge_pb2.EDGE_ROLE_RECV}
-        await relay_object_timings(self.driver, ends, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
+        await relay_object_timings(self.edges.driver, ends, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
                                    stage_index=None, emit=relay, log=self.log)
 
 

@@ -1,7 +1,7 @@
 """The stage node's view of the local membership service: §8 NodeAvailable / NodeFaulted.
 
-`MembershipPort` is what StageNode needs; `MembershipClientPort` is the real one over
-SetLocalState on membership's Unix socket. Node tests plug in an in-memory fake.
+`MembershipPort` is what StageNode needs; `MembershipClientPort` is the real one: the membership
+service's own client (SetLocalState on its Unix socket). Node tests plug in an in-memory fake.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-import grpc
-
-from swactor.v1 import common_pb2, membership_pb2, membership_pb2_grpc
+from swactor.membership.client import MembershipClient
+from swactor.v1 import common_pb2, membership_pb2
 
 
 class MembershipPort(Protocol):
@@ -21,20 +20,14 @@ class MembershipPort(Protocol):
         """NodeFaulted with a RunFaultReason."""
 
 
-class MembershipClientPort:
-    """MembershipPort over SetLocalState (§8 NodeAvailable)."""
+class MembershipClientPort(MembershipClient):
+    """MembershipPort over the local membership service's SetLocalState (swactor.membership.client)."""
 
     def __init__(self, socket_path: Path) -> None:
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
-        self._stub = membership_pb2_grpc.MembershipStub(self._channel)
+        super().__init__(socket_path, timeout_s=10.0)
 
     async def set_available(self, control_endpoint: str) -> None:
-        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
-            state=membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint), timeout=10)
+        await self.set_local_state(membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint)
 
     async def set_faulted(self, reason: int) -> None:
-        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
-            state=membership_pb2.NODE_STATE_FAULTED, reason=common_pb2.RunFaultReason.Name(reason)), timeout=10)
-
-    async def close(self) -> None:
-        await self._channel.close()
+        await self.set_local_state(membership_pb2.NODE_STATE_FAULTED, common_pb2.RunFaultReason.Name(reason))

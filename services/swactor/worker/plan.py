@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.edgeend.establisher import EdgeProvision
-from swactor.edgeend.shapes import ObjSpec
+from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2, stage_pb2
 from swactor.worker.stage_fsm import INPUT_PORT, OUTPUT_PORT, StagePlan
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.reasons import name
-from swactor.edgeend.establisher import EdgeProvision
+from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
 from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
 from swactor.worker.process import wire
@@ -64,25 +64,6 @@ class Provision:
 @dataclass(frozen=True)
 class StopRun:
     pass
-
-
-@dataclass(frozen=True)
-class EdgeReady:
-    edge_id: int
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class EdgeFailed:
-    edge_id: int
-    reason: int  # RunFaultReason
-    component: int  # Component
-    detail: str
-
-
-@dataclass(frozen=True)
-class EdgeStopped:
-    edge_id: int
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from swactor.orchestrator.gguf_model import ModelError, TokenizerData, read_model
+from swactor.common.gguf import ModelRefused, open_gguf
+from swactor.orchestrator.gguf_model import TokenizerData, read_tokenizer
 from swactor.orchestrator.tokenizer.bytemap import decode_chars, encode_bytes
 from swactor.orchestrator.tokenizer.pretokenize import PreTokenizer
 
@@ -65,8 +66,8 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: Path) -> Tokenizer:
         try:
-            _, data = read_model(path)
-        except ModelError as e:
+            data = read_tokenizer(open_gguf(path))
+        except ModelRefused as e:
             raise TokenizerError(str(e)) from None
         return cls(data)
 

@@ -20,11 +20,13 @@ from gguf import GGMLQuantizationType as QT
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
 from tinygrad.helpers import NUM_CPU_THREADS
 
+from swactor.common.sampling import SamplingPolicy
+
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .linear import N_TENSORS, SLICES_PER_THREAD, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
 from .replay import Plan, plan, read
-from .sampling import Sampler, SamplingPolicy
+from .sampling import Sampler
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def _int(config: dict[str, Any], name: str) -> int:
 
 
 def sampling_policy(config: dict[str, Any]) -> Any:
-    from swactor.worker.compute import SamplingPolicy
+    from swactor.common.sampling import SamplingPolicy
 
     s = config.get("sampling") or {}
     if not isinstance(s, dict) or set(s) - {"temperature", "top_k", "top_p", "seed"}:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from swactor.common.events import configure_logging, get_logger
-from swactor.common.reasons import name
+from swactor.common.reasons import ReasonError, name
 from swactor.common.ringerrors import RingBroken
 from swactor.edgeend.objects import (
     Broken,
@@ -59,11 +59,8 @@ RECHECK_MIN_S = 0.001
 RECHECK_MAX_S = 0.032
 
 
-class Fatal(Exception):
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason  # WorkerFatalReason
-        self.detail = detail
+class Fatal(ReasonError):
+    """WorkerFatal: `reason` is a WorkerFatalReason."""
 
 
 @dataclass

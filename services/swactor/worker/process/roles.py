@@ -21,19 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from swactor.common.reasons import ReasonError
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
 Progress = Callable[[int, int], None]
 
 
-class RoleError(Exception):
+class RoleError(ReasonError):
     """ConfigureRole failed: reason is a RoleFailure (RoleFailed event)."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class Role(Protocol):

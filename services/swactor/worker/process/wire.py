@@ -19,7 +19,8 @@ from typing import Annotated, Any, TypeVar
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
-from swactor.edgeend.shapes import Layout, ObjSpec
+from swactor.common.layout import Layout
+from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2 as pb
 
 T = TypeVar("T")
@@ -68,6 +69,35 @@ class OutputBinding:
     flags: int = 0
 
 
+# The identities messages about one ring, one installed ring end, one object on it, or one step
+# share: each message lists them first, so its positional order is the base's fields, then its own.
+# (The bases are never sent or matched themselves.)
+
+
+@dataclass(frozen=True)
+class _Ring:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class _RingEnd(_Ring):
+    edge_id: int
+    port_id: int
+
+
+@dataclass(frozen=True)
+class _RingObject(_RingEnd):
+    object_id: int
+    sequence: int
+    extent: int
+
+
+@dataclass(frozen=True)
+class _Step:
+    role_id: int
+    step_id: int
+
+
 # ---- commands (§29) ----
 
 
@@ -97,47 +127,39 @@ class CancelRole:
 
 
 @dataclass(frozen=True)
-class InstallRing:
-    ring_id: int
-    edge_id: int
-    port_id: int
+class InstallRing(_RingEnd):
     direction: str  # Ingress | Egress
     layout: Layout
     object_spec: ObjSpec
     # True: the ring's two eventfds (readable, writable) were sent just before this line on the
     # SWACTOR_FD_SOCKET side channel (SCM_RIGHTS, payload = ring_id as u64 LE), so wake hints are
-    # shared with the ring's other end. False: the worker makes private eventfds (see process.py).
+    # shared with the ring's other end. False: the worker makes private eventfds (see loop.py).
     wake_fds: bool = False
 
 
 @dataclass(frozen=True)
-class UninstallRing:
-    ring_id: int
+class UninstallRing(_Ring):
     reason: UninstallReason
 
 
 @dataclass(frozen=True)
-class ShareWakeFds:
+class ShareWakeFds(_Ring):
     """Re-open an installed ring's handle with the eventfds sent just before on the fd socket
     (the edge-driver makes a pump's eventfds only once the edge is established, after InstallRing)."""
 
-    ring_id: int
+
+@dataclass(frozen=True)
+class RingReadable(_Ring):
+    """A hint: committed bytes may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingReadable:
-    ring_id: int
+class RingWritable(_Ring):
+    """A hint: free space may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingWritable:
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class ExecuteStep:
-    role_id: int
-    step_id: int
+class ExecuteStep(_Step):
     inputs: list[InputBinding]
     outputs: list[OutputBinding]
     runtime: dict[str, Any] = field(default_factory=dict)
@@ -213,68 +235,46 @@ class RoleFailed:
 
 
 @dataclass(frozen=True)
-class RingInstalled:
-    ring_id: int
-    edge_id: int
-    port_id: int
+class RingInstalled(_RingEnd):
+    """The ring is open in the worker; its parser / producer runs."""
 
 
 @dataclass(frozen=True)
-class RingFault:
-    ring_id: int
-    edge_id: int
-    port_id: int
+class RingFault(_RingEnd):
     reason: RingFaultReason
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class RingQuiesced:
-    ring_id: int
+class RingQuiesced(_Ring):
+    """The worker no longer touches the ring (UninstallRing done)."""
 
 
 @dataclass(frozen=True)
-class ObjectLoaded:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int
-    sequence: int
-    extent: int
+class ObjectLoaded(_RingObject):
     device_handle: DeviceHandle
 
 
 @dataclass(frozen=True)
-class ObjectProduced:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int
-    sequence: int
-    extent: int
+class ObjectProduced(_RingObject):
+    """The object's last byte is committed to the egress ring."""
 
 
 @dataclass(frozen=True)
-class ObjectFailed:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int | None
+class ObjectFailed(_RingEnd):
+    object_id: int | None  # None: the header never parsed
     sequence: int | None
     reason: ObjectFailure
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class StepCompleted:
-    role_id: int
-    step_id: int
+class StepCompleted(_Step):
+    """Every output of the step is produced."""
 
 
 @dataclass(frozen=True)
-class StepFailed:
-    role_id: int
-    step_id: int
+class StepFailed(_Step):
     reason: StepFailure
     detail: str = ""
 
