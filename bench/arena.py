@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import swactor_ring  # noqa: E402
-from swactor.arena.client import ArenaClient, AsyncArenaClient, Leased, connect_holder  # noqa: E402
+from swactor.arena.client import AsyncArenaClient, Leased, connect_holder  # noqa: E402
 from swactor.v1 import common_pb2  # noqa: E402
 from tests.arena.conftest import start_arena  # noqa: E402
+from tests.arena.sync_client import ArenaClient  # noqa: E402
 
 MIB = 1 << 20
 INGRESS = common_pb2.RING_DIRECTION_INGRESS

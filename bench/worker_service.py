@@ -22,7 +22,7 @@ import swactor_ring as sr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swactor.worker import wire
+from swactor.worker.process import wire
 from tests.worker_service.harness import Arena, WorkerProc, spec
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from swactor.orchestrator.gguf_model import ModelError, read_model
+from swactor.common.gguf import ModelRefused, open_gguf
+from swactor.orchestrator.gguf_model import read_tokenizer
 from swactor.orchestrator.tokenizer import Tokenizer, TokenizerError
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
@@ -21,9 +22,9 @@ SEPARATOR = "\n__ggml_vocab_test__\n"
 def check(models: Path, name: str) -> bool:
   path = models / f"ggml-vocab-{name}.gguf"
   try:
-    _, data = read_model(path)
+    data = read_tokenizer(open_gguf(path))
     tok = Tokenizer(data)
-  except (ModelError, TokenizerError) as e:
+  except (ModelRefused, TokenizerError) as e:
     print(f"{name}: refused: {e}")
     return False
   inputs = path.with_suffix(".gguf.inp").read_text(encoding="utf-8").split(SEPARATOR)

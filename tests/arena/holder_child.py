@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import swactor_ring
-from swactor.arena.client import ArenaClient, ArenaHandoutError, Leased, connect_holder
+from swactor.arena.client import ArenaHandoutError, Leased, connect_holder
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: make `tests` importable
 from swactor.v1 import arena_pb2, common_pb2
+from tests.arena.sync_client import ArenaClient
 
 
 def say(*parts: object) -> None:

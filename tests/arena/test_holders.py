@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 import swactor_ring
-from swactor.arena.client import ArenaClient, AsyncArenaClient, Leased, connect_holder
+from swactor.arena.client import AsyncArenaClient, Leased, connect_holder
 from swactor.v1 import arena_pb2, common_pb2
+from tests.arena.sync_client import ArenaClient
 
 from .conftest import MIB, ArenaProc
 
@@ -192,7 +193,9 @@ def test_child_given_the_connection_keeps_the_holders_ranges_after_the_parent_di
     """A parent passing memfd + hand-out connection to a child (like the gpu-worker's compute process)."""
     code = (
         "import os, subprocess, sys, time\n"
-        "from swactor.arena.client import ArenaClient, connect_holder\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from swactor.arena.client import connect_holder\n"
+        "from tests.arena.sync_client import ArenaClient\n"
         "from swactor.v1 import common_pb2\n"
         f"hold = connect_holder({str(arena.fd_socket)!r})\n"
         f"client = ArenaClient(hold, {str(arena.socket)!r})\n"

@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 
 import swactor_ring
 from swactor.arena.freelist import Range
-from swactor.arena.memory import ArenaBootError, ArenaMemory, RingRsAbi, to_ring_layout
+from swactor.arena.memory import ArenaBootError, ArenaMemory, RingRsAbi
 from swactor.arena.ports import RingInitError
+from swactor.common.ringport import native_layout
 
 from .fakes import FakeAbi
 
@@ -27,7 +28,7 @@ def test_fake_abi_used_by_core_tests_agrees_with_ring_rs(align_log2: int, units:
     total = real.required_len(capacity, alignment) + 4096
     lay = real.mint(3, offset, capacity, alignment, total)
     assert lay == fake.mint(3, offset, capacity, alignment, total)
-    to_ring_layout(lay).validate(offset + total)
+    native_layout(lay).validate(offset + total)
 
 
 def test_header_init_prefault_and_punch_hole() -> None:
@@ -36,12 +37,12 @@ def test_header_init_prefault_and_punch_hole() -> None:
         lay = RingRsAbi().mint(7, 4 * MIB, 4 * MIB, 64, 4 * MIB + 4096)
         mem.prepare(lay, prefault=True)
         assert mem.allocated_bytes() >= 4 * MIB  # populated up front
-        status = swactor_ring.open_ring(mem.arena, to_ring_layout(lay))
+        status = swactor_ring.open_ring(mem.arena, native_layout(lay))
         assert (status.ring_id, status.capacity, status.state) == (7, 4 * MIB, 1)
         mem.scrub(Range(lay.arena_offset, lay.total_len))
         assert mem.allocated_bytes() == 0
         with pytest.raises(swactor_ring.RingError):  # the header is gone with its pages
-            swactor_ring.open_ring(mem.arena, to_ring_layout(lay))
+            swactor_ring.open_ring(mem.arena, native_layout(lay))
         before = mem.allocated_bytes()  # open_ring's read of the hole faulted one page back in
         lazy = RingRsAbi().mint(8, 0, MIB, 64, MIB + 4096)
         mem.prepare(lazy, prefault=False)

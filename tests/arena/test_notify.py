@@ -5,10 +5,11 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from swactor.arena.client import ArenaClient, Leased, connect_holder
+from swactor.arena.client import Leased, connect_holder
 from swactor.v1 import common_pb2
 
 from .conftest import MIB, start_arena
+from .sync_client import ArenaClient
 
 
 def test_ready_and_human_status_reach_the_notify_socket(short_dir: Path) -> None:

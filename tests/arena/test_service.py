@@ -12,7 +12,6 @@ import pytest
 from swactor.arena.client import (
     NEVER_INSTALLED,
     ArenaCallError,
-    ArenaClient,
     AsyncArenaClient,
     Cancelled,
     Leased,
@@ -23,6 +22,7 @@ from swactor.arena.client import (
 from swactor.v1 import arena_pb2, common_pb2
 
 from .conftest import MIB, ArenaProc, start_arena
+from .sync_client import ArenaClient
 
 INGRESS = common_pb2.RING_DIRECTION_INGRESS
 
@@ -166,7 +166,7 @@ def test_cancel_of_a_queued_lease_ends_its_stream(arena: ArenaProc) -> None:
                 )
                 await _until_queued(client, 1)
                 await client.cancel(2)
-                assert await asyncio.wait_for(waiting, 10) == Cancelled(2, "LEASE_CANCEL_CANCEL_LEASE")
+                assert await asyncio.wait_for(waiting, 10) == Cancelled(2, arena_pb2.LEASE_CANCEL_CANCEL_LEASE)
                 with pytest.raises(ArenaCallError) as e:
                     await client.cancel(2)
                 assert e.value.code is grpc.StatusCode.FAILED_PRECONDITION
@@ -182,7 +182,7 @@ def test_cancel_of_a_queued_lease_ends_its_stream(arena: ArenaProc) -> None:
                     ring_spec=spec(8 * MIB),
                     queue_timeout_s=0.2,
                 )
-                assert out == Cancelled(3, "LEASE_CANCEL_CANCEL_LEASE")
+                assert out == Cancelled(3, arena_pb2.LEASE_CANCEL_CANCEL_LEASE)
                 # a caller that walks away from its stream: the request leaves the queue
                 updates = client.lease_updates(
                     request_id=4, requester="t", edge_id=4, direction=INGRESS, ring_spec=spec(8 * MIB)
@@ -205,7 +205,7 @@ def test_never_fitting_lease_is_rejected(arena: ArenaProc) -> None:
         out = client.lease(
             request_id=1, requester="t", edge_id=9, direction=INGRESS, ring_spec=spec(64 * MIB)
         )
-        assert isinstance(out, Rejected) and out.reason == "LEASE_REJECT_EXCEEDS_CEILING"
+        assert isinstance(out, Rejected) and out.reason == arena_pb2.LEASE_REJECT_EXCEEDS_CEILING
         assert str(64 * MIB) in out.detail
         assert not client.stats().queued
     ev = arena.wait_event("ring_lease_rejected", request_id=1)
@@ -292,11 +292,11 @@ def test_shutdown_rejects_new_and_queued_leases_but_release_works(arena: ArenaPr
                 with ArenaClient(hold, arena.socket) as sync:
                     assert sync.shutdown().state == arena_pb2.ARENA_STATE_SHUTTING_DOWN
                 out = await asyncio.wait_for(waiting, 10)
-                assert isinstance(out, Rejected) and out.reason == "LEASE_REJECT_SHUTTING_DOWN"
+                assert isinstance(out, Rejected) and out.reason == arena_pb2.LEASE_REJECT_SHUTTING_DOWN
                 out = await client.lease(
                     request_id=3, requester="t", edge_id=3, direction=INGRESS, ring_spec=spec(MIB)
                 )
-                assert isinstance(out, Rejected) and out.reason == "LEASE_REJECT_SHUTTING_DOWN"
+                assert isinstance(out, Rejected) and out.reason == arena_pb2.LEASE_REJECT_SHUTTING_DOWN
                 assert await client.release(full.ring_id, NEVER_INSTALLED) > 0
                 assert (await client.stats()).state == arena_pb2.ARENA_STATE_SHUTTING_DOWN
 

@@ -9,14 +9,14 @@ from pathlib import Path
 from swactor.arena.config import ArenaConfig
 from swactor.common.config import load_section
 from swactor.edge.config import EdgeConfig
-from swactor.localcluster.layout import HostLayout, HostPorts, host_config, to_toml
+from swactor.localcluster.layout import HostLayout, host_config, to_toml
 from swactor.membership.config import MembershipConfig
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.worker.config import WorkerConfig
 
 
 def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) -> None:
-    h = HostLayout(1, "127.9.9.2", tmp_path / "h1", HostPorts(7946, 7400, 7441))
+    h = HostLayout(1, "127.9.9.2", tmp_path / "h1")
     tables = host_config(h, seed="127.9.9.1:7946", secret_file=tmp_path / "s", device="CPU", ceiling_bytes=1 << 30,
                          gpu="CPU:local-1:0", orchestrator={"model_path": "/m.gguf", "pool_window_s": 0.5,
                                                            "readiness_timeout_s": 120.0}, compute_threads=2)

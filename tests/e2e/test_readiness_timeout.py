@@ -28,7 +28,7 @@ def cancelled_load(log: Path) -> dict[str, object]:
     for line in log.read_text(errors="replace").splitlines():
         with contextlib.suppress(ValueError):
             ev = json.loads(line)
-            if isinstance(ev, dict) and ev.get("event") == "role_load_ended" and ev.get("reason") == "LoadCancelled":
+            if isinstance(ev, dict) and ev.get("event") == "role_load_ended" and ev.get("reason") == "ROLE_FAILURE_LOAD_CANCELLED":
                 return ev
     raise ready.NotReady(f"no role_load_ended LoadCancelled in {log}")
 

@@ -25,10 +25,12 @@ from typing import IO, Any
 import grpc
 
 import swactor_ring as sr
-from swactor.arena.client import ArenaClient, ArenaHold, Leased, connect_holder, ring_layout
+from swactor.arena.client import ArenaHold, Leased, connect_holder
 from swactor.common.ids import new_id
+from swactor.common.ringport import native_layout
 from swactor.edge.wakefd import fetch_wake_fds
 from swactor.v1 import common_pb2, edge_pb2, edge_pb2_grpc
+from tests.arena.sync_client import ArenaClient
 
 BIN = Path(sys.executable).parent
 EDGE_PORT = 7400
@@ -171,7 +173,7 @@ class EdgeHost:
         assert self.hold is not None
         rfd, wfd = fetch_wake_fds(self.wake_socket, layout.ring_id)
         try:
-            return sr.Producer(self.hold.map(), ring_layout(layout), readable_fd=rfd, writable_fd=wfd)
+            return sr.Producer(self.hold.map(), native_layout(layout), readable_fd=rfd, writable_fd=wfd)
         finally:
             os.close(rfd)
             os.close(wfd)
@@ -180,7 +182,7 @@ class EdgeHost:
         assert self.hold is not None
         rfd, wfd = fetch_wake_fds(self.wake_socket, layout.ring_id)
         try:
-            return sr.Consumer(self.hold.map(), ring_layout(layout), readable_fd=rfd, writable_fd=wfd)
+            return sr.Consumer(self.hold.map(), native_layout(layout), readable_fd=rfd, writable_fd=wfd)
         finally:
             os.close(rfd)
             os.close(wfd)

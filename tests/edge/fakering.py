@@ -1,7 +1,8 @@
 """An in-process stand-in for a ring-rs ring (unit tests only): bytearray data, eventfd wakes.
 
-It implements both pump ports (ProducerPort and ConsumerPort) and the same pending-bit wake
-protocol as ring-rs, so the driver's pumps can be tested in one process without the arena.
+`FakeRing` has ring-rs' handle API (the test drives the far end with it) and the same pending-bit
+wake protocol; `FakeProducerEnd` / `FakeConsumerEnd` give the driver's pumps the
+`swactor.common.ringport` end API over it, so the pumps are tested in one process without the arena.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import asyncio
 import contextlib
 import os
 
-from swactor.edge.ring_port import RingClosed, RingFault
+from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.v1 import common_pb2 as pb
 
 
 class FakeRing:
@@ -114,7 +116,62 @@ class FakeRing:
 
     def _check(self) -> None:
         if self.state == "faulted":
-            raise RingFault(f"ring {self.ring_id} is faulted")
+            raise RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring {self.ring_id} is faulted")
+
+
+class FakeProducerEnd:
+    """ringport.ProducerEnd over a FakeRing: the recv pump's side."""
+
+    def __init__(self, ring: FakeRing) -> None:
+        self.ring = ring
+        self.ring_id, self.capacity = ring.ring_id, ring.capacity
+
+    def fileno(self) -> int:
+        return self.ring.writable_fd
+
+    def free(self) -> int:
+        return self.ring.free()
+
+    def write(self, data: bytes | memoryview) -> int:
+        return self.ring.write(data)
+
+    def arm_wait(self) -> int | None:
+        return None if self.ring.arm_writable() else self.ring.writable_fd
+
+    def ack(self) -> None:
+        self.ring.ack_writable()
+
+    def close_stream(self) -> None:
+        self.ring.close()
+
+    def release(self) -> None:
+        self.ring.release()
+
+
+class FakeConsumerEnd:
+    """ringport.ConsumerEnd over a FakeRing: the send pump's side."""
+
+    def __init__(self, ring: FakeRing) -> None:
+        self.ring = ring
+        self.ring_id, self.capacity = ring.ring_id, ring.capacity
+
+    def fileno(self) -> int:
+        return self.ring.readable_fd
+
+    def readable(self, max_bytes: int) -> memoryview:
+        return self.ring.readable_view(max_bytes)
+
+    def advance_consume(self, n: int) -> None:
+        self.ring.advance_consume(n)
+
+    def arm_wait(self) -> int | None:
+        return None if self.ring.arm_readable() else self.ring.readable_fd
+
+    def ack(self) -> None:
+        self.ring.ack_readable()
+
+    def release(self) -> None:
+        self.ring.release()
 
 
 class FakeRingSource:
@@ -131,11 +188,11 @@ class FakeRingSource:
         except KeyError:
             raise KeyError(f"no ring {ring_id}") from None
 
-    async def open_producer(self, ring_id: int, layout: object) -> FakeRing:
-        return self._get(ring_id)
+    async def open_producer(self, ring_id: int, layout: object) -> FakeProducerEnd:
+        return FakeProducerEnd(self._get(ring_id))
 
-    async def open_consumer(self, ring_id: int, layout: object) -> FakeRing:
-        return self._get(ring_id)
+    async def open_consumer(self, ring_id: int, layout: object) -> FakeConsumerEnd:
+        return FakeConsumerEnd(self._get(ring_id))
 
 
 async def wait_fd(fd: int) -> None:

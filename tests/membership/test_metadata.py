@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from swactor.common.secret import SecretError, gossip_key, read_secret
 from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.metadata import (
     MetadataError,
@@ -14,7 +15,6 @@ from swactor.membership.metadata import (
     decode_tags,
     encode_tags,
 )
-from swactor.membership.secret import SecretError, gossip_key, read_secret
 from swactor.v1 import membership_pb2 as pb
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+from swactor.common.secret import gossip_key
 from swactor.membership.client import MembershipClient
 from swactor.membership.config import MembershipConfig
 from swactor.membership.kinship_backend import KinshipBackend
 from swactor.membership.main import swim_settings
 from swactor.membership.node import MembershipNode, NodeTimings
-from swactor.membership.secret import gossip_key
 from swactor.v1 import membership_pb2 as pb
 from swactor.v1 import membership_pb2_grpc as pb_grpc
 from tests.membership.cluster import MEMBERSHIP_BIN, wait_until

@@ -11,16 +11,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import swactor_ring as sr
-from swactor.arena.client import ring_layout
+from swactor.common.ringport import ConsumerEnd, ProducerEnd, open_consumer, open_producer
 from swactor.edge.config import EdgeConfig
 from swactor.edge.driver import Driver
 from swactor.edge.identity import create_identity
 from swactor.edge.peers import StaticPeerDirectory
-from swactor.edge.ring_rs import RingRsConsumer, RingRsProducer, WakeFds
+from swactor.edge.ring_source import WakeFds
+from swactor.edgeend import establisher as est
 from swactor.v1 import common_pb2
-from swactor.worker import establisher as est
-from swactor.worker.adapters import to_proto_layout
 
 
 class HarnessRingSource:
@@ -30,15 +28,13 @@ class HarnessRingSource:
         self.arena = arena
         self.wake = WakeFds()
 
-    async def open_producer(self, ring_id: int, layout: common_pb2.RingLayout) -> RingRsProducer:
+    async def open_producer(self, ring_id: int, layout: common_pb2.RingLayout) -> ProducerEnd:
         rfd, wfd = self.wake.create(ring_id)
-        return RingRsProducer(sr.Producer(self.arena, ring_layout(layout), readable_fd=rfd, writable_fd=wfd),
-                              self.wake.drop)
+        return open_producer(self.arena, layout, readable_fd=rfd, writable_fd=wfd, on_release=self.wake.drop)
 
-    async def open_consumer(self, ring_id: int, layout: common_pb2.RingLayout) -> RingRsConsumer:
+    async def open_consumer(self, ring_id: int, layout: common_pb2.RingLayout) -> ConsumerEnd:
         rfd, wfd = self.wake.create(ring_id)
-        return RingRsConsumer(sr.Consumer(self.arena, ring_layout(layout), readable_fd=rfd, writable_fd=wfd),
-                              self.wake.drop)
+        return open_consumer(self.arena, layout, readable_fd=rfd, writable_fd=wfd, on_release=self.wake.drop)
 
 
 class DriverPortAdapter:
@@ -51,11 +47,11 @@ class DriverPortAdapter:
 
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Any) -> None:
         self.calls.append(("send", edge_id))
-        await self.driver.establish_send(edge_id, rx_node_id, layout.ring_id, to_proto_layout(layout))
+        await self.driver.establish_send(edge_id, rx_node_id, layout.ring_id, layout.to_pb())
 
     async def establish_recv(self, edge_id: int, layout: Any) -> None:
         self.calls.append(("recv", edge_id))
-        await self.driver.establish_recv(edge_id, layout.ring_id, to_proto_layout(layout))
+        await self.driver.establish_recv(edge_id, layout.ring_id, layout.to_pb())
 
     async def stop_edge(self, edge_id: int) -> bool:
         self.calls.append(("stop", edge_id))
@@ -74,8 +70,7 @@ class DriverPortAdapter:
                     case "closed":
                         yield est.StreamClosed(ev.closed.edge_id)
                     case "fault":
-                        yield est.StreamFault(ev.fault.edge_id, common_pb2.StreamFaultReason.Name(ev.fault.reason),
-                                              ev.fault.detail)
+                        yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
                     case "pump_stopped":
                         yield est.PumpStopped(ev.pump_stopped.edge_id)
         finally:

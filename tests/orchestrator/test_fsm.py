@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.planner import SamplingPolicy
 from swactor.orchestrator.pool import PoolGate
 from swactor.v1 import common_pb2 as pb
 

@@ -13,26 +13,24 @@ from pathlib import Path
 
 import pytest
 
+import swactor_ring as sr
+from swactor.common import control_tls
 from swactor.common.grpcio import create_server
+from swactor.orchestrator import token_endpoints
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2_grpc
+from swactor.worker import ctl as ctl_mod
+from swactor.worker import ctl_fsm
+from swactor.worker import node as worker_node
+from swactor.worker import service as worker_service
+from swactor.worker.process import wire
+from tests.worker_service import harness, node_fakes
 
 from .harness import serving
 from .helpers import MODEL_PATH, node
-
-sr = pytest.importorskip("swactor_ring")
-control_tls = pytest.importorskip("swactor.worker.control_tls")
-worker_node = pytest.importorskip("swactor.worker.node")
-worker_service = pytest.importorskip("swactor.worker.service")
-ctl_mod = pytest.importorskip("swactor.worker.ctl")
-ctl_fsm = pytest.importorskip("swactor.worker.ctl_fsm")
-wire = pytest.importorskip("swactor.worker.wire")
-harness = pytest.importorskip("tests.worker_service.harness")
-node_fakes = pytest.importorskip("tests.worker_service.node_fakes")
-token_endpoints = pytest.importorskip("swactor.orchestrator.token_endpoints")
-from .inproc_edges import start_drivers, stop_drivers  # noqa: E402
+from .inproc_edges import start_drivers, stop_drivers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
               pytest.mark.skipif(not MODEL_PATH.exists(), reason="run `make model`")]

@@ -11,19 +11,20 @@ from pathlib import Path
 import grpc
 import pytest
 
+from swactor.common import control_tls
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import SamplingPolicy, plan_run
+from swactor.orchestrator.planner import plan_run
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels, provision_request
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2, stage_pb2_grpc
+from swactor.worker import plan as worker_plan
 
 from .fakes import FakeFleet
 from .harness import serving
 from .helpers import model_facts, node
 
-control_tls = pytest.importorskip("swactor.worker.control_tls")
-worker_plan = pytest.importorskip("swactor.worker.plan")
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"stage fleet test secret 32 bytes"
 ORCH = 900

@@ -11,20 +11,27 @@ import itertools
 import numpy as np
 import pytest
 
+import swactor_ring as sr
+from swactor.common import ringport
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator import token_endpoints, token_rings
 from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import SamplingPolicy, plan_run
+from swactor.orchestrator.planner import plan_run
+from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
+from tests.worker_service import harness, node_fakes
 
 from .helpers import model_facts, node
 
-sr = pytest.importorskip("swactor_ring")
-token_endpoints = pytest.importorskip("swactor.orchestrator.token_endpoints")
-token_rings = pytest.importorskip("swactor.orchestrator.token_rings")
-harness = pytest.importorskip("tests.worker_service.harness")
-node_fakes = pytest.importorskip("tests.worker_service.node_fakes")
-ringport = pytest.importorskip("swactor.worker.ringport")
 pytestmark = pytest.mark.timeout(30)
+
+
+def read(cons: ringport.ConsumerEnd, max_bytes: int) -> bytes:
+    """Up to `max_bytes` committed bytes, consumed (stage 0's side of the token-in ring)."""
+    data = bytes(cons.readable(max_bytes))
+    cons.advance_consume(len(data))
+    return data
 
 
 def make_plan():
@@ -53,47 +60,47 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
         factory = token_endpoints.RingEndpointFactory(connect)
         ep = await factory.open(plan, got.append)
         await wait_for(lambda: F.EndpointsReady() in got, "EndpointsReady")
-        tin = ep.est.records[plan.token_in.edge_id]
-        tout = ep.est.records[plan.token_out.edge_id]
+        tin = ep.edges.core.records[plan.token_in.edge_id]
+        tout = ep.edges.core.records[plan.token_out.edge_id]
         assert tin.layout.data_capacity >= plan.token_in.ring_data_capacity
         # the far ends, sharing the orchestrator handles' eventfds (the driver's pumps in production)
         orch_in, orch_out = ep._ends[tin.ring_id], ep._ends[tout.ring_id]
-        stage0 = ringport.open_consumer(arena.arena, tin.layout, readable_fd=orch_in.h.readable_fd,
-                                        writable_fd=orch_in.h.writable_fd)
-        last = ringport.open_producer(arena.arena, tout.layout, readable_fd=orch_out.h.readable_fd,
-                                      writable_fd=orch_out.h.writable_fd)
+        stage0 = ringport.open_consumer(arena.arena, tin.layout, readable_fd=orch_in.readable_fd,
+                                        writable_fd=orch_in.writable_fd)
+        last = ringport.open_producer(arena.arena, tout.layout, readable_fd=orch_out.readable_fd,
+                                      writable_fd=orch_out.writable_fd)
         last_writer = token_rings.TokenWriter(last, plan.token_out.object_spec)
 
         await ep.inject(0, [1, 2, 3, 4])
-        header = sr.ObjectHeader.parse(stage0.h.read(sr.OBJECT_HEADER_LEN), 2**64 - 1, 1)
+        header = sr.ObjectHeader.parse(read(stage0, sr.OBJECT_HEADER_LEN), 2**64 - 1, 1)
         assert (header.sequence, header.extent) == (0, 16)
-        assert np.frombuffer(stage0.h.read(16), dtype="<i4").tolist() == [1, 2, 3, 4]
+        assert np.frombuffer(read(stage0, 16), dtype="<i4").tolist() == [1, 2, 3, 4]
         await last_writer.write(0, [42])
         await wait_for(lambda: F.TokenReceived(0, 42) in got, "token 0")
         await ep.inject(1, [42])
-        assert sr.ObjectHeader.parse(stage0.h.read(sr.OBJECT_HEADER_LEN), 2**64 - 1, 1).sequence == 1
+        assert sr.ObjectHeader.parse(read(stage0, sr.OBJECT_HEADER_LEN), 2**64 - 1, 1).sequence == 1
         await last_writer.write(1, [43])
         await wait_for(lambda: F.TokenReceived(1, 43) in got, "token 1")
         await asyncio.wait_for(ep.close(), 5)
         return ep
 
     ep = asyncio.run(main())
-    rings = {r.ring_id for r in ep.est.records.values()}
+    rings = {r.ring_id for r in ep.edges.core.records.values()}
     kinds = [k for k, _ in arena_port.calls]
     assert kinds.count("lease") == 2 and kinds.count("attach") == 2 and kinds.count("release") == 2
     assert {r for k, r in arena_port.calls if k == "release"} == rings
     assert sorted(k for k, _ in driver.calls) == ["recv", "send", "stop", "stop"]
-    assert all(r.state.name == "STOPPED" for r in ep.est.records.values())
+    assert all(r.state.name == "STOPPED" for r in ep.edges.core.records.values())
     assert not [g for g in got if isinstance(g, F.EndpointFault)]
     assert ep._ends == {}  # both ring handles closed before the leases were released
 
 
 class RejectingArena(node_fakes.FakeArenaPort):
     async def lease(self, request_id, edge_id, direction, ring_spec):
-        from swactor.worker.ports import Rejected
+        from swactor.edgeend.ports import Rejected
 
         self.calls.append(("lease", edge_id))
-        return Rejected("ExceedsCeiling", "ring of 4 MiB exceeds the 1 MiB ceiling")
+        return Rejected(arena_pb2.LEASE_REJECT_EXCEEDS_CEILING, "ring of 4 MiB exceeds the 1 MiB ceiling")
 
 
 def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
@@ -110,7 +117,7 @@ def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
     asyncio.run(main())
     (fault,) = got
     assert isinstance(fault, F.EndpointFault) and fault.reason == pb.RUN_FAULT_RING_REQUEST_OVERSIZED
-    assert "ExceedsCeiling" in fault.detail and "token-" in fault.detail
+    assert "LEASE_REJECT_EXCEEDS_CEILING" in fault.detail and "token-" in fault.detail
 
 
 def test_unreachable_local_services_refuse_by_name() -> None:

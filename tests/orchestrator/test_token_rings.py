@@ -9,15 +9,15 @@ import os
 import numpy as np
 import pytest
 
+import swactor_ring as sr
+from swactor.common import ringport
+from swactor.common.layout import Layout
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator import token_rings
 from swactor.orchestrator.fleet import FleetError
 from swactor.orchestrator.planner import token_spec
 from swactor.v1 import common_pb2 as pb
 
-sr = pytest.importorskip("swactor_ring")
-token_rings = pytest.importorskip("swactor.orchestrator.token_rings")
-ringport = pytest.importorskip("swactor.worker.ringport")
-wire = pytest.importorskip("swactor.worker.wire")
 pytestmark = pytest.mark.timeout(30)
 
 
@@ -31,11 +31,11 @@ class Rings:
         native = sr.RingLayout.for_range(ring_id, self.next_offset, capacity, 64)
         self.next_offset += 256 << 10
         sr.init_ring(self.arena, native)
-        layout = wire.Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
+        layout = Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
                              native.data_offset, native.data_capacity, native.alignment)
         prod = ringport.open_producer(self.arena, layout)
-        cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.h.readable_fd,
-                                      writable_fd=prod.h.writable_fd)
+        cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.readable_fd,
+                                      writable_fd=prod.writable_fd)
         return prod, cons
 
     def close(self) -> None:
@@ -49,13 +49,20 @@ def rings():
     r.close()
 
 
+def read(cons: ringport.ConsumerEnd, max_bytes: int) -> bytes:
+    """Up to `max_bytes` committed bytes, consumed (the test's side of the ring)."""
+    data = bytes(cons.readable(max_bytes))
+    cons.advance_consume(len(data))
+    return data
+
+
 def read_object(cons) -> tuple[int, list[int]]:
     """What stage 0 sees: one §17 header, then int32 ids."""
-    raw = cons.h.read(sr.OBJECT_HEADER_LEN)
+    raw = read(cons, sr.OBJECT_HEADER_LEN)
     header = sr.ObjectHeader.parse(raw, 2**64 - 1, 1)
     payload = b""
     while len(payload) < header.extent:
-        payload += cons.h.read(header.extent - len(payload))
+        payload += read(cons, header.extent - len(payload))
     return header.sequence, np.frombuffer(payload, dtype="<i4").tolist()
 
 
@@ -89,7 +96,7 @@ def test_backpressure_on_a_small_ring_delivers_every_byte(rings: Rings) -> None:
             if cons.arm_wait() is not None:
                 await asyncio.sleep(0.001)  # the test's slow consumer
                 cons.ack()
-            got += cons.h.read(want - len(got))
+            got += read(cons, want - len(got))
         return bytes(got)
 
     async def main():
@@ -114,7 +121,7 @@ def test_token_out_objects_become_token_received_until_close(rings: Rings) -> No
         for seq, tid in enumerate([100, 101, 2]):
             await stage_side.write(seq, [tid])
             await asyncio.sleep(0.01)  # the reader sleeps on its eventfd in between
-        prod.h.close()
+        prod.close_stream()
         await asyncio.wait_for(run, 5)
 
     asyncio.run(main())
@@ -122,17 +129,17 @@ def test_token_out_objects_become_token_received_until_close(rings: Rings) -> No
 
 
 @pytest.mark.parametrize(("raw", "reason", "needle"), [
-    (b"\x00" * 40, pb.RUN_FAULT_OBJECT_FAILED, "token-out object None: ObjectFailure."),
-    (bytes(sr.ObjectHeader(7, 0, 8, 0).encode()) + bytes(8), pb.RUN_FAULT_OBJECT_FAILED, "ExtentExceedsMax"),
+    (b"\x00" * 40, pb.RUN_FAULT_OBJECT_FAILED, "token-out object None: OBJECT_FAILURE_"),
+    (bytes(sr.ObjectHeader(7, 0, 8, 0).encode()) + bytes(8), pb.RUN_FAULT_OBJECT_FAILED, "OBJECT_FAILURE_EXTENT_EXCEEDS_MAX"),
     (bytes(sr.ObjectHeader(7, 3, 4, 0).encode()) + bytes(4), pb.RUN_FAULT_SEQUENCE_VIOLATION, "expected 0"),
-    (bytes(sr.ObjectHeader(7, 0, 4, 0).encode()) + bytes(2), pb.RUN_FAULT_OBJECT_FAILED, "EofMidObject"),
+    (bytes(sr.ObjectHeader(7, 0, 4, 0).encode()) + bytes(2), pb.RUN_FAULT_OBJECT_FAILED, "OBJECT_FAILURE_EOF_MID_OBJECT"),
 ])
 def test_bad_token_out_objects_fault_by_name(rings: Rings, raw: bytes, reason: int, needle: str) -> None:
     prod, cons = rings.pair(64 << 10, 4)
     reader = token_rings.TokenReader(cons, token_spec(1))
     got: list[F.Input] = []
-    assert prod.h.write(raw) == len(raw)
-    prod.h.close()
+    assert prod.write(raw) == len(raw)
+    prod.close_stream()
     asyncio.run(asyncio.wait_for(reader.run(got.append), 5))
     assert len(got) == 1 and isinstance(got[0], F.EndpointFault)
     assert got[0].reason == reason and needle in got[0].detail, got[0].detail

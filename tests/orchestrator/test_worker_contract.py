@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
+from swactor.common import control_tls
 from swactor.common.grpcio import create_server
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2_grpc
+from swactor.worker import node as worker_node
+from swactor.worker import service as worker_service
+from tests.worker_service import node_fakes
 
 from .fakes import FakeFleet
 from .harness import serving
 from .helpers import MODEL_PATH, node
 
-control_tls = pytest.importorskip("swactor.worker.control_tls")
-worker_node = pytest.importorskip("swactor.worker.node")
-worker_service = pytest.importorskip("swactor.worker.service")
-node_fakes = pytest.importorskip("tests.worker_service.node_fakes")
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"orchestrator/worker contract secret"
 ORCH = 900

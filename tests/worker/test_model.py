@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from reference import RefLlama
 
-from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, SamplingPolicy, StageModel
+from swactor.common.sampling import SamplingPolicy
+from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_greedy.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]

@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swactor.worker.compute.sampling import Sampler, SamplingPolicy
+from swactor.common.sampling import SamplingPolicy
+from swactor.worker.compute.sampling import Sampler
 
 
 def test_greedy_ties_pick_lowest_index() -> None:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import swactor_ring as sr
-from swactor.worker import fdpass, wire
-from swactor.worker.ringport import native_layout
+from swactor.common.ringport import native_layout
+from swactor.worker.process import fdpass, wire
 
 ARENA_BYTES = 16 << 20
 REPO = str(Path(__file__).resolve().parents[2])  # test roles (tests.worker_service.roles) import from here

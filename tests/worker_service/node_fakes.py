@@ -6,10 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from swactor.worker import establisher as est
-from swactor.worker import wire
+from swactor.common.layout import Layout
+from swactor.edgeend import establisher as est
+from swactor.edgeend.ports import Leased
+from swactor.v1 import common_pb2
 from swactor.worker.ctl_fsm import CtlState
-from swactor.worker.ports import Leased
+from swactor.worker.process import wire
 
 
 class FakeArenaPort:
@@ -25,7 +27,7 @@ class FakeArenaPort:
         if self.arena is not None:
             return Leased(self.arena.ring(int(ring_spec.data_capacity), int(ring_spec.alignment) or 64))
         self._next_ring += 1
-        return Leased(wire.Layout(self._next_ring, 0, 4096, 0, 256, 3840, 64))
+        return Leased(Layout(self._next_ring, 0, 4096, 0, 256, 3840, 64))
 
     async def cancel(self, request_id: int) -> None:
         self.calls.append(("cancel", request_id))
@@ -47,11 +49,11 @@ class FakeDriverPort:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.calls: list[tuple[str, int]] = []
 
-    async def establish_send(self, edge_id: int, rx_node_id: int, layout: wire.Layout) -> None:
+    async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None:
         self.calls.append(("send", edge_id))
         self.queue.put_nowait(est.DriverEdgeReady(edge_id))
 
-    async def establish_recv(self, edge_id: int, layout: wire.Layout) -> None:
+    async def establish_recv(self, edge_id: int, layout: Layout) -> None:
         self.calls.append(("recv", edge_id))
         self.queue.put_nowait(est.DriverEdgeReady(edge_id))
 
@@ -78,14 +80,14 @@ class FakeMembership:
     async def set_available(self, control_endpoint: str) -> None:
         self.states.append(f"available:{control_endpoint}")
 
-    async def set_faulted(self, reason: str) -> None:
-        self.states.append(f"faulted:{reason}")
+    async def set_faulted(self, reason: int) -> None:
+        self.states.append(f"faulted:{common_pb2.RunFaultReason.Name(reason)}")
 
 
 class FakeCtl:
     """A GpuWorkerCtl stand-in that answers commands the way a healthy worker does (unit tests only)."""
 
-    def __init__(self, role_failure: str | None = None) -> None:
+    def __init__(self, role_failure: int | None = None) -> None:
         self.state = CtlState.NOT_STARTED
         self.sent: list[Any] = []
         self.subs: list[Any] = []

@@ -6,7 +6,7 @@ from typing import Any
 
 from tinygrad import dtypes
 
-from swactor.worker.device import DeviceAllocation, DeviceBridge
+from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
 
 class DoublingRole:

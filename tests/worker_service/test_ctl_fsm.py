@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from swactor.worker import wire
+from swactor.v1 import common_pb2 as pb
 from swactor.worker.ctl_fsm import (
     CtlCore,
     CtlState,
     Deliver,
     FromWorker,
     KillProcess,
+    NeverReady,
     ProcessExited,
     Send,
     Spawned,
@@ -21,6 +22,7 @@ from swactor.worker.ctl_fsm import (
     WorkerFailed,
     WriteCommand,
 )
+from swactor.worker.process import wire
 
 READY = wire.WorkerReady(42, 1, 1, {})
 
@@ -56,22 +58,24 @@ def test_initialize_timeout_kills_and_fails() -> None:
     actions = core.handle(Tick(6.0))
     assert actions[0] == KillProcess()
     (ev,) = delivered(actions)
-    assert isinstance(ev, WorkerFailed) and ev.reason == "InitializeTimeout"
+    assert isinstance(ev, WorkerFailed) and ev.cause is NeverReady.INITIALIZE_TIMEOUT
     assert core.state is CtlState.FAILED
 
 
 def test_worker_fatal_and_early_exit_and_spawn_failure() -> None:
-    for inp, reason in [(FromWorker(wire.WorkerFatal("ArenaMapFailed", "x")), "ArenaMapFailed"),
-                        (ProcessExited(1), "ProcessExited")]:
+    for inp, cause, fatal in [
+            (FromWorker(wire.WorkerFatal(pb.WORKER_FATAL_ARENA_MAP_FAILED, "x")), NeverReady.WORKER_FATAL,
+             pb.WORKER_FATAL_ARENA_MAP_FAILED),
+            (ProcessExited(1), NeverReady.PROCESS_EXITED, pb.WORKER_FATAL_REASON_UNSPECIFIED)]:
         core = CtlCore(1 << 20, 1)
         core.handle(Start(0.0))
         core.handle(Spawned(1, 0.0))
         (ev,) = delivered(core.handle(inp))
-        assert isinstance(ev, WorkerFailed) and ev.reason == reason and core.state is CtlState.FAILED
+        assert isinstance(ev, WorkerFailed) and (ev.cause, ev.fatal) == (cause, fatal) and core.state is CtlState.FAILED
     core = CtlCore(1 << 20, 1)
     core.handle(Start(0.0))
     (ev,) = delivered(core.handle(SpawnFailed("no python")))
-    assert ev.reason == "SpawnFailed"
+    assert ev.cause is NeverReady.SPAWN_FAILED
 
 
 def test_wrong_generation_ready_is_a_protocol_fault() -> None:
@@ -91,12 +95,12 @@ def test_crash_synthesizes_worker_crashed_ring_faults_and_step_failure() -> None
     assert core.handle(Send(step)) == [WriteCommand(step)]
     events = delivered(core.handle(ProcessExited(-9)))
     assert isinstance(events[0], WorkerCrashed) and events[0].returncode == -9
-    assert wire.StepFailed(9, 77, "WorkerProcessExited", "worker process gone") in events
+    assert wire.StepFailed(9, 77, pb.STEP_FAILURE_WORKER_PROCESS_EXITED, "worker process gone") in events
     assert [e.ring_id for e in events if isinstance(e, wire.RingFault)] == [7, 8]
-    assert all(e.reason == "WorkerProcessExited" for e in events if isinstance(e, wire.RingFault))
+    assert all(e.reason == pb.RING_FAULT_WORKER_PROCESS_EXITED for e in events if isinstance(e, wire.RingFault))
     assert core.state is CtlState.FAILED and core.handles == set()
     # the dead generation's rings quiesce at once on UninstallRing: the reaped process is the proof
-    assert delivered(core.handle(Send(wire.UninstallRing(7, "RingFaulted")))) == [wire.RingQuiesced(7)]
+    assert delivered(core.handle(Send(wire.UninstallRing(7, pb.UNINSTALL_RING_FAULTED)))) == [wire.RingQuiesced(7)]
     # restart: a new generation, old handles invalid
     assert core.handle(Start(10.0)) == [SpawnProcess(2)]
     assert core.rings == {}
@@ -114,18 +118,18 @@ def test_running_validates_commands() -> None:
     layout = wire.Layout(7, 0, 4096, 0, 256, 3840, 64)
     dup = wire.InstallRing(7, 3, 0, "Ingress", layout, wire.ObjSpec("Activations", 64, "Float", 4, 4, 4))
     (ev,) = delivered(core.handle(Send(dup)))
-    assert isinstance(ev, wire.RingFault) and ev.reason == "RingStateInvalid"
+    assert isinstance(ev, wire.RingFault) and ev.reason == pb.RING_FAULT_RING_STATE_INVALID
     stale = wire.ExecuteStep(9, 1, [wire.InputBinding(0, 1, 0, wire.DeviceHandle(0, 5))], [], {}, True)
     (ev,) = delivered(core.handle(Send(stale)))
-    assert ev == wire.StepFailed(9, 1, "InvalidInputHandle", ev.detail)
+    assert ev == wire.StepFailed(9, 1, pb.STEP_FAILURE_INVALID_INPUT_HANDLE, ev.detail)
     (ev,) = delivered(core.handle(Send(wire.ReleaseDeviceObject(wire.DeviceHandle(0, 5)))))
-    assert ev == wire.ReleaseFailed(wire.DeviceHandle(0, 5), "StaleGeneration")
-    assert delivered(core.handle(Send(wire.UninstallRing(99, "EdgeStopped")))) == [wire.RingQuiesced(99)]
+    assert ev == wire.ReleaseFailed(wire.DeviceHandle(0, 5), pb.RELEASE_FAILURE_STALE_GENERATION)
+    assert delivered(core.handle(Send(wire.UninstallRing(99, pb.UNINSTALL_EDGE_STOPPED)))) == [wire.RingQuiesced(99)]
     core.handle(FromWorker(wire.ObjectLoaded(7, 3, 0, 1, 0, 16, wire.DeviceHandle(1, 5))))
     good = wire.ExecuteStep(9, 2, [wire.InputBinding(0, 1, 0, wire.DeviceHandle(1, 5))], [], {}, True)
     core.handle(Send(good))
     (ev,) = delivered(core.handle(Send(wire.ExecuteStep(9, 3, [], [], {}, True))))
-    assert ev.reason == "RoleUnavailable"  # one step at a time
+    assert ev.reason == pb.STEP_FAILURE_ROLE_UNAVAILABLE  # one step at a time
     core.handle(FromWorker(wire.StepCompleted(9, 2)))
     assert core.step_in_flight is None
     core.handle(FromWorker(wire.DeviceObjectReleased(wire.DeviceHandle(1, 5))))
@@ -140,10 +144,11 @@ def test_graceful_stop_and_stop_timeout() -> None:
     actions = core.handle(Send(wire.ShutdownWorker("Graceful"), now=1.0))
     assert actions == [WriteCommand(wire.ShutdownWorker("Graceful"))] and core.state is CtlState.STOPPING
     (ev,) = delivered(core.handle(Send(wire.ExecuteStep(9, 1, [], [], {}, True))))
-    assert ev.reason == "WorkerShuttingDown"
-    assert delivered(core.handle(FromWorker(wire.WorkerStopped("Graceful")))) == [wire.WorkerStopped("Graceful")]
+    assert ev.reason == pb.STEP_FAILURE_WORKER_SHUTTING_DOWN
+    assert delivered(core.handle(FromWorker(wire.WorkerStopped(pb.WORKER_STOPPED_GRACEFUL)))) == [
+        wire.WorkerStopped(pb.WORKER_STOPPED_GRACEFUL)]
     events = delivered(core.handle(ProcessExited(0)))
-    assert [e.reason for e in events] == ["WorkerShuttingDown"] and core.state is CtlState.STOPPED
+    assert [e.reason for e in events] == [pb.RING_FAULT_WORKER_SHUTTING_DOWN] and core.state is CtlState.STOPPED
     core = running()
     core.handle(Send(wire.ShutdownWorker("Graceful"), now=1.0))
     assert core.handle(Tick(2.5)) == []
@@ -155,7 +160,7 @@ def test_graceful_stop_and_stop_timeout() -> None:
 def test_commands_when_not_running_are_answered_locally() -> None:
     core = CtlCore(1 << 20, 1)
     (ev,) = delivered(core.handle(Send(wire.ConfigureRole(1, {}))))
-    assert isinstance(ev, wire.RoleFailed) and ev.reason == "WorkerUnavailable"
+    assert isinstance(ev, wire.RoleFailed) and ev.reason == pb.ROLE_FAILURE_WORKER_UNAVAILABLE
     core.handle(Start(0.0))
     assert core.handle(Send(wire.ShutdownWorker("Graceful"))) == [KillProcess()]
     assert core.state is CtlState.KILLING

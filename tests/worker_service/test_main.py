@@ -15,8 +15,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from swactor.common import control_tls
 from swactor.v1 import membership_pb2, membership_pb2_grpc, stage_pb2, stage_pb2_grpc
-from swactor.worker import control_tls
 
 from .plans import provision
 from .test_node_edge import Host, free_udp_port

@@ -13,11 +13,11 @@ import pytest
 
 import swactor_ring as sr
 from swactor.arena.client import ArenaHandoutError, AsyncArenaClient, connect_holder
-from swactor.worker import wire
-from swactor.worker.adapters import ArenaClientPort
+from swactor.edgeend.adapters import ArenaClientPort
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
 from swactor.worker.node import StageNode
+from swactor.worker.process import wire
 
 from .harness import start_arena
 from .node_fakes import FakeDriverPort, FakeMembership

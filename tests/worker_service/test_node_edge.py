@@ -22,20 +22,19 @@ import pytest
 
 import swactor_ring as sr
 from swactor.arena.client import AsyncArenaClient, Leased, connect_holder
+from swactor.common.layout import Layout
+from swactor.common.ringport import native_layout
 from swactor.edge.wakefd import fetch_wake_fds
-from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
-from swactor.worker import wire
-from swactor.worker.adapters import (
+from swactor.edgeend.adapters import (
     ArenaClientPort,
     EdgeDriverPort,
-    MembershipClientPort,
-    to_proto_layout,
-    to_wire_layout,
 )
+from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
+from swactor.worker.membership import MembershipClientPort
 from swactor.worker.node import StageNode
-from swactor.worker.ringport import native_layout
+from swactor.worker.process import wire
 
 from .harness import start_arena
 from .plans import MODEL, provision, ring
@@ -96,7 +95,7 @@ async def peer_ring(client: AsyncArenaClient, edge_id: int, direction: int) -> w
     out = await client.lease(request_id=edge_id * 10, requester="test-peer", edge_id=edge_id, direction=direction,
                              ring_spec=ring(direction))  # type: ignore[arg-type]
     assert isinstance(out, Leased), out
-    return to_wire_layout(out.layout)
+    return Layout.from_pb(out.layout)
 
 
 def read_object(cons: Any, deadline: float) -> tuple[Any, bytes]:
@@ -169,7 +168,7 @@ async def scenario(h: Host, p: Host) -> None:
         act = await peer_ring(peer_client, 302, common_pb2.RING_DIRECTION_INGRESS)
         await peer_driver.establish_send(301, h.node_id, tin)
         await peer_driver._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=302, ring_id=act.ring_id, ring_layout=to_proto_layout(act)))
+            edge_id=302, ring_id=act.ring_id, ring_layout=act.to_pb()))
         r, w = fetch_wake_fds(p.base / "edge-wake.sock", tin.ring_id)
         prod = sr.Producer(peer_arena, native_layout(tin), readable_fd=r, writable_fd=w)
         r2, w2 = fetch_wake_fds(p.base / "edge-wake.sock", act.ring_id)

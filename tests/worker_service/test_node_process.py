@@ -13,10 +13,10 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2, stage_pb2
-from swactor.worker import wire
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore, CtlState, WorkerCrashed
 from swactor.worker.node import StageNode
+from swactor.worker.process import wire
 
 from .harness import Arena
 from .node_fakes import FakeArenaPort, FakeDriverPort, FakeMembership
@@ -80,7 +80,7 @@ def test_stage_node_with_real_worker_crash_and_restart() -> None:
             assert fault.component == common_pb2.COMPONENT_WORKER_CTL
             crashed = [e for e in seen if isinstance(e, WorkerCrashed)]
             assert crashed and crashed[0].worker_generation == gen and crashed[0].returncode == -signal.SIGKILL
-            ring_faults = [e for e in seen if isinstance(e, wire.RingFault) and e.reason == "WorkerProcessExited"]
+            ring_faults = [e for e in seen if isinstance(e, wire.RingFault) and e.reason == common_pb2.RING_FAULT_WORKER_PROCESS_EXITED]
             assert len(ring_faults) == 2
             assert any(s.startswith("faulted:") for s in membership.states)
             node.stop_run(2)

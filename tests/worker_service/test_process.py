@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import swactor_ring as sr
-from swactor.worker import wire
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import wire
 
 from .harness import Arena, WorkerProc, spec
 
@@ -27,13 +28,13 @@ def test_malformed_control_line_is_fatal(worker: WorkerProc, line: str) -> None:
     worker.initialize()
     worker.send_raw(line)
     ev = worker.expect(wire.WorkerFatal)
-    assert ev.reason == "MalformedControlMessage"
+    assert ev.reason == pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE
     assert worker.wait_exit() == 1
 
 
 def test_command_before_initialize_is_fatal(worker: WorkerProc, arena: Arena) -> None:
     worker.send(wire.RingReadable(1))
-    assert worker.expect(wire.WorkerFatal).reason == "MalformedControlMessage"
+    assert worker.expect(wire.WorkerFatal).reason == pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE
     assert worker.wait_exit() == 1
 
 
@@ -41,13 +42,13 @@ def test_abi_mismatch_and_bad_arena(arena: Arena) -> None:
     w = WorkerProc(arena)
     try:
         w.send(wire.InitializeWorker(1, arena.size, sr.RING_VERSION + 7, {}))
-        assert w.expect(wire.WorkerFatal).reason == "RingHelperAbiMismatch"
+        assert w.expect(wire.WorkerFatal).reason == pb.WORKER_FATAL_RING_HELPER_ABI_MISMATCH
     finally:
         w.close()
     w = WorkerProc(arena, env={"SWACTOR_ARENA_BYTES": str(arena.size * 2)})
     try:
         w.send(wire.InitializeWorker(1, arena.size * 2, sr.RING_VERSION, {}))
-        assert w.expect(wire.WorkerFatal).reason == "ArenaMapFailed"
+        assert w.expect(wire.WorkerFatal).reason == pb.WORKER_FATAL_ARENA_MAP_FAILED
     finally:
         w.close()
 
@@ -57,12 +58,12 @@ def test_every_ingress_object_failure(worker: WorkerProc, arena: Arena) -> None:
     assert ready.worker_generation == 1 and ready.ring_helper_abi == sr.RING_VERSION
     good = np.arange(8, dtype=np.float32).tobytes()  # 2 rows of 4 floats
     cases = {
-        "HeaderMalformed": b"NOPE" + record(0, good)[4:],
-        "UnsupportedObjectVersion": record(0, good)[:4] + b"\x09\x00" + record(0, good)[6:],
-        "ExtentExceedsMax": record(0, bytes(128)),
-        "ExtentAlignmentInvalid": record(0, bytes(20)),  # 5 floats: not a whole 4-float row
-        "SequenceViolation": record(3, good),
-        "EofMidObject": record(0, good)[:-5],
+        pb.OBJECT_FAILURE_HEADER_MALFORMED: b"NOPE" + record(0, good)[4:],
+        pb.OBJECT_FAILURE_UNSUPPORTED_OBJECT_VERSION: record(0, good)[:4] + b"\x09\x00" + record(0, good)[6:],
+        pb.OBJECT_FAILURE_EXTENT_EXCEEDS_MAX: record(0, bytes(128)),
+        pb.OBJECT_FAILURE_EXTENT_ALIGNMENT_INVALID: record(0, bytes(20)),  # 5 floats: not a whole 4-float row
+        pb.OBJECT_FAILURE_SEQUENCE_VIOLATION: record(3, good),
+        pb.OBJECT_FAILURE_EOF_MID_OBJECT: record(0, good)[:-5],
     }
     rings = {}
     for i, (reason, data) in enumerate(cases.items()):
@@ -70,7 +71,7 @@ def test_every_ingress_object_failure(worker: WorkerProc, arena: Arena) -> None:
         worker.install(layout, "Ingress", spec(64), edge_id=10 + i)
         prod = arena.producer(layout)
         assert prod.write(data) == len(data)
-        if reason == "EofMidObject":
+        if reason == pb.OBJECT_FAILURE_EOF_MID_OBJECT:
             prod.close()
         rings[reason] = layout.ring_id
         worker.send(wire.RingReadable(layout.ring_id))
@@ -99,7 +100,7 @@ def test_object_larger_than_ring_loads_once_complete(worker: WorkerProc, arena: 
     worker.send(wire.ReleaseDeviceObject(ev.device_handle))
     worker.expect(wire.DeviceObjectReleased, device_handle=ev.device_handle)
     worker.send(wire.ReleaseDeviceObject(ev.device_handle))
-    assert worker.expect(wire.ReleaseFailed).reason == "UnknownHandle"
+    assert worker.expect(wire.ReleaseFailed).reason == pb.RELEASE_FAILURE_UNKNOWN_HANDLE
 
 
 def configure_doubling(worker: WorkerProc, role_id: int = 9) -> wire.RoleConfigured:
@@ -147,10 +148,10 @@ def test_step_failures(worker: WorkerProc, arena: Arena) -> None:
     worker.initialize()
     bogus = wire.InputBinding(0, 1, 0, wire.DeviceHandle(1, 77))
     worker.send(wire.ExecuteStep(9, 1, [bogus], [], {}, True))
-    assert worker.expect(wire.StepFailed, step_id=1).reason == "RoleUnavailable"
+    assert worker.expect(wire.StepFailed, step_id=1).reason == pb.STEP_FAILURE_ROLE_UNAVAILABLE
     configure_doubling(worker)
     worker.send(wire.ExecuteStep(9, 2, [bogus], [], {}, True))
-    assert worker.expect(wire.StepFailed, step_id=2).reason == "InvalidInputHandle"
+    assert worker.expect(wire.StepFailed, step_id=2).reason == pb.STEP_FAILURE_INVALID_INPUT_HANDLE
     lin = arena.ring(256)
     worker.install(lin, "Ingress", spec(4096))
     arena.producer(lin).write(record(0, bytes(16)))
@@ -158,27 +159,27 @@ def test_step_failures(worker: WorkerProc, arena: Arena) -> None:
     loaded = worker.expect(wire.ObjectLoaded)
     binding = wire.InputBinding(0, loaded.object_id, 0, loaded.device_handle)
     worker.send(wire.ExecuteStep(9, 3, [binding], [wire.OutputBinding(1, 4242, 1, 0, 16)], {}, False))
-    assert worker.expect(wire.StepFailed, step_id=3).reason == "InvalidOutputRing"
+    assert worker.expect(wire.StepFailed, step_id=3).reason == pb.STEP_FAILURE_INVALID_OUTPUT_RING
     lout = arena.ring(256)
     worker.install(lout, "Egress", spec(4096), edge_id=2)
     worker.send(wire.ExecuteStep(9, 4, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 32)], {}, False))
-    assert worker.expect(wire.StepFailed, step_id=4).reason == "OutputExtentInvalid"
+    assert worker.expect(wire.StepFailed, step_id=4).reason == pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID
     worker.send(wire.ExecuteStep(9, 5, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 16)],
                                  {"fail": True}, False))
-    assert worker.expect(wire.StepFailed, step_id=5).reason == "TinygradError"
+    assert worker.expect(wire.StepFailed, step_id=5).reason == pb.STEP_FAILURE_TINYGRAD_ERROR
 
 
 def test_uninstall_and_graceful_shutdown(worker: WorkerProc, arena: Arena) -> None:
     worker.initialize()
     lin = arena.ring(256)
     worker.install(lin, "Ingress", spec(4096))
-    worker.send(wire.UninstallRing(lin.ring_id, "EdgeStopped"))
+    worker.send(wire.UninstallRing(lin.ring_id, pb.UNINSTALL_EDGE_STOPPED))
     worker.expect(wire.RingQuiesced, ring_id=lin.ring_id)
     lout = arena.ring(256)
     worker.install(lout, "Egress", spec(4096))
     worker.send(wire.ShutdownWorker("Graceful"))
     worker.expect(wire.RingQuiesced, ring_id=lout.ring_id)
-    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.expect(wire.WorkerStopped).reason == pb.WORKER_STOPPED_GRACEFUL
     assert worker.wait_exit() == 0
 
 

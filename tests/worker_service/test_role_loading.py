@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 import swactor_ring as sr
-from swactor.worker import wire
-from swactor.worker.process import WorkerProcess, WorkerState
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import wire
+from swactor.worker.process.loop import WorkerProcess, WorkerState
 
 from .harness import Arena, WorkerProc, spec
 from .plans import LAYERS, MODEL
@@ -36,19 +37,19 @@ def test_cancel_during_load_serves_commands_meanwhile_and_the_worker_loads_again
     # quiesces while it runs.
     lay = arena.ring(4096)
     worker.install(lay, "Ingress", spec(1024))
-    worker.send(wire.UninstallRing(lay.ring_id, "EdgeStopped"))
+    worker.send(wire.UninstallRing(lay.ring_id, pb.UNINSTALL_EDGE_STOPPED))
     worker.expect(wire.RingQuiesced, ring_id=lay.ring_id)
     assert not [e for e in role_events(worker, 5) if not isinstance(e, wire.RoleProgress)], \
         "the load ended before the ring commands were answered: they waited for it"
     worker.send(wire.CancelRole(5))
     failed = worker.expect(wire.RoleFailed, role_id=5)
-    assert failed.reason == "LoadCancelled"
+    assert failed.reason == pb.ROLE_FAILURE_LOAD_CANCELLED
     assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0], \
         "layers were read after CancelRole"
     assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleConfigured)]
     # No role was kept: a step on it is refused; the next ConfigureRole loads (cold) and runs.
     worker.send(wire.ExecuteStep(5, 1, [], []))
-    assert worker.expect(wire.StepFailed, step_id=1).reason == "RoleUnavailable"
+    assert worker.expect(wire.StepFailed, step_id=1).reason == pb.STEP_FAILURE_ROLE_UNAVAILABLE
     worker.send(wire.CancelRole(5))  # nothing loading any more: ignored, no event
     worker.send(wire.ConfigureRole(6, llama(0, 2)))
     assert worker.expect(wire.RoleConfigured, role_id=6).warm is False
@@ -59,7 +60,7 @@ def test_cancel_during_load_serves_commands_meanwhile_and_the_worker_loads_again
     assert worker.expect(wire.RoleConfigured, role_id=7).warm is True
     assert [e for e in worker.events if isinstance(e, wire.RoleFailed)] == [failed]
     worker.send(wire.ShutdownWorker("Graceful"))
-    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.expect(wire.WorkerStopped).reason == pb.WORKER_STOPPED_GRACEFUL
     assert worker.wait_exit() == 0
 
 
@@ -68,8 +69,8 @@ def test_shutdown_during_load_abandons_it_and_exits_cleanly(worker: WorkerProc) 
     worker.send(wire.ConfigureRole(5, llama()))
     worker.send(wire.ShutdownWorker("Graceful"))
     failed = worker.expect(wire.RoleFailed, role_id=5)
-    assert failed.reason == "WorkerShuttingDown"
-    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert failed.reason == pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN
+    assert worker.expect(wire.WorkerStopped).reason == pb.WORKER_STOPPED_GRACEFUL
     assert worker.wait_exit() == 0
     assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0]
     assert not [e for e in worker.events if isinstance(e, wire.RoleConfigured)]
@@ -82,8 +83,8 @@ def test_newer_configure_supersedes_the_load_in_flight(worker: WorkerProc) -> No
     worker.send(wire.ConfigureRole(5, llama()))
     worker.send(wire.ConfigureRole(6, llama(0, 1)))
     worker.send(wire.ConfigureRole(7, llama(0, 2)))  # supersedes 6 before 6 even started
-    assert worker.expect(wire.RoleFailed, role_id=6).reason == "LoadCancelled"
-    assert worker.expect(wire.RoleFailed, role_id=5).reason == "LoadCancelled"
+    assert worker.expect(wire.RoleFailed, role_id=6).reason == pb.ROLE_FAILURE_LOAD_CANCELLED
+    assert worker.expect(wire.RoleFailed, role_id=5).reason == pb.ROLE_FAILURE_LOAD_CANCELLED
     assert worker.expect(wire.RoleConfigured, role_id=7).warm is False
     worker.send(wire.ConfigureRole(8, llama(0, 2)))  # same weights: warm, answered at once
     assert worker.expect(wire.RoleConfigured, role_id=8).warm is True
@@ -93,11 +94,11 @@ def test_load_failure_is_a_role_failure_not_a_worker_fault(worker: WorkerProc) -
     worker.initialize()
     worker.send(wire.ConfigureRole(5, llama(0, LAYERS + 5)))
     ev = worker.expect(wire.RoleFailed, role_id=5)
-    assert ev.reason == "WeightsLoadFailed" and f"[0, {LAYERS + 5})" in ev.detail
+    assert ev.reason == pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED and f"[0, {LAYERS + 5})" in ev.detail
     worker.send(wire.ConfigureRole(6, {**llama(), "gguf_path": "/nonexistent.gguf"}))
-    assert worker.expect(wire.RoleFailed, role_id=6).reason == "WeightsNotFound"
+    assert worker.expect(wire.RoleFailed, role_id=6).reason == pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND
     worker.send(wire.ShutdownWorker("Graceful"))
-    assert worker.expect(wire.WorkerStopped).reason == "Graceful"
+    assert worker.expect(wire.WorkerStopped).reason == pb.WORKER_STOPPED_GRACEFUL
     assert worker.wait_exit() == 0
 
 
@@ -107,7 +108,7 @@ def test_bad_backend_threads_is_fatal_by_name(arena: Arena, threads: object) -> 
     try:
         w.send(wire.InitializeWorker(1, arena.size, sr.RING_VERSION, {"device": "CPU", "threads": threads}))
         ev = w.expect(wire.WorkerFatal)
-        assert ev.reason == "BackendInitFailed" and "backend.threads" in ev.detail
+        assert ev.reason == pb.WORKER_FATAL_BACKEND_INIT_FAILED and "backend.threads" in ev.detail
         assert w.wait_exit() == 1
     finally:
         w.close()

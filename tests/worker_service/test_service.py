@@ -9,9 +9,9 @@ from typing import Any
 import grpc
 import pytest
 
+from swactor.common import control_tls
 from swactor.common.grpcio import create_server
 from swactor.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from swactor.worker import control_tls
 from swactor.worker.node import StageNode
 from swactor.worker.service import SERVICE_NAME, StageControlServicer
 
@@ -150,8 +150,8 @@ def test_weights_failure_is_a_stage_fault() -> None:
             ups = await updates(s, 77, "fault")
             f = ups[-1].fault
             assert f.reason == common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED and f.component == common_pb2.COMPONENT_WORKER
-            assert f.cause == "RoleFailure.WeightsNotFound"
+            assert f.cause == "ROLE_FAILURE_WEIGHTS_NOT_FOUND"
             await s.StopRun(stage_pb2.StopStageRunRequest(run_id=77))
             assert (await updates(s, 77, "stopped"))[-1].HasField("stopped")
 
-    asyncio.run(serve(body, ctl=FakeCtl(role_failure="WeightsNotFound")))
+    asyncio.run(serve(body, ctl=FakeCtl(role_failure=common_pb2.ROLE_FAILURE_WEIGHTS_NOT_FOUND)))

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from swactor.edgeend.establisher import EdgeProvision
 from swactor.v1 import common_pb2
 from swactor.worker import stage_fsm as s
-from swactor.worker import wire
-from swactor.worker.establisher import EdgeProvision
+from swactor.worker.process import wire
 
 HID = 8  # hidden_dim: 8 float32 = 32 bytes per activation row
 
@@ -97,16 +97,16 @@ def fault_of(actions: list) -> s.Report:
 
 def test_faults_from_every_source() -> None:
     cases = [
-        (lambda c: c.handle(wire.RoleFailed(9, "WeightsNotFound", "no file")), "RUN_FAULT_WEIGHTS_LOAD_FAILED",
-         common_pb2.COMPONENT_WORKER, "RoleFailure.WeightsNotFound"),
-        (lambda c: c.handle(s.EdgeFailed(10, "RingRequestOversized", "COMPONENT_ARENA", "too big")),
+        (lambda c: c.handle(wire.RoleFailed(9, common_pb2.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "no file")),
+         "RUN_FAULT_WEIGHTS_LOAD_FAILED", common_pb2.COMPONENT_WORKER, "ROLE_FAILURE_WEIGHTS_NOT_FOUND"),
+        (lambda c: c.handle(s.EdgeFailed(10, common_pb2.RUN_FAULT_RING_REQUEST_OVERSIZED, common_pb2.COMPONENT_ARENA, "too big")),
          "RUN_FAULT_RING_REQUEST_OVERSIZED", common_pb2.COMPONENT_ARENA, ""),
-        (lambda c: c.handle(s.WorkerGone("WorkerCrashed", "exit -9")), "RUN_FAULT_WORKER_CRASHED",
+        (lambda c: c.handle(s.WorkerGone(common_pb2.RUN_FAULT_WORKER_CRASHED, "exit -9")), "RUN_FAULT_WORKER_CRASHED",
          common_pb2.COMPONENT_WORKER_CTL, ""),
-        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, None, None, "HeaderMalformed", "magic")),
-         "RUN_FAULT_OBJECT_FAILED", common_pb2.COMPONENT_WORKER, "ObjectFailure.HeaderMalformed"),
-        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, 1, 4, "SequenceViolation", "4 != 0")),
-         "RUN_FAULT_SEQUENCE_VIOLATION", common_pb2.COMPONENT_WORKER, "ObjectFailure.SequenceViolation"),
+        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, None, None, common_pb2.OBJECT_FAILURE_HEADER_MALFORMED, "magic")),
+         "RUN_FAULT_OBJECT_FAILED", common_pb2.COMPONENT_WORKER, "OBJECT_FAILURE_HEADER_MALFORMED"),
+        (lambda c: c.handle(wire.ObjectFailed(70, 10, 0, 1, 4, common_pb2.OBJECT_FAILURE_SEQUENCE_VIOLATION, "4 != 0")),
+         "RUN_FAULT_SEQUENCE_VIOLATION", common_pb2.COMPONENT_WORKER, "OBJECT_FAILURE_SEQUENCE_VIOLATION"),
     ]
     for make, reason, component, cause in cases:
         for prepared in (False, True):
@@ -119,9 +119,9 @@ def test_faults_from_every_source() -> None:
 
 
 def test_step_failures_while_executing() -> None:
-    for reason, run_reason in [("TinygradError", "RUN_FAULT_STEP_FAILED"),
-                               ("DeviceOutOfMemory", "RUN_FAULT_DEVICE_OUT_OF_MEMORY"),
-                               ("WorkerProcessExited", "RUN_FAULT_WORKER_CRASHED")]:
+    for reason, run_reason in [(common_pb2.STEP_FAILURE_TINYGRAD_ERROR, "RUN_FAULT_STEP_FAILED"),
+                               (common_pb2.STEP_FAILURE_DEVICE_OUT_OF_MEMORY, "RUN_FAULT_DEVICE_OUT_OF_MEMORY"),
+                               (common_pb2.STEP_FAILURE_WORKER_PROCESS_EXITED, "RUN_FAULT_WORKER_CRASHED")]:
         c = ready()
         (st,) = steps(c.handle(loaded(0, rows=1)))
         assert c.handle(wire.StepFailed(9, st.step_id + 1, reason, "other step")) == []
@@ -146,7 +146,7 @@ def test_stop_run_tears_down_edges_then_stops() -> None:
 
 def test_stop_from_faulted_and_from_preparing() -> None:
     c = ready()
-    c.handle(s.WorkerGone("WorkerFatal", "x"))
+    c.handle(s.WorkerGone(common_pb2.RUN_FAULT_WORKER_FATAL, "x"))
     c.handle(s.StopRun())
     c.handle(s.EdgeStopped(10))
     c.handle(s.EdgeStopped(11))
@@ -156,7 +156,7 @@ def test_stop_from_faulted_and_from_preparing() -> None:
     # the weights are still loading: the stop abandons the load instead of waiting for it
     assert s.ToWorker(wire.CancelRole(9)) in c.handle(s.StopRun())
     assert c.state is s.StageState.STOPPING
-    assert c.handle(wire.RoleFailed(9, "LoadCancelled", "CancelRole")) == []  # no fault while stopping
+    assert c.handle(wire.RoleFailed(9, common_pb2.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole")) == []  # no fault while stopping
     c.handle(s.EdgeStopped(11))
     c.handle(s.EdgeStopped(10))
     assert c.state is s.StageState.STOPPED

@@ -14,8 +14,9 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2
-from swactor.worker import stage_fsm, wire
+from swactor.worker import stage_fsm
 from swactor.worker.plan import build_plan
+from swactor.worker.process import wire
 
 from .harness import Arena, WorkerProc
 from .plans import MODEL, provision

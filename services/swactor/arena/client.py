@@ -14,8 +14,7 @@
         await client.release(ring_id)             # the owner, once nobody is attached, or
                                                   # when_detached=True: the last detach frees it
 
-`ArenaClient` is the same API, blocking. Every call may raise ArenaCallError (code + message
-naming the field). A holder's leases and attachments outlive a dropped gRPC channel; they end on
+Every call may raise ArenaCallError (code + message naming the field). A holder's leases and attachments outlive a dropped gRPC channel; they end on
 explicit release/detach or when the process that holds the hand-out connection exits.
 """
 
@@ -25,23 +24,22 @@ import asyncio
 import contextlib
 import os
 import socket
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import grpc
 
-from swactor.common.config import DEFAULT_RUN_DIR
+from swactor.common import sockets
+from swactor.common.grpcio import LocalClient
 from swactor.v1 import arena_pb2, arena_pb2_grpc, common_pb2
 
 if TYPE_CHECKING:
     import swactor_ring
 
-DEFAULT_SOCKET = DEFAULT_RUN_DIR / "arena.sock"
-DEFAULT_FD_SOCKET = DEFAULT_RUN_DIR / "arena-fd.sock"
+DEFAULT_SOCKET = sockets.ARENA
+DEFAULT_FD_SOCKET = sockets.ARENA_FD
 
 QUIESCED = arena_pb2.RELEASE_PROOF_QUIESCED
 NEVER_INSTALLED = arena_pb2.RELEASE_PROOF_NEVER_INSTALLED
@@ -162,42 +160,29 @@ class Leased:
         return self.layout.ring_id
 
     def ring_layout(self) -> swactor_ring.RingLayout:
-        return ring_layout(self.layout)
+        from swactor.common.ringport import native_layout
+
+        return native_layout(self.layout)
 
 
 @dataclass(frozen=True)
 class Rejected:
     request_id: int
-    reason: str  # LeaseRejectReason name, e.g. "LEASE_REJECT_EXCEEDS_CEILING"
+    reason: int  # arena_pb2.LeaseRejectReason, e.g. LEASE_REJECT_EXCEEDS_CEILING
     detail: str
 
 
 @dataclass(frozen=True)
 class Cancelled:
     request_id: int
-    reason: str  # LeaseCancelReason name
+    reason: int  # arena_pb2.LeaseCancelReason
 
 
 LeaseOutcome = Leased | Rejected | Cancelled
 LeaseUpdate = Queued | Leased | Rejected | Cancelled
 
 
-def ring_layout(layout: common_pb2.RingLayout) -> swactor_ring.RingLayout:
-    """The proto layout as ring-rs's RingLayout, for swactor_ring.Producer / Consumer."""
-    import swactor_ring
-
-    return swactor_ring.RingLayout(
-        layout.ring_id,
-        layout.arena_offset,
-        layout.total_len,
-        layout.header_offset,
-        layout.data_offset,
-        layout.data_capacity,
-        layout.alignment,
-    )
-
-
-def _update(msg: arena_pb2.LeaseRingUpdate) -> LeaseUpdate:
+def lease_update(msg: arena_pb2.LeaseRingUpdate) -> LeaseUpdate:
     match msg.WhichOneof("update"):
         case "queued":
             q = msg.queued
@@ -206,14 +191,14 @@ def _update(msg: arena_pb2.LeaseRingUpdate) -> LeaseUpdate:
             return Leased(msg.leased.request_id, msg.leased.edge_id, msg.leased.layout)
         case "rejected":
             r = msg.rejected
-            return Rejected(r.request_id, arena_pb2.LeaseRejectReason.Name(r.reason), r.detail)
+            return Rejected(r.request_id, r.reason, r.detail)
         case "cancelled":
             c = msg.cancelled
-            return Cancelled(c.request_id, arena_pb2.LeaseCancelReason.Name(c.reason))
+            return Cancelled(c.request_id, c.reason)
     raise ArenaCallError(grpc.StatusCode.INTERNAL, f"LeaseRing sent an empty update: {msg}")
 
 
-def _lease_request(
+def lease_request(
     hold: ArenaHold,
     request_id: int,
     requester: str,
@@ -233,7 +218,7 @@ def _lease_request(
     )
 
 
-def _error(e: grpc.RpcError) -> ArenaCallError:
+def call_error(e: grpc.RpcError) -> ArenaCallError:
     # Both grpc.Call (sync) and grpc.aio.AioRpcError carry code() and details().
     if isinstance(e, grpc.Call | grpc.aio.AioRpcError):
         return ArenaCallError(e.code(), e.details() or "")
@@ -243,10 +228,10 @@ def _error(e: grpc.RpcError) -> ArenaCallError:
 # ---- asyncio client ----
 
 
-class AsyncArenaClient:
+class AsyncArenaClient(LocalClient):
     def __init__(self, hold: ArenaHold, socket_path: Path = DEFAULT_SOCKET) -> None:
+        super().__init__(socket_path)
         self.hold = hold
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
         self._stub = arena_pb2_grpc.ArenaManagerStub(self._channel)
 
     async def lease_updates(
@@ -260,41 +245,26 @@ class AsyncArenaClient:
         prefault: bool = False,
     ) -> AsyncIterator[LeaseUpdate]:
         """Queued (at most once), then exactly one Leased | Rejected | Cancelled."""
-        msg = _lease_request(self.hold, request_id, requester, edge_id, direction, ring_spec, prefault)
+        msg = lease_request(self.hold, request_id, requester, edge_id, direction, ring_spec, prefault)
         call = self._stub.LeaseRing(msg)
         answered = False
         try:
             async for update in call:
-                u = _update(update)
+                u = lease_update(update)
                 answered = not isinstance(u, Queued)
                 yield u
         except grpc.RpcError as e:
-            raise _error(e) from None
+            raise call_error(e) from None
         finally:
             if not answered:
                 call.cancel()  # a caller that stops listening withdraws its still-queued request
 
-    async def lease(
-        self,
-        *,
-        request_id: int,
-        requester: str,
-        edge_id: int,
-        direction: common_pb2.RingDirection.ValueType,
-        ring_spec: common_pb2.RingSpec,
-        prefault: bool = False,
-        queue_timeout_s: float | None = None,
-    ) -> LeaseOutcome:
-        """Wait for the lease. After `queue_timeout_s` queued, CancelLease is sent and the outcome
-        is Cancelled, unless the grant won the race (then Leased: release it if unwanted)."""
-        updates = self.lease_updates(
-            request_id=request_id,
-            requester=requester,
-            edge_id=edge_id,
-            direction=direction,
-            ring_spec=ring_spec,
-            prefault=prefault,
-        )
+    async def lease(self, *, queue_timeout_s: float | None = None, **request: Any) -> LeaseOutcome:
+        """Wait for the lease `request` (the keywords of `lease_updates`). After `queue_timeout_s` queued,
+        CancelLease is sent and the outcome is Cancelled, unless the grant won the race (then Leased:
+        release it if unwanted)."""
+        request_id = request["request_id"]
+        updates = self.lease_updates(**request)
         canceller: asyncio.Task[None] | None = None
 
         async def cancel_later(delay: float) -> None:
@@ -353,131 +323,5 @@ class AsyncArenaClient:
         try:
             return await method(msg)
         except grpc.RpcError as e:
-            raise _error(e) from None
+            raise call_error(e) from None
 
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-
-# ---- blocking client ----
-
-
-class ArenaClient:
-    def __init__(self, hold: ArenaHold, socket_path: Path = DEFAULT_SOCKET) -> None:
-        self.hold = hold
-        self._channel = grpc.insecure_channel(f"unix:{socket_path}")
-        self._stub = arena_pb2_grpc.ArenaManagerStub(self._channel)
-
-    def lease_updates(
-        self,
-        *,
-        request_id: int,
-        requester: str,
-        edge_id: int,
-        direction: common_pb2.RingDirection.ValueType,
-        ring_spec: common_pb2.RingSpec,
-        prefault: bool = False,
-    ) -> Iterator[LeaseUpdate]:
-        msg = _lease_request(self.hold, request_id, requester, edge_id, direction, ring_spec, prefault)
-        stream = self._stub.LeaseRing(msg)
-        answered = False
-        try:
-            for update in stream:
-                u = _update(update)
-                answered = not isinstance(u, Queued)
-                yield u
-        except grpc.RpcError as e:
-            raise _error(e) from None
-        finally:
-            if not answered:
-                stream.cancel()  # a caller that stops listening withdraws its still-queued request
-
-    def lease(
-        self,
-        *,
-        request_id: int,
-        requester: str,
-        edge_id: int,
-        direction: common_pb2.RingDirection.ValueType,
-        ring_spec: common_pb2.RingSpec,
-        prefault: bool = False,
-        queue_timeout_s: float | None = None,
-    ) -> LeaseOutcome:
-        """Blocking `AsyncArenaClient.lease`, same timeout semantics."""
-        timer: threading.Timer | None = None
-        try:
-            for u in self.lease_updates(
-                request_id=request_id,
-                requester=requester,
-                edge_id=edge_id,
-                direction=direction,
-                ring_spec=ring_spec,
-                prefault=prefault,
-            ):
-                if isinstance(u, Queued):
-                    if queue_timeout_s is not None:
-                        timer = threading.Timer(queue_timeout_s, self._cancel_quietly, (request_id,))
-                        timer.daemon = True
-                        timer.start()
-                    continue
-                return u
-        finally:
-            if timer is not None:
-                timer.cancel()
-        raise ArenaCallError(grpc.StatusCode.INTERNAL, f"LeaseRing {request_id} ended without an outcome")
-
-    def _cancel_quietly(self, request_id: int) -> None:
-        with contextlib.suppress(ArenaCallError):  # already answered: the stream has the outcome
-            self.cancel(request_id)
-
-    def cancel(self, request_id: int) -> None:
-        self._unary(
-            self._stub.CancelLease,
-            arena_pb2.CancelLeaseRequest(request_id=request_id, holder_id=self.hold.holder_id),
-        )
-
-    def release(self, ring_id: int, proof: int = QUIESCED, *, when_detached: bool = False) -> int:
-        msg = arena_pb2.ReleaseRingRequest(
-            ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof, when_detached=when_detached
-        )
-        resp: arena_pb2.ReleaseRingResponse = self._unary(self._stub.ReleaseRing, msg)
-        return resp.reclaimed_bytes
-
-    def attach(self, ring_id: int, role: int) -> common_pb2.RingLayout:
-        msg = arena_pb2.AttachRingRequest(ring_id=ring_id, holder_id=self.hold.holder_id, role=role)
-        resp: arena_pb2.AttachRingResponse = self._unary(self._stub.AttachRing, msg)
-        return resp.layout
-
-    def detach(self, ring_id: int, proof: int) -> bool:
-        msg = arena_pb2.DetachRingRequest(ring_id=ring_id, holder_id=self.hold.holder_id, proof=proof)
-        resp: arena_pb2.DetachRingResponse = self._unary(self._stub.DetachRing, msg)
-        return resp.reclaimed
-
-    def stats(self) -> arena_pb2.ArenaStats:
-        return self._unary(self._stub.Stats, arena_pb2.ArenaStatsRequest())
-
-    def shutdown(self) -> arena_pb2.ArenaShutdownResponse:
-        return self._unary(self._stub.Shutdown, arena_pb2.ArenaShutdownRequest())
-
-    def _unary(self, method, msg):  # type: ignore[no-untyped-def]
-        try:
-            return method(msg)
-        except grpc.RpcError as e:
-            raise _error(e) from None
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

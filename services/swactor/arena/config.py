@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+from swactor.common import sockets
+from swactor.common.config import DEFAULT_STATE_DIR
 
 GIB = 1 << 30
 
@@ -13,9 +14,9 @@ GIB = 1 << 30
 @dataclass(frozen=True)
 class ArenaConfig:
     # gRPC API (Unix socket).
-    socket: Path = DEFAULT_RUN_DIR / "arena.sock"
+    socket: Path = sockets.ARENA
     # fd hand-out socket: SCM_RIGHTS memfd + holder liveness.
-    fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
+    fd_socket: Path = sockets.ARENA_FD
     # Where the never-reused ring id high-water mark lives.
     state_dir: Path = DEFAULT_STATE_DIR
     # Sparse size of the memfd: address space, not memory (untouched pages cost nothing).

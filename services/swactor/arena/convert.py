@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from swactor.arena.model import (
     Holder,
-    Layout,
     LeaseCancelled,
     LeaseInfo,
     LeaseQueued,
@@ -14,7 +13,7 @@ from swactor.arena.model import (
     RingRequest,
     Stats,
 )
-from swactor.v1 import arena_pb2, common_pb2
+from swactor.v1 import arena_pb2
 
 
 def ring_request(msg: arena_pb2.LeaseRingRequest) -> RingRequest:
@@ -34,30 +33,6 @@ def ring_request(msg: arena_pb2.LeaseRingRequest) -> RingRequest:
     )
 
 
-def layout_to_pb(layout: Layout) -> common_pb2.RingLayout:
-    return common_pb2.RingLayout(
-        ring_id=layout.ring_id,
-        arena_offset=layout.arena_offset,
-        total_len=layout.total_len,
-        header_offset=layout.header_offset,
-        data_offset=layout.data_offset,
-        data_capacity=layout.data_capacity,
-        alignment=layout.alignment,
-    )
-
-
-def layout_from_pb(msg: common_pb2.RingLayout) -> Layout:
-    return Layout(
-        ring_id=msg.ring_id,
-        arena_offset=msg.arena_offset,
-        total_len=msg.total_len,
-        header_offset=msg.header_offset,
-        data_offset=msg.data_offset,
-        data_capacity=msg.data_capacity,
-        alignment=msg.alignment,
-    )
-
-
 def lease_update(ev: LeaseQueued | RingLeased | LeaseRejected | LeaseCancelled) -> arena_pb2.LeaseRingUpdate:
     rid = ev.request.request_id
     match ev:
@@ -68,7 +43,7 @@ def lease_update(ev: LeaseQueued | RingLeased | LeaseRejected | LeaseCancelled) 
         case RingLeased():
             return arena_pb2.LeaseRingUpdate(
                 leased=arena_pb2.RingLeased(
-                    request_id=rid, edge_id=ev.request.edge_id, layout=layout_to_pb(ev.layout)
+                    request_id=rid, edge_id=ev.request.edge_id, layout=ev.layout.to_pb()
                 )
             )
         case LeaseRejected():
@@ -92,7 +67,7 @@ def _lease_info(info: LeaseInfo) -> arena_pb2.ArenaLeaseInfo:
         owner_pid=info.owner_pid,
         owner_holds=info.owner_holds,
         attached_holder_ids=list(info.attached_holder_ids),
-        layout=layout_to_pb(info.layout),
+        layout=info.layout.to_pb(),
     )
 
 

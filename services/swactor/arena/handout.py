@@ -20,6 +20,7 @@ from pathlib import Path
 
 from swactor.arena.journal import log
 from swactor.arena.peercred import PeerCred, peer_cred, peer_pidfd
+from swactor.common.aio import cancel_and_wait
 from swactor.common.ids import new_id
 from swactor.v1 import arena_pb2
 
@@ -35,30 +36,21 @@ class _Conn:
     watching: set[int] = field(default_factory=set)
 
 
+@dataclass(eq=False)
 class HandoutServer:
-    def __init__(
-        self,
-        path: Path,
-        *,
-        memfd: int,
-        arena_len: int,
-        page_size: int,
-        authorize: Callable[[PeerCred], str | None],
-        on_join: Callable[[int, PeerCred], None],
-        on_disconnect: Callable[[int], None],
-        on_gone: Callable[[int], None],
-    ) -> None:
-        self.path = path
-        self._memfd = memfd
-        self._arena_len = arena_len
-        self._page_size = page_size
-        self._authorize = authorize
-        self._on_join = on_join
-        self._on_disconnect = on_disconnect
-        self._on_gone = on_gone
-        self._listener: socket.socket | None = None
-        self._accept_task: asyncio.Task[None] | None = None
-        self._conns: dict[int, _Conn] = {}
+    """The hand-out socket: authorizes a connecting holder, sends it the memfd, watches it until it is gone."""
+
+    path: Path
+    memfd: int
+    arena_len: int
+    page_size: int
+    authorize: Callable[[PeerCred], str | None]  # a denial reason, or None to admit
+    on_join: Callable[[int, PeerCred], None]
+    on_disconnect: Callable[[int], None]
+    on_gone: Callable[[int], None]
+    _listener: socket.socket | None = field(default=None, init=False)
+    _accept_task: asyncio.Task[None] | None = field(default=None, init=False)
+    _conns: dict[int, _Conn] = field(default_factory=dict, init=False)
 
     async def start(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,10 +66,7 @@ class HandoutServer:
         self._accept_task = asyncio.create_task(self._accept_loop(), name="arena-handout-accept")
 
     async def close(self) -> None:
-        if self._accept_task is not None:
-            self._accept_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._accept_task
+        await cancel_and_wait([self._accept_task])
         if self._listener is not None:
             self._listener.close()
             with contextlib.suppress(FileNotFoundError):
@@ -102,7 +91,7 @@ class HandoutServer:
 
     def _admit(self, sock: socket.socket) -> None:
         cred = peer_cred(sock)
-        denied = self._authorize(cred)
+        denied = self.authorize(cred)
         if denied is not None:
             log().warning("arena_holder_denied", pid=cred.pid, uid=cred.uid, gid=cred.gid, reason=denied)
             with contextlib.suppress(OSError):
@@ -115,17 +104,17 @@ class HandoutServer:
             return
         holder_id = new_id()
         handout = arena_pb2.ArenaHandout(
-            holder_id=holder_id, arena_len=self._arena_len, page_size=self._page_size, arena_pid=os.getpid()
+            holder_id=holder_id, arena_len=self.arena_len, page_size=self.page_size, arena_pid=os.getpid()
         )
         try:
-            socket.send_fds(sock, [handout.SerializeToString()], [self._memfd])
+            socket.send_fds(sock, [handout.SerializeToString()], [self.memfd])
         except OSError:
             os.close(pidfd)
             sock.close()
             raise
         conn = _Conn(holder_id, cred, sock, pidfd)
         self._conns[holder_id] = conn
-        self._on_join(holder_id, cred)  # before any callback below can name this holder
+        self.on_join(holder_id, cred)  # before any callback below can name this holder
         loop = asyncio.get_running_loop()
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._on_sock_readable, conn)
@@ -145,7 +134,7 @@ class HandoutServer:
         conn.watching.discard(conn.sock.fileno())
         conn.eof = True
         if not conn.exited:
-            self._on_disconnect(conn.holder_id)
+            self.on_disconnect(conn.holder_id)
         self._maybe_gone(conn)
 
     def _on_pid_exit(self, conn: _Conn) -> None:
@@ -159,7 +148,7 @@ class HandoutServer:
     def _maybe_gone(self, conn: _Conn) -> None:
         if conn.eof and conn.exited and conn.holder_id in self._conns:
             self._forget(conn)
-            self._on_gone(conn.holder_id)
+            self.on_gone(conn.holder_id)
 
     def _forget(self, conn: _Conn) -> None:
         loop = asyncio.get_running_loop()

@@ -10,23 +10,7 @@ from typing import Any
 
 import structlog
 
-from swactor.arena.model import (
-    Event,
-    HolderDisconnected,
-    HolderGone,
-    HolderJoined,
-    LeaseCancelled,
-    LeaseQueued,
-    LeaseRejected,
-    RingAttached,
-    RingDetached,
-    RingLeased,
-    RingReclaimed,
-    RingReleased,
-    RingRequest,
-    StateChanged,
-    Stats,
-)
+from swactor.arena import model
 from swactor.common.events import get_logger
 from swactor.v1 import arena_pb2
 
@@ -36,7 +20,7 @@ def log() -> structlog.typing.FilteringBoundLogger:
     return get_logger(component="COMPONENT_ARENA")
 
 
-def _ids(req: RingRequest, ring_id: int = 0) -> dict[str, Any]:
+def _ids(req: model.RingRequest, ring_id: int = 0) -> dict[str, Any]:
     return {
         "ring_id": ring_id,
         "edge_id": req.edge_id,
@@ -46,11 +30,11 @@ def _ids(req: RingRequest, ring_id: int = 0) -> dict[str, Any]:
     }
 
 
-def emit(ev: Event) -> None:
+def emit(ev: model.Event) -> None:
     match ev:
-        case LeaseQueued(request=r):
+        case model.LeaseQueued(request=r):
             log().info("ring_lease_queued", **_ids(r), position=ev.position, needed_bytes=ev.needed)
-        case RingLeased(request=r, layout=lay):
+        case model.RingLeased(request=r, layout=lay):
             log().info(
                 "ring_leased",
                 **_ids(r, lay.ring_id),
@@ -59,18 +43,18 @@ def emit(ev: Event) -> None:
                 data_capacity=lay.data_capacity,
                 direction=r.direction,
             )
-        case LeaseRejected(request=r):
+        case model.LeaseRejected(request=r):
             reason = arena_pb2.LeaseRejectReason.Name(int(ev.reason))
             log().warning("ring_lease_rejected", **_ids(r), reason=reason, detail=ev.detail)
-        case LeaseCancelled(request=r):
+        case model.LeaseCancelled(request=r):
             log().info(
                 "ring_lease_cancelled", **_ids(r), reason=arena_pb2.LeaseCancelReason.Name(int(ev.reason))
             )
-        case RingReleased(request=r):
+        case model.RingReleased(request=r):
             log().info(
                 "ring_released", **_ids(r, ev.ring_id), proof=arena_pb2.ReleaseProof.Name(int(ev.proof))
             )
-        case RingReclaimed(request=r):
+        case model.RingReclaimed(request=r):
             log().info(
                 "ring_reclaimed",
                 **_ids(r, ev.ring_id),
@@ -78,23 +62,23 @@ def emit(ev: Event) -> None:
                 arena_offset=ev.range.offset,
                 length=ev.range.length,
             )
-        case RingAttached(request=r):
+        case model.RingAttached(request=r):
             log().info(
                 "ring_attached",
                 **_ids(r, ev.ring_id),
                 attached_holder_id=ev.holder_id,
                 role=arena_pb2.AttachRole.Name(int(ev.role)),
             )
-        case RingDetached(request=r):
+        case model.RingDetached(request=r):
             proof = "HOLDER_EXITED" if ev.proof is None else arena_pb2.DetachProof.Name(int(ev.proof))
             log().info("ring_detached", **_ids(r, ev.ring_id), attached_holder_id=ev.holder_id, proof=proof)
-        case HolderJoined(holder=h):
+        case model.HolderJoined(holder=h):
             log().info("arena_holder_joined", holder_id=h.holder_id, pid=h.pid, uid=h.uid)
-        case HolderDisconnected(holder=h):
+        case model.HolderDisconnected(holder=h):
             log().info("arena_holder_disconnected", holder_id=h.holder_id, pid=h.pid)
-        case HolderGone(holder=h):
+        case model.HolderGone(holder=h):
             log().info("arena_holder_gone", holder_id=h.holder_id, pid=h.pid)
-        case StateChanged():
+        case model.StateChanged():
             log().info("arena_state_changed", old=ev.old.value, new=ev.new.value, detail=ev.detail)
 
 
@@ -106,7 +90,7 @@ def human_bytes(n: int) -> str:
     raise AssertionError
 
 
-def status_line(st: Stats, allocated: int | None = None) -> str:
+def status_line(st: model.Stats, allocated: int | None = None) -> str:
     """What `systemctl status swactor-arena` shows, e.g.
     'ready: 3 leases, 192.0 MiB leased, 63.8 GiB free (largest 63.8 GiB), 1 queued, 2 holders'."""
     parts = [

@@ -16,6 +16,7 @@ import swactor_ring
 from swactor.arena.freelist import Range
 from swactor.arena.model import Layout
 from swactor.arena.ports import RingInitError
+from swactor.common.ringport import native_layout
 
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux >= 5.14
 PAGE_SIZE = mmap.PAGESIZE
@@ -50,18 +51,6 @@ class RingRsAbi:
         )
 
 
-def to_ring_layout(layout: Layout) -> swactor_ring.RingLayout:
-    return swactor_ring.RingLayout(
-        layout.ring_id,
-        layout.arena_offset,
-        layout.total_len,
-        layout.header_offset,
-        layout.data_offset,
-        layout.data_capacity,
-        layout.alignment,
-    )
-
-
 class ArenaMemory:
     """`RangeMemory` over the real memfd. Owns the fd and both mappings of this process."""
 
@@ -89,7 +78,7 @@ class ArenaMemory:
             except OSError as e:  # e.g. ENOMEM under a memory cgroup limit
                 raise RingInitError(f"pre-faulting ring {layout.ring_id} failed: {e.strerror}") from None
         try:
-            swactor_ring.init_ring(self.arena, to_ring_layout(layout))
+            swactor_ring.init_ring(self.arena, native_layout(layout))
         except (swactor_ring.RingError, ValueError, OSError) as e:
             raise RingInitError(f"ring {layout.ring_id} header init failed: {e}") from None
 

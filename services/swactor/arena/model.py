@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from swactor.arena.freelist import Range
 from swactor.arena.fsm import ArenaState
+from swactor.common.layout import Layout
 
 
 class Direction(enum.IntEnum):
@@ -78,19 +79,6 @@ class RingRequest:
     host_pinning: int = 0
     wake_coalescing: int = 0
     prefault: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """RingLayout (spec §18): arena-relative offsets only."""
-
-    ring_id: int
-    arena_offset: int
-    total_len: int
-    header_offset: int
-    data_offset: int
-    data_capacity: int
-    alignment: int
 
 
 @dataclass(slots=True)

@@ -97,7 +97,7 @@ class ArenaServicer(arena_pb2_grpc.ArenaManagerServicer):
             context, lambda: self.node.attach(request.ring_id, request.holder_id, request.role)
         )
         return arena_pb2.AttachRingResponse(
-            layout=convert.layout_to_pb(lease.layout),
+            layout=lease.layout.to_pb(),
             edge_id=lease.request.edge_id,
             direction=lease.request.direction,
         )

@@ -1,1 +1,16 @@
-"""What every swactor service shares: config, ids, structured events, gRPC and systemd glue."""
+"""What every swactor service shares.
+
+  config       the host config file ([section] tables), default dirs
+  sockets      each local service's Unix socket (the default of every [section] naming one)
+  ids          node / run / edge ids                events    structured JSON events (structlog)
+  grpcio       gRPC listeners, health and reflection; LocalClient, a local service's channel
+  systemd      sd_notify                            aio       cancel_and_wait (shutting tasks down)
+  reasons      §37 reasons are the common.proto enums; ReasonError, the one (reason, detail) error
+  secret       the cluster secret and the gossip key derived from it
+  control_tls  mutual TLS for the node control API, rooted in the cluster secret
+  layout       the §18 ring layout value (and its proto spelling)
+  ringport     ring ends over ring-rs (swactor_ring): the one adapter of every ring user
+  ringerrors   what a ring end raises: RingBroken (a §37 RingFaultReason), RingClosed
+  gguf         the one GGUF metadata reader (llama hyper-parameters), ModelRefused
+  sampling     a run's SamplingPolicy (§10)
+"""

@@ -1,4 +1,5 @@
-"""gRPC server glue: Unix-socket and TCP listeners, reflection and health on every server."""
+"""gRPC glue: Unix-socket and TCP listeners with reflection and health on every server; the channel of
+a client of a local service."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import grp
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Self
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,6 +18,23 @@ SWACTOR_GROUP = "swactor"
 
 def unix_target(path: Path) -> str:
     return f"unix:{path}"
+
+
+class LocalClient:
+    """An asyncio client of a local service over its Unix socket: it owns the channel, and `async with`
+    (or `close()`) closes it."""
+
+    def __init__(self, socket_path: Path) -> None:
+        self._channel = grpc.aio.insecure_channel(unix_target(socket_path))
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
 
 
 def prepare_unix_socket(path: Path) -> None:

@@ -8,7 +8,7 @@ One concern per module:
   endpoint    the one UDP socket, CID demux, connection cache, dialing
   preamble    uni-stream edge_id preamble           credit     receive-credit policy (pure)
   rendezvous  §25 spec/stream rendezvous (pure)     pumps      recv/send pumps
-  ring_port   what pumps need from a ring           ring_rs    that, over ring-rs + the arena
+  ring_source the rings pumped here: arena attach, ring ends (swactor.common.ringport), wake fds
   wakefd      wake-eventfd hand-out socket          peers      PeerDirectory (membership, file)
   driver      edges, routing, events                service    gRPC servicer       main  CLI
 """

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+from swactor.common import sockets
+from swactor.common.config import DEFAULT_STATE_DIR
 
 ALPN = "swactor/edge/1"
 
@@ -14,19 +15,19 @@ ALPN = "swactor/edge/1"
 class EdgeConfig:
     # UDP address of the host's one QUIC endpoint.
     bind: str = "0.0.0.0:7400"
-    socket: Path = DEFAULT_RUN_DIR / "edge.sock"
+    socket: Path = sockets.EDGE
     state_dir: Path = DEFAULT_STATE_DIR
     # PEM files; default `<state_dir>/edge/cert.pem` and `key.pem` (created by --init-identity).
     cert: Path | None = None
     key: Path | None = None
     # Where peers come from: "membership" (gRPC socket below) or a static TOML file (tests, demo).
-    membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
+    membership_socket: Path = sockets.MEMBERSHIP
     peers_file: Path | None = None
     # Arena-manager sockets: gRPC (AttachRing/DetachRing) and the memfd hand-out.
-    arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
-    arena_fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
+    arena_socket: Path = sockets.ARENA
+    arena_fd_socket: Path = sockets.ARENA_FD
     # Where the ring's other process fetches the wake eventfds of a pumped ring (wakefd.py).
-    wake_socket: Path = DEFAULT_RUN_DIR / "edge-wake.sock"
+    wake_socket: Path = sockets.EDGE_WAKE
     # host:port peers should dial (gossiped); empty = the bound address.
     advertise: str = ""
     # QUIC payload bytes per datagram; 0 = what the path allows (route MTU minus IP/UDP headers).

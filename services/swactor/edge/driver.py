@@ -25,7 +25,7 @@ from swactor.edge.objtap import ObjectTap
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.pumps import AppError, PumpState, RecvPump, SendPump, reason_for_remote_code
 from swactor.edge.rendezvous import RejectStream, Rendezvous, StartRecvPump
-from swactor.edge.ring_port import RingSource
+from swactor.edge.ring_source import RingSource
 from swactor.v1 import common_pb2, edge_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")

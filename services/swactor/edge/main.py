@@ -92,7 +92,7 @@ async def serve(cfg: EdgeConfig, stop: asyncio.Event) -> int:
     from swactor.arena.client import ArenaHandoutError, AsyncArenaClient, connect_holder
     from swactor.edge.driver import Driver
     from swactor.edge.peers import MembershipPeerDirectory, PeerDirectory, StaticPeerDirectory
-    from swactor.edge.ring_rs import ArenaRingSource
+    from swactor.edge.ring_source import ArenaRingSource
     from swactor.edge.service import SERVICE_NAME, EdgeDriverServicer
     from swactor.edge.wakefd import WakeFdServer
     from swactor.v1 import edge_pb2_grpc

@@ -15,7 +15,6 @@ Two implementations:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Protocol
 
 import grpc
 
+from swactor.common.aio import cancel_and_wait
 from swactor.common.events import get_logger
 from swactor.common.grpcio import unix_target
 
@@ -117,18 +117,18 @@ class StaticPeerDirectory:
             self._mtime = mtime
 
     def lookup(self, node_id: int) -> PeerInfo | None:
-        peer = self._table.by_id.get(node_id)
-        if peer is None:
-            self._refresh()
-            peer = self._table.by_id.get(node_id)
-        return peer
+        return self._find("by_id", node_id)
 
     def by_fingerprint(self, fingerprint: str) -> PeerInfo | None:
-        peer = self._table.by_fp.get(fingerprint)
+        return self._find("by_fp", fingerprint)
+
+    def _find(self, index: str, key: object) -> PeerInfo | None:
+        """From the table, or after re-reading a changed file (a peer added since)."""
+        peer = getattr(self._table, index).get(key)
         if peer is None:
             self._refresh()
-            peer = self._table.by_fp.get(fingerprint)
-        return peer
+            peer = getattr(self._table, index).get(key)
+        return peer  # type: ignore[no-any-return]
 
     async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None:
         return None
@@ -189,9 +189,6 @@ class MembershipPeerDirectory:
             await asyncio.sleep(1.0)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
         if self._channel is not None:
             await self._channel.close()

@@ -22,13 +22,17 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from swactor.common.events import get_logger
+from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edge import credit, preamble
 from swactor.edge.objtap import ObjectTap
-from swactor.edge.ring_port import ConsumerPort, ProducerPort, RingClosed, RingFault
 from swactor.v1 import common_pb2
 
 if TYPE_CHECKING:
     from swactor.edge.connection import EdgeConnection
+
+log = get_logger(component="COMPONENT_EDGE_DRIVER")
 
 
 class AppError(enum.IntEnum):
@@ -72,7 +76,7 @@ class RecvPump:
         self,
         *,
         edge_id: int,
-        ring: ProducerPort,
+        ring: ProducerEnd,
         conn: EdgeConnection,
         stream_id: int,
         window: int,
@@ -92,7 +96,8 @@ class RecvPump:
         self._pending: deque[memoryview] = deque()
         self._eof = False
         self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(ring.writable_fd, self._on_writable)
+        self._wake_fd = ring.fileno()
+        self._loop.add_reader(self._wake_fd, self._on_writable)
 
     # ---- inputs ----
 
@@ -107,7 +112,7 @@ class RecvPump:
         self._step()
 
     def _on_writable(self) -> None:
-        self.ring.ack_writable()
+        self.ring.ack()
         if self.state not in TERMINAL:
             self._step()
             self.conn.transmit()
@@ -120,17 +125,20 @@ class RecvPump:
                 self._drain()
                 self._announce()
                 if self._pending or (not self._eof and self.ring.free() == 0):
-                    if self.ring.arm_writable():
+                    if self.ring.arm_wait() is None:
                         continue  # space appeared between the check and the arm
                     self.state = PumpState.BACKPRESSURED
                     return
                 break
-        except RingFault as e:
+        except RingBroken as e:
             self._fail(common_pb2.STREAM_FAULT_RING_FAULT, str(e), AppError.RING_FAULT)
             return
         self.state = PumpState.STREAMING
         if self._eof:
-            self.ring.close()
+            try:
+                self.ring.close_stream()
+            except RingBroken as e:  # the ring faulted under us: its consumer sees that instead
+                log.warning("edge.ring_close_failed", ring_id=self.ring.ring_id, detail=str(e))
             self._finish(True, 0, "")
 
     def _drain(self) -> None:
@@ -186,13 +194,13 @@ class RecvPump:
     def _finish(self, clean: bool, reason: int, detail: str) -> None:
         self.state = PumpState.CLOSED if clean else PumpState.FAULTED
         self._pending.clear()
-        self._loop.remove_reader(self.ring.writable_fd)
+        self._loop.remove_reader(self._wake_fd)
         self.on_end(self, clean, reason, detail)
 
     def stop(self) -> None:
         """StopEdge: stop reading (STOP_SENDING to the peer), never touch the ring again."""
         if self.state not in TERMINAL:
-            self._loop.remove_reader(self.ring.writable_fd)
+            self._loop.remove_reader(self._wake_fd)
             self._pending.clear()
             if not self.conn.closed:
                 try:
@@ -209,7 +217,7 @@ class SendPump:
         self,
         *,
         edge_id: int,
-        ring: ConsumerPort,
+        ring: ConsumerEnd,
         queue_limit: int,
         on_end: EndFn,
         on_blocked: Callable[[SendPump], None],
@@ -226,18 +234,19 @@ class SendPump:
         self.stream_id: int | None = None
         self.bytes = 0
         self._loop = asyncio.get_running_loop()
+        self._wake_fd = ring.fileno()
         self._reading = False
 
     def attach(self, conn: EdgeConnection) -> None:
         """The connection is up: wait for committed bytes."""
         self.conn = conn
         self.state = PumpState.WAITING_FOR_BYTES
-        self._loop.add_reader(self.ring.readable_fd, self._on_readable)
+        self._loop.add_reader(self._wake_fd, self._on_readable)
         self._reading = True
         self.step()
 
     def _on_readable(self) -> None:
-        self.ring.ack_readable()
+        self.ring.ack()
         self.step()
 
     def step(self) -> None:
@@ -254,12 +263,12 @@ class SendPump:
                     self.on_blocked(self)
                     break
                 try:
-                    view = self.ring.readable_view(room)
+                    view = self.ring.readable(room)
                 except RingClosed:
                     self._close_stream()
                     return
                 if not view:
-                    if self.ring.arm_readable():
+                    if self.ring.arm_wait() is None:
                         continue
                     if self.stream_id is not None:
                         self.state = PumpState.STREAMING
@@ -277,7 +286,7 @@ class SendPump:
                 self.ring.advance_consume(n)
                 self.bytes += n
                 sent = True
-        except RingFault as e:
+        except RingBroken as e:
             self.fault(common_pb2.STREAM_FAULT_RING_FAULT, str(e), AppError.RING_FAULT)
             return
         if sent:
@@ -304,7 +313,7 @@ class SendPump:
     def _end(self, state: PumpState) -> None:
         self.state = state
         if self._reading:
-            self._loop.remove_reader(self.ring.readable_fd)
+            self._loop.remove_reader(self._wake_fd)
             self._reading = False
 
     def stop(self) -> None:

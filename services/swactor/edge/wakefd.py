@@ -16,7 +16,7 @@ import struct
 from pathlib import Path
 
 from swactor.common.events import get_logger
-from swactor.edge.ring_rs import WakeFds
+from swactor.edge.ring_source import WakeFds
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
 _REQ = struct.Struct("<Q")

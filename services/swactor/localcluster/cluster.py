@@ -35,7 +35,6 @@ from swactor.localcluster.layout import (
     EDGE_PORT,
     MEMBERSHIP_PORT,
     HostLayout,
-    HostPorts,
     host_config,
     to_toml,
 )
@@ -152,7 +151,7 @@ class LocalCluster:
         secret_file.write_text(secrets.token_hex(32) + "\n")
         secret_file.chmod(0o600)
         for i, addr in enumerate(addrs):
-            h = HostLayout(i, addr, self.root / f"h{i}", HostPorts(MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT),
+            h = HostLayout(i, addr, self.root / f"h{i}",
                            netns=self.netns.host(i) if self.netns else None)
             for d in (h.state_dir, h.run_dir, h.log_dir):
                 d.mkdir(parents=True, exist_ok=True)

@@ -9,14 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Every simulated host has its own address, so all of them use the services' usual ports.
 MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT = 7946, 7400, 7441
-
-
-@dataclass(frozen=True)
-class HostPorts:
-    gossip: int
-    edge: int
-    control: int
 
 
 @dataclass(frozen=True)
@@ -24,7 +18,6 @@ class HostLayout:
     index: int
     addr: str  # IP the host's services bind (a loopback address, or the namespace's veth address)
     root: Path
-    ports: HostPorts
     netns: str | None = None
 
     @property
@@ -67,18 +60,18 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
                   "state_dir": str(h.state_dir), "ceiling_bytes": ceiling_bytes},
         "membership": {
             "socket": str(h.sock("membership")), "state_dir": str(h.state_dir),
-            "bind": h.endpoint(h.ports.gossip), "seeds": [seed] if seed else [],
+            "bind": h.endpoint(MEMBERSHIP_PORT), "seeds": [seed] if seed else [],
             "secret_file": str(secret_file), "cluster": "swactor-local",
-            "edge_endpoint": h.endpoint(h.ports.edge), "edge_cert": str(h.edge_cert),
-            "control_endpoint": h.endpoint(h.ports.control),
+            "edge_endpoint": h.endpoint(EDGE_PORT), "edge_cert": str(h.edge_cert),
+            "control_endpoint": h.endpoint(CONTROL_PORT),
             "gpus": [gpu], "gpu_autodetect": False,
             "probe_interval_s": 0.5, "probe_timeout_s": 0.25, "join_retry_interval_s": 0.5,
             "leave_timeout_s": 1.0,
         },
-        "edge": {**common, "bind": h.endpoint(h.ports.edge), "socket": str(h.sock("edge")),
+        "edge": {**common, "bind": h.endpoint(EDGE_PORT), "socket": str(h.sock("edge")),
                  "state_dir": str(h.state_dir), "membership_socket": str(h.sock("membership")),
                  "wake_socket": str(h.sock("edge-wake"))},
-        "worker": {**common, "control_address": h.endpoint(h.ports.control), "secret_file": str(secret_file),
+        "worker": {**common, "control_address": h.endpoint(CONTROL_PORT), "secret_file": str(secret_file),
                    "state_dir": str(h.state_dir), "edge_socket": str(h.sock("edge")),
                    "edge_wake_socket": str(h.sock("edge-wake")), "membership_socket": str(h.sock("membership")),
                    "device": device, "compute_threads": compute_threads},

@@ -2,7 +2,6 @@
 
 Files, one concern each:
   config.py    MembershipConfig, the [membership] table of the host config
-  secret.py    the cluster secret and the gossip key derived from it
   metadata.py  LocalMetadata and its encoding into gossiped tags
   gpus.py      GPU inventory from flags or nvidia-smi
   swim.py      the SWIM engine interface (SwimBackend) and its values
@@ -12,4 +11,6 @@ Files, one concern each:
   node.py      MembershipNode: engine + view + join retries + watchers, the asyncio glue
   main.py      CLI entry point `swactor-membership`
   client.py    MembershipClient, the asyncio client other local services use
+
+The cluster secret and the gossip key derived from it: swactor.common.secret.
 """

@@ -8,32 +8,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import TracebackType
 
-import grpc
-
-from swactor.common.grpcio import unix_target
+from swactor.common.grpcio import LocalClient
 from swactor.membership.config import DEFAULT_SOCKET
 from swactor.v1 import membership_pb2 as pb
 from swactor.v1 import membership_pb2_grpc as pb_grpc
 
 
-class MembershipClient:
+class MembershipClient(LocalClient):
     def __init__(self, socket: Path = DEFAULT_SOCKET, *, timeout_s: float = 5.0) -> None:
-        self._channel = grpc.aio.insecure_channel(unix_target(socket))
+        super().__init__(socket)
         self._stub = pb_grpc.MembershipStub(self._channel)
         self._timeout = timeout_s
-
-    async def __aenter__(self) -> MembershipClient:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        await self._channel.close()
 
     async def get_self(self) -> pb.GetSelfResponse:
         return await self._stub.GetSelf(pb.GetSelfRequest(), timeout=self._timeout)

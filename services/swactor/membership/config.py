@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR
+from swactor.common import sockets
+from swactor.common.config import DEFAULT_STATE_DIR
 
-DEFAULT_SOCKET = DEFAULT_RUN_DIR / "membership.sock"
+DEFAULT_SOCKET = sockets.MEMBERSHIP
 DEFAULT_SECRET_FILE = Path("/etc/swactor/cluster.secret")
 DEFAULT_GOSSIP_PORT = 7946
 

@@ -22,13 +22,13 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
+from swactor.common.secret import SecretError, gossip_key, read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping
 from swactor.membership.config import MembershipConfig
 from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.kinship_backend import KinshipBackend, route_engine_logs
 from swactor.membership.metadata import MetadataError, check_endpoint, check_fingerprint, encode_tags
 from swactor.membership.node import MembershipNode, NodeTimings
-from swactor.membership.secret import SecretError, gossip_key, read_secret
 from swactor.membership.service import SERVICE_NAME, MembershipServicer
 from swactor.membership.swim import SwimSettings, SwimStartError
 from swactor.membership.view import Counts

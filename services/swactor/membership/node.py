@@ -8,11 +8,11 @@ live peer, publishes local metadata changes and leaves gracefully on stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+from swactor.common.aio import cancel_and_wait
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
 from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEvent, SwimEventKind
@@ -117,11 +117,7 @@ class MembershipNode:
                 await self._backend.leave(self._timings.leave_timeout_s)
             except Exception as e:  # a broken engine cannot leave; peers will see a death instead
                 self._log.error("membership_leave_failed", reason="engine_error", detail=repr(e))
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         await self._backend.close()
         for sub in list(self._subscribers):
             sub.push(None)

@@ -15,20 +15,9 @@ from swactor.v1 import membership_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Membership"].full_name
 
-_STATUS = {
-    Liveness.ALIVE: pb.MEMBER_STATUS_ALIVE,
-    Liveness.SUSPECT: pb.MEMBER_STATUS_SUSPECT,
-    Liveness.DEAD: pb.MEMBER_STATUS_DEAD,
-    Liveness.LEFT: pb.MEMBER_STATUS_LEFT,
-}
-_KIND = {
-    ViewEventKind.JOIN: pb.MEMBER_EVENT_KIND_JOIN,
-    ViewEventKind.SUSPECT: pb.MEMBER_EVENT_KIND_SUSPECT,
-    ViewEventKind.ALIVE: pb.MEMBER_EVENT_KIND_ALIVE,
-    ViewEventKind.DEAD: pb.MEMBER_EVENT_KIND_DEAD,
-    ViewEventKind.LEFT: pb.MEMBER_EVENT_KIND_LEFT,
-    ViewEventKind.METADATA_CHANGED: pb.MEMBER_EVENT_KIND_METADATA_CHANGED,
-}
+# The view's enums and the proto's share their value names: the tables are derived, so they cannot drift.
+_STATUS = {s: pb.MemberStatus.Value(f"MEMBER_STATUS_{s.name}") for s in Liveness}
+_KIND = {k: pb.MemberEventKind.Value(f"MEMBER_EVENT_KIND_{k.name}") for k in ViewEventKind}
 
 
 def member_message(record: MemberRecord, local_metadata: pb.NodeMetadata | None = None) -> pb.Member:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, ConfigError
+from swactor.common import sockets
+from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -14,11 +15,11 @@ REPO_MODEL_DIR = Path(__file__).resolve().parents[3] / ".cache" / "models"
 
 @dataclass
 class OrchestratorConfig:
-    socket: Path = DEFAULT_RUN_DIR / "orchestrator.sock"
+    socket: Path = sockets.ORCHESTRATOR
     # "" disables the TCP listener.
     tcp_address: str = "localhost:7440"
     state_dir: Path = DEFAULT_STATE_DIR
-    membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
+    membership_socket: Path = sockets.MEMBERSHIP
     model_name: str = DEFAULT_MODEL_NAME
     # None: <state_dir>/models/<file>, else the repository's .cache/models/<file>.
     model_path: Path | None = None
@@ -30,10 +31,10 @@ class OrchestratorConfig:
     # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
     node_model_path: Path | None = None
     # The local arena-manager and edge-driver the token endpoints use (this host is a node too).
-    arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
-    arena_fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
-    edge_socket: Path = DEFAULT_RUN_DIR / "edge.sock"
-    edge_wake_socket: Path = DEFAULT_RUN_DIR / "edge-wake.sock"
+    arena_socket: Path = sockets.ARENA
+    arena_fd_socket: Path = sockets.ARENA_FD
+    edge_socket: Path = sockets.EDGE
+    edge_wake_socket: Path = sockets.EDGE_WAKE
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20

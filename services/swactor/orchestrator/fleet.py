@@ -15,19 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from swactor.common.reasons import ReasonError
 from swactor.orchestrator.fsm import Input
 from swactor.orchestrator.planner import RunPlan, StagePlan
 
 Report = Callable[[Input], None]
 
 
-class FleetError(Exception):
+class FleetError(ReasonError):
     """A fleet call failed; `reason` is the RunFaultReason value the run records."""
-
-    def __init__(self, reason: int, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
 
 
 class TokenEndpoints(Protocol):

@@ -16,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swactor.common.ids import new_id
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planner import PlanError, RunPlan, SamplingPolicy, StagePlan, plan_run
+from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, plan_run
 from swactor.orchestrator.pool import PoolGate
 from swactor.v1 import common_pb2 as pb
 

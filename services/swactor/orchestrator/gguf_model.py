@@ -1,7 +1,6 @@
-"""Model facts and tokenizer vocabulary read from a GGUF file's metadata (spec §11 GgufModelPlan).
-
-Only metadata is read (GGUFReader memory-maps the file); tensor bytes are never touched here.
-"""
+"""Model facts and tokenizer vocabulary from a GGUF file's metadata (spec §11 GgufModelPlan), through
+the one GGUF metadata reader (swactor.common.gguf) the compute core uses too: the orchestrator
+refuses a model the stages could not load, before planning."""
 
 from __future__ import annotations
 
@@ -9,13 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gguf import GGUFReader
-
+from swactor.common import gguf
 from swactor.v1 import common_pb2
-
-
-class ModelError(ValueError):
-    """The GGUF is unreadable or lacks a fact the orchestrator needs; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -59,60 +53,42 @@ class ModelFacts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _field(reader: GGUFReader, key: str) -> Any:
-    f = reader.fields.get(key)
-    return None if f is None else f.contents()
-
-
-def _required(reader: GGUFReader, key: str, path: Path) -> Any:
-    value = _field(reader, key)
-    if value is None:
-        raise ModelError(f"{path}: GGUF metadata key {key!r} is missing")
-    return value
-
-
-def open_reader(path: Path) -> GGUFReader:
-    if not path.is_file():
-        raise ModelError(f"model file {path} does not exist")
-    try:
-        return GGUFReader(path)
-    except Exception as e:  # the gguf package raises ValueError/struct errors for bad files
-        raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+def read_tokenizer(reader: Any) -> TokenizerData:
+    """The `tokenizer.ggml.*` keys of an opened GGUF (swactor.common.gguf.open_gguf)."""
+    tokens = gguf.field(reader, "tokenizer.ggml.tokens")
+    return TokenizerData(
+        model=gguf.field(reader, "tokenizer.ggml.model"),
+        pre=gguf.field(reader, "tokenizer.ggml.pre", None) or "default",
+        tokens=list(tokens),
+        token_types=list(gguf.field(reader, "tokenizer.ggml.token_type", None) or [1] * len(tokens)),
+        merges=list(gguf.field(reader, "tokenizer.ggml.merges", None) or []),
+        bos_id=gguf.field(reader, "tokenizer.ggml.bos_token_id", None),
+        eos_id=gguf.field(reader, "tokenizer.ggml.eos_token_id", None),
+        eot_id=gguf.field(reader, "tokenizer.ggml.eot_token_id", None),
+        eom_id=gguf.field(reader, "tokenizer.ggml.eom_token_id", None),
+        pad_id=gguf.field(reader, "tokenizer.ggml.padding_token_id", None),
+        add_bos=gguf.field(reader, "tokenizer.ggml.add_bos_token", None),
+        add_eos=gguf.field(reader, "tokenizer.ggml.add_eos_token", None),
+        chat_template=gguf.field(reader, "tokenizer.chat_template", None),
+        scores=list(gguf.field(reader, "tokenizer.ggml.scores", None) or []),
+        unk_id=gguf.field(reader, "tokenizer.ggml.unknown_token_id", None),
+        add_space_prefix=gguf.field(reader, "tokenizer.ggml.add_space_prefix", None),
+    )
 
 
 def read_model(path: Path, model_id: str | None = None) -> tuple[ModelFacts, TokenizerData]:
-    reader = open_reader(path)
-    arch = _required(reader, "general.architecture", path)
-    tokens = _required(reader, "tokenizer.ggml.tokens", path)
-    tok = TokenizerData(
-        model=_required(reader, "tokenizer.ggml.model", path),
-        pre=_field(reader, "tokenizer.ggml.pre") or "default",
-        tokens=list(tokens),
-        token_types=list(_field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)),
-        merges=list(_field(reader, "tokenizer.ggml.merges") or []),
-        bos_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_id=_field(reader, "tokenizer.ggml.eos_token_id"),
-        eot_id=_field(reader, "tokenizer.ggml.eot_token_id"),
-        eom_id=_field(reader, "tokenizer.ggml.eom_token_id"),
-        pad_id=_field(reader, "tokenizer.ggml.padding_token_id"),
-        add_bos=_field(reader, "tokenizer.ggml.add_bos_token"),
-        add_eos=_field(reader, "tokenizer.ggml.add_eos_token"),
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        scores=list(_field(reader, "tokenizer.ggml.scores") or []),
-        unk_id=_field(reader, "tokenizer.ggml.unknown_token_id"),
-        add_space_prefix=_field(reader, "tokenizer.ggml.add_space_prefix"),
-    )
-    vocab = _field(reader, f"{arch}.vocab_size") or len(tokens)
+    """The model's facts and tokenizer vocabulary; ModelRefused (swactor.common.gguf) names what is wrong."""
+    reader = gguf.open_gguf(path)
+    params = gguf.read_params(reader)
+    tok = read_tokenizer(reader)
     facts = ModelFacts(
         model_id=model_id or path.stem,
         path=path,
-        architecture=arch,
-        num_layers=int(_required(reader, f"{arch}.block_count", path)),
-        hidden_dim=int(_required(reader, f"{arch}.embedding_length", path)),
-        max_seq_len=int(_required(reader, f"{arch}.context_length", path)),
-        vocab_size=int(vocab),
+        architecture="llama",
+        num_layers=params.n_layers,
+        hidden_dim=params.dim,
+        max_seq_len=params.context_length,
+        vocab_size=params.vocab_size or len(tok.tokens),
         eos_token_id=int(tok.eos_id if tok.eos_id is not None else 0),
     )
-    if facts.num_layers <= 0 or facts.hidden_dim <= 0 or facts.max_seq_len <= 0:
-        raise ModelError(f"{path}: block_count/embedding_length/context_length must be positive")
     return facts, tok

@@ -57,7 +57,7 @@ class NoSecretFleet:
 def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry) -> StageFleet:
     if cfg.secret_file is None:
         return NoSecretFleet()
-    from swactor.membership.secret import read_secret
+    from swactor.common.secret import read_secret
 
     secret = read_secret(cfg.secret_file)
     node_paths = dict(models.paths)
@@ -75,7 +75,7 @@ def local_ports(cfg: OrchestratorConfig):
 
     async def connect():
         from swactor.arena import client as arena_client
-        from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort
+        from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
 
         hold = await asyncio.to_thread(arena_client.connect_holder, cfg.arena_fd_socket)
         client = arena_client.AsyncArenaClient(hold, cfg.arena_socket)

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import StageFleet
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.nodes import NodeInfo
-from swactor.orchestrator.planner import SamplingPolicy
 from swactor.orchestrator.pool import PoolGate
 from swactor.orchestrator.runner import RunHandle, replay, wall_us
 from swactor.orchestrator.store import RunStore

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from swactor.common.gguf import ModelRefused
 from swactor.orchestrator.errors import RequestError
-from swactor.orchestrator.gguf_model import ModelError, ModelFacts, read_model
+from swactor.orchestrator.gguf_model import ModelFacts, read_model
 from swactor.orchestrator.tokenizer import Tokenizer, TokenizerError
 
 
@@ -33,6 +34,6 @@ class ModelRegistry:
             try:
                 facts, data = read_model(self.paths[name], model_id=name)
                 self._loaded[name] = LoadedModel(name, facts, Tokenizer(data))
-            except (ModelError, TokenizerError) as e:
+            except (ModelRefused, TokenizerError) as e:
                 raise RequestError.precondition(f"model {name!r} cannot be served: {e}") from None
         return self._loaded[name]

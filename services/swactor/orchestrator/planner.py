@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swactor.common.ids import new_id
+from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.v1 import common_pb2
@@ -26,16 +27,6 @@ class PlanError(ValueError):
     def __init__(self, message: str, reason: int = common_pb2.RUN_FAULT_NODE_UNAVAILABLE) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-@dataclass(frozen=True)
-class SamplingPolicy:
-    """Sampling is delegated to the last stage (spec §10); temperature 0 means greedy argmax."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclass(frozen=True)

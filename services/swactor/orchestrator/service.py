@@ -15,13 +15,8 @@ from swactor.v1 import orchestrator_pb2_grpc
 
 SERVICE_NAME = opb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 
-_READINESS = {
-    NodeState.BOOTING: opb.NODE_READINESS_BOOTING,
-    NodeState.AVAILABLE: opb.NODE_READINESS_AVAILABLE,
-    NodeState.SUSPECT: opb.NODE_READINESS_SUSPECT,
-    NodeState.FAULTED: opb.NODE_READINESS_FAULTED,
-    NodeState.LEFT: opb.NODE_READINESS_LEFT,
-}
+# NodeState and the proto's NodeReadiness share their value names: the table is derived, so they cannot drift.
+_READINESS = {s: opb.NodeReadiness.Value(f"NODE_READINESS_{s.name}") for s in NodeState}
 
 
 def node_proto(n: NodeInfo) -> opb.Node:

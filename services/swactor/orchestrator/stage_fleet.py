@@ -1,7 +1,7 @@
 """StageFleet over the node control API (stage.proto): ProvisionStage, WatchStage, StopRun.
 
 One mutually-authenticated channel per node (the control CA derives from the cluster secret; see
-swactor.worker.control_tls). After a node accepts ProvisionStage, a watch task relays the stage's
+swactor.common.control_tls). After a node accepts ProvisionStage, a watch task relays the stage's
 updates as run-FSM inputs until StageStopped. Token endpoints are delegated to an
 `EndpointFactory` (token_endpoints.RingEndpointFactory on a real host).
 """
@@ -33,7 +33,7 @@ class EndpointFactory(Protocol):
 
 
 def mtls_channels(secret: bytes, orchestrator_node_id: int) -> ChannelFactory:
-    from swactor.worker import control_tls
+    from swactor.common import control_tls
 
     def make(stage: StagePlan) -> grpc.aio.Channel:
         return control_tls.channel(secret, orchestrator_node_id, stage.node.control_endpoint, stage.node_id)

@@ -8,7 +8,7 @@ as the ring host: InstallRing opens a ring-rs handle here, UninstallRing closes 
 `EndpointsReady` is reported once both edges are Ready and share the driver's wake eventfds.
 The driver's object timings of this host's two edge ends are relayed as EDGE_OBJECT_SENT (token-in,
 with counter produced_us: when `inject` had committed the object) and EDGE_OBJECT_RECEIVED
-(token-out) lifecycle events (issue 7, swactor.edge.timing_events).
+(token-out) lifecycle events (issue 7, swactor.edgeend.timings).
 """
 
 from __future__ import annotations
@@ -21,28 +21,20 @@ from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.edge.timing_events import relay_object_timings
+from swactor.common.reasons import name
+from swactor.common.ringport import open_consumer, open_producer
+from swactor.edgeend import establisher as est
+from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.ports import ArenaPort, DriverPort
+from swactor.edgeend.timings import relay_object_timings
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.orchestrator.planner import EdgePlan, RunPlan
 from swactor.orchestrator.token_rings import TokenReader, TokenWriter
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import edge_pb2
-from swactor.worker import establisher as est
-from swactor.worker import reasons
-from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
-from swactor.worker.ports import ArenaPort, DriverPort
-from swactor.worker.ringport import open_consumer, open_producer
 
 TOKEN_IN_PORT, TOKEN_OUT_PORT = 0, 1
-
-
-def _run_fault(name: str) -> int:
-    """An EdgeFailed reason (RunFaultReason in CamelCase) as the enum value."""
-    try:
-        return reasons.proto_value("RunFaultReason", name)
-    except ValueError:
-        return pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
 
 
 class RingTokenEndpoints:
@@ -52,11 +44,8 @@ class RingTokenEndpoints:
                  *, close_timeout_s: float = 20.0) -> None:
         self.plan = plan
         self.report = report
-        self.arena = arena
-        self.driver = driver
         self.arena_map = arena_map
         self.close_timeout_s = close_timeout_s
-        self.est = est.EdgeEstablisher()
         tin, tout = plan.token_in, plan.token_out
         self.token_in_edge, self.token_out_edge = tin.edge_id, tout.edge_id
         self._plans: dict[int, EdgePlan] = {tin.edge_id: tin, tout.edge_id: tout}
@@ -82,7 +71,7 @@ class RingTokenEndpoints:
         self._timing_task: asyncio.Task[None] | None = None
         self._committed_us: dict[int, int] = {}  # token-in sequence -> commit stamp, until its timing arrives
         self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
-        self.edges = EstablisherShell(self.est, arena, driver, self, self._outcome, self._spawn, self.log)
+        self.edges = EstablisherShell(arena, driver, self, self._outcome, self._spawn, self.log)
 
     # ---- lifecycle ----
 
@@ -127,7 +116,7 @@ class RingTokenEndpoints:
                 self._ready.add(edge_id)
                 self._maybe_announce()
             case est.EdgeFailed(edge_id, reason, _component, detail):
-                self._fail(_run_fault(reason), f"{self._name(edge_id)} edge {edge_id}: {reason}: {detail}")
+                self._fail(reason, f"{self._name(edge_id)} edge {edge_id}: {name(pb.RunFaultReason, reason)}: {detail}")
             case est.EdgeStopped(edge_id):
                 self._stopped.add(edge_id)
                 if self._stopped >= set(self._provisions):
@@ -139,12 +128,12 @@ class RingTokenEndpoints:
         self._edge_ring[edge.edge_id] = layout.ring_id
         return True
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         end = self._ends.pop(ring_id, None)
         if end is not None:
             if ring_id == self._reader_ring and self._reader_task is not None:
                 self._reader_task.cancel()  # the reader never touches the ring after this
-            end.close()
+            end.release()
         return True
 
     def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
@@ -193,7 +182,7 @@ class RingTokenEndpoints:
             self.report(F.Relay(ev))
 
         ends = {self.token_in_edge: edge_pb2.EDGE_ROLE_SEND, self.token_out_edge: edge_pb2.EDGE_ROLE_RECV}
-        await relay_object_timings(self.driver, ends, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
+        await relay_object_timings(self.edges.driver, ends, run_id=self.plan.run_id, node_id=self.plan.orchestrator_node_id,
                                    stage_index=None, emit=relay, log=self.log)
 
 

@@ -2,8 +2,8 @@
 
 `TokenWriter` is the token-in producer: one §17 object of int32 token ids per `write(sequence, ids)`.
 `TokenReader` is the token-out consumer: it parses token objects and reports
-`TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the worker's I/O-free ring-object
-FSMs (`swactor.worker.objects`) over ring-rs handles (`swactor.worker.ringport`) and wait on the
+`TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the edge end's I/O-free ring-object
+FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
 ring's eventfd through the event loop, never by polling.
 
 Not here (the integration step): leasing the two rings from the local arena-manager, the
@@ -13,26 +13,18 @@ edge-driver's EstablishSend / EstablishRecv and wake-fd sharing, and §38 edge t
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 
 from swactor.common.ids import new_id
+from swactor.common.reasons import name
+from swactor.common.ringport import ConsumerEnd, ProducerEnd
+from swactor.edgeend import objects
+from swactor.edgeend.header import HEADER_CODEC
+from swactor.edgeend.hostobjects import HostSink, HostSource
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.objects import (
-    Broken,
-    Closed,
-    EgressProducer,
-    Failed,
-    HeaderFacts,
-    IngressParser,
-    Loaded,
-    ObjectRules,
-    OutputRejected,
-)
-from swactor.worker.ringport import HEADER_CODEC, ConsumerEnd, ProducerEnd
 
 TOKEN_DTYPE = np.dtype("<i4")
 
@@ -47,55 +39,26 @@ async def _fd_readable(fd: int) -> None:
         loop.remove_reader(fd)
 
 
-def rules_for(spec: pb.ObjectSpec) -> ObjectRules:
-    return ObjectRules.from_spec(spec.max_extent, spec.dtype_width_bytes, spec.row_elements, spec.alignment)
-
-
-class _Payload:
-    """objects.ObjectSource over host bytes."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.extent = len(data)
-
-    def read_into(self, offset: int, dest: memoryview) -> None:
-        dest[:] = self.data[offset:offset + len(dest)]
-
-
-class _HostBuffer:
-    def __init__(self, extent: int) -> None:
-        self.data = bytearray(extent)
-
-    def write(self, offset: int, data: memoryview) -> None:
-        self.data[offset:offset + len(data)] = data
-
-
-class _HostSink:
-    """objects.ObjectSink: token objects land in host memory."""
-
-    def allocate(self, facts: HeaderFacts) -> _HostBuffer:
-        return _HostBuffer(facts.extent)
-
-    def discard(self, buffer: Any) -> None:
-        return None
+def rules_for(spec: pb.ObjectSpec) -> objects.ObjectRules:
+    return objects.ObjectRules.from_spec(spec.max_extent, spec.dtype_width_bytes, spec.row_elements, spec.alignment)
 
 
 class TokenWriter:
     def __init__(self, end: ProducerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
-        self._egress = EgressProducer(end, HEADER_CODEC, rules_for(spec), edge_id=edge_id)
+        self._egress = objects.EgressProducer(end, HEADER_CODEC, rules_for(spec), edge_id=edge_id)
 
     async def write(self, sequence: int, token_ids: list[int] | tuple[int, ...]) -> None:
         """Write one token object; returns once every byte is committed (waits on backpressure)."""
         payload = np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
         try:
-            self._egress.start(HeaderFacts(new_id(), sequence, len(payload), 0), _Payload(payload))
-        except OutputRejected as e:
-            raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {e.reason}: {e.detail}") from None
+            self._egress.start(objects.HeaderFacts(new_id(), sequence, len(payload), 0), HostSource(payload))
+        except objects.OutputRejected as e:
+            raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {name(pb.StepFailure, e.reason)}: {e.detail}") from None
         while True:
             for ev in self._egress.pump():
-                if isinstance(ev, Broken):
-                    raise FleetError(pb.RUN_FAULT_RING_FAULT, f"token-in ring: {ev.reason}: {ev.detail}")
+                if isinstance(ev, objects.Broken):
+                    raise FleetError(pb.RUN_FAULT_RING_FAULT, f"token-in ring: {name(pb.RingFaultReason, ev.reason)}: {ev.detail}")
             if not self._egress.busy:
                 return
             fd = self.end.arm_wait()
@@ -107,7 +70,7 @@ class TokenWriter:
 class TokenReader:
     def __init__(self, end: ConsumerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
-        self._ingress = IngressParser(end, HEADER_CODEC, rules_for(spec), _HostSink(), edge_id=edge_id)
+        self._ingress = objects.IngressParser(end, HEADER_CODEC, rules_for(spec), HostSink(), edge_id=edge_id)
 
     async def run(self, report: Report) -> None:
         """Report every token object until the producer closes the ring or it faults."""
@@ -115,22 +78,22 @@ class TokenReader:
             events = self._ingress.pump()
             for ev in events:
                 match ev:
-                    case Loaded(facts=facts, buffer=buffer):
+                    case objects.Loaded(facts=facts, buffer=buffer):
                         ids = np.frombuffer(bytes(buffer.data), dtype=TOKEN_DTYPE)
                         if len(ids) != 1:
                             report(F.EndpointFault(pb.RUN_FAULT_OBJECT_FAILED,
                                                    f"token-out object {facts.sequence} holds {len(ids)} ids, not 1"))
                             return
                         report(F.TokenReceived(facts.sequence, int(ids[0])))
-                    case Failed(reason=reason, detail=detail, sequence=seq):
-                        fault = (pb.RUN_FAULT_SEQUENCE_VIOLATION if reason == "SequenceViolation"
+                    case objects.Failed(reason=reason, detail=detail, sequence=seq):
+                        fault = (pb.RUN_FAULT_SEQUENCE_VIOLATION if reason == pb.OBJECT_FAILURE_SEQUENCE_VIOLATION
                                  else pb.RUN_FAULT_OBJECT_FAILED)
-                        report(F.EndpointFault(fault, f"token-out object {seq}: ObjectFailure.{reason}: {detail}"))
+                        report(F.EndpointFault(fault, f"token-out object {seq}: {name(pb.ObjectFailure, reason)}: {detail}"))
                         return
-                    case Broken(reason=reason, detail=detail):
-                        report(F.EndpointFault(pb.RUN_FAULT_RING_FAULT, f"token-out ring: {reason}: {detail}"))
+                    case objects.Broken(reason=reason, detail=detail):
+                        report(F.EndpointFault(pb.RUN_FAULT_RING_FAULT, f"token-out ring: {name(pb.RingFaultReason, reason)}: {detail}"))
                         return
-                    case Closed():
+                    case objects.Closed():
                         return
             if events:
                 continue

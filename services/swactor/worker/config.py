@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from swactor.common.config import DEFAULT_RUN_DIR, DEFAULT_STATE_DIR, ConfigError
+from swactor.common import sockets
+from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
 
 
 @dataclass
@@ -18,11 +19,11 @@ class WorkerConfig:
     orchestrator_node_id: int = 0
     secret_file: Path = Path("/etc/swactor/cluster.secret")
     state_dir: Path = DEFAULT_STATE_DIR
-    arena_socket: Path = DEFAULT_RUN_DIR / "arena.sock"
-    arena_fd_socket: Path = DEFAULT_RUN_DIR / "arena-fd.sock"
-    edge_socket: Path = DEFAULT_RUN_DIR / "edge.sock"
-    edge_wake_socket: Path = DEFAULT_RUN_DIR / "edge-wake.sock"
-    membership_socket: Path = DEFAULT_RUN_DIR / "membership.sock"
+    arena_socket: Path = sockets.ARENA
+    arena_fd_socket: Path = sockets.ARENA_FD
+    edge_socket: Path = sockets.EDGE
+    edge_wake_socket: Path = sockets.EDGE_WAKE
+    membership_socket: Path = sockets.MEMBERSHIP
     # tinygrad device for the compute process ("" = tinygrad's default: CUDA/NV on GPU hosts).
     device: str = ""
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the

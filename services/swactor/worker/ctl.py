@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import fdpass, wire
 from swactor.worker.ctl_fsm import (
     Action,
     CtlCore,
@@ -36,6 +35,7 @@ from swactor.worker.ctl_fsm import (
     Tick,
     WriteCommand,
 )
+from swactor.worker.process import fdpass, wire
 
 Subscriber = Callable[[Any], None]
 

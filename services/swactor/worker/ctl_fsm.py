@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import wire
+from swactor.common.reasons import name
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import wire
 
 
 class CtlState(enum.Enum):
@@ -114,11 +116,22 @@ class WorkerCrashed:
 
 @dataclass(frozen=True)
 class WorkerFailed:
-    """The worker never became ready: WorkerFatal, early exit or InitializeWorker timeout."""
+    """The worker never became ready: `cause` says how; `fatal` is the WorkerFatalReason when the
+    worker said WorkerFatal (UNSPECIFIED otherwise)."""
 
     worker_generation: int
-    reason: str  # WorkerFatalReason name, or "InitializeTimeout" / "SpawnFailed" / "ProcessExited"
+    cause: NeverReady
     detail: str
+    fatal: int = pb.WORKER_FATAL_REASON_UNSPECIFIED
+
+
+class NeverReady(enum.Enum):
+    """How a worker generation failed before WorkerReady (the ctl's own causes, not §37 reasons)."""
+
+    SPAWN_FAILED = "SpawnFailed"
+    INITIALIZE_TIMEOUT = "InitializeTimeout"
+    PROCESS_EXITED = "ProcessExited"
+    WORKER_FATAL = "WorkerFatal"
 
 
 Action = SpawnProcess | WriteCommand | KillProcess | Deliver
@@ -164,7 +177,7 @@ class CtlCore:
             case Spawned(pid, now):
                 return self._spawned(pid, now)
             case SpawnFailed(detail):
-                return self._never_ready("SpawnFailed", detail)
+                return self._never_ready(NeverReady.SPAWN_FAILED, detail)
             case FromWorker(event):
                 return self._from_worker(event)
             case StdoutMalformed(detail):
@@ -199,17 +212,18 @@ class CtlCore:
         return [WriteCommand(wire.InitializeWorker(self.worker_generation, self.arena_ceiling,
                                                    self.ring_helper_abi, self.backend))]
 
-    def _never_ready(self, reason: str, detail: str, *, kill: bool = False) -> list[Action]:
+    def _never_ready(self, cause: NeverReady, detail: str, *, kill: bool = False,
+                     fatal: int = pb.WORKER_FATAL_REASON_UNSPECIFIED) -> list[Action]:
         self.deadline = None
-        self._transition(CtlState.FAILED, reason=reason)
+        self._transition(CtlState.FAILED, reason=cause.value, fatal=name(pb.WorkerFatalReason, fatal))
         actions: list[Action] = [KillProcess()] if kill else []
-        return [*actions, Deliver(WorkerFailed(self.worker_generation, reason, detail))]
+        return [*actions, Deliver(WorkerFailed(self.worker_generation, cause, detail, fatal))]
 
     def _tick(self, now: float) -> list[Action]:
         if self.deadline is None or now < self.deadline:
             return []
         if self.state in (CtlState.SPAWNING, CtlState.INITIALIZING):
-            return self._never_ready("InitializeTimeout", f"no WorkerReady within {self.init_timeout_s}s", kill=True)
+            return self._never_ready(NeverReady.INITIALIZE_TIMEOUT, f"no WorkerReady within {self.init_timeout_s}s", kill=True)
         if self.state is CtlState.STOPPING:
             self.deadline = None
             self._transition(CtlState.KILLING, reason="StopTimeout")
@@ -219,12 +233,12 @@ class CtlCore:
     def _exited(self, rc: int) -> list[Action]:
         self.pid = None
         if self.state in (CtlState.SPAWNING, CtlState.INITIALIZING):
-            return self._never_ready("ProcessExited", f"worker exited with {rc} before WorkerReady")
+            return self._never_ready(NeverReady.PROCESS_EXITED, f"worker exited with {rc} before WorkerReady")
         if self.state is CtlState.RUNNING:
             return self._process_broken(f"worker exited with {rc}", returncode=rc)
         if self.state in (CtlState.STOPPING, CtlState.KILLING):
             self.deadline = None
-            actions = self._synthesize_ring_ends("WorkerShuttingDown")
+            actions = self._synthesize_ring_ends(pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, pb.RING_FAULT_WORKER_SHUTTING_DOWN)
             self._transition(CtlState.STOPPED, returncode=rc)
             return actions
         return []
@@ -234,23 +248,24 @@ class CtlCore:
         if self.state not in (CtlState.RUNNING, CtlState.INITIALIZING, CtlState.STOPPING):
             return []
         if self.state is CtlState.INITIALIZING:
-            return self._never_ready("ProcessExited", detail, kill=kill)
+            return self._never_ready(NeverReady.PROCESS_EXITED, detail, kill=kill)
         self._transition(CtlState.CRASHED, detail=detail)
         actions: list[Action] = [KillProcess()] if kill else []
         actions.append(Deliver(WorkerCrashed(self.worker_generation, returncode, detail)))
-        actions += self._synthesize_ring_ends("WorkerProcessExited")
+        actions += self._synthesize_ring_ends(pb.STEP_FAILURE_WORKER_PROCESS_EXITED, pb.RING_FAULT_WORKER_PROCESS_EXITED)
         self.handles.clear()
         self._transition(CtlState.FAILED)
         return actions
 
-    def _synthesize_ring_ends(self, reason: str) -> list[Action]:
+    def _synthesize_ring_ends(self, step_reason: int, ring_reason: int) -> list[Action]:
         actions: list[Action] = []
         if self.step_in_flight is not None:
             role_id, step_id = self.step_in_flight
             self.step_in_flight = None
-            actions.append(Deliver(wire.StepFailed(role_id, step_id, reason, "worker process gone")))
+            actions.append(Deliver(wire.StepFailed(role_id, step_id, step_reason, "worker process gone")))
         for ring_id, ring in sorted(self.rings.items()):
-            actions.append(Deliver(wire.RingFault(ring_id, ring.edge_id, ring.port_id, reason, "worker process gone")))
+            actions.append(Deliver(wire.RingFault(ring_id, ring.edge_id, ring.port_id, ring_reason,
+                                                  "worker process gone")))
         # The rings stay in the table until UninstallRing: the reaped process is the quiescence proof.
         return actions
 
@@ -264,14 +279,14 @@ class CtlCore:
                     self._transition(CtlState.RUNNING, pid=ev.pid)
                     return [Deliver(ev)]
                 case wire.WorkerFatal(reason, detail):
-                    return self._never_ready(reason, detail, kill=True)
+                    return self._never_ready(NeverReady.WORKER_FATAL, detail, kill=True, fatal=reason)
                 case _:
                     return self._process_broken(f"unexpected {type(ev).__name__} before WorkerReady", kill=True)
         if self.state not in (CtlState.RUNNING, CtlState.STOPPING):
             return []  # stale event of a dead generation
         match ev:
             case wire.WorkerFatal(reason, detail):
-                return self._process_broken(f"WorkerFatal {reason}: {detail}", kill=True)
+                return self._process_broken(f"WorkerFatal {name(pb.WorkerFatalReason, reason)}: {detail}", kill=True)
             case wire.WorkerStopped():
                 return [Deliver(ev)]
             case wire.RingInstalled(ring_id=rid) if rid in self.rings:
@@ -288,7 +303,7 @@ class CtlCore:
 
     # ---- commands from controllers ----
 
-    def _reject(self, cmd: wire.Command, reason_step: str, reason_ring: str, detail: str) -> list[Action]:
+    def _reject(self, cmd: wire.Command, reason_step: int, reason_ring: int, detail: str) -> list[Action]:
         match cmd:
             case wire.ExecuteStep(role_id=role_id, step_id=step_id):
                 return [Deliver(wire.StepFailed(role_id, step_id, reason_step, detail))]
@@ -299,7 +314,7 @@ class CtlCore:
                 self.rings.pop(rid, None)
                 return [Deliver(wire.RingQuiesced(rid))]
             case wire.ConfigureRole(role_id=role_id):
-                return [Deliver(wire.RoleFailed(role_id, "WorkerUnavailable", detail))]
+                return [Deliver(wire.RoleFailed(role_id, pb.ROLE_FAILURE_WORKER_UNAVAILABLE, detail))]
         return []
 
     def _send(self, cmd: wire.Command, now: float) -> list[Action]:
@@ -307,28 +322,32 @@ class CtlCore:
             if isinstance(cmd, wire.ShutdownWorker) and self.state in (CtlState.SPAWNING, CtlState.INITIALIZING):
                 self._transition(CtlState.KILLING, reason="ShutdownBeforeReady")
                 return [KillProcess()]
-            reason = "WorkerShuttingDown" if self.state in (CtlState.STOPPING, CtlState.KILLING) \
-                else "WorkerProcessExited"
-            return self._reject(cmd, reason, reason, f"worker ctl is {self.state.value}")
+            if self.state in (CtlState.STOPPING, CtlState.KILLING):
+                step, ring = pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, pb.RING_FAULT_WORKER_SHUTTING_DOWN
+            else:
+                step, ring = pb.STEP_FAILURE_WORKER_PROCESS_EXITED, pb.RING_FAULT_WORKER_PROCESS_EXITED
+            return self._reject(cmd, step, ring, f"worker ctl is {self.state.value}")
         match cmd:
             case wire.InstallRing(ring_id=rid, edge_id=eid, port_id=pid, direction=d):
                 if rid in self.rings:
-                    return self._reject(cmd, "", "RingStateInvalid", f"ring {rid} is already installed")
+                    return self._reject(cmd, pb.STEP_FAILURE_UNSPECIFIED, pb.RING_FAULT_RING_STATE_INVALID,
+                                        f"ring {rid} is already installed")
                 self.rings[rid] = InstalledRing(eid, pid, d)
             case wire.UninstallRing(ring_id=rid) if rid not in self.rings:
                 return [Deliver(wire.RingQuiesced(rid))]  # never installed here: nothing to quiesce
             case wire.ExecuteStep(role_id=role_id, step_id=step_id, inputs=inputs):
                 if self.step_in_flight is not None:
-                    return self._reject(cmd, "RoleUnavailable", "", "a step is already in flight (§14)")
+                    return self._reject(cmd, pb.STEP_FAILURE_ROLE_UNAVAILABLE, pb.RING_FAULT_REASON_UNSPECIFIED,
+                                        "a step is already in flight (§14)")
                 for b in inputs:
                     if b.device_handle.worker_generation != self.worker_generation or \
                             b.device_handle.id not in self.handles:
-                        return self._reject(cmd, "InvalidInputHandle", "",
+                        return self._reject(cmd, pb.STEP_FAILURE_INVALID_INPUT_HANDLE, pb.RING_FAULT_REASON_UNSPECIFIED,
                                             f"handle {b.device_handle} is not live in generation "
                                             f"{self.worker_generation}")
                 self.step_in_flight = (role_id, step_id)
             case wire.ReleaseDeviceObject(device_handle=h) if h.worker_generation != self.worker_generation:
-                return [Deliver(wire.ReleaseFailed(h, "StaleGeneration"))]
+                return [Deliver(wire.ReleaseFailed(h, pb.RELEASE_FAILURE_STALE_GENERATION))]
             case wire.ShutdownWorker(mode=mode):
                 self.shutdown_mode = mode
                 self.deadline = now + self.stop_timeout_s

@@ -36,29 +36,36 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 async def serve(cfg: WorkerConfig) -> int:
+    from swactor.common.secret import read_secret
+
+    secret = read_secret(cfg.secret_file)
+    node_id = load_or_create_node_id(cfg.state_dir)
+    async with contextlib.AsyncExitStack() as local:  # the local services' connections, closed last
+        return await _serve(cfg, secret, node_id, local)
+
+
+async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextlib.AsyncExitStack) -> int:
     import swactor_ring
     from swactor.arena.client import AsyncArenaClient, connect_holder
-    from swactor.membership.secret import read_secret
-    from swactor.worker import control_tls
-    from swactor.worker.adapters import ArenaClientPort, EdgeDriverPort, MembershipClientPort
+    from swactor.common import control_tls
+    from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
     from swactor.worker.ctl import GpuWorkerCtl
     from swactor.worker.ctl_fsm import CtlCore
+    from swactor.worker.membership import MembershipClientPort
     from swactor.worker.node import StageNode
     from swactor.worker.service import SERVICE_NAME, StageControlServicer
 
     log = get_logger(component="worker")
-    secret = read_secret(cfg.secret_file)
-    node_id = load_or_create_node_id(cfg.state_dir)
-    hold = connect_holder(cfg.arena_fd_socket)
+    hold = local.enter_context(connect_holder(cfg.arena_fd_socket))
     hold.map()  # ArenaReady (§8): mapped in this process before the worker maps it too
-    arena = AsyncArenaClient(hold, cfg.arena_socket)
+    arena = await local.enter_async_context(AsyncArenaClient(hold, cfg.arena_socket))
     core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, cfg.backend(),
                    init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s)
     # The compute process inherits our arena hand-out connection too: the arena then counts this
     # holder alive while the child still touches its rings, even if this service dies first.
     ctl = GpuWorkerCtl(core, hold.fd, extra_fds=(hold.connection_fileno(),))
-    driver = EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket)
-    membership = MembershipClientPort(cfg.membership_socket)
+    driver = await local.enter_async_context(EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket))
+    membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket))
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
                      control_endpoint=cfg.advertise_control or cfg.control_address,
                      orchestrator_node_id=cfg.orchestrator_node_id or None)
@@ -80,7 +87,7 @@ async def serve(cfg: WorkerConfig) -> int:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=30)
     notify_stopping("shutting down")
-    from swactor.worker import wire
+    from swactor.worker.process import wire
 
     ctl.send(wire.ShutdownWorker("AbortInFlight"))
     with contextlib.suppress(TimeoutError):
@@ -88,10 +95,6 @@ async def serve(cfg: WorkerConfig) -> int:
     await ctl.close()
     await server.stop(grace=2)
     await node.close()
-    await driver.close()
-    await membership.close()
-    await arena.close()
-    hold.close()
     return 0
 
 

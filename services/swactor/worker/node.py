@@ -18,14 +18,17 @@ from typing import Any, Protocol
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.edge.timing_events import relay_object_timings
+from swactor.common.layout import Layout
+from swactor.edgeend import establisher as est
+from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.ports import ArenaPort, DriverPort
+from swactor.edgeend.timings import relay_object_timings
 from swactor.v1 import common_pb2, edge_pb2, stage_pb2
-from swactor.worker import establisher as est
-from swactor.worker import reasons, stage_fsm, wire
+from swactor.worker import stage_fsm
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
-from swactor.worker.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
-from swactor.worker.ports import ArenaPort, DriverPort, MembershipPort
+from swactor.worker.process import wire
 
 MAX_WORKER_RESTARTS = 3
 KEEP_FINISHED_RUNS = 16
@@ -81,15 +84,11 @@ class StageNode:
                  orchestrator_node_id: int | None = None) -> None:
         self.node_id = node_id
         self.ctl = ctl
-        self.arena = arena
-        self.driver = driver
         self.membership = membership
         self.control_endpoint = control_endpoint
         self.orchestrator_node_id = orchestrator_node_id
-        self.establisher = est.EdgeEstablisher()
         self._log = get_logger(node_id=node_id, component="stage_node")
-        self.edges = EstablisherShell(self.establisher, arena, driver, WorkerRingHost(ctl), self._edge_outcome,
-                                      self._spawn, self._log)
+        self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log)
         self.stage: stage_fsm.StageController | None = None
         self.runs: dict[int, RunLog] = {}
         self.worker_ready = False
@@ -106,7 +105,7 @@ class StageNode:
     async def start(self) -> None:
         self.ctl.start()
         self._spawn(self._follow_driver())
-        self.driver_up = await self.driver.healthy()
+        self.driver_up = await self.edges.driver.healthy()
         self._check_available()
 
     async def _follow_driver(self) -> None:
@@ -118,7 +117,7 @@ class StageNode:
             self.driver_up = False
             self._check_available()
             await asyncio.sleep(1.0)
-            self.driver_up = await self.driver.healthy()
+            self.driver_up = await self.edges.driver.healthy()
             self._check_available()
 
     def _driver_seen(self, ev: Any) -> bool:
@@ -138,8 +137,8 @@ class StageNode:
             if now:
                 self._spawn(self.membership.set_available(self.control_endpoint))
             else:
-                reason = "WorkerCrashed" if not self.worker_ready else "NodeUnavailable"
-                self._spawn(self.membership.set_faulted(reasons.proto_name("RunFaultReason", reason)))
+                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if not self.worker_ready else common_pb2.RUN_FAULT_NODE_UNAVAILABLE
+                self._spawn(self.membership.set_faulted(reason))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
@@ -184,8 +183,8 @@ class StageNode:
         except PlanRejected as e:
             raise ProvisionError("INVALID_ARGUMENT", str(e)) from None
         for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
-            self.establisher.forget(eid)
-            if self.establisher.state(eid) is not None:
+            self.edges.core.forget(eid)
+            if self.edges.core.state(eid) is not None:
                 raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
         for old in [r for r, log in self.runs.items() if log.done][:-KEEP_FINISHED_RUNS or None]:
             del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
@@ -194,7 +193,7 @@ class StageNode:
         self.warm_weights = False
         ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
         self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
-            self.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
+            self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
             emit=self._relay_timing, log=get_logger(component="stage_node")))
         self._stage(stage_fsm.Provision(plan))
 
@@ -283,7 +282,7 @@ class StageNode:
             case WorkerCrashed() | WorkerFailed():
                 self.worker_ready = False
                 self._check_available()
-                reason = "WorkerCrashed" if isinstance(ev, WorkerCrashed) else "WorkerFatal"
+                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if isinstance(ev, WorkerCrashed) else common_pb2.RUN_FAULT_WORKER_FATAL
                 self._stage(stage_fsm.WorkerGone(reason, ev.detail))
                 self._maybe_restart_worker()
             case wire.RingInstalled(ring_id=rid):
@@ -318,13 +317,7 @@ class StageNode:
         self.edges.handle(inp)
 
     def _edge_outcome(self, a: EdgeOutcome) -> None:
-        match a:
-            case est.EdgeReady(edge_id, ring_id):
-                self._stage(stage_fsm.EdgeReady(edge_id, ring_id))
-            case est.EdgeFailed(edge_id, reason, component, detail):
-                self._stage(stage_fsm.EdgeFailed(edge_id, reason, component, detail))
-            case est.EdgeStopped(edge_id):
-                self._stage(stage_fsm.EdgeStopped(edge_id))
+        self._stage(a)  # the StageController takes the establisher's outcomes as they are
 
 
 class WorkerRingHost:
@@ -334,12 +327,12 @@ class WorkerRingHost:
     def __init__(self, ctl: WorkerCtlLike) -> None:
         self.ctl = ctl
 
-    def install(self, edge: est.EdgeProvision, layout: wire.Layout) -> bool:
+    def install(self, edge: est.EdgeProvision, layout: Layout) -> bool:
         self.ctl.send(wire.InstallRing(layout.ring_id, edge.edge_id, edge.port_id, edge.direction, layout,
                                        edge.object_spec))
         return False
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         self.ctl.send(wire.UninstallRing(ring_id, reason))
         return False
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from swactor.edgeend.establisher import EdgeProvision
+from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2, stage_pb2
-from swactor.worker import wire
-from swactor.worker.establisher import EdgeProvision
 from swactor.worker.stage_fsm import INPUT_PORT, OUTPUT_PORT, StagePlan
 
 _KIND = {common_pb2.OBJECT_KIND_TOKENS: "Tokens", common_pb2.OBJECT_KIND_ACTIVATIONS: "Activations",
@@ -34,7 +34,7 @@ def _require(ok: bool, field: str, detail: str) -> None:
         raise PlanRejected(field, detail)
 
 
-def obj_spec(field: str, spec: common_pb2.ObjectSpec) -> wire.ObjSpec:
+def obj_spec(field: str, spec: common_pb2.ObjectSpec) -> ObjSpec:
     _require(spec.kind in _KIND, f"{field}.kind", "must be TOKENS, ACTIVATIONS or WEIGHTS")
     _require(spec.dtype_family in _FAMILY, f"{field}.dtype_family", "is unspecified")
     _require(spec.sequence_policy == common_pb2.SEQUENCE_POLICY_STRICTLY_CONSECUTIVE, f"{field}.sequence_policy",
@@ -44,7 +44,7 @@ def obj_spec(field: str, spec: common_pb2.ObjectSpec) -> wire.ObjSpec:
              f"{spec.alignment} is not a power of two")
     row = spec.dtype_width_bytes * spec.row_elements
     _require(spec.max_extent >= row, f"{field}.max_extent", f"{spec.max_extent} is smaller than one row ({row} B)")
-    return wire.ObjSpec(_KIND[spec.kind], spec.max_extent, _FAMILY[spec.dtype_family], spec.dtype_width_bytes,
+    return ObjSpec(_KIND[spec.kind], spec.max_extent, _FAMILY[spec.dtype_family], spec.dtype_width_bytes,
                         spec.row_elements, spec.alignment)
 
 

@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from swactor.common.control_tls import peer_orchestrator
 from swactor.v1 import stage_pb2, stage_pb2_grpc
-from swactor.worker.control_tls import peer_orchestrator
 from swactor.worker.node import ProvisionError, StageNode
 
 SERVICE_NAME = stage_pb2.DESCRIPTOR.services_by_name["StageControl"].full_name

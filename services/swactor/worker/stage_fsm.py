@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.common.reasons import name
+from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
-from swactor.worker import reasons, wire
 from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
-from swactor.worker.establisher import EdgeProvision
+from swactor.worker.process import wire
 
 INPUT_PORT = 0
 OUTPUT_PORT = 1
@@ -66,29 +67,10 @@ class StopRun:
 
 
 @dataclass(frozen=True)
-class EdgeReady:
-    edge_id: int
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class EdgeFailed:
-    edge_id: int
-    reason: str  # RunFaultReason
-    component: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class EdgeStopped:
-    edge_id: int
-
-
-@dataclass(frozen=True)
 class WorkerGone:
     """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
 
-    reason: str  # RunFaultReason: WorkerCrashed | WorkerFatal
+    reason: int  # RunFaultReason: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL
     detail: str
 
 
@@ -119,7 +101,7 @@ class Report:
     """A §40 lifecycle event of this stage (time is stamped by the shell)."""
 
     event: common_pb2.LifecycleEvent
-    cause: str = ""  # for STAGE_FAULTED: the §37 detail name ("ObjectFailure.EofMidObject")
+    cause: str = ""  # for STAGE_FAULTED: the name of the §37 detail reason ("OBJECT_FAILURE_EOF_MID_OBJECT")
     detail: str = ""
 
 
@@ -141,7 +123,7 @@ class StageController:
     step: wire.ExecuteStep | None = None
     waiting: wire.ObjectLoaded | None = None  # the next input, loaded while a step still runs
     edges_stopped: set[int] = field(default_factory=set)
-    fault: tuple[str, str] | None = None  # (RunFaultReason, component) of the first fault
+    fault: tuple[int, int] | None = None  # (RunFaultReason, Component) of the first fault
 
     # ---- events ----
 
@@ -163,14 +145,14 @@ class StageController:
         get_logger(run_id=p.run_id if p else None, stage_index=p.stage_index if p else None).info(
             "stage_state", old=old.value, new=new.value, **facts)
 
-    def _faulted(self, reason: str, component: str, cause: str, detail: str, **ids: Any) -> list[Action]:
-        """-> Faulted with StageFault: reason is a RunFaultReason name, cause the §37 detail name."""
+    def _faulted(self, reason: int, component: int, cause: str, detail: str, **ids: Any) -> list[Action]:
+        """-> Faulted with StageFault: reason is a RunFaultReason, cause the name of the §37 detail reason."""
         if self.state not in (StageState.PREPARING, StageState.READY, StageState.EXECUTING):
             return []
-        self.fault = (reasons.proto_name("RunFaultReason", reason), component)
-        self._transition(StageState.FAULTED, reason=reason, cause=cause)
-        report = self._event(common_pb2.STAGE_FAULTED, reason=self.fault[0],
-                             component=common_pb2.Component.Value(component),
+        self.fault = (reason, component)
+        reason_name = name(common_pb2.RunFaultReason, reason)
+        self._transition(StageState.FAULTED, reason=reason_name, cause=cause)
+        report = self._event(common_pb2.STAGE_FAULTED, reason=reason_name, component=component,
                              detail=f"{cause}: {detail}" if cause else detail, **ids)
         actions: list[Action] = [Report(report.event, cause, detail)]
         for actor in (self.rx, self.tx):
@@ -187,7 +169,8 @@ class StageController:
         try:
             return self._handle(inp)
         except InvalidEdgeEvent as e:
-            return self._faulted("EdgeEstablishmentFailed", "COMPONENT_STAGE_CONTROLLER", "", str(e))
+            return self._faulted(common_pb2.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, common_pb2.COMPONENT_STAGE_CONTROLLER,
+                                 "", str(e))
 
     def _handle(self, inp: Input) -> list[Action]:
         match inp:
@@ -206,7 +189,8 @@ class StageController:
                 self.role_ready = True
                 return [self._event(common_pb2.WEIGHTS_LOADED, counters={"warm": int(warm)}), *self._maybe_ready()]
             case wire.RoleFailed(role_id, reason, detail) if role_id == p.role_id:
-                return self._faulted("WeightsLoadFailed", "COMPONENT_WORKER", f"RoleFailure.{reason}", detail)
+                return self._faulted(common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED, common_pb2.COMPONENT_WORKER,
+                                     name(common_pb2.RoleFailure, reason), detail)
             case EdgeReady(edge_id, ring_id):
                 actor = self._actor(edge_id)
                 if actor is None or self.state is not StageState.PREPARING:
@@ -224,15 +208,16 @@ class StageController:
                 self.edges_stopped.add(edge_id)
                 return self._maybe_stopped()
             case WorkerGone(reason, detail):
-                return self._faulted(reason, "COMPONENT_WORKER_CTL", "", detail)
+                return self._faulted(reason, common_pb2.COMPONENT_WORKER_CTL, "", detail)
             case wire.ObjectLoaded():
                 return self._loaded(inp)
             case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):
-                run_reason = "SequenceViolation" if r == "SequenceViolation" else "ObjectFailed"
+                run_reason = (common_pb2.RUN_FAULT_SEQUENCE_VIOLATION if r == common_pb2.OBJECT_FAILURE_SEQUENCE_VIOLATION
+                              else common_pb2.RUN_FAULT_OBJECT_FAILED)
                 ids: dict[str, Any] = {"edge_id": edge_id, "ring_id": ring_id, "object_id": oid or 0}
                 if seq is not None:
                     ids["sequence"] = seq
-                return self._faulted(run_reason, "COMPONENT_WORKER", f"ObjectFailure.{r}", d, **ids)
+                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.ObjectFailure, r), d, **ids)
             case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
                 if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
                     self.tx.on("ObjectProduced")
@@ -244,9 +229,11 @@ class StageController:
                 if self.step is None or step_id != self.step.step_id:
                     return []
                 self.step = None
-                run_reason = {"DeviceOutOfMemory": "DeviceOutOfMemory",
-                              "WorkerProcessExited": "WorkerCrashed"}.get(r, "StepFailed")
-                return self._faulted(run_reason, "COMPONENT_WORKER", f"StepFailure.{r}", d, step_id=step_id)
+                run_reason = {common_pb2.STEP_FAILURE_DEVICE_OUT_OF_MEMORY: common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY,
+                              common_pb2.STEP_FAILURE_WORKER_PROCESS_EXITED: common_pb2.RUN_FAULT_WORKER_CRASHED,
+                              }.get(r, common_pb2.RUN_FAULT_STEP_FAILED)
+                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.StepFailure, r), d,
+                                     step_id=step_id)
         return []
 
     def _actor(self, edge_id: int) -> EdgeActor | None:
@@ -297,11 +284,11 @@ class StageController:
             if self.state in (StageState.FAULTED, StageState.STOPPING):
                 return [loaded, *release]  # after a fault: reject new run work (§14)
             return [loaded, *release, *self._faulted(
-                "SequenceViolation", "COMPONENT_STAGE_CONTROLLER", "",
+                common_pb2.RUN_FAULT_SEQUENCE_VIOLATION, common_pb2.COMPONENT_STAGE_CONTROLLER, "",
                 f"object sequence {ev.sequence} loaded in state {self.state.value}", **ids)]
         if ev.sequence != self.next_sequence:
             return [loaded, *release, *self._faulted(
-                "SequenceViolation", "COMPONENT_STAGE_CONTROLLER", "",
+                common_pb2.RUN_FAULT_SEQUENCE_VIOLATION, common_pb2.COMPONENT_STAGE_CONTROLLER, "",
                 f"loaded sequence {ev.sequence}, expected {self.next_sequence}", **ids)]
         self.rx.on("ObjectLoaded")
         return [loaded, *self._execute(ev)]

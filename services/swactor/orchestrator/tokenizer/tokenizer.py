@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from swactor.orchestrator.gguf_model import ModelError, TokenizerData, read_model
+from swactor.common.gguf import ModelRefused, open_gguf
+from swactor.orchestrator.gguf_model import TokenizerData, read_tokenizer
 from swactor.orchestrator.tokenizer.bounds import MAX_WORD_CHARS, WORD_BOUND_CHARS, CostBound
 from swactor.orchestrator.tokenizer.bpe import ByteLevelBpe
 from swactor.orchestrator.tokenizer.spm import SentencePiece
@@ -85,8 +86,8 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: Path) -> Tokenizer:
         try:
-            _, data = read_model(path)
-        except ModelError as e:
+            data = read_tokenizer(open_gguf(path))
+        except ModelRefused as e:
             raise TokenizerError(str(e)) from None
         return cls(data)
 

@@ -2,7 +2,7 @@
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, ModelRefused, load_stage
 from .model import StageModel
 from .quant import UnsupportedQuant
-from .sampling import Sampler, SamplingPolicy
+from .sampling import Sampler
 
 __all__ = [
            "GGUFModel",
@@ -10,7 +10,6 @@ __all__ = [
            "LoadProgress",
            "ModelRefused",
            "Sampler",
-           "SamplingPolicy",
            "StageModel",
            "UnsupportedQuant",
            "load_stage",

@@ -4,47 +4,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 from gguf.gguf_reader import ReaderField
 
+from swactor.common.gguf import LlamaParams, ModelRefused, open_gguf, read_params
+
 from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-
-
-class ModelRefused(ValueError):
-  """The GGUF cannot serve this stage; `reason` is a stable enum-like string for events (spec §37)."""
-  def __init__(self, reason: str, detail: str):
-    self.reason, self.detail = reason, detail
-    super().__init__(f"{reason}: {detail}")
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-  kind: str = "none"          # "none" | "linear"
-  factor: float = 1.0         # positions are divided by factor for "linear"
-
-
-@dataclass(frozen=True)
-class LlamaParams:
-  n_layers: int
-  dim: int
-  ffn_dim: int
-  n_heads: int
-  n_kv_heads: int
-  head_dim: int
-  rope_base: float
-  rope_dim: int
-  rope_scaling: RopeScaling
-  norm_eps: float
-  context_length: int
-  vocab_size: int
-  bos_token_id: int | None
-  eos_token_id: int | None
 
 
 @dataclass(frozen=True)
@@ -102,40 +72,6 @@ class StageWeights:
   def is_last(self) -> bool: return self.layer_end == self.params.n_layers
 
 
-def _field(reader: GGUFReader, key: str, default: Any = ...) -> Any:
-  f = reader.fields.get(key)
-  if f is None:
-    if default is ...:
-      raise ModelRefused("MissingMetadata", f"GGUF key {key!r} is missing")
-    return default
-  return f.contents()
-
-
-def read_params(reader: GGUFReader) -> LlamaParams:
-  arch = _field(reader, "general.architecture")
-  if arch != "llama":
-    raise ModelRefused("UnsupportedArchitecture", f"architecture {arch!r} is not supported (only 'llama')")
-  k = lambda s, d=...: _field(reader, f"llama.{s}", d)  # noqa: E731
-  dim, n_heads = int(k("embedding_length")), int(k("attention.head_count"))
-  head_dim = int(k("attention.key_length", dim // n_heads))
-  if k("attention.value_length", head_dim) != head_dim:
-    raise ModelRefused("UnsupportedArchitecture", "key_length != value_length")
-  kind = str(k("rope.scaling.type", "none"))
-  factor = float(k("rope.scaling.factor", k("rope.scale_linear", 1.0)))
-  if kind == "none" and factor != 1.0:
-    kind = "linear"
-  if kind not in ("none", "linear"):
-    raise ModelRefused("UnsupportedRopeScaling", f"rope scaling {kind!r} is not supported")
-  tokens = reader.fields.get("tokenizer.ggml.tokens")
-  vocab = int(k("vocab_size", len(tokens.data) if tokens is not None else 0))
-  return LlamaParams(
-    n_layers=int(k("block_count")), dim=dim, ffn_dim=int(k("feed_forward_length")), n_heads=n_heads,
-    n_kv_heads=int(k("attention.head_count_kv", n_heads)), head_dim=head_dim, rope_base=float(k("rope.freq_base", 10000.0)),
-    rope_dim=int(k("rope.dimension_count", head_dim)), rope_scaling=RopeScaling(kind, factor if kind == "linear" else 1.0),
-    norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=int(k("context_length")), vocab_size=vocab,
-    bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id", None), eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id", None))
-
-
 class _Reader(GGUFReader):
   def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
     """GGUFReader fails on a type id outside GGMLQuantizationType with a bare ValueError; name the tensor instead."""
@@ -149,12 +85,7 @@ class _Reader(GGUFReader):
 class GGUFModel:
   """An opened GGUF: metadata parsed, tensor data memory-mapped, nothing read yet."""
   def __init__(self, path: str | os.PathLike[str]):
-    try:
-      self.reader = _Reader(path, "r")
-    except (FileNotFoundError, UnsupportedQuant):
-      raise
-    except Exception as e:
-      raise ModelRefused("MalformedGGUF", f"{path}: {e}") from e
+    self.reader = open_gguf(path, _Reader)
     self.path, self.params = str(path), read_params(self.reader)
     self.tensors: dict[str, RawTensor] = {}
     for t in self.reader.tensors:

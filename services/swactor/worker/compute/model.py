@@ -20,13 +20,14 @@ from tinygrad import Context, Device, Tensor, TinyJit, UOp
 from tinygrad.helpers import NUM_CPU_THREADS
 
 from swactor.common.events import get_logger
+from swactor.common.sampling import SamplingPolicy
 
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
 from .replay import Plan, plan, read
-from .sampling import Sampler, SamplingPolicy
+from .sampling import Sampler
 
 
 @dataclass(frozen=True)

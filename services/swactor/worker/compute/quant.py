@@ -14,6 +14,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 
+from swactor.common.gguf import ModelRefused
+
 
 def _gguf_dequantizes(qt: QT) -> bool:
   try:
@@ -28,11 +30,12 @@ def _gguf_dequantizes(qt: QT) -> bool:
 BLOCK: dict[QT, tuple[int, int]] = {q: GGML_QUANT_SIZES[q] for q in QT if _gguf_dequantizes(q)}
 
 
-class UnsupportedQuant(ValueError):
+class UnsupportedQuant(ModelRefused):
   def __init__(self, qtype: QT | int, tensor: str):
-    self.qtype, self.tensor, self.reason = qtype, tensor, "UnsupportedQuantType"
+    self.qtype, self.tensor = qtype, tensor
     name = qtype.name if isinstance(qtype, QT) else f"id {qtype} (not a GGML type)"
-    super().__init__(f"tensor {tensor!r} has unsupported quant type {name}; supported: {', '.join(q.name for q in BLOCK)}")
+    super().__init__("UnsupportedQuantType",
+                     f"tensor {tensor!r} has unsupported quant type {name}; supported: {', '.join(q.name for q in BLOCK)}")
 
 
 def _f16(b: np.ndarray) -> np.ndarray: return np.ascontiguousarray(b).view(np.float16).astype(np.float32)

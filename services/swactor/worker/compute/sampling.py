@@ -1,28 +1,9 @@
-"""Token selection on the last stage's final logits row (spec §10, RuntimePlan.sampling)."""
+"""Token selection on the last stage's final logits row under the run's SamplingPolicy (spec §10)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class SamplingPolicy:
-  temperature: float = 0.0  # 0 -> greedy argmax (ties -> lowest token id)
-  top_k: int = 0            # 0 -> no top-k cut
-  top_p: float = 1.0        # 1 -> no nucleus cut
-  seed: int = 0
-
-  def __post_init__(self) -> None:
-    if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-    if not (0.0 < self.top_p <= 1.0):
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-
-  @property
-  def greedy(self) -> bool: return self.temperature == 0.0
+from swactor.common.sampling import SamplingPolicy
 
 
 class Sampler:

@@ -21,18 +21,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from swactor.worker.device import DeviceAllocation, DeviceBridge
+from swactor.common.reasons import ReasonError
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
 Progress = Callable[[int, int], None]
 
 
-class RoleError(Exception):
-    """ConfigureRole failed: reason is a RoleFailure name (RoleFailed event)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+class RoleError(ReasonError):
+    """ConfigureRole failed: reason is a RoleFailure (RoleFailed event)."""
 
 
 class Role(Protocol):
@@ -64,12 +61,12 @@ def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, th
     key = weights_key(config)
     kind = config.get("kind")
     if kind == "llama_stage":
-        from swactor.worker.llama_role import LlamaStageRole
+        from swactor.worker.process.llama_role import LlamaStageRole
 
         return LlamaStageRole.load(config, bridge, progress, key, threads=threads)
     if kind == "factory":
         return _from_factory(config, bridge, progress, key)
-    raise RoleError("ConfigInvalid", f"config.kind {kind!r} is not llama_stage or factory")
+    raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.kind {kind!r} is not llama_stage or factory")
 
 
 def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge,
@@ -84,12 +81,12 @@ def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge
 def _from_factory(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, key: tuple[Any, ...]) -> Role:
     spec = config.get("factory")
     if not isinstance(spec, str) or ":" not in spec:
-        raise RoleError("ConfigInvalid", f"config.factory {spec!r} is not 'module:callable'")
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.factory {spec!r} is not 'module:callable'")
     module, _, name = spec.partition(":")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise RoleError("ConfigInvalid", f"config.factory {spec!r}: {e}") from None
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.factory {spec!r}: {e}") from None
     role = fn(config, bridge, progress)
     role.key = key
     return role  # type: ignore[no-any-return]
@@ -98,15 +95,15 @@ def _from_factory(config: dict[str, Any], bridge: DeviceBridge, progress: Progre
 def check_weights_file(path_text: Any, sha256: Any) -> Path:
     """The GGUF path, after checking it exists and (when given) matches its sha256."""
     if not isinstance(path_text, str) or not path_text:
-        raise RoleError("ConfigInvalid", "config.gguf_path must be a non-empty string")
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, "config.gguf_path must be a non-empty string")
     path = Path(path_text)
     if not path.is_file():
-        raise RoleError("WeightsNotFound", f"GGUF file {path} does not exist")
+        raise RoleError(pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, f"GGUF file {path} does not exist")
     if sha256:
         h = hashlib.sha256()
         with path.open("rb") as f:
             while chunk := f.read(1 << 22):
                 h.update(chunk)
         if h.hexdigest() != str(sha256).lower():
-            raise RoleError("WeightsChecksumMismatch", f"{path}: sha256 {h.hexdigest()} != expected {sha256}")
+            raise RoleError(pb.ROLE_FAILURE_WEIGHTS_CHECKSUM_MISMATCH, f"{path}: sha256 {h.hexdigest()} != expected {sha256}")
     return path

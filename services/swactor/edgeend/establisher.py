@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.common.reasons import name
+from swactor.v1 import arena_pb2
+from swactor.v1 import common_pb2 as pb
 
 
 class EdgeState(enum.Enum):
@@ -49,7 +52,7 @@ class EdgeProvision:
     direction: str  # "Egress" (Tx: this node produces) | "Ingress" (Rx: this node consumes)
     peer_node_id: int  # consumer node for Tx; producer node for Rx (informational)
     port_id: int
-    object_spec: Any  # wire.ObjSpec
+    object_spec: Any  # objects.ObjSpec (stage node) | common_pb2.ObjectSpec (token endpoints)
     ring_spec: Any  # common_pb2.RingSpec
 
 
@@ -65,13 +68,13 @@ class Provision:
 @dataclass(frozen=True)
 class RingLeased:
     request_id: int
-    layout: Any  # wire.Layout
+    layout: Any  # common.layout.Layout
 
 
 @dataclass(frozen=True)
 class RingLeaseRejected:
     request_id: int
-    reason: str
+    reason: int  # arena_pb2.LeaseRejectReason; UNSPECIFIED: the arena-manager gave no answer
     detail: str = ""
 
 
@@ -83,7 +86,7 @@ class RingInstalled:
 @dataclass(frozen=True)
 class RingFault:
     ring_id: int
-    reason: str
+    reason: int  # RingFaultReason
     detail: str = ""
 
 
@@ -100,7 +103,7 @@ class DriverEdgeReady:
 @dataclass(frozen=True)
 class StreamFault:
     edge_id: int
-    reason: str
+    reason: int  # StreamFaultReason
     detail: str = ""
 
 
@@ -160,7 +163,7 @@ class InstallRing:
 @dataclass(frozen=True)
 class UninstallRing:
     ring_id: int
-    reason: str  # UninstallReason
+    reason: int  # UninstallReason
 
 
 @dataclass(frozen=True)
@@ -198,8 +201,8 @@ class EdgeReady:
 @dataclass(frozen=True)
 class EdgeFailed:
     edge_id: int
-    reason: str  # RunFaultReason name
-    component: str  # Component name of the detector
+    reason: int  # RunFaultReason
+    component: int  # Component of the detector
     detail: str
 
 
@@ -268,10 +271,10 @@ class EdgeEstablisher:
                     return [EstablishRecv(e.edge_id, rec.layout)]
                 return []
             case RingFault(_, reason, detail):
-                if reason in ("WorkerProcessExited", "WorkerShuttingDown"):
+                if reason in (pb.RING_FAULT_WORKER_PROCESS_EXITED, pb.RING_FAULT_WORKER_SHUTTING_DOWN):
                     rec.ring_gone = True  # the reaped process is the quiescence proof (§38)
-                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "RingFault", "COMPONENT_WORKER",
-                                                  f"{reason}: {detail}"))
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER,
+                                                  f"{name(pb.RingFaultReason, reason)}: {detail}"))
             case RingQuiesced():
                 rec.ring_gone = True
                 return self._advance_teardown(rec)
@@ -282,12 +285,12 @@ class EdgeEstablisher:
                     return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
                 return []
             case StreamFault(_, reason, detail):
-                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "StreamFault", "COMPONENT_EDGE_DRIVER",
-                                                  f"{reason}: {detail}"))
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
+                                                  f"{name(pb.StreamFaultReason, reason)}: {detail}"))
             case DriverFailed(_, detail):
                 rec.pump_stopped = True  # the driver never (or no longer) runs a pump for it
-                return self._stop(rec, EdgeFailed(rec.edge.edge_id, "EdgeEstablishmentFailed",
-                                                  "COMPONENT_EDGE_DRIVER", detail))
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
+                                                  pb.COMPONENT_EDGE_DRIVER, detail))
             case StreamClosed():
                 return []  # orderly end of the stream: the worker classifies EOF alignment (§25)
             case PumpStopped():
@@ -312,7 +315,7 @@ class EdgeEstablisher:
     def _provision(self, edge: EdgeProvision, request_id: int) -> list[Action]:
         if edge.edge_id in self.records:
             rec = self.records[edge.edge_id]
-            return [EdgeFailed(edge.edge_id, "EdgeEstablishmentFailed", "COMPONENT_STAGE_CONTROLLER",
+            return [EdgeFailed(edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, pb.COMPONENT_STAGE_CONTROLLER,
                                f"edge {edge.edge_id} is already provisioned ({rec.state.value})")]
         rec = EdgeRecord(edge, request_id)
         self.records[edge.edge_id] = rec
@@ -333,15 +336,17 @@ class EdgeEstablisher:
         self._transition(rec, EdgeState.WAITING_FOR_WORKER_RING)
         return [InstallRing(rec.edge, layout)]
 
-    def _rejected(self, request_id: int, reason: str, detail: str) -> list[Action]:
+    def _rejected(self, request_id: int, reason: int, detail: str) -> list[Action]:
         eid = self.by_request.get(request_id)
         rec = self.records.get(eid) if eid is not None else None
         if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
             return []
-        failure = EdgeFailed(rec.edge.edge_id, "RingRequestOversized" if reason == "ExceedsCeiling"
-                             else "EdgeEstablishmentFailed", "COMPONENT_ARENA", f"{reason}: {detail}")
+        run_reason = (pb.RUN_FAULT_RING_REQUEST_OVERSIZED if reason == arena_pb2.LEASE_REJECT_EXCEEDS_CEILING
+                      else pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED)
+        reason_name = name(arena_pb2.LeaseRejectReason, reason)
+        failure = EdgeFailed(rec.edge.edge_id, run_reason, pb.COMPONENT_ARENA, f"{reason_name}: {detail}")
         rec.failed = failure
-        self._transition(rec, EdgeState.FAILED, reason=reason)
+        self._transition(rec, EdgeState.FAILED, reason=reason_name)
         return [failure]
 
     # ---- teardown (§38) ----
@@ -373,7 +378,7 @@ class EdgeEstablisher:
             self._transition(rec, EdgeState.STOPPING_WORKER_RING)
             if rec.install_sent and not rec.ring_gone:
                 assert rec.ring_id is not None
-                reason = "RingFaulted" if rec.failed is not None else "EdgeStopped"
+                reason = pb.UNINSTALL_RING_FAULTED if rec.failed is not None else pb.UNINSTALL_EDGE_STOPPED
                 actions.append(UninstallRing(rec.ring_id, reason))
         if rec.state is EdgeState.STOPPING_WORKER_RING and (rec.ring_gone or not rec.install_sent):
             self._transition(rec, EdgeState.RELEASING_ARENA)

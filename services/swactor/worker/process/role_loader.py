@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.worker import roles
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import roles
 
 
 class LoadCancelled(Exception):
@@ -45,7 +46,7 @@ class LoadDone:
 
 @dataclass(frozen=True)
 class LoadFailed:
-    reason: str  # RoleFailure name
+    reason: int  # RoleFailure
     detail: str
 
 
@@ -99,14 +100,14 @@ class RoleLoader:
         self._wakeup = wakeup
         self._queue: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
         self._cancel = threading.Event()
-        self.cancel_reason: tuple[str, str] | None = None  # (RoleFailure, detail) once cancelled
+        self.cancel_reason: tuple[int, str] | None = None  # (RoleFailure, detail) once cancelled
         self.ended = False  # the thread has reported its outcome (LoadDone / LoadFailed)
         self._thread = threading.Thread(target=self._run, name=f"{THREAD_PREFIX}{role_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def cancel(self, reason: str, detail: str) -> None:
+    def cancel(self, reason: int, detail: str) -> None:
         if self.cancel_reason is None:
             self.cancel_reason = (reason, detail)
         self._cancel.set()
@@ -129,15 +130,15 @@ class RoleLoader:
         try:
             outcome = LoadDone(self._load(self._progress))
         except LoadCancelled as e:
-            outcome = LoadFailed("LoadCancelled", str(e))
+            outcome = LoadFailed(pb.ROLE_FAILURE_LOAD_CANCELLED, str(e))
         except roles.RoleError as e:
             outcome = LoadFailed(e.reason, e.detail)
         except MemoryError as e:
-            outcome = LoadFailed("WeightsLoadFailed", f"MemoryError: {e}")
+            outcome = LoadFailed(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"MemoryError: {e}")
         except Exception as e:  # role code is not ours to trust: name the failure, never kill the worker
             get_logger(component="worker").error("role_load_failed", role_id=self.role_id, detail=repr(e),
                                                  tb=traceback.format_exc())
-            outcome = LoadFailed("WeightsLoadFailed", f"{type(e).__name__}: {e}")
+            outcome = LoadFailed(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{type(e).__name__}: {e}")
         self._post(outcome)
 
     def events(self) -> list[LoadEvent]:

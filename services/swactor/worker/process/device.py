@@ -18,7 +18,8 @@ from tinygrad.device import Buffer
 from tinygrad.dtype import DType
 from tinygrad.uop.ops import UOp
 
-from swactor.worker.objects import HeaderFacts, SinkFailed
+from swactor.edgeend.objects import HeaderFacts, SinkFailed
+from swactor.v1 import common_pb2 as pb
 
 DTYPES: dict[tuple[str, int], DType] = {
     ("Float", 4): dtypes.float32,
@@ -70,7 +71,7 @@ class DeviceBridge:
         try:
             return DeviceAllocation(Buffer(self.device, extent, dtypes.uint8).allocate(), extent)
         except (MemoryError, RuntimeError) as e:
-            raise SinkFailed("DeviceAllocationFailed", f"{extent} bytes on {self.device}: {e}") from None
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED, f"{extent} bytes on {self.device}: {e}") from None
 
     def free(self, alloc: DeviceAllocation) -> None:
         if alloc.buffer.is_allocated():
@@ -78,7 +79,7 @@ class DeviceBridge:
 
     def _range(self, alloc: DeviceAllocation, offset: int, length: int) -> Buffer:
         if offset < 0 or offset + length > alloc.extent:
-            raise SinkFailed("DeviceCopyFailed", f"range {offset}+{length} outside object of {alloc.extent} bytes")
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_COPY_FAILED, f"range {offset}+{length} outside object of {alloc.extent} bytes")
         return alloc.buffer.view(length, dtypes.uint8, offset).ensure_allocated()
 
     def host_to_device(self, src: memoryview, alloc: DeviceAllocation, offset: int) -> None:
@@ -90,7 +91,7 @@ class DeviceBridge:
             if not self._synchronous_host:
                 Device[self.device].synchronize()  # the host bytes are released right after
         except Exception as e:
-            raise SinkFailed("DeviceCopyFailed", f"host->device {len(src)} bytes: {e}") from None
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_COPY_FAILED, f"host->device {len(src)} bytes: {e}") from None
 
     def device_to_host(self, alloc: DeviceAllocation, offset: int, dest: memoryview) -> None:
         view = self._range(alloc, offset, len(dest))
@@ -98,7 +99,7 @@ class DeviceBridge:
             Device[self.device].synchronize()
             view.allocator._copyout(dest, view._buf)
         except Exception as e:
-            raise SinkFailed("DeviceCopyFailed", f"device->host {len(dest)} bytes: {e}") from None
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_COPY_FAILED, f"device->host {len(dest)} bytes: {e}") from None
 
     def wrap(self, alloc: DeviceAllocation, dtype: DType, shape: tuple[int, ...]) -> Tensor:
         """A typed tensor view of the allocation (no copy)."""

@@ -1,4 +1,4 @@
-"""Real ports (ports.py) over the arena-manager, edge-driver and membership services."""
+"""Real ports (ports.py) over the local arena-manager and edge-driver services."""
 
 from __future__ import annotations
 
@@ -11,26 +11,13 @@ import grpc
 
 from swactor.arena import client as arena_client
 from swactor.common.events import get_logger
-from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc, membership_pb2, membership_pb2_grpc
-from swactor.worker import establisher as est
-from swactor.worker import wire
-from swactor.worker.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
+from swactor.common.grpcio import LocalClient
+from swactor.common.layout import Layout
+from swactor.edgeend import establisher as est
+from swactor.edgeend.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
+from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc
 
 _DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
-_REJECT = {arena_pb2.LEASE_REJECT_EXCEEDS_CEILING: "ExceedsCeiling", arena_pb2.LEASE_REJECT_SHUTTING_DOWN: "ShuttingDown",
-           arena_pb2.LEASE_REJECT_RING_INIT_FAILED: "RingInitFailed"}
-
-
-def to_wire_layout(layout: common_pb2.RingLayout) -> wire.Layout:
-    return wire.Layout(layout.ring_id, layout.arena_offset, layout.total_len, layout.header_offset,
-                       layout.data_offset, layout.data_capacity, layout.alignment)
-
-
-def to_proto_layout(layout: wire.Layout) -> common_pb2.RingLayout:
-    return common_pb2.RingLayout(ring_id=layout.ring_id, arena_offset=layout.arena_offset,
-                                 total_len=layout.total_len, header_offset=layout.header_offset,
-                                 data_offset=layout.data_offset, data_capacity=layout.data_capacity,
-                                 alignment=layout.alignment)
 
 
 class ArenaClientPort:
@@ -46,9 +33,9 @@ class ArenaClientPort:
                                       direction=_DIRECTION[direction], ring_spec=ring_spec)
         match out:
             case arena_client.Leased():
-                return Leased(to_wire_layout(out.layout))
+                return Leased(Layout.from_pb(out.layout))
             case arena_client.Rejected():
-                return Rejected(_REJECT.get(out.reason, "RingInitFailed"), out.detail)
+                return Rejected(out.reason, out.detail)
         return Cancelled()
 
     async def cancel(self, request_id: int) -> None:
@@ -74,21 +61,21 @@ class ArenaClientPort:
         await self.client.release(ring_id, proof, when_detached=True)
 
 
-class EdgeDriverPort:
+class EdgeDriverPort(LocalClient):
     """DriverPort over the edge-driver's gRPC Unix socket and its wake-fd hand-out socket."""
 
     def __init__(self, socket_path: Path, wake_socket: Path) -> None:
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        super().__init__(socket_path)
         self._stub = edge_pb2_grpc.EdgeDriverStub(self._channel)
         self.wake_socket = wake_socket
 
-    async def establish_send(self, edge_id: int, rx_node_id: int, layout: wire.Layout) -> None:
+    async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None:
         await self._stub.EstablishSend(edge_pb2.EstablishSendRequest(
-            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
 
-    async def establish_recv(self, edge_id: int, layout: wire.Layout) -> None:
+    async def establish_recv(self, edge_id: int, layout: Layout) -> None:
         await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=to_proto_layout(layout)))
+            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
 
     async def stop_edge(self, edge_id: int) -> bool:
         resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id))
@@ -102,14 +89,13 @@ class EdgeDriverPort:
                 case "closed":
                     yield est.StreamClosed(ev.closed.edge_id)
                 case "fault":
-                    name = common_pb2.StreamFaultReason.Name(ev.fault.reason)
-                    yield est.StreamFault(ev.fault.edge_id, name, ev.fault.detail)
+                    yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
                 case "pump_stopped":
                     yield est.PumpStopped(ev.pump_stopped.edge_id)
 
     def object_timings(self, edge_ids: set[int]) -> AsyncIterator[edge_pb2.ObjectTimings]:
-        """Per-object pump timings of these edges (issue 7; swactor.edge.timing_events)."""
-        from swactor.edge.timing_events import watch_object_timings
+        """Per-object pump timings of these edges (issue 7; swactor.edgeend.timings)."""
+        from swactor.edgeend.timings import watch_object_timings
 
         return watch_object_timings(self._stub, edge_ids)
 
@@ -128,25 +114,3 @@ class EdgeDriverPort:
         except grpc.aio.AioRpcError:
             return False
         return True
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-
-class MembershipClientPort:
-    """MembershipPort over SetLocalState (§8 NodeAvailable)."""
-
-    def __init__(self, socket_path: Path) -> None:
-        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
-        self._stub = membership_pb2_grpc.MembershipStub(self._channel)
-
-    async def set_available(self, control_endpoint: str) -> None:
-        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
-            state=membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint), timeout=10)
-
-    async def set_faulted(self, reason: str) -> None:
-        await self._stub.SetLocalState(membership_pb2.SetLocalStateRequest(
-            state=membership_pb2.NODE_STATE_FAULTED, reason=reason), timeout=10)
-
-    async def close(self) -> None:
-        await self._channel.close()

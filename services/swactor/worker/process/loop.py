@@ -1,4 +1,4 @@
-"""The compute process (spec §28-33): `python -m swactor.worker.process`, spawned by GpuWorkerCtl.
+"""The compute process (spec §28-33): `python -m swactor.worker.process` runs `main()`, spawned by GpuWorkerCtl.
 
 Environment: SWACTOR_ARENA_FD (inherited memfd of the node arena), SWACTOR_ARENA_BYTES (its
 ceiling), optionally SWACTOR_FD_SOCKET (inherited Unix socket carrying ring eventfds, `fdpass`). Commands arrive as JSON lines on stdin, events leave as JSON lines on stdout (nothing
@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from swactor.common.events import configure_logging, get_logger
-from swactor.worker import fdpass, reasons, role_loader, wire
-from swactor.worker.objects import (
+from swactor.common.reasons import ReasonError, name
+from swactor.common.ringerrors import RingBroken
+from swactor.edgeend.objects import (
     Broken,
     Closed,
     EgressProducer,
@@ -38,9 +39,10 @@ from swactor.worker.objects import (
     ObjectRules,
     OutputRejected,
     Produced,
-    RingBroken,
     SinkFailed,
 )
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import fdpass, role_loader, wire
 
 _ACTIVE_INGRESS = (IngressState.NEED_HEADER, IngressState.NEED_PAYLOAD)
 
@@ -57,11 +59,8 @@ RECHECK_MIN_S = 0.001
 RECHECK_MAX_S = 0.032
 
 
-class Fatal(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reasons.check("WorkerFatalReason", reason)
-        self.detail = detail
+class Fatal(ReasonError):
+    """WorkerFatal: `reason` is a WorkerFatalReason."""
 
 
 @dataclass
@@ -137,9 +136,9 @@ class WorkerProcess:
         try:
             cmd = wire.decode_command(line)
         except wire.MalformedMessage as e:
-            raise Fatal("MalformedControlMessage", str(e)) from None
+            raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, str(e)) from None
         if self.state is WorkerState.BOOTING and not isinstance(cmd, wire.InitializeWorker | wire.ShutdownWorker):
-            raise Fatal("MalformedControlMessage", f"{type(cmd).__name__} before InitializeWorker")
+            raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, f"{type(cmd).__name__} before InitializeWorker")
         self._table[type(cmd)](cmd)
         self.progress()
 
@@ -147,30 +146,31 @@ class WorkerProcess:
 
     def on_initialize(self, cmd: wire.InitializeWorker) -> None:
         if self.state is not WorkerState.BOOTING:
-            raise Fatal("MalformedControlMessage", "InitializeWorker sent twice")
-        from swactor.worker import ringport  # native helper: imported here so an ABI problem is an event
+            raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, "InitializeWorker sent twice")
+        from swactor.common import ringport  # native helper: imported here so an ABI problem is an event
+        from swactor.edgeend.header import HEADER_CODEC
 
         if cmd.required_ring_helper_abi != ringport.ABI_VERSION:
-            raise Fatal("RingHelperAbiMismatch",
+            raise Fatal(pb.WORKER_FATAL_RING_HELPER_ABI_MISMATCH,
                         f"required ring helper ABI {cmd.required_ring_helper_abi}, have {ringport.ABI_VERSION}")
         if cmd.arena_ceiling != self.arena_bytes:
-            raise Fatal("ArenaMapFailed",
+            raise Fatal(pb.WORKER_FATAL_ARENA_MAP_FAILED,
                         f"arena_ceiling {cmd.arena_ceiling} != SWACTOR_ARENA_BYTES {self.arena_bytes}")
         try:
             self.arena = ringport.map_arena(self.arena_fd, self.arena_bytes)
         except (OSError, ValueError) as e:
-            raise Fatal("ArenaMapFailed", f"fd {self.arena_fd}, {self.arena_bytes} bytes: {e}") from None
-        self.codec = ringport.HEADER_CODEC
+            raise Fatal(pb.WORKER_FATAL_ARENA_MAP_FAILED, f"fd {self.arena_fd}, {self.arena_bytes} bytes: {e}") from None
+        self.codec = HEADER_CODEC
         threads = cmd.backend.get("threads", 0)
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-            raise Fatal("BackendInitFailed", f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
+            raise Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
         self.threads = threads or None
         try:
-            from swactor.worker.device import DeviceBridge
+            from swactor.worker.process.device import DeviceBridge
 
             self.bridge = DeviceBridge(cmd.backend.get("device"))
         except Exception as e:
-            raise Fatal("BackendInitFailed", f"{type(e).__name__}: {e}") from None
+            raise Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, f"{type(e).__name__}: {e}") from None
         self.generation = cmd.worker_generation
         self._transition(WorkerState.RUNNING)
         self.emit(wire.WorkerReady(os.getpid(), self.generation, ringport.ABI_VERSION,
@@ -178,19 +178,19 @@ class WorkerProcess:
 
     def on_configure_role(self, cmd: wire.ConfigureRole) -> None:
         if self.state is not WorkerState.RUNNING:
-            self.emit(wire.RoleFailed(cmd.role_id, "WorkerShuttingDown", "worker is draining"))
+            self.emit(wire.RoleFailed(cmd.role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN, "worker is draining"))
             return
         if self.loading is not None:  # a newer config wins: the load in flight is abandoned first
-            self.loading.cancel("LoadCancelled", f"superseded by ConfigureRole {cmd.role_id}")
+            self.loading.cancel(pb.ROLE_FAILURE_LOAD_CANCELLED, f"superseded by ConfigureRole {cmd.role_id}")
             if self.pending is not None:
-                self.emit(wire.RoleFailed(self.pending.role_id, "LoadCancelled",
+                self.emit(wire.RoleFailed(self.pending.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED,
                                           f"superseded by ConfigureRole {cmd.role_id}"))
             self.pending = cmd
             return
         self._configure(cmd)
 
     def _configure(self, cmd: wire.ConfigureRole) -> None:
-        from swactor.worker import roles
+        from swactor.worker.process import roles
 
         warm = roles.reuse(self.role, cmd.config)
         if warm is not None:
@@ -209,9 +209,9 @@ class WorkerProcess:
     def on_cancel_role(self, cmd: wire.CancelRole) -> None:
         if self.pending is not None and self.pending.role_id == cmd.role_id:
             self.pending = None
-            self.emit(wire.RoleFailed(cmd.role_id, "LoadCancelled", "CancelRole before its load started"))
+            self.emit(wire.RoleFailed(cmd.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole before its load started"))
         elif self.loading is not None and self.loading.role_id == cmd.role_id:
-            self.loading.cancel("LoadCancelled", "CancelRole")
+            self.loading.cancel(pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole")
         else:
             self.log.info("cancel_role_ignored", role_id=cmd.role_id, loaded=cmd.role_id == self.role_id)
 
@@ -233,7 +233,7 @@ class WorkerProcess:
                 case role_loader.LoadDone() | role_loader.LoadFailed():
                     # cancelled: a role that finished anyway is dropped here (its weights with it)
                     reason, detail = ld.cancel_reason or (ev.reason, ev.detail)  # type: ignore[union-attr]
-                    self.log.info("role_load_ended", role_id=ld.role_id, reason=reason, detail=detail)
+                    self.log.info("role_load_ended", role_id=ld.role_id, reason=name(pb.RoleFailure, reason), detail=detail)
                     self.emit(wire.RoleFailed(ld.role_id, reason, detail))
         if ld.ended:
             self.loading = None
@@ -243,22 +243,22 @@ class WorkerProcess:
 
     def on_shutdown(self, cmd: wire.ShutdownWorker) -> None:
         if cmd.mode not in ("Graceful", "AbortInFlight"):
-            raise Fatal("MalformedControlMessage", f"ShutdownWorker.mode {cmd.mode!r}")
+            raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, f"ShutdownWorker.mode {cmd.mode!r}")
         self.shutdown_mode = cmd.mode
         if self.pending is not None:
-            self.emit(wire.RoleFailed(self.pending.role_id, "WorkerShuttingDown", "ShutdownWorker before its load"))
+            self.emit(wire.RoleFailed(self.pending.role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN, "ShutdownWorker before its load"))
             self.pending = None
         if self.loading is not None:  # not worth waiting for: the process exit ends the thread (main)
             ld, self.loading = self.loading, None
-            ld.cancel("WorkerShuttingDown", f"ShutdownWorker {cmd.mode} during the load")
-            self.emit(wire.RoleFailed(ld.role_id, "WorkerShuttingDown", f"ShutdownWorker {cmd.mode} during the load"))
+            ld.cancel(pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN, f"ShutdownWorker {cmd.mode} during the load")
+            self.emit(wire.RoleFailed(ld.role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN, f"ShutdownWorker {cmd.mode} during the load"))
         if self.state is WorkerState.BOOTING:
             self._transition(WorkerState.STOPPED)
-            self.emit(wire.WorkerStopped("Graceful"))
+            self.emit(wire.WorkerStopped(pb.WORKER_STOPPED_GRACEFUL))
             return
         self._transition(WorkerState.DRAINING, mode=cmd.mode)
         if cmd.mode == "AbortInFlight" and self.step is not None:
-            self._fail_step("WorkerShuttingDown", "ShutdownWorker AbortInFlight")
+            self._fail_step(pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, "ShutdownWorker AbortInFlight")
 
     def _finish_draining(self) -> None:
         for ring_id in sorted(self.ingress) + sorted(self.egress):
@@ -266,39 +266,40 @@ class WorkerProcess:
         for hid in sorted(self.handles):
             self.bridge.free(self.handles.pop(hid))
         self._transition(WorkerState.STOPPED)
-        self.emit(wire.WorkerStopped("Graceful" if self.shutdown_mode == "Graceful" else "AbortInFlight"))
+        self.emit(wire.WorkerStopped(pb.WORKER_STOPPED_GRACEFUL if self.shutdown_mode == "Graceful"
+                                     else pb.WORKER_STOPPED_ABORT_IN_FLIGHT))
 
     # ---- rings ----
 
     def on_install_ring(self, cmd: wire.InstallRing) -> None:
-        from swactor.worker import ringport
+        from swactor.common import ringport
 
-        def fault(reason: str, detail: str) -> None:
+        def fault(reason: int, detail: str) -> None:
             self.emit(wire.RingFault(cmd.ring_id, cmd.edge_id, cmd.port_id, reason, detail))
 
         if self.state is not WorkerState.RUNNING:
-            return fault("WorkerShuttingDown", "worker is draining")
+            return fault(pb.RING_FAULT_WORKER_SHUTTING_DOWN, "worker is draining")
         if cmd.ring_id in self.ingress or cmd.ring_id in self.egress:
-            return fault("RingStateInvalid", f"ring {cmd.ring_id} is already installed")
+            return fault(pb.RING_FAULT_RING_STATE_INVALID, f"ring {cmd.ring_id} is already installed")
         if cmd.layout.ring_id != cmd.ring_id:
-            return fault("RingLayoutInvalid", f"layout.ring_id {cmd.layout.ring_id} != ring_id {cmd.ring_id}")
+            return fault(pb.RING_FAULT_RING_LAYOUT_INVALID, f"layout.ring_id {cmd.layout.ring_id} != ring_id {cmd.ring_id}")
         s = cmd.object_spec
         try:
             rules = ObjectRules.from_spec(s.max_extent, s.dtype_width_bytes, s.row_elements, s.alignment,
                                           s.sequence_policy)
         except ValueError as e:
-            return fault("RingLayoutInvalid", f"object_spec: {e}")
+            return fault(pb.RING_FAULT_RING_LAYOUT_INVALID, f"object_spec: {e}")
         ids = {"ring_id": cmd.ring_id, "edge_id": cmd.edge_id, "port_id": cmd.port_id}
         wake: dict[str, int] = {}
         if cmd.wake_fds:
             try:
                 wake = fdpass.receive_ring_fds(self.fd_socket, cmd.ring_id)
             except fdpass.FdPassError as e:
-                raise Fatal("MalformedControlMessage", str(e)) from None
+                raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, str(e)) from None
         try:
             if cmd.direction == "Ingress":
                 end = ringport.open_consumer(self.arena, cmd.layout, **wake)
-                from swactor.worker.device import DeviceSink
+                from swactor.worker.process.device import DeviceSink
 
                 parser = IngressParser(end, self.codec, rules, DeviceSink(self.bridge), **ids)
                 self.ingress[cmd.ring_id] = IngressSlot(cmd, end, parser)
@@ -306,7 +307,7 @@ class WorkerProcess:
                 end = ringport.open_producer(self.arena, cmd.layout, **wake)
                 self.egress[cmd.ring_id] = EgressSlot(cmd, end, EgressProducer(end, self.codec, rules, **ids))
             else:
-                return fault("RingLayoutInvalid", f"direction {cmd.direction!r} is not Ingress or Egress")
+                return fault(pb.RING_FAULT_RING_LAYOUT_INVALID, f"direction {cmd.direction!r} is not Ingress or Egress")
         except RingBroken as e:
             return fault(e.reason, e.detail)
         finally:
@@ -318,7 +319,7 @@ class WorkerProcess:
         try:
             fds = fdpass.receive_ring_fds(self.fd_socket, cmd.ring_id)
         except fdpass.FdPassError as e:
-            raise Fatal("MalformedControlMessage", str(e)) from None
+            raise Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, str(e)) from None
         try:
             slot: IngressSlot | EgressSlot | None = self.ingress.get(cmd.ring_id) or self.egress.get(cmd.ring_id)
             if slot is not None:
@@ -331,9 +332,8 @@ class WorkerProcess:
                 os.close(fd)
 
     def on_uninstall_ring(self, cmd: wire.UninstallRing) -> None:
-        reasons.check("UninstallReason", cmd.reason)
         if self.step is not None and cmd.ring_id in self.step.outputs:
-            self._fail_step("InvalidOutputRing", f"ring {cmd.ring_id} uninstalled ({cmd.reason})")
+            self._fail_step(pb.STEP_FAILURE_INVALID_OUTPUT_RING, f"ring {cmd.ring_id} uninstalled ({name(pb.UninstallReason, cmd.reason)})")
         self._uninstall(cmd.ring_id)
 
     def _uninstall(self, ring_id: int) -> None:
@@ -344,7 +344,7 @@ class WorkerProcess:
                 slot.parser.uninstall()
             else:
                 slot.producer.uninstall()
-            slot.ring.close()
+            slot.ring.release()
         self.emit(wire.RingQuiesced(ring_id))
 
     def arm(self) -> tuple[dict[int, Any], bool]:
@@ -406,50 +406,52 @@ class WorkerProcess:
                     self._complete_step()
             case Broken(reason, detail):
                 self.emit(wire.RingFault(c.ring_id, c.edge_id, c.port_id, reason, detail))
-                self._fail_step("OutputCopyFailed", detail)
+                self._fail_step(pb.STEP_FAILURE_OUTPUT_COPY_FAILED, detail)
 
     # ---- steps ----
 
     def on_execute_step(self, cmd: wire.ExecuteStep) -> None:
-        def failed(reason: str, detail: str) -> None:
+        def failed(reason: int, detail: str) -> None:
             self.emit(wire.StepFailed(cmd.role_id, cmd.step_id, reason, detail))
 
         if self.state is not WorkerState.RUNNING:
-            return failed("WorkerShuttingDown", "worker is draining")
+            return failed(pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, "worker is draining")
         if self.step is not None:
-            return failed("RoleUnavailable", f"step {self.step.cmd.step_id} is still in flight")
+            return failed(pb.STEP_FAILURE_ROLE_UNAVAILABLE, f"step {self.step.cmd.step_id} is still in flight")
         if self.role is None or cmd.role_id != self.role_id:
-            return failed("RoleUnavailable", f"role {cmd.role_id} is not configured")
+            return failed(pb.STEP_FAILURE_ROLE_UNAVAILABLE, f"role {cmd.role_id} is not configured")
         inputs = []
         for b in cmd.inputs:
             h = b.device_handle
             if h.worker_generation != self.generation or h.id not in self.handles:
-                return failed("InvalidInputHandle", f"handle {h.id} of generation {h.worker_generation}")
+                return failed(pb.STEP_FAILURE_INVALID_INPUT_HANDLE, f"handle {h.id} of generation {h.worker_generation}")
             inputs.append(self.handles[h.id])
         if len({o.ring_id for o in cmd.outputs}) != len(cmd.outputs):
-            return failed("InvalidOutputRing", "two output bindings name the same ring")
+            return failed(pb.STEP_FAILURE_INVALID_OUTPUT_RING, "two output bindings name the same ring")
         for o in cmd.outputs:
             eslot = self.egress.get(o.ring_id)
             if eslot is None or eslot.producer.busy:
-                return failed("InvalidOutputRing", f"ring {o.ring_id} is not an idle installed egress ring")
+                return failed(pb.STEP_FAILURE_INVALID_OUTPUT_RING, f"ring {o.ring_id} is not an idle installed egress ring")
         self.log.info("execute_step_started", step_id=cmd.step_id, role_id=cmd.role_id,
                       sequence=[b.sequence for b in cmd.inputs])
         try:
             results = self.role.step(inputs, cmd.runtime)
         except MemoryError as e:
-            return failed("DeviceOutOfMemory", str(e))
+            return failed(pb.STEP_FAILURE_DEVICE_OUT_OF_MEMORY, str(e))
         except SinkFailed as e:
-            return failed("DeviceOutOfMemory" if e.reason == "DeviceAllocationFailed" else "OutputCopyFailed",
+            return failed(pb.STEP_FAILURE_DEVICE_OUT_OF_MEMORY if e.reason == pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED
+                          else pb.STEP_FAILURE_OUTPUT_COPY_FAILED,
                           e.detail)
         except Exception as e:
             self.log.error("role_step_failed", step_id=cmd.step_id, error=repr(e), tb=traceback.format_exc())
-            reason = "DeviceOutOfMemory" if "out of memory" in str(e).lower() else "TinygradError"
+            reason = (pb.STEP_FAILURE_DEVICE_OUT_OF_MEMORY if "out of memory" in str(e).lower()
+                      else pb.STEP_FAILURE_TINYGRAD_ERROR)
             return failed(reason, f"{type(e).__name__}: {e}")
         if len(results) != len(cmd.outputs):
             for a in results:
                 self.bridge.free(a)
-            return failed("OutputExtentInvalid", f"role produced {len(results)} outputs, {len(cmd.outputs)} bound")
-        from swactor.worker.device import DeviceObjectSource
+            return failed(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID, f"role produced {len(results)} outputs, {len(cmd.outputs)} bound")
+        from swactor.worker.process.device import DeviceObjectSource
 
         self.step = Step(cmd, {o.ring_id: (o, a) for o, a in zip(cmd.outputs, results, strict=True)})
         for o, a in zip(cmd.outputs, results, strict=True):
@@ -476,16 +478,16 @@ class WorkerProcess:
                 self._release(b.device_handle)
         self.emit(wire.StepCompleted(step.cmd.role_id, step.cmd.step_id))
 
-    def _fail_step(self, reason: str, detail: str) -> None:
+    def _fail_step(self, reason: int, detail: str) -> None:
         step = self._end_step()
         for rid in step.outputs:
             eslot = self.egress.get(rid)
             if eslot is not None and eslot.producer.busy:
                 # A half-written object cannot be completed: the ring is unusable for this edge.
                 eslot.producer.uninstall()
-                self.emit(wire.RingFault(rid, eslot.cmd.edge_id, eslot.cmd.port_id, "WorkerInternal",
+                self.emit(wire.RingFault(rid, eslot.cmd.edge_id, eslot.cmd.port_id, pb.RING_FAULT_WORKER_INTERNAL,
                                          f"output abandoned mid-object: {reason}"))
-        self.emit(wire.StepFailed(step.cmd.role_id, step.cmd.step_id, reasons.check("StepFailure", reason), detail))
+        self.emit(wire.StepFailed(step.cmd.role_id, step.cmd.step_id, reason, detail))
 
     # ---- device objects ----
 
@@ -494,11 +496,11 @@ class WorkerProcess:
 
     def _release(self, h: wire.DeviceHandle) -> None:
         if h.worker_generation != self.generation:
-            self.emit(wire.ReleaseFailed(h, "StaleGeneration"))
+            self.emit(wire.ReleaseFailed(h, pb.RELEASE_FAILURE_STALE_GENERATION))
         elif self.step is not None and any(b.device_handle == h for b in self.step.cmd.inputs):
-            self.emit(wire.ReleaseFailed(h, "InUse"))
+            self.emit(wire.ReleaseFailed(h, pb.RELEASE_FAILURE_IN_USE))
         elif h.id not in self.handles:
-            self.emit(wire.ReleaseFailed(h, "UnknownHandle"))
+            self.emit(wire.ReleaseFailed(h, pb.RELEASE_FAILURE_UNKNOWN_HANDLE))
         else:
             self.bridge.free(self.handles.pop(h.id))
             self.emit(wire.DeviceObjectReleased(h))
@@ -569,12 +571,12 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
             worker.progress()
     except Fatal as e:
         worker.state = WorkerState.FATAL
-        worker.log.error("worker_fatal", reason=e.reason, detail=e.detail)
+        worker.log.error("worker_fatal", reason=name(pb.WorkerFatalReason, e.reason), detail=e.detail)
         worker.emit(wire.WorkerFatal(e.reason, e.detail))
         return 1
     except Exception as e:
-        worker.log.error("worker_fatal", reason="UnhandledException", detail=repr(e), tb=traceback.format_exc())
-        worker.emit(wire.WorkerFatal("UnhandledException", f"{type(e).__name__}: {e}"))
+        worker.log.error("worker_fatal", reason="WORKER_FATAL_UNHANDLED_EXCEPTION", detail=repr(e), tb=traceback.format_exc())
+        worker.emit(wire.WorkerFatal(pb.WORKER_FATAL_UNHANDLED_EXCEPTION, f"{type(e).__name__}: {e}"))
         return 1
     return 0
 
@@ -588,7 +590,7 @@ def main() -> None:
         arena_fd = int(os.environ["SWACTOR_ARENA_FD"])
         arena_bytes = int(os.environ["SWACTOR_ARENA_BYTES"])
     except (KeyError, ValueError) as e:
-        emit(wire.WorkerFatal("ArenaMapFailed", f"SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES missing or not integers: {e}"))
+        emit(wire.WorkerFatal(pb.WORKER_FATAL_ARENA_MAP_FAILED, f"SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES missing or not integers: {e}"))
         sys.exit(1)
     fd_socket = None
     if os.environ.get("SWACTOR_FD_SOCKET"):
@@ -600,6 +602,3 @@ def main() -> None:
         os._exit(rc)
     sys.exit(rc)
 
-
-if __name__ == "__main__":
-    main()

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.worker import establisher as e
-from swactor.worker import wire
+from swactor.common.layout import Layout
+from swactor.edgeend import establisher as e
+from swactor.edgeend.objects import ObjSpec
+from swactor.v1 import arena_pb2
+from swactor.v1 import common_pb2 as pb
 
-SPEC = wire.ObjSpec("Activations", 64, "Float", 4, 4, 4)
+SPEC = ObjSpec("Activations", 64, "Float", 4, 4, 4)
 
 
 def prov(edge_id: int = 5, direction: str = "Ingress") -> e.EdgeProvision:
     return e.EdgeProvision(edge_id, direction, peer_node_id=99, port_id=0, object_spec=SPEC, ring_spec=None)
 
 
-def layout(ring_id: int = 70) -> wire.Layout:
-    return wire.Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
+def layout(ring_id: int = 70) -> Layout:
+    return Layout(ring_id, 0, 4096, 0, 256, 3840, 64)
 
 
 def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
@@ -40,7 +43,7 @@ def test_setup_and_ordered_teardown(direction: str) -> None:
     assert est.handle(e.RingQuiesced(70)) == []  # early proof is kept, but the pump goes first
     est = ready(direction)
     est.handle(e.StopEdge(5))
-    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, "EdgeStopped")]
+    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, pb.UNINSTALL_EDGE_STOPPED)]
     assert est.state(5) is e.EdgeState.STOPPING_WORKER_RING
     assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
     assert est.state(5) is e.EdgeState.RELEASING_ARENA
@@ -62,8 +65,9 @@ def test_stop_while_waiting_for_lease_cancels_and_releases_a_late_grant() -> Non
 def test_lease_rejected_fails_the_edge() -> None:
     est = e.EdgeEstablisher()
     est.handle(e.Provision(prov(), 11))
-    (failed,) = est.handle(e.RingLeaseRejected(11, "ExceedsCeiling", "needs 2 GiB"))
-    assert failed == e.EdgeFailed(5, "RingRequestOversized", "COMPONENT_ARENA", "ExceedsCeiling: needs 2 GiB")
+    (failed,) = est.handle(e.RingLeaseRejected(11, arena_pb2.LEASE_REJECT_EXCEEDS_CEILING, "needs 2 GiB"))
+    assert failed == e.EdgeFailed(5, pb.RUN_FAULT_RING_REQUEST_OVERSIZED, pb.COMPONENT_ARENA,
+                                 "LEASE_REJECT_EXCEEDS_CEILING: needs 2 GiB")
     assert est.state(5) is e.EdgeState.FAILED
     assert est.handle(e.StopEdge(5)) == [e.EdgeStopped(5)] and est.state(5) is e.EdgeState.STOPPED
 
@@ -72,7 +76,7 @@ def test_stop_while_waiting_for_worker_ring_uninstalls_without_pump() -> None:
     est = e.EdgeEstablisher()
     est.handle(e.Provision(prov(), 11))
     est.handle(e.RingLeased(11, layout()))
-    assert est.handle(e.StopEdge(5)) == [e.UninstallRing(70, "EdgeStopped")]
+    assert est.handle(e.StopEdge(5)) == [e.UninstallRing(70, pb.UNINSTALL_EDGE_STOPPED)]
     assert est.state(5) is e.EdgeState.STOPPING_WORKER_RING
     assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
 
@@ -81,17 +85,18 @@ def test_ring_fault_while_waiting_for_worker_ring() -> None:
     est = e.EdgeEstablisher()
     est.handle(e.Provision(prov(), 11))
     est.handle(e.RingLeased(11, layout()))
-    actions = est.handle(e.RingFault(70, "RingLayoutInvalid", "bad"))
-    assert actions[0] == e.EdgeFailed(5, "RingFault", "COMPONENT_WORKER", "RingLayoutInvalid: bad")
-    assert actions[1:] == [e.UninstallRing(70, "RingFaulted")]
+    actions = est.handle(e.RingFault(70, pb.RING_FAULT_RING_LAYOUT_INVALID, "bad"))
+    assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER, "RING_FAULT_RING_LAYOUT_INVALID: bad")
+    assert actions[1:] == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
 
 
 def test_driver_stream_fault_in_ready_runs_the_teardown() -> None:
     est = ready()
-    actions = est.handle(e.StreamFault(5, "STREAM_FAULT_CONNECTION_LOST", "peer gone"))
-    assert actions == [e.EdgeFailed(5, "StreamFault", "COMPONENT_EDGE_DRIVER", "STREAM_FAULT_CONNECTION_LOST: peer gone"),
+    actions = est.handle(e.StreamFault(5, pb.STREAM_FAULT_CONNECTION_LOST, "peer gone"))
+    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
+                                    "STREAM_FAULT_CONNECTION_LOST: peer gone"),
                        e.StopPump(5)]
-    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, "RingFaulted")]
+    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
 
 
 def test_stream_fault_while_waiting_for_driver_and_establish_failure() -> None:
@@ -100,14 +105,14 @@ def test_stream_fault_while_waiting_for_driver_and_establish_failure() -> None:
     est.handle(e.RingLeased(11, layout()))
     est.handle(e.RingInstalled(70))
     actions = est.handle(e.DriverFailed(5, "edge-driver unreachable"))
-    assert actions[0].reason == "EdgeEstablishmentFailed"
-    assert actions[1:] == [e.UninstallRing(70, "RingFaulted")]  # no pump ever ran: straight to the ring
+    assert actions[0].reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
+    assert actions[1:] == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]  # no pump ever ran: straight to the ring
 
 
 def test_worker_crash_counts_as_quiescence() -> None:
     est = ready()
-    actions = est.handle(e.RingFault(70, "WorkerProcessExited", "gone"))
-    assert actions == [e.EdgeFailed(5, "RingFault", "COMPONENT_WORKER", "WorkerProcessExited: gone"), e.StopPump(5)]
+    actions = est.handle(e.RingFault(70, pb.RING_FAULT_WORKER_PROCESS_EXITED, "gone"))
+    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER, "RING_FAULT_WORKER_PROCESS_EXITED: gone"), e.StopPump(5)]
     # pump stopped, and the reaped worker already proved quiescence: release without UninstallRing
     assert est.handle(e.PumpStopped(5)) == [e.ReleaseRing(70, never_installed=False)]
 
@@ -115,7 +120,7 @@ def test_worker_crash_counts_as_quiescence() -> None:
 def test_duplicate_provision_and_stale_events() -> None:
     est = ready()
     (failed,) = est.handle(e.Provision(prov(), 12))
-    assert failed.reason == "EdgeEstablishmentFailed"
+    assert failed.reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
     assert est.handle(e.RingInstalled(12345)) == []
     assert est.handle(e.DriverEdgeReady(777)) == []
     assert est.handle(e.StreamClosed(5)) == []

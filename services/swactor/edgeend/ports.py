@@ -1,8 +1,9 @@
-"""What the stage node needs from the other local services, as narrow async interfaces.
+"""What an edge's owner (the stage node, the orchestrator's token endpoints) needs from the local
+arena-manager and edge-driver, as narrow async interfaces.
 
-Real implementations (adapters.py) talk to the arena-manager (swactor.arena.client), the
-edge-driver (edge.proto over its Unix socket, wake eventfds from its wake-fd socket) and
-membership (SetLocalState). Node tests plug in in-memory fakes.
+Real implementations (adapters.py) talk to the arena-manager (swactor.arena.client) and the
+edge-driver (edge.proto over its Unix socket, wake eventfds from its wake-fd socket). Tests plug
+in in-memory fakes.
 """
 
 from __future__ import annotations
@@ -11,18 +12,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from swactor.worker import establisher as est
-from swactor.worker import wire
+from swactor.common.layout import Layout
+from swactor.edgeend import establisher as est
 
 
 @dataclass(frozen=True)
 class Leased:
-    layout: wire.Layout
+    layout: Layout
 
 
 @dataclass(frozen=True)
 class Rejected:
-    reason: str  # ExceedsCeiling | ShuttingDown | RingInitFailed
+    reason: int  # arena_pb2.LeaseRejectReason
     detail: str
 
 
@@ -52,9 +53,9 @@ DriverEvent = est.DriverEdgeReady | est.StreamFault | est.StreamClosed | est.Pum
 
 
 class DriverPort(Protocol):
-    async def establish_send(self, edge_id: int, rx_node_id: int, layout: wire.Layout) -> None: ...
+    async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None: ...
 
-    async def establish_recv(self, edge_id: int, layout: wire.Layout) -> None: ...
+    async def establish_recv(self, edge_id: int, layout: Layout) -> None: ...
 
     async def stop_edge(self, edge_id: int) -> bool:
         """False when the driver did not know the edge (then no PumpStopped will come)."""
@@ -65,9 +66,3 @@ class DriverPort(Protocol):
         """The (readable, writable) eventfds the driver's pump uses for the ring, if it shares them."""
 
     async def healthy(self) -> bool: ...
-
-
-class MembershipPort(Protocol):
-    async def set_available(self, control_endpoint: str) -> None: ...
-
-    async def set_faulted(self, reason: str) -> None: ...

@@ -15,27 +15,28 @@ from typing import Any
 
 import numpy as np
 
-from swactor.worker.device import DeviceAllocation, DeviceBridge
-from swactor.worker.roles import Progress, RoleError, check_weights_file
+from swactor.v1 import common_pb2 as pb
+from swactor.worker.process.device import DeviceAllocation, DeviceBridge
+from swactor.worker.process.roles import Progress, RoleError, check_weights_file
 
 
 def _int(config: dict[str, Any], name: str) -> int:
     v = config.get(name)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise RoleError("ConfigInvalid", f"config.{name} must be a non-negative integer, got {v!r}")
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.{name} must be a non-negative integer, got {v!r}")
     return v
 
 
 def sampling_policy(config: dict[str, Any]) -> Any:
-    from swactor.worker.compute import SamplingPolicy
+    from swactor.common.sampling import SamplingPolicy
 
     s = config.get("sampling") or {}
     if not isinstance(s, dict) or set(s) - {"temperature", "top_k", "top_p", "seed"}:
-        raise RoleError("ConfigInvalid", f"config.sampling {s!r}: keys are temperature, top_k, top_p, seed")
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.sampling {s!r}: keys are temperature, top_k, top_p, seed")
     try:
         return SamplingPolicy(**s)
     except (TypeError, ValueError) as e:
-        raise RoleError("ConfigInvalid", f"config.sampling: {e}") from None
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.sampling: {e}") from None
 
 
 class LlamaStageRole:
@@ -58,14 +59,14 @@ class LlamaStageRole:
             model = StageModel(gguf, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
                                threads=threads, on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
         except (ModelRefused, UnsupportedQuant) as e:
-            raise RoleError("WeightsLoadFailed", f"{path}: {e}") from None
+            raise RoleError(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{path}: {e}") from None
         except ValueError as e:
-            raise RoleError("ConfigInvalid", f"layers [{start}, {end}) of {path}: {e}") from None
+            raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"layers [{start}, {end}) of {path}: {e}") from None
         except (OSError, MemoryError) as e:
-            raise RoleError("WeightsLoadFailed", f"{path}: {type(e).__name__}: {e}") from None
+            raise RoleError(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{path}: {type(e).__name__}: {e}") from None
         hidden = config.get("hidden_dim")
         if hidden is not None and hidden != model.hidden_dim:
-            raise RoleError("ConfigInvalid", f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")
+            raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")
         return cls(model, bridge, key)
 
     def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from swactor.worker import establisher as est
-from swactor.worker.objects import RingBroken
-from swactor.worker.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
+from swactor.common.ringerrors import RingBroken
+from swactor.edgeend import establisher as est
+from swactor.edgeend.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
+from swactor.v1 import arena_pb2
+from swactor.v1 import common_pb2 as pb
 
 EdgeOutcome = est.EdgeReady | est.EdgeFailed | est.EdgeStopped
 
@@ -24,25 +27,26 @@ class RingHost(Protocol):
     def install(self, edge: est.EdgeProvision, layout: Any) -> bool:
         """Install the leased ring (after AttachRing WORKER_RING). True: installed now (the shell
         reports RingInstalled); False: the host reports RingInstalled / RingFault itself later.
-        Raising reports a RingFault: RingBroken's reason, else RingLayoutInvalid."""
+        Raising reports a RingFault: RingBroken's reason, else RING_FAULT_RING_LAYOUT_INVALID."""
 
-    def uninstall(self, ring_id: int, reason: str) -> bool:
+    def uninstall(self, ring_id: int, reason: int) -> bool:
         """Stop touching the ring. True: quiesced now (the shell reports RingQuiesced); False: later."""
 
     def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
         """The driver accepted the edge; `fds` are its pump's eventfds for the ring (the shell closes them)."""
 
 
+@dataclass(eq=False)
 class EstablisherShell:
-    def __init__(self, core: est.EdgeEstablisher, arena: ArenaPort, driver: DriverPort, host: RingHost,
-                 outcome: Callable[[EdgeOutcome], None], spawn: Callable[[Awaitable[Any]], None], log: Any) -> None:
-        self.core = core
-        self.arena = arena
-        self.driver = driver
-        self.host = host
-        self.outcome = outcome
-        self.spawn = spawn
-        self.log = log
+    """One owner's edges: the core, the local services, the ring host, and where outcomes go."""
+
+    arena: ArenaPort
+    driver: DriverPort
+    host: RingHost
+    outcome: Callable[[EdgeOutcome], None]
+    spawn: Callable[[Awaitable[Any]], None]  # runs a coroutine as a task the owner tracks
+    log: Any
+    core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):
@@ -79,7 +83,8 @@ class EstablisherShell:
         try:
             out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
         except Exception as e:
-            self.handle(est.RingLeaseRejected(a.request_id, "ArenaUnavailable", f"{type(e).__name__}: {e}"))
+            self.handle(est.RingLeaseRejected(a.request_id, arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED,
+                                              f"arena-manager unreachable: {type(e).__name__}: {e}"))
             return
         match out:
             case Leased(layout):
@@ -93,12 +98,13 @@ class EstablisherShell:
         try:
             await self.arena.attach_worker(layout.ring_id)
         except Exception as e:
-            self.handle(est.RingFault(layout.ring_id, "RingLayoutInvalid", f"AttachRing: {type(e).__name__}: {e}"))
+            self.handle(est.RingFault(layout.ring_id, pb.RING_FAULT_RING_LAYOUT_INVALID,
+                                      f"AttachRing: {type(e).__name__}: {e}"))
             return
         try:
             now = self.host.install(edge, layout)
         except Exception as e:  # RingBroken carries the RingFaultReason
-            reason = e.reason if isinstance(e, RingBroken) else "RingLayoutInvalid"
+            reason = e.reason if isinstance(e, RingBroken) else pb.RING_FAULT_RING_LAYOUT_INVALID
             self.handle(est.RingFault(layout.ring_id, reason, f"{type(e).__name__}: {e}"))
             return
         if now:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.worker.objects import (
+from swactor.edgeend.objects import (
     Broken,
     Closed,
     EgressProducer,
@@ -18,6 +18,7 @@ from swactor.worker.objects import (
     OutputRejected,
     Produced,
 )
+from swactor.v1 import common_pb2 as pb
 
 from .fakes import BytesSource, FakeCodec, FakeRing, HostSink
 
@@ -65,12 +66,12 @@ def test_objects_larger_than_ring_and_wrapped_headers() -> None:
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
-        (record(0, b"\0" * 8, magic=0xDEAD), "HeaderMalformed"),
-        (record(0, b"\0" * 8, version=9), "UnsupportedObjectVersion"),
-        (record(0, b"\0" * 72), "ExtentExceedsMax"),
-        (record(0, b"\0" * 6), "ExtentAlignmentInvalid"),
-        (record(0, b""), "ExtentAlignmentInvalid"),
-        (record(1, b"\0" * 8), "SequenceViolation"),
+        (record(0, b"\0" * 8, magic=0xDEAD), pb.OBJECT_FAILURE_HEADER_MALFORMED),
+        (record(0, b"\0" * 8, version=9), pb.OBJECT_FAILURE_UNSUPPORTED_OBJECT_VERSION),
+        (record(0, b"\0" * 72), pb.OBJECT_FAILURE_EXTENT_EXCEEDS_MAX),
+        (record(0, b"\0" * 6), pb.OBJECT_FAILURE_EXTENT_ALIGNMENT_INVALID),
+        (record(0, b""), pb.OBJECT_FAILURE_EXTENT_ALIGNMENT_INVALID),
+        (record(1, b"\0" * 8), pb.OBJECT_FAILURE_SEQUENCE_VIOLATION),
     ],
 )
 def test_header_failures(data: bytes, reason: str) -> None:
@@ -89,7 +90,7 @@ def test_sequence_must_follow_previous() -> None:
     ring.push(record(0, b"\1" * 8) + record(2, b"\2" * 8))
     ev = p.pump()
     assert isinstance(ev[0], Loaded)
-    assert isinstance(ev[1], Failed) and ev[1].reason == "SequenceViolation" and ev[1].sequence == 2
+    assert isinstance(ev[1], Failed) and ev[1].reason == pb.OBJECT_FAILURE_SEQUENCE_VIOLATION and ev[1].sequence == 2
 
 
 @pytest.mark.parametrize("cut", [0, 10, FakeCodec.header_len + 3])
@@ -104,7 +105,7 @@ def test_eof(cut: int) -> None:
         assert p.state is IngressState.CLOSED
     else:
         (ev,) = events
-        assert isinstance(ev, Failed) and ev.reason == "EofMidObject"
+        assert isinstance(ev, Failed) and ev.reason == pb.OBJECT_FAILURE_EOF_MID_OBJECT
 
 
 def test_device_failures_free_the_partial_object() -> None:
@@ -112,20 +113,20 @@ def test_device_failures_free_the_partial_object() -> None:
     sink = HostSink(fail_alloc=True)
     ring.push(record(0, b"\1" * 8))
     (ev,) = parser(ring, sink).pump()
-    assert isinstance(ev, Failed) and ev.reason == "DeviceAllocationFailed" and ev.object_id == 100
+    assert isinstance(ev, Failed) and ev.reason == pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED and ev.object_id == 100
     ring = FakeRing(256)
     sink = HostSink(fail_write=True)
     ring.push(record(0, b"\1" * 8))
     (ev,) = parser(ring, sink).pump()
-    assert isinstance(ev, Failed) and ev.reason == "DeviceCopyFailed" and sink.live == []
+    assert isinstance(ev, Failed) and ev.reason == pb.OBJECT_FAILURE_DEVICE_COPY_FAILED and sink.live == []
 
 
 def test_broken_ring_is_a_ring_fault() -> None:
     ring = FakeRing(256)
-    ring.broken = "RingStateInvalid"
+    ring.broken = pb.RING_FAULT_RING_STATE_INVALID
     p = parser(ring)
     (ev,) = p.pump()
-    assert ev == Broken("RingStateInvalid", "fake ring faulted") and p.state is IngressState.FAULTED
+    assert ev == Broken(pb.RING_FAULT_RING_STATE_INVALID, "fake ring faulted") and p.state is IngressState.FAULTED
 
 
 def test_egress_backpressure_and_roundtrip() -> None:
@@ -161,9 +162,9 @@ def test_egress_full_ring_waits() -> None:
 @pytest.mark.parametrize(
     ("facts", "payload", "reason"),
     [
-        (HeaderFacts(1, 0, 72), b"\0" * 72, "OutputExtentInvalid"),
-        (HeaderFacts(1, 0, 8), b"\0" * 16, "OutputExtentInvalid"),
-        (HeaderFacts(1, 5, 8), b"\0" * 8, "InvalidOutputRing"),
+        (HeaderFacts(1, 0, 72), b"\0" * 72, pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID),
+        (HeaderFacts(1, 0, 8), b"\0" * 16, pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID),
+        (HeaderFacts(1, 5, 8), b"\0" * 8, pb.STEP_FAILURE_INVALID_OUTPUT_RING),
     ],
 )
 def test_egress_rejects(facts: HeaderFacts, payload: bytes, reason: str) -> None:
@@ -177,4 +178,4 @@ def test_egress_copy_failure_faults() -> None:
     e = EgressProducer(FakeRing(256), CODEC, RULES)
     e.start(HeaderFacts(1, 0, 8), BytesSource(b"\0" * 8, fail=True))
     (ev,) = e.pump()
-    assert isinstance(ev, Broken) and ev.reason == "DeviceCopyFailed" and e.state is EgressState.FAULTED
+    assert isinstance(ev, Broken) and ev.reason == pb.RING_FAULT_DEVICE_COPY_FAILED and e.state is EgressState.FAULTED

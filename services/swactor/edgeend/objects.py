@@ -3,9 +3,11 @@
 Both are I/O-free cores over three narrow interfaces, so the compute process (device memory) and
 the orchestrator's token endpoints (host memory) share them:
 
-- a ring end (`ReadRing` / `WriteRing`): spans, cursor advances, closed state; the real one wraps
-  `swactor_ring` handles (see `ringport`), tests use an in-memory ring;
-- a `HeaderCodec` (the §17 ObjectHeader encode/parse of ring-rs);
+- a ring end (`ReadRing` / `WriteRing`): spans, cursor advances, closed state; the real one is
+  `swactor.common.ringport` over `swactor_ring` handles, tests use an in-memory ring. Ring ends
+  raise `RingBroken` (a §37 RingFaultReason) and, at the orderly end of data, `RingClosed`
+  (`swactor.common.ringerrors`);
+- a `HeaderCodec` (the §17 ObjectHeader encode/parse of ring-rs, `header.py`);
 - an `ObjectSink` that allocates the destination of an incoming object (a device allocation, a
   host bytearray) and an `ObjectSource` that yields the bytes of an outgoing one.
 
@@ -22,27 +24,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.events import get_logger
+from swactor.common.reasons import ReasonError, name
+from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.v1 import common_pb2 as pb
 
 # ---- interfaces ----
 
 
-class RingBroken(Exception):
-    """The ring itself is unusable (faulted state, layout/ABI problem): a §37 RingFaultReason."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 class ReadRing(Protocol):
     def readable(self) -> memoryview:
-        """Contiguous committed bytes at the consume cursor (may be empty)."""
+        """Contiguous committed bytes at the consume cursor (may be empty); RingClosed once the
+        producer closed the ring and every committed byte was read."""
 
     def advance_consume(self, n: int) -> None: ...
-
-    def producer_closed(self) -> bool:
-        """The producer ended the stream (ring state Closed): no more commits will come."""
 
 
 class WriteRing(Protocol):
@@ -62,41 +56,32 @@ class HeaderFacts:
     flags: int = 0
 
 
-class HeaderInvalid(Exception):
-    """Header bytes rejected by the codec; `reason` is HeaderMalformed or UnsupportedObjectVersion."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+class HeaderInvalid(ReasonError):
+    """Header bytes rejected by the codec; `reason` is OBJECT_FAILURE_HEADER_MALFORMED or _UNSUPPORTED_OBJECT_VERSION."""
 
 
 class HeaderCodec(Protocol):
     header_len: int
 
     def parse(self, data: bytes) -> HeaderFacts:
-        """Raise HeaderInvalid for bad magic/header_len (HeaderMalformed) or version."""
+        """Raise HeaderInvalid for bad magic/header_len (HEADER_MALFORMED) or version."""
 
     def encode(self, facts: HeaderFacts) -> bytes: ...
 
 
-class SinkFailed(Exception):
-    """The destination could not be allocated or written: DeviceAllocationFailed / DeviceCopyFailed."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+class SinkFailed(ReasonError):
+    """The destination could not be allocated or written: an ObjectFailure,
+    OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED or OBJECT_FAILURE_DEVICE_COPY_FAILED."""
 
 
 class ObjectBuffer(Protocol):
     def write(self, offset: int, data: memoryview) -> None:
-        """Copy `data` to `offset`; synchronous; raise SinkFailed(DeviceCopyFailed)."""
+        """Copy `data` to `offset`; synchronous; raise SinkFailed(OBJECT_FAILURE_DEVICE_COPY_FAILED)."""
 
 
 class ObjectSink(Protocol):
     def allocate(self, facts: HeaderFacts) -> ObjectBuffer:
-        """Destination for `facts.extent` bytes; raise SinkFailed(DeviceAllocationFailed)."""
+        """Destination for `facts.extent` bytes; raise SinkFailed(OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED)."""
 
     def discard(self, buffer: ObjectBuffer) -> None:
         """Free a partially filled destination after a failure."""
@@ -106,10 +91,23 @@ class ObjectSource(Protocol):
     extent: int
 
     def read_into(self, offset: int, dest: memoryview) -> None:
-        """Copy `len(dest)` bytes starting at `offset`; raise SinkFailed(DeviceCopyFailed)."""
+        """Copy `len(dest)` bytes starting at `offset`; raise SinkFailed(OBJECT_FAILURE_DEVICE_COPY_FAILED)."""
 
 
 # ---- object rules ----
+
+
+@dataclass(frozen=True)
+class ObjSpec:
+    """§17 ObjectSpec. kind: Tokens|Activations|Weights; dtype_family: Float|Int|Uint|Bfloat."""
+
+    kind: str
+    max_extent: int
+    dtype_family: str
+    dtype_width_bytes: int
+    row_elements: int
+    alignment: int
+    sequence_policy: str = "StrictlyConsecutive"
 
 
 @dataclass(frozen=True)
@@ -134,12 +132,12 @@ class ObjectRules:
             raise ValueError(f"object_spec.sequence_policy {sequence_policy!r} is not supported")
         return ObjectRules(max_extent, dtype_width_bytes * row_elements, alignment)
 
-    def extent_failure(self, extent: int) -> str | None:
-        """The ObjectFailure name for a bad extent, or None."""
+    def extent_failure(self, extent: int) -> int | None:
+        """The ObjectFailure for a bad extent, or None."""
         if extent > self.max_extent:
-            return "ExtentExceedsMax"
+            return pb.OBJECT_FAILURE_EXTENT_EXCEEDS_MAX
         if extent == 0 or extent % self.row_bytes or extent % self.alignment:
-            return "ExtentAlignmentInvalid"
+            return pb.OBJECT_FAILURE_EXTENT_ALIGNMENT_INVALID
         return None
 
 
@@ -158,7 +156,7 @@ class Loaded:
 class Failed:
     """ObjectFailed; object_id/sequence are None when the header never parsed."""
 
-    reason: str
+    reason: int  # ObjectFailure
     detail: str
     object_id: int | None = None
     sequence: int | None = None
@@ -176,9 +174,9 @@ class Produced:
 
 @dataclass(frozen=True)
 class Broken:
-    """RingFault: the ring is unusable (RingFaultReason)."""
+    """RingFault: the ring is unusable."""
 
-    reason: str
+    reason: int  # RingFaultReason
     detail: str
 
 
@@ -224,12 +222,12 @@ class IngressParser:
         if old is not new:
             self._log("ingress_state", old=old.value, new=new.value, **facts)
 
-    def _fail(self, reason: str, detail: str) -> Failed:
+    def _fail(self, reason: int, detail: str) -> Failed:
         facts = self._facts
         if self._buffer is not None:
             self.sink.discard(self._buffer)
             self._buffer = None
-        self._transition(IngressState.FAULTED, reason=reason,
+        self._transition(IngressState.FAULTED, reason=name(pb.ObjectFailure, reason),
                          object_id=facts.object_id if facts else None,
                          sequence=facts.sequence if facts else None)
         return Failed(reason, detail, facts.object_id if facts else None, facts.sequence if facts else None)
@@ -245,12 +243,12 @@ class IngressParser:
         events: list[IngressEvent] = []
         try:
             while self.state in (IngressState.NEED_HEADER, IngressState.NEED_PAYLOAD):
-                # Read the closed flag before the span: a Closed ring has committed its last byte.
-                closed = self.ring.producer_closed()
-                span = self.ring.readable()
+                try:
+                    span = self.ring.readable()
+                except RingClosed:
+                    events.append(self._on_eof())
+                    break
                 if not len(span):
-                    if closed:
-                        events.append(self._on_eof())
                     break
                 if self.state is IngressState.NEED_HEADER:
                     event = self._take_header(span)
@@ -259,7 +257,7 @@ class IngressParser:
                 if event is not None:
                     events.append(event)
         except RingBroken as e:
-            self._transition(IngressState.FAULTED, reason=e.reason)
+            self._transition(IngressState.FAULTED, reason=name(pb.RingFaultReason, e.reason))
             events.append(Broken(e.reason, e.detail))
         return events
 
@@ -269,7 +267,7 @@ class IngressParser:
             return Closed()
         got = self._copied if self.state is IngressState.NEED_PAYLOAD else len(self._header)
         part = "payload" if self.state is IngressState.NEED_PAYLOAD else "header"
-        return self._fail("EofMidObject", f"ring closed after {got} bytes of the {part}")
+        return self._fail(pb.OBJECT_FAILURE_EOF_MID_OBJECT, f"ring closed after {got} bytes of the {part}")
 
     def _take_header(self, span: memoryview) -> IngressEvent | None:
         n = min(len(span), self.codec.header_len - len(self._header))
@@ -288,7 +286,7 @@ class IngressParser:
             return self._fail(bad_extent, f"extent {facts.extent} (max {self.rules.max_extent}, "
                                           f"row {self.rules.row_bytes} B, alignment {self.rules.alignment})")
         if self.rules.strictly_consecutive and facts.sequence != self.expected_sequence:
-            return self._fail("SequenceViolation",
+            return self._fail(pb.OBJECT_FAILURE_SEQUENCE_VIOLATION,
                               f"sequence {facts.sequence}, expected {self.expected_sequence}")
         try:
             self._buffer = self.sink.allocate(facts)
@@ -328,13 +326,8 @@ class EgressState(enum.Enum):
     UNINSTALLED = "Uninstalled"
 
 
-class OutputRejected(Exception):
-    """An output cannot be produced on this ring: a §37 StepFailure name and detail."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
+class OutputRejected(ReasonError):
+    """An output cannot be produced on this ring: a §37 StepFailure and detail."""
 
 
 class EgressProducer:
@@ -369,15 +362,16 @@ class EgressProducer:
 
     def start(self, facts: HeaderFacts, source: ObjectSource) -> None:
         if self.state is not EgressState.WAITING_FOR_OUTPUT:
-            raise OutputRejected("InvalidOutputRing", f"egress ring is {self.state.value}, not WaitingForOutput")
+            raise OutputRejected(pb.STEP_FAILURE_INVALID_OUTPUT_RING, f"egress ring is {self.state.value}, not WaitingForOutput")
         if source.extent != facts.extent:
-            raise OutputRejected("OutputExtentInvalid",
+            raise OutputRejected(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID,
                                  f"role produced {source.extent} bytes, binding declared {facts.extent}")
         bad = self.rules.extent_failure(facts.extent)
         if bad is not None:
-            raise OutputRejected("OutputExtentInvalid", f"output extent {facts.extent}: {bad}")
+            raise OutputRejected(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID,
+                                 f"output extent {facts.extent}: {name(pb.ObjectFailure, bad)}")
         if self.rules.strictly_consecutive and facts.sequence != self.next_sequence:
-            raise OutputRejected("InvalidOutputRing",
+            raise OutputRejected(pb.STEP_FAILURE_INVALID_OUTPUT_RING,
                                  f"output sequence {facts.sequence}, ring expects {self.next_sequence}")
         self._facts, self._source = facts, source
         self._header, self._written = self.codec.encode(facts), 0
@@ -416,9 +410,9 @@ class EgressProducer:
                                      sequence=facts.sequence)
                     events.append(Produced(facts))
         except SinkFailed as e:
-            self._transition(EgressState.FAULTED, reason="DeviceCopyFailed")
-            events.append(Broken("DeviceCopyFailed", e.detail))
+            self._transition(EgressState.FAULTED, reason="RING_FAULT_DEVICE_COPY_FAILED")
+            events.append(Broken(pb.RING_FAULT_DEVICE_COPY_FAILED, e.detail))
         except RingBroken as e:
-            self._transition(EgressState.FAULTED, reason=e.reason)
+            self._transition(EgressState.FAULTED, reason=name(pb.RingFaultReason, e.reason))
             events.append(Broken(e.reason, e.detail))
         return events

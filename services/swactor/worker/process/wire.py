@@ -1,8 +1,9 @@
 """The process adapter of spec §28-30: one JSON object per line, commands on stdin, events on stdout.
 
 Every message is `{"type": "<Name>", ...fields}`; fields are exactly the dataclass fields below,
-reason fields carry §37 names in CamelCase (see `reasons`). Decoding is strict: a missing, unknown
-or wrongly typed field is a `MalformedMessage` naming it. Payload bytes never appear here; device
+a reason field holds a common.proto enum value (swactor.common.reasons) and is carried as the value's
+name, e.g. `"reason": "RING_FAULT_HEADER_MALFORMED"`. Decoding is strict: a missing, unknown or
+wrongly typed field, or a reason name its enum does not have, is a `MalformedMessage` naming it. Payload bytes never appear here; device
 objects travel only as opaque `DeviceHandle`s.
 """
 
@@ -13,9 +14,26 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import cache
+from typing import Annotated, Any, TypeVar
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from swactor.common.layout import Layout
+from swactor.edgeend.objects import ObjSpec
+from swactor.v1 import common_pb2 as pb
 
 T = TypeVar("T")
+
+# Reason fields: the enum's int value in Python, its value name on the wire.
+UninstallReason = Annotated[int, pb.UninstallReason]
+WorkerFatalReason = Annotated[int, pb.WorkerFatalReason]
+WorkerStoppedReason = Annotated[int, pb.WorkerStoppedReason]
+RoleFailure = Annotated[int, pb.RoleFailure]
+RingFaultReason = Annotated[int, pb.RingFaultReason]
+ObjectFailure = Annotated[int, pb.ObjectFailure]
+StepFailure = Annotated[int, pb.StepFailure]
+ReleaseFailure = Annotated[int, pb.ReleaseFailure]
 
 
 class MalformedMessage(ValueError):
@@ -34,32 +52,6 @@ class DeviceHandle:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """§18 RingLayout, arena-relative."""
-
-    ring_id: int
-    arena_offset: int
-    total_len: int
-    header_offset: int
-    data_offset: int
-    data_capacity: int
-    alignment: int
-
-
-@dataclass(frozen=True)
-class ObjSpec:
-    """§17 ObjectSpec. kind: Tokens|Activations|Weights; dtype_family: Float|Int|Uint|Bfloat."""
-
-    kind: str
-    max_extent: int
-    dtype_family: str
-    dtype_width_bytes: int
-    row_elements: int
-    alignment: int
-    sequence_policy: str = "StrictlyConsecutive"
-
-
-@dataclass(frozen=True)
 class InputBinding:
     port_id: int
     object_id: int
@@ -75,6 +67,35 @@ class OutputBinding:
     sequence: int
     extent: int
     flags: int = 0
+
+
+# The identities messages about one ring, one installed ring end, one object on it, or one step
+# share: each message lists them first, so its positional order is the base's fields, then its own.
+# (The bases are never sent or matched themselves.)
+
+
+@dataclass(frozen=True)
+class _Ring:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class _RingEnd(_Ring):
+    edge_id: int
+    port_id: int
+
+
+@dataclass(frozen=True)
+class _RingObject(_RingEnd):
+    object_id: int
+    sequence: int
+    extent: int
+
+
+@dataclass(frozen=True)
+class _Step:
+    role_id: int
+    step_id: int
 
 
 # ---- commands (§29) ----
@@ -106,47 +127,39 @@ class CancelRole:
 
 
 @dataclass(frozen=True)
-class InstallRing:
-    ring_id: int
-    edge_id: int
-    port_id: int
+class InstallRing(_RingEnd):
     direction: str  # Ingress | Egress
     layout: Layout
     object_spec: ObjSpec
     # True: the ring's two eventfds (readable, writable) were sent just before this line on the
     # SWACTOR_FD_SOCKET side channel (SCM_RIGHTS, payload = ring_id as u64 LE), so wake hints are
-    # shared with the ring's other end. False: the worker makes private eventfds (see process.py).
+    # shared with the ring's other end. False: the worker makes private eventfds (see loop.py).
     wake_fds: bool = False
 
 
 @dataclass(frozen=True)
-class UninstallRing:
-    ring_id: int
-    reason: str  # UninstallReason
+class UninstallRing(_Ring):
+    reason: UninstallReason
 
 
 @dataclass(frozen=True)
-class ShareWakeFds:
+class ShareWakeFds(_Ring):
     """Re-open an installed ring's handle with the eventfds sent just before on the fd socket
     (the edge-driver makes a pump's eventfds only once the edge is established, after InstallRing)."""
 
-    ring_id: int
+
+@dataclass(frozen=True)
+class RingReadable(_Ring):
+    """A hint: committed bytes may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingReadable:
-    ring_id: int
+class RingWritable(_Ring):
+    """A hint: free space may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingWritable:
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class ExecuteStep:
-    role_id: int
-    step_id: int
+class ExecuteStep(_Step):
     inputs: list[InputBinding]
     outputs: list[OutputBinding]
     runtime: dict[str, Any] = field(default_factory=dict)
@@ -190,13 +203,13 @@ class WorkerReady:
 
 @dataclass(frozen=True)
 class WorkerFatal:
-    reason: str  # WorkerFatalReason
+    reason: WorkerFatalReason
     detail: str = ""
 
 
 @dataclass(frozen=True)
 class WorkerStopped:
-    reason: str  # WorkerStoppedReason
+    reason: WorkerStoppedReason
 
 
 @dataclass(frozen=True)
@@ -217,76 +230,52 @@ class RoleConfigured:
 @dataclass(frozen=True)
 class RoleFailed:
     role_id: int
-    # RoleFailure: WeightsNotFound | WeightsChecksumMismatch | ConfigInvalid | WeightsLoadFailed |
-    # LoadCancelled (CancelRole, or superseded by a newer ConfigureRole) | WorkerShuttingDown | WorkerUnavailable
-    reason: str
+    reason: RoleFailure
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class RingInstalled:
-    ring_id: int
-    edge_id: int
-    port_id: int
+class RingInstalled(_RingEnd):
+    """The ring is open in the worker; its parser / producer runs."""
 
 
 @dataclass(frozen=True)
-class RingFault:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    reason: str  # RingFaultReason
+class RingFault(_RingEnd):
+    reason: RingFaultReason
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class RingQuiesced:
-    ring_id: int
+class RingQuiesced(_Ring):
+    """The worker no longer touches the ring (UninstallRing done)."""
 
 
 @dataclass(frozen=True)
-class ObjectLoaded:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int
-    sequence: int
-    extent: int
+class ObjectLoaded(_RingObject):
     device_handle: DeviceHandle
 
 
 @dataclass(frozen=True)
-class ObjectProduced:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int
-    sequence: int
-    extent: int
+class ObjectProduced(_RingObject):
+    """The object's last byte is committed to the egress ring."""
 
 
 @dataclass(frozen=True)
-class ObjectFailed:
-    ring_id: int
-    edge_id: int
-    port_id: int
-    object_id: int | None
+class ObjectFailed(_RingEnd):
+    object_id: int | None  # None: the header never parsed
     sequence: int | None
-    reason: str  # ObjectFailure
+    reason: ObjectFailure
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class StepCompleted:
-    role_id: int
-    step_id: int
+class StepCompleted(_Step):
+    """Every output of the step is produced."""
 
 
 @dataclass(frozen=True)
-class StepFailed:
-    role_id: int
-    step_id: int
-    reason: str  # StepFailure
+class StepFailed(_Step):
+    reason: StepFailure
     detail: str = ""
 
 
@@ -298,7 +287,7 @@ class DeviceObjectReleased:
 @dataclass(frozen=True)
 class ReleaseFailed:
     device_handle: DeviceHandle
-    reason: str  # UnknownHandle | StaleGeneration | InUse
+    reason: ReleaseFailure
 
 
 Event = (
@@ -329,12 +318,42 @@ EVENTS: dict[str, type] = {c.__name__: c for c in typing.get_args(Event)}
 # ---- codec ----
 
 
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def _enum_of(hint: Any) -> EnumTypeWrapper | None:
+    if typing.get_origin(hint) is Annotated:
+        return next((m for m in typing.get_args(hint)[1:] if isinstance(m, EnumTypeWrapper)), None)
+    return None
+
+
+def _encode_value(hint: Any, value: Any) -> Any:
+    enum = _enum_of(hint)
+    if enum is not None:
+        return enum.Name(value)
+    if dataclasses.is_dataclass(value):
+        return {f.name: _encode_value(_hints(type(value))[f.name], getattr(value, f.name))
+                for f in dataclasses.fields(value)}
+    if isinstance(value, list):
+        return [_encode_value(typing.get_args(hint)[0], v) for v in value]
+    return value
+
+
 def encode(message: Any) -> str:
     """One line (no newline) for a command or event dataclass."""
-    return json.dumps({"type": type(message).__name__, **dataclasses.asdict(message)}, separators=(",", ":"))
+    return json.dumps({"type": type(message).__name__, **_encode_value(type(message), message)}, separators=(",", ":"))
 
 
 def _decode_value(path: str, hint: Any, value: Any) -> Any:
+    enum = _enum_of(hint)
+    if enum is not None:
+        values = enum.DESCRIPTOR.values_by_name
+        if not isinstance(value, str) or value not in values or values[value].number == 0:
+            known = ", ".join(n for n, v in values.items() if v.number)
+            raise MalformedMessage(f"{path}: {value!r} is not a {enum.DESCRIPTOR.name}; known: {known}")
+        return values[value].number
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(hint)
@@ -373,7 +392,7 @@ def _decode_value(path: str, hint: Any, value: Any) -> Any:
 
 
 def _decode_fields(path: str, cls: type[T], obj: dict[str, Any]) -> T:
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(obj) - set(known))
     if unknown:

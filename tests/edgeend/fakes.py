@@ -5,7 +5,9 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from swactor.worker.objects import HeaderFacts, HeaderInvalid, RingBroken, SinkFailed
+from swactor.common.ringerrors import RingBroken, RingClosed
+from swactor.edgeend.objects import HeaderFacts, HeaderInvalid, SinkFailed
+from swactor.v1 import common_pb2 as pb
 
 MAGIC = 0x4A424F53
 _FMT = "<IHHQQQII"
@@ -17,9 +19,9 @@ class FakeCodec:
     def parse(self, data: bytes) -> HeaderFacts:
         magic, version, hlen, oid, seq, extent, flags, _ = struct.unpack(_FMT, data)
         if magic != MAGIC or hlen != self.header_len:
-            raise HeaderInvalid("HeaderMalformed", f"magic {magic:#x} header_len {hlen}")
+            raise HeaderInvalid(pb.OBJECT_FAILURE_HEADER_MALFORMED, f"magic {magic:#x} header_len {hlen}")
         if version != 1:
-            raise HeaderInvalid("UnsupportedObjectVersion", f"version {version}")
+            raise HeaderInvalid(pb.OBJECT_FAILURE_UNSUPPORTED_OBJECT_VERSION, f"version {version}")
         return HeaderFacts(oid, seq, extent, flags)
 
     def encode(self, f: HeaderFacts, *, magic: int = MAGIC, version: int = 1) -> bytes:
@@ -36,7 +38,7 @@ class FakeRing:
         self.consume = 0
         self.write = 0
         self.closed = False
-        self.broken: str | None = None
+        self.broken: int | None = None
 
     def _check(self) -> None:
         if self.broken:
@@ -47,14 +49,13 @@ class FakeRing:
         self._check()
         phys = self.consume % self.capacity
         n = min(self.commit - self.consume, self.capacity - phys)
+        if n == 0 and self.closed:
+            raise RingClosed("fake ring closed")
         return memoryview(self.data)[phys:phys + n]
 
     def advance_consume(self, n: int) -> None:
         assert self.consume + n <= self.commit
         self.consume += n
-
-    def producer_closed(self) -> bool:
-        return self.closed
 
     # producer
     def writable(self) -> memoryview:
@@ -84,7 +85,10 @@ class FakeRing:
     def drain(self) -> bytes:
         out = bytearray()
         while True:
-            span = self.readable()
+            try:
+                span = self.readable()
+            except RingClosed:
+                return bytes(out)
             if not len(span):
                 return bytes(out)
             out += span
@@ -98,7 +102,7 @@ class HostBuffer:
 
     def write(self, offset: int, data: memoryview) -> None:
         if self.fail_write:
-            raise SinkFailed("DeviceCopyFailed", "fake copy failure")
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_COPY_FAILED, "fake copy failure")
         self.data[offset:offset + len(data)] = data
 
 
@@ -110,7 +114,7 @@ class HostSink:
 
     def allocate(self, facts: HeaderFacts) -> HostBuffer:
         if self.fail_alloc:
-            raise SinkFailed("DeviceAllocationFailed", "fake allocation failure")
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED, "fake allocation failure")
         buf = HostBuffer(bytearray(facts.extent), self.fail_write)
         self.live.append(buf)
         return buf
@@ -130,6 +134,6 @@ class BytesSource:
 
     def read_into(self, offset: int, dest: memoryview) -> None:
         if self.fail:
-            raise SinkFailed("DeviceCopyFailed", "fake read failure")
+            raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_COPY_FAILED, "fake read failure")
         dest[:] = self.payload[offset:offset + len(dest)]
 
