@@ -33,7 +33,9 @@ def restrict_unix_socket(path: Path) -> None:
         gid = grp.getgrnam(SWACTOR_GROUP).gr_gid
     except KeyError:
         gid = -1
-    if gid >= 0:
+    # Under systemd (Group=swactor) the socket is born in the group: no chown, which the units'
+    # syscall filter refuses (@chown is part of @privileged).
+    if gid >= 0 and path.stat().st_gid != gid:
         os.chown(path, -1, gid)
     os.chmod(path, 0o660)
 
