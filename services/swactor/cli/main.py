@@ -6,12 +6,20 @@
   swactor nodes                                 the membership view and pool readiness
   swactor stop RUN_ID                           operator stop
   swactor demo                                  bring up a local pool and run one prompt
+
+Locally the CLI talks to the orchestrator's Unix socket. From elsewhere, to its TCP API (TLS and a
+bearer token, when the orchestrator host enabled it; see docs/operations.md):
+
+  swactor --address 10.0.0.2:7440 --tls-ca api-cert.pem --token-file api.token nodes
+
+SWACTOR_ADDRESS, SWACTOR_TLS_CA and SWACTOR_TOKEN_FILE set the same three from the environment.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from collections.abc import Iterator
@@ -99,8 +107,14 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swactor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=VersionAction)
-    p.add_argument("--address", default=DEFAULT_ADDRESS,
+    p.add_argument("--address", default=os.environ.get("SWACTOR_ADDRESS", DEFAULT_ADDRESS),
                    help=f"orchestrator gRPC address: unix:/path or host:port (default {DEFAULT_ADDRESS})")
+    p.add_argument("--tls-ca", default=os.environ.get("SWACTOR_TLS_CA") or None, metavar="PEM",
+                   help="TCP API: the certificate (or its CA) to trust; the orchestrator host's tls_cert")
+    p.add_argument("--token-file", default=os.environ.get("SWACTOR_TOKEN_FILE") or None, metavar="FILE",
+                   help="TCP API: file holding the bearer token (sent only over TLS)")
+    p.add_argument("--tls-server-name", default=None, metavar="NAME",
+                   help="TCP API: the name to check the certificate for, when it differs from --address's host")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds for unary calls (default 10)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -158,8 +172,31 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address)
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise CliError(f"{what} {path}: {e.strerror}") from None
+
+
+def channel(args: argparse.Namespace) -> grpc.Channel:
+    """Plain for the Unix socket; TLS (plus the token as call credentials) for the TCP API."""
+    if args.tls_ca is None:
+        if args.token_file is not None:
+            raise CliError("--token-file needs --tls-ca: the token is only ever sent over TLS")
+        return grpc.insecure_channel(args.address)
+    if args.address.startswith("unix:"):
+        raise CliError("--tls-ca is for the TCP API (--address HOST:PORT), not for a Unix socket")
+    creds = grpc.ssl_channel_credentials(root_certificates=_read_file(args.tls_ca, "--tls-ca"))
+    if args.token_file is not None:
+        token = _read_file(args.token_file, "--token-file").decode(errors="replace").strip()
+        if not token:
+            raise CliError(f"--token-file {args.token_file} is empty")
+        # Sends `authorization: Bearer <token>` with every call, over this TLS channel only.
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.secure_channel(args.address, creds, options)
 
 
 def _sampling(args: argparse.Namespace) -> opb.Sampling:
@@ -222,7 +259,7 @@ def dispatch(args: argparse.Namespace) -> int:
         from swactor.cli.demo import run_demo
 
         return run_demo(args)
-    with channel(args.address) as ch:
+    with channel(args) as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         t = args.timeout
         match args.command:
@@ -271,7 +308,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except grpc.RpcError as e:
         code, details = e.code(), e.details()  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.UNAVAILABLE:
+        if code == grpc.StatusCode.UNAUTHENTICATED:
+            print(f"swactor: UNAUTHENTICATED: {details} (the orchestrator's TCP API wants --token-file "
+                  "with the token from its host's token_file)", file=sys.stderr)
+        elif code == grpc.StatusCode.UNAVAILABLE:
             print(f"swactor: cannot reach the orchestrator at {args.address} ({details}); "
                   "is swactor-orchestrator running? (--address)", file=sys.stderr)
         else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import grp
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Self
 
@@ -52,7 +52,9 @@ def restrict_unix_socket(path: Path) -> None:
         gid = grp.getgrnam(SWACTOR_GROUP).gr_gid
     except KeyError:
         gid = -1
-    if gid >= 0:
+    # Under systemd (Group=swactor) the socket is born in the group: no chown, which the units'
+    # syscall filter refuses (@chown is part of @privileged).
+    if gid >= 0 and path.stat().st_gid != gid:
         os.chown(path, -1, gid)
     os.chmod(path, 0o660)
 
@@ -63,13 +65,15 @@ def create_server(
     *,
     service_names: Iterable[str] = (),
     server_credentials: grpc.ServerCredentials | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, int | None, health.aio.HealthServicer]:
     """A grpc.aio server with reflection and health, listening where asked.
 
     Returns (server, bound TCP port or None, health servicer). Servicers are added by the caller
     before `await server.start()`; `tcp_address` may use port 0 to let tests pick a free port.
+    `interceptors` see every call, reflection and health included (the orchestrator's token check).
     """
-    server = grpc.aio.server()
+    server = grpc.aio.server(interceptors=list(interceptors) or None)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME]

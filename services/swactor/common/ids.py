@@ -5,9 +5,10 @@ Ids use 63 random bits so they survive every signed 64-bit store (SQLite, JSON r
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
+
+from swactor.common.files import write_atomic
 
 NODE_ID_FILE = "node_id"
 
@@ -28,9 +29,7 @@ def load_or_create_node_id(state_dir: Path) -> int:
     except FileNotFoundError:
         state_dir.mkdir(parents=True, exist_ok=True)
         node_id = new_id()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(f"{node_id}\n")
-        os.replace(tmp, path)  # atomic: a crash never leaves a half-written id
+        write_atomic(path, f"{node_id}\n".encode(), 0o644)  # a crash never leaves a half-written id
         return node_id
     try:
         node_id = int(text)

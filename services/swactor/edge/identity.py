@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from swactor.common.files import write_atomic
 
 CERT_FILE = "cert.pem"
 KEY_FILE = "key.pem"
@@ -64,14 +65,9 @@ def create_identity(cert_path: Path, key_path: Path, node_id: int, *, days: int 
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
-    tmp_key = key_path.with_suffix(".tmp")
-    fd = os.open(tmp_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key_pem)
-    os.replace(tmp_key, key_path)
-    tmp_cert = cert_path.with_suffix(".tmp")
-    tmp_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    os.replace(tmp_cert, cert_path)
+    # The key first: a certificate on disk always has its key beside it.
+    write_atomic(key_path, key_pem, 0o600)
+    write_atomic(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return EdgeIdentity(cert, key)
 
 

@@ -20,7 +20,7 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
-from swactor.common.systemd import notify_ready, notify_stopping
+from swactor.common.systemd import notify_ready, notify_stopping, start_watchdog
 from swactor.edge.config import EdgeConfig
 from swactor.edge.identity import IdentityError, create_identity, default_paths, load_identity
 
@@ -128,6 +128,7 @@ async def serve(cfg: EdgeConfig, stop: asyncio.Event) -> int:
         fingerprint=identity.fingerprint,
     )
     notify_ready(f"endpoint {host}:{port}; {driver.status_line()}")
+    start_watchdog()
     await stop.wait()
     notify_stopping("stopping")
     log.info("edge.stopping")

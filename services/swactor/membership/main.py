@@ -23,7 +23,7 @@ from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
 from swactor.common.secret import SecretError, gossip_key, read_secret
-from swactor.common.systemd import notify_ready, notify_status, notify_stopping
+from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.membership.config import MembershipConfig
 from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.kinship_backend import KinshipBackend, route_engine_logs
@@ -170,6 +170,7 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
         restrict_unix_socket(cfg.socket)
         await set_serving(health, [SERVICE_NAME])
         notify_ready(status_line(node.view.counts()))
+        start_watchdog()
         log.info("node_started", node_id=node_id, socket=str(cfg.socket), gossip_address=node.view.local().member.addr)
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.failed.wait())]
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)

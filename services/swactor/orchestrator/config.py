@@ -16,8 +16,13 @@ REPO_MODEL_DIR = Path(__file__).resolve().parents[3] / ".cache" / "models"
 @dataclass
 class OrchestratorConfig:
     socket: Path = sockets.ORCHESTRATOR
-    # "" disables the TCP listener.
-    tcp_address: str = "localhost:7440"
+    # The TCP API ("host:port"), off by default ("": the Unix socket only). When set it serves TLS
+    # with tls_cert/tls_key and refuses calls without the bearer token from token_file (0600), see
+    # api_access.py; `swactor-orchestrator --init-api-access` makes all three.
+    tcp_address: str = ""
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    token_file: Path | None = None
     state_dir: Path = DEFAULT_STATE_DIR
     membership_socket: Path = sockets.MEMBERSHIP
     model_name: str = DEFAULT_MODEL_NAME

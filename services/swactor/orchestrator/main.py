@@ -2,7 +2,8 @@
 
 Opens the run store (marking runs a previous process left unfinished as faulted), loads the default
 model's facts and tokenizer, follows the local membership service, and serves the Orchestrator gRPC
-API with reflection and health on a Unix socket and TCP. SIGTERM operator-stops active runs.
+API with reflection and health on a Unix socket and, when configured, on TCP with TLS and a bearer
+token (api_access.py). SIGTERM operator-stops active runs.
 """
 
 from __future__ import annotations
@@ -10,17 +11,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health
 
 from swactor import __version__
 from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
-from swactor.common.systemd import notify_ready, notify_status, notify_stopping
+from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator.api_access import (
+    ApiAccess,
+    ApiAccessError,
+    BearerTokenInterceptor,
+    init_access,
+    load_access,
+)
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import FleetError, Report, StageFleet, TokenEndpoints
@@ -90,7 +102,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--version", action="version", version=f"swactor-orchestrator {__version__}")
     p.add_argument("--config", type=Path, help="host config file (default /etc/swactor/swactor.toml if present)")
     p.add_argument("--socket", help="gRPC Unix socket (default /run/swactor/orchestrator.sock)")
-    p.add_argument("--tcp", dest="tcp_address", help="gRPC TCP address (default localhost:7440; '' disables)")
+    p.add_argument("--tcp", dest="tcp_address",
+                   help="TCP API address host:port, TLS + bearer token (default '': off, the Unix socket only)")
+    p.add_argument("--tls-cert", dest="tls_cert", help="TCP API certificate (PEM)")
+    p.add_argument("--tls-key", dest="tls_key", help="TCP API private key (PEM, not readable by others)")
+    p.add_argument("--token-file", dest="token_file", help="TCP API bearer token (a 0600 file)")
+    p.add_argument("--init-api-access", action="store_true",
+                   help="create the TCP API's certificate, key and token where the config says (keeps existing "
+                        "ones), print what was done as JSON, and exit")
+    p.add_argument("--api-name", action="append", default=[], metavar="IP_OR_DNS",
+                   help="with --init-api-access: a name operators dial, put in the certificate (repeatable)")
     p.add_argument("--state-dir", help="run store and node id directory (default /var/lib/swactor)")
     p.add_argument("--membership-socket", help="local membership service socket")
     p.add_argument("--model", dest="model_path", help="default model GGUF path")
@@ -101,7 +122,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def build_config(args: argparse.Namespace) -> OrchestratorConfig:
     overrides = {k: getattr(args, k) for k in ("socket", "tcp_address", "state_dir", "membership_socket",
-                                                "model_path", "pool_window_s", "secret_file")}
+                                                "model_path", "pool_window_s", "secret_file", "tls_cert",
+                                                "tls_key", "token_file")}
     return load_section(read_config(args.config), "orchestrator", OrchestratorConfig, **overrides)
 
 
@@ -115,7 +137,25 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     )
 
 
-async def serve(cfg: OrchestratorConfig) -> int:
+def listeners(cfg: OrchestratorConfig, access: ApiAccess | None, servicer: OrchestratorServicer,
+              ) -> tuple[list[tuple[grpc.aio.Server, health.aio.HealthServicer]], int | None]:
+    """The Unix-socket server, plus (when `access` is given) the TCP one with TLS and the token
+    check: two servers, because an interceptor sees every call of its server and the Unix socket's
+    callers are authenticated by the socket's permissions instead. Returns them and the TCP port."""
+    unix, _, unix_health = create_server(cfg.socket, service_names=[SERVICE_NAME])
+    servers = [(unix, unix_health)]
+    port = None
+    if access is not None:
+        tcp, port, tcp_health = create_server(None, cfg.tcp_address, service_names=[SERVICE_NAME],
+                                              server_credentials=access.server_credentials(),
+                                              interceptors=[BearerTokenInterceptor(access.token)])
+        servers.append((tcp, tcp_health))
+    for server, _ in servers:
+        orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server)
+    return servers, port
+
+
+async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int:
     log = get_logger()
     node_id = load_or_create_node_id(cfg.state_dir)
     store = RunStore.in_state_dir(cfg.state_dir)
@@ -135,19 +175,20 @@ async def serve(cfg: OrchestratorConfig) -> int:
         return EXIT_USAGE
     orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
                         defaults=RunDefaults(stages=cfg.default_stages))
-    server, port, health = create_server(cfg.socket, cfg.tcp_address or None, service_names=[SERVICE_NAME])
-    orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(OrchestratorServicer(orch), server)
+    servers, port = listeners(cfg, access, OrchestratorServicer(orch))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await server.start()
+    for server, health_servicer in servers:
+        await server.start()
+        await set_serving(health_servicer, [SERVICE_NAME])
     restrict_unix_socket(cfg.socket)
-    await set_serving(health, [SERVICE_NAME])
     watcher = asyncio.create_task(follow_membership(cfg.membership_socket, orch.set_members))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
              model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__)
     notify_ready(f"serving {loaded.name} on {cfg.socket}")
+    start_watchdog()
     try:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -159,7 +200,8 @@ async def serve(cfg: OrchestratorConfig) -> int:
         notify_stopping("stopping: operator-stopping active runs")
         await orch.shutdown()
         watcher.cancel()
-        await server.stop(grace=1.0)
+        for server, _ in servers:
+            await server.stop(grace=1.0)
         store.close()
     return 0
 
@@ -170,11 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(args)
         cfg.model_paths()
-    except ConfigError as e:
+        if args.init_api_access:
+            print(json.dumps(init_access(cfg.tls_cert, cfg.tls_key, cfg.token_file, args.api_name)))
+            return 0
+        access = load_access(cfg.tls_cert, cfg.tls_key, cfg.token_file) if cfg.tcp_address else None
+    except (ConfigError, ApiAccessError, OSError) as e:
         print(f"swactor-orchestrator: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return asyncio.run(serve(cfg))
+        return asyncio.run(serve(cfg, access))
     except (OSError, ValueError) as e:
         print(f"swactor-orchestrator: {e}", file=sys.stderr)
         return 1

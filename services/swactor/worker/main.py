@@ -18,7 +18,7 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, set_serving
 from swactor.common.ids import load_or_create_node_id
-from swactor.common.systemd import notify_ready, notify_status, notify_stopping
+from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.v1 import stage_pb2_grpc
 from swactor.worker.config import WorkerConfig
 
@@ -77,6 +77,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     await set_serving(health, [SERVICE_NAME])
     log.info("worker_service_started", node_id=node_id, control_port=port)
     notify_ready(f"node {node_id}: control on port {port}")
+    start_watchdog()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
