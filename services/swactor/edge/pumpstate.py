@@ -83,6 +83,7 @@ class Pump:
     ROLE: ClassVar[str]  # "SEND" | "RECV"
     TRANSITIONS: ClassVar[dict[Any, frozenset[Any]]]
     TERMINAL: ClassVar[frozenset[Any]]
+    BACKPRESSURED: ClassVar[Any]
 
     def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum) -> None:
         self.edge_id = edge_id
@@ -97,6 +98,10 @@ class Pump:
     @property
     def done(self) -> bool:
         return self.state in self.TERMINAL
+
+    @property
+    def backpressured(self) -> bool:
+        return self.state is self.BACKPRESSURED
 
     def _set_state(self, new: Any, reason: int = 0, detail: str = "") -> None:
         """The one transition function: validate against the direction's table, record, log."""

@@ -34,6 +34,7 @@ class RecvPump(Pump):
     ROLE = "RECV"
     TRANSITIONS = RECV_TRANSITIONS
     TERMINAL = RECV_TERMINAL
+    BACKPRESSURED = R.BACKPRESSURED
 
     def __init__(self, *, edge_id: int, ring: ProducerEnd, window: int, tap: ObjectTap | None = None) -> None:
         super().__init__(edge_id, ring.ring_id, R.WAITING_FOR_SPEC_AND_STREAM)
@@ -136,19 +137,19 @@ class RecvPump(Pump):
         if self.state in RECV_TERMINAL:
             return False
         self._pending.clear()
-        conn = self.conn
-        stop = code is not None and conn is not None and not conn.closed
-        if stop:
-            conn.stop_stream(self.stream_id, code)  # type: ignore[union-attr, arg-type]
+        conn, stop = self.conn, False
+        if code is not None and conn is not None and not conn.closed:
+            conn.stop_stream(self.stream_id, code)
+            stop = True
         self._set_state(R.FAULTED, reason, detail)
         return stop
 
     def stop(self) -> bool:
         """StopEdge: stop reading (STOP_SENDING to the peer); the caller releases the ring."""
-        conn = self.conn
-        stop = self.state not in RECV_TERMINAL and conn is not None and not conn.closed
+        conn, stop = self.conn, False
         self._pending.clear()
-        if stop:
-            conn.stop_stream(self.stream_id, AppError.EDGE_STOPPED)  # type: ignore[union-attr]
+        if self.state not in RECV_TERMINAL and conn is not None and not conn.closed:
+            conn.stop_stream(self.stream_id, AppError.EDGE_STOPPED)
+            stop = True
         self._set_state(R.STOPPED)
         return stop

@@ -34,6 +34,7 @@ class SendPump(Pump):
     ROLE = "SEND"
     TRANSITIONS = SEND_TRANSITIONS
     TERMINAL = SEND_TERMINAL
+    BACKPRESSURED = S.BACKPRESSURED
 
     def __init__(self, *, edge_id: int, ring: ConsumerEnd, queue_limit: int, tap: ObjectTap | None = None) -> None:
         super().__init__(edge_id, ring.ring_id, S.WAITING_FOR_CONNECTION)
@@ -42,10 +43,6 @@ class SendPump(Pump):
         self.tap = tap
         self.conn: StreamPort | None = None
         self.stream_id: int | None = None
-
-    @property
-    def backpressured(self) -> bool:
-        return self.state is S.BACKPRESSURED
 
     def attach(self, conn: StreamPort, now_us: int) -> bool:
         self.conn = conn
@@ -105,19 +102,18 @@ class SendPump(Pump):
         """End with a fault; with `code`, reset the stream so the peer faults too."""
         if self.state in SEND_TERMINAL:
             return False
-        conn = self.conn
-        reset = code is not None and self.stream_id is not None and conn is not None and not conn.closed
-        if reset:
-            conn.reset_stream(self.stream_id, code)  # type: ignore[union-attr, arg-type]
+        conn, sid, reset = self.conn, self.stream_id, False
+        if code is not None and conn is not None and sid is not None and not conn.closed:
+            conn.reset_stream(sid, code)
+            reset = True
         self._set_state(S.FAULTED, reason, detail)
         return reset
 
     def stop(self) -> bool:
         """StopEdge: FIN after what QUIC already holds; the caller releases the ring."""
-        conn = self.conn
-        fin = (self.state not in SEND_TERMINAL and self.stream_id is not None and conn is not None
-               and not conn.closed)
-        if fin:
-            conn.send(self.stream_id, b"", end=True)  # type: ignore[union-attr, arg-type]
+        conn, sid, fin = self.conn, self.stream_id, False
+        if self.state not in SEND_TERMINAL and conn is not None and sid is not None and not conn.closed:
+            conn.send(sid, b"", end=True)
+            fin = True
         self._set_state(S.STOPPED)
         return fin

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from swactor.common.events import get_logger
+from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edge import preamble
 from swactor.edge.objtap import ObjectTap
 from swactor.edge.pumpstate import RecvState
@@ -58,20 +59,31 @@ class Incoming:
 
 
 @dataclass(eq=False)
-class EdgeRecord:
+class _Edge:
     edge_id: int
     ring_id: int
-    role: int  # edge_pb2.EdgeRole
-    pump: SendPump | RecvPump
     peer_node_id: int = 0
     last_event: edge_pb2.EdgeEvent | None = None  # replayed to new watchers
     ended: bool = False  # its closed / fault / pump_stopped event is out
 
     @property
     def state(self) -> str:
-        return self.pump.state.value  # type: ignore[no-any-return]
+        return str(self.pump.state.value)  # type: ignore[attr-defined]
 
 
+@dataclass(eq=False)
+class SendEdge(_Edge):
+    pump: SendPump = field(kw_only=True)
+    role = SEND
+
+
+@dataclass(eq=False)
+class RecvEdge(_Edge):
+    pump: RecvPump = field(kw_only=True)
+    role = RECV
+
+
+EdgeRecord = SendEdge | RecvEdge
 Outgoing = tuple[edge_pb2.EdgeEvent, int, EdgeRecord | None]  # (event, edge_id, its record)
 
 
@@ -81,12 +93,12 @@ class EdgeTable:
         self.send_queue_limit = send_queue_limit
         # Keyed by (edge_id, role): both ends of an edge may live on one host (a self edge).
         self.edges: dict[tuple[int, int], EdgeRecord] = {}
-        self.rendezvous: Rendezvous[StreamRef, EdgeRecord] = Rendezvous(rendezvous_timeout)
         self.outbox: list[Outgoing] = []
         self.transmit: set[StreamPort] = set()
         self.deadline_moved = False  # the rendezvous deadline may have changed: re-arm its timer
-        self._incoming: dict[tuple[int, int], Incoming | EdgeRecord] = {}  # (conn uid, stream id)
-        self._blocked: dict[int, set[EdgeRecord]] = {}  # conn uid -> send edges waiting for ACKs
+        self.rendezvous: Rendezvous[StreamRef, RecvEdge] = Rendezvous(rendezvous_timeout)
+        self._incoming: dict[tuple[int, int], Incoming | RecvEdge] = {}  # (conn uid, stream id)
+        self._blocked: dict[int, set[SendEdge]] = {}  # conn uid -> send edges waiting for ACKs
 
     # ---- requests ----
 
@@ -96,32 +108,33 @@ class EdgeTable:
         if (edge_id, role) in self.edges:
             raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
 
-    def add_send(self, edge_id: int, ring_id: int, rx_node_id: int, ring: object, tap: ObjectTap | None) -> EdgeRecord:
+    def add_send(self, edge_id: int, ring_id: int, rx_node_id: int, ring: ConsumerEnd, tap: ObjectTap | None) -> SendEdge:
         """EstablishSend with its egress ring open: the pump waits for the connection."""
         self.check_new(edge_id, ring_id, SEND)
         if rx_node_id == 0:
             raise EdgeError("rx_node_id must be set")
-        pump = SendPump(edge_id=edge_id, ring=ring, queue_limit=self.send_queue_limit, tap=tap)  # type: ignore[arg-type]
-        rec = self.edges[(edge_id, SEND)] = EdgeRecord(edge_id, ring_id, SEND, pump, peer_node_id=rx_node_id)
+        pump = SendPump(edge_id=edge_id, ring=ring, queue_limit=self.send_queue_limit, tap=tap)
+        rec = SendEdge(edge_id, ring_id, peer_node_id=rx_node_id, pump=pump)
+        self.edges[(edge_id, SEND)] = rec
         log.info("edge.establish_send", edge_id=edge_id, ring_id=ring_id, rx_node_id=rx_node_id)
         return rec
 
-    def connected(self, rec: EdgeRecord, conn: StreamPort, now_us: int) -> None:
+    def connected(self, rec: SendEdge, conn: StreamPort, now_us: int) -> None:
         """The send edge's connection is up (its dial may have outlived the edge)."""
         if self.edges.get((rec.edge_id, SEND)) is not rec or rec.pump.done:
             return
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=rec.edge_id)))
-        self._settle(rec, rec.pump.attach(conn, now_us))  # type: ignore[union-attr]
+        self._settle(rec, rec.pump.attach(conn, now_us))
 
-    def dial_failed(self, rec: EdgeRecord, reason: int, detail: str) -> None:
+    def dial_failed(self, rec: SendEdge, reason: int, detail: str) -> None:
         if self.edges.get((rec.edge_id, SEND)) is rec:
             self._settle(rec, rec.pump.fault(reason, detail))
 
-    def add_recv(self, edge_id: int, ring_id: int, ring: object, tap: ObjectTap | None, now_us: int) -> EdgeRecord:
+    def add_recv(self, edge_id: int, ring_id: int, ring: ProducerEnd, tap: ObjectTap | None, now_us: int) -> RecvEdge:
         """EstablishRecv with its ingress ring open: ready at once; the stream may already wait."""
         self.check_new(edge_id, ring_id, RECV)
-        pump = RecvPump(edge_id=edge_id, ring=ring, window=self.stream_window, tap=tap)  # type: ignore[arg-type]
-        rec = self.edges[(edge_id, RECV)] = EdgeRecord(edge_id, ring_id, RECV, pump)
+        rec = RecvEdge(edge_id, ring_id, pump=RecvPump(edge_id=edge_id, ring=ring, window=self.stream_window, tap=tap))
+        self.edges[(edge_id, RECV)] = rec
         log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id)
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id)))
         action = self.rendezvous.establish_recv(edge_id, rec)
@@ -135,7 +148,7 @@ class EdgeTable:
         recs = [r for r in (self.edges.pop((edge_id, SEND), None), self.edges.pop((edge_id, RECV), None)) if r]
         for rec in recs:
             pump = rec.pump
-            if rec.role == RECV:
+            if isinstance(rec, RecvEdge):
                 parked = self.rendezvous.stop(edge_id)
                 self.deadline_moved = True
                 if parked is not None:
@@ -156,9 +169,8 @@ class EdgeTable:
     def stream_data(self, conn: StreamPort, stream_id: int, data: bytes, end: bool, now: float, now_us: int) -> None:
         key = (conn.uid, stream_id)
         entry = self._incoming.get(key)
-        if entry.__class__ is EdgeRecord:  # the hot path: a stream that met its edge
-            rec: EdgeRecord = entry  # type: ignore[assignment]
-            self._settle(rec, rec.pump.on_data(data, end, now_us))  # type: ignore[union-attr]
+        if entry.__class__ is RecvEdge:  # the hot path: a stream that met its edge
+            self._settle(entry, entry.pump.on_data(data, end, now_us))  # type: ignore[union-attr]
             return
         if entry is None:
             entry = self._incoming[key] = Incoming()
@@ -177,6 +189,8 @@ class EdgeTable:
                 raise preamble.MalformedPreamble("stream ended inside the preamble")
         except preamble.MalformedPreamble as e:
             self._reject(StreamRef(conn, stream_id), AppError.MALFORMED_PREAMBLE)
+            if end:
+                del self._incoming[key]
             self._fault_event(0, common_pb2.STREAM_FAULT_MALFORMED_PREAMBLE, f"from node {conn.peer_node_id}: {e}")
             return
         if got is not None:
@@ -184,7 +198,7 @@ class EdgeTable:
 
     def stream_reset(self, conn: StreamPort, stream_id: int, code: int) -> None:
         entry = self._incoming.pop((conn.uid, stream_id), None)
-        if isinstance(entry, EdgeRecord):
+        if isinstance(entry, RecvEdge):
             self._settle(entry, entry.pump.fault(reason_for_remote_code(code), f"peer reset the stream (code {code:#x})"))
         elif isinstance(entry, Incoming) and entry.edge_id and not entry.rejected:
             self.rendezvous.stream_gone(entry.edge_id)
@@ -193,7 +207,7 @@ class EdgeTable:
     def stop_sending(self, conn: StreamPort, stream_id: int, code: int) -> None:
         for rec in self.edges.values():
             pump = rec.pump
-            if rec.role == SEND and pump.conn is conn and pump.stream_id == stream_id:
+            if isinstance(rec, SendEdge) and pump.conn is conn and pump.stream_id == stream_id:
                 self._settle(rec, pump.fault(reason_for_remote_code(code), f"peer stopped the stream (code {code:#x})"))
                 return
 
@@ -210,13 +224,13 @@ class EdgeTable:
         self._blocked.pop(conn.uid, None)
         for key in [k for k in self._incoming if k[0] == conn.uid]:
             entry = self._incoming.pop(key)
-            if isinstance(entry, EdgeRecord):
+            if isinstance(entry, RecvEdge):
                 self._settle(entry, entry.pump.fault(code, detail))
             elif entry.edge_id and not entry.rejected:
                 self.rendezvous.stream_gone(entry.edge_id)
                 self.deadline_moved = True
         for rec in list(self.edges.values()):
-            if rec.role == SEND and rec.pump.conn is conn:
+            if isinstance(rec, SendEdge) and rec.pump.conn is conn:
                 self._settle(rec, rec.pump.fault(code, detail))
 
     # ---- rendezvous ----
@@ -236,7 +250,7 @@ class EdgeTable:
             log.info("edge.stream_parked", edge_id=edge_id, peer_node_id=ref.conn.peer_node_id or 0)
             self.deadline_moved = True
 
-    def _start_recv(self, action: StartRecvPump[StreamRef, EdgeRecord], now_us: int) -> None:
+    def _start_recv(self, action: StartRecvPump[StreamRef, RecvEdge], now_us: int) -> None:
         rec, ref = action.spec, action.stream
         key = (ref.conn.uid, ref.stream_id)
         incoming = self._incoming.get(key)
@@ -248,7 +262,7 @@ class EdgeTable:
         self._incoming[key] = rec
         self.deadline_moved = True
         log.info("edge.recv_pump_started", edge_id=rec.edge_id, ring_id=rec.ring_id, peer_node_id=rec.peer_node_id)
-        self._settle(rec, rec.pump.start(ref.conn, ref.stream_id, action.initial, eof, now_us))  # type: ignore[union-attr]
+        self._settle(rec, rec.pump.start(ref.conn, ref.stream_id, action.initial, eof, now_us))
 
     def _reject(self, ref: StreamRef, code: AppError) -> None:
         entry = self._incoming.get((ref.conn.uid, ref.stream_id))
@@ -273,7 +287,7 @@ class EdgeTable:
         pump = rec.pump
         if moved and pump.conn is not None:
             self.transmit.add(pump.conn)
-        if rec.role == SEND and pump.backpressured:  # type: ignore[union-attr]
+        if pump.backpressured and isinstance(rec, SendEdge):  # waits for ACK progress on its connection
             self._blocked.setdefault(pump.conn.uid, set()).add(rec)  # type: ignore[union-attr]
         if pump.done and not rec.ended:
             rec.ended = True
@@ -288,18 +302,18 @@ class EdgeTable:
         conn = rec.pump.conn
         if conn is None:
             return
-        if rec.role == SEND:
+        if isinstance(rec, SendEdge):
             self._blocked.get(conn.uid, set()).discard(rec)
             return
         key = (conn.uid, rec.pump.stream_id)
-        if self._incoming.get(key) is not rec:  # type: ignore[arg-type]
+        if self._incoming.get(key) is not rec:
             return  # the stream is gone already (reset, connection lost)
         if rec.pump.state is RecvState.CLOSED:
             del self._incoming[key]  # FIN was the last thing this stream had to say
         else:
             # Stopped or faulted: the peer's in-flight bytes still arrive until it resets; they
             # must be dropped, not taken for a new stream's preamble.
-            self._incoming[key] = Incoming(edge_id=rec.edge_id, rejected=True)  # type: ignore[index]
+            self._incoming[key] = Incoming(edge_id=rec.edge_id, rejected=True)
 
     # ---- events ----
 
@@ -325,7 +339,7 @@ class EdgeTable:
     def streams_on(self, conn_uid: int) -> int:
         """QUIC streams of this connection the table knows: ours (send) and the peer's (recv, demux)."""
         sending = sum(1 for r in self.edges.values()
-                      if r.role == SEND and r.pump.conn is not None and r.pump.conn.uid == conn_uid
+                      if isinstance(r, SendEdge) and r.pump.conn is not None and r.pump.conn.uid == conn_uid
                       and r.pump.stream_id is not None)
         return sending + sum(1 for uid, _ in self._incoming if uid == conn_uid)
 
