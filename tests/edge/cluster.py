@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +35,15 @@ from tests.arena.sync_client import ArenaClient
 
 BIN = Path(sys.executable).parent
 EDGE_PORT = 7400
+
+
+def wait_until(cond: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Poll `cond` until it holds; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[Any], what: str, timeout: float = 20.0) -> None:

@@ -1,8 +1,10 @@
-"""An in-process stand-in for a ring-rs ring (unit tests only): bytearray data, eventfd wakes.
+"""An in-process stand-in for a ring-rs ring (unit tests only): bytearray data, pending-bit wakes.
 
 `FakeRing` has ring-rs' handle API (the test drives the far end with it) and the same pending-bit
 wake protocol; `FakeProducerEnd` / `FakeConsumerEnd` give the driver's pumps the
 `swactor.common.ringport` end API over it, so the pumps are tested in one process without the arena.
+A wake signals an eventfd (for drivers on an event loop), or with `eventfds=False` only sets
+`readable_signal` / `writable_signal` (for the core tests, which deliver wakes themselves).
 """
 
 from __future__ import annotations
@@ -16,18 +18,31 @@ from swactor.v1 import common_pb2 as pb
 
 
 class FakeRing:
-    def __init__(self, ring_id: int, capacity: int) -> None:
+    def __init__(self, ring_id: int, capacity: int, *, eventfds: bool = True) -> None:
         self.ring_id = ring_id
         self.capacity = capacity
         self.buf = bytearray(capacity)
         self.commit = 0
         self.consume = 0
         self.state = "open"
-        self.readable_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        self.writable_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        flags = os.EFD_NONBLOCK | os.EFD_CLOEXEC
+        self.readable_fd = os.eventfd(0, flags) if eventfds else -1
+        self.writable_fd = os.eventfd(0, flags) if eventfds else -1
+        self.readable_signal = False  # the consumer was woken and has not acked yet
+        self.writable_signal = False
         self._consumer_waiting = False
         self._producer_waiting = False
         self.released = False
+
+    def _wake_consumer(self) -> None:
+        self.readable_signal = True
+        if self.readable_fd >= 0:
+            os.eventfd_write(self.readable_fd, 1)
+
+    def _wake_producer(self) -> None:
+        self.writable_signal = True
+        if self.writable_fd >= 0:
+            os.eventfd_write(self.writable_fd, 1)
 
     # -- producer --
     def free(self) -> int:
@@ -46,7 +61,7 @@ class FakeRing:
         self.commit += n
         if n and self._consumer_waiting:
             self._consumer_waiting = False
-            os.eventfd_write(self.readable_fd, 1)
+            self._wake_consumer()
         return n
 
     def arm_writable(self) -> bool:
@@ -56,19 +71,21 @@ class FakeRing:
         return False
 
     def ack_writable(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.writable_fd)
+        self.writable_signal = False
+        if self.writable_fd >= 0:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self.writable_fd)
 
     def close(self) -> None:
         if self.state == "open":
             self.state = "closed"
-        os.eventfd_write(self.readable_fd, 1)
-        os.eventfd_write(self.writable_fd, 1)
+        self._wake_consumer()
+        self._wake_producer()
 
     def fault(self) -> None:
         self.state = "faulted"
-        os.eventfd_write(self.readable_fd, 1)
-        os.eventfd_write(self.writable_fd, 1)
+        self._wake_consumer()
+        self._wake_producer()
 
     def release(self) -> None:
         self.released = True
@@ -91,7 +108,7 @@ class FakeRing:
         self.consume += n
         if n and self._producer_waiting:
             self._producer_waiting = False
-            os.eventfd_write(self.writable_fd, 1)
+            self._wake_producer()
 
     def arm_readable(self) -> bool:
         if self.state != "open" or self.avail() > 0:
@@ -100,8 +117,10 @@ class FakeRing:
         return False
 
     def ack_readable(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.eventfd_read(self.readable_fd)
+        self.readable_signal = False
+        if self.readable_fd >= 0:
+            with contextlib.suppress(BlockingIOError):
+                os.eventfd_read(self.readable_fd)
 
     def read(self, max_bytes: int) -> bytes:
         """Test-side consumer helper: copy out and consume up to max_bytes."""

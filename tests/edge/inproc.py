@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from swactor.edge.config import EdgeConfig
-from swactor.edge.driver import Driver, Watcher
+from swactor.edge.driver import Driver
 from swactor.edge.identity import create_identity
 from swactor.edge.peers import StaticPeerDirectory
+from swactor.edge.watchers import Watcher
 from swactor.v1 import edge_pb2
 from tests.edge.fakering import FakeRingSource
 
@@ -57,3 +60,22 @@ async def next_event(node: Node, kind: str, edge_id: int, timeout: float = 5.0) 
             if ev.WhichOneof("event") == kind and getattr(ev, kind).edge_id == edge_id:
                 return ev
     return await asyncio.wait_for(wait(), timeout)
+
+
+async def until(cond: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.005) -> None:
+    """Let the loop run until `cond()` holds; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def queued(watcher: Watcher) -> list[edge_pb2.EdgeEvent]:
+    """Take every event the watcher has queued so far."""
+    out = []
+    while not watcher.queue.empty():
+        ev = watcher.queue.get_nowait()
+        if ev is not None:
+            out.append(ev)
+    return out

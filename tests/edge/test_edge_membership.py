@@ -5,14 +5,13 @@ other host gossiped; an edge then carries bytes with no static peer file."""
 from __future__ import annotations
 
 import secrets
-import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
-from tests.edge.cluster import EdgeHost, EventTap
+from tests.edge.cluster import EdgeHost, EventTap, wait_until
 from tests.harness import NetnsCluster, netns_unavailable_reason
 
 pytestmark = [pytest.mark.netns]
@@ -43,14 +42,10 @@ def test_edge_over_membership_gossiped_fingerprints(tmp_path: Path) -> None:
                 h.start_arena()
                 h.start_edge(None)
             a, b = hosts
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                seen = [_gossiped_edge(a, b.node_id), _gossiped_edge(b, a.node_id)]
-                if all(seen):
-                    break
-                time.sleep(0.2)
+            wait_until(lambda: _gossiped_edge(a, b.node_id) and _gossiped_edge(b, a.node_id),
+                       "both drivers' edge material gossiped to the other", timeout=30, interval=0.1)
             md_b = _gossiped_edge(a, b.node_id)
-            assert md_b is not None, "membership never gossiped b's edge material to a"
+            assert md_b is not None
             assert md_b.edge_cert_fingerprint == b.fingerprint and md_b.edge_endpoint == b.endpoint
             tap = EventTap(b.stub)  # type: ignore[arg-type]
             lt = a.lease(1, 64 << 10, common_pb2.RING_DIRECTION_EGRESS)

@@ -17,7 +17,7 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2, edge_pb2
-from tests.edge.cluster import EdgeHost, EventTap, wait_fd, write_all
+from tests.edge.cluster import EdgeHost, EventTap, wait_fd, wait_until, write_all
 from tests.harness import NetnsCluster
 
 pytestmark = [pytest.mark.netns]
@@ -59,9 +59,11 @@ def _records(first: int, n: int, payload: bytes) -> bytes:
 class Reader(threading.Thread):
     """Consumer thread: reads `total` bytes, hashing them and checking every record header."""
 
-    def __init__(self, cons: sr.Consumer, total: int, record: int | None = None, stall_s: float = 0.0) -> None:
+    def __init__(self, cons: sr.Consumer, total: int, record: int | None = None,
+                 hold: threading.Event | None = None) -> None:
         super().__init__(daemon=True)
-        self.cons, self.total, self.record, self.stall_s = cons, total, record, stall_s
+        self.cons, self.total, self.record = cons, total, record
+        self.hold = hold  # a stalled worker: it starts consuming once the test sets this
         self.h = hashlib.sha256()
         self.got = 0
         self.headers = 0
@@ -87,7 +89,8 @@ class Reader(threading.Thread):
                 self.partial.clear()
 
     def run(self) -> None:
-        time.sleep(self.stall_s)
+        if self.hold is not None:
+            self.hold.wait(120)
         buf = bytearray(1 << 20)
         deadline = time.monotonic() + 120
         while self.got < self.total and time.monotonic() < deadline:
@@ -102,6 +105,12 @@ class Reader(threading.Thread):
             if not self.cons.arm_readable():
                 wait_fd(self.cons.readable_fd, 0.5)
                 self.cons.ack_wake()
+
+
+def _pump_state(h: EdgeHost, edge_id: int) -> str:
+    """The driver's state of its end of `edge_id` (GetStatus)."""
+    status = h.stub.GetStatus(edge_pb2.GetStatusRequest())  # type: ignore[union-attr]
+    return next((e.state for e in status.edges if e.edge_id == edge_id), "")
 
 
 def test_ready_and_status_reach_systemd(netns_pair: Pair) -> None:
@@ -149,16 +158,17 @@ def test_stalled_consumer_backpressures_with_bounded_memory(netns_pair: Pair) ->
     assert r.got == len(warm)
     rss0 = (a.rss_kib(), b.rss_kib())
     data = os.urandom(64 << 20)
-    reader = Reader(cons, len(data), stall_s=5.0)
+    stalled = threading.Event()
+    reader = Reader(cons, len(data), hold=stalled)
     reader.start()
-    writer = threading.Thread(target=write_all, args=(prod, memoryview(data), time.monotonic() + 60), daemon=True)
+    writer = threading.Thread(target=write_all, args=(prod, memoryview(data), time.monotonic() + 90), daemon=True)
     writer.start()
-    time.sleep(3.0)  # the consumer is still stalled: everything upstream must be full and idle
-    committed = prod.status().readable
+    # the consumer is stalled: everything upstream fills, then both pumps wait with full rings
+    wait_until(lambda: prod.status().readable == prod.capacity and cons.status().readable == cons.capacity
+               and _pump_state(a, 2) == _pump_state(b, 2) == "Backpressured",
+               "both rings full and both pumps backpressured", timeout=30)
     peak = (a.rss_kib(), b.rss_kib())
-    time.sleep(1.0)
-    assert prod.status().readable == committed == prod.capacity, "producer ring must be full and blocked"
-    assert cons.status().readable == cons.capacity, "ingress ring must be full"
+    assert prod.status().readable == prod.capacity, "producer ring must still be full: nothing leaks past a stall"
     assert writer.is_alive() and reader.got == 0
     # Bound: per edge, ring-driven credit (<= one ring of unread bytes) + send queue (4 MiB) +
     # connection window slack; 32 MiB over the pre-stall RSS leaves room for allocator noise.
@@ -166,6 +176,7 @@ def test_stalled_consumer_backpressures_with_bounded_memory(netns_pair: Pair) ->
     print(f"RSS before/during stall (KiB): sender {rss0[0]}/{peak[0]}, receiver {rss0[1]}/{peak[1]}")
     for before, during, who in zip(rss0, peak, ("sender", "receiver"), strict=True):
         assert during - before < bound_kib, f"{who} driver RSS grew {during - before} KiB during the stall"
+    stalled.set()
     reader.join(90)
     writer.join(10)
     assert reader.got == len(data)
@@ -179,9 +190,7 @@ def test_rendezvous_both_orders_share_one_connection(netns_pair: Pair) -> None:
         prod.write(b"edge %d says hi" % (10 + i))
     for i, (_, cons) in enumerate(pairs):
         want = b"edge %d says hi" % (10 + i)
-        deadline = time.monotonic() + 10
-        while cons.readable() < len(want) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda cons=cons, want=want: cons.readable() >= len(want), f"edge {10 + i}'s bytes")
         assert cons.read(100) == want
     for host, peer in ((a, b), (b, a)):
         status = host.stub.GetStatus(edge_pb2.GetStatusRequest())  # type: ignore[union-attr]
@@ -236,9 +245,7 @@ def test_peer_sigkilled_mid_object_faults_survivor(netns_pair: Pair, victim: str
     size = 4 << 20
     prod.write(sr.ObjectHeader(object_id=1, sequence=0, extent=size).encode())
     prod.write(b"z" * (512 << 10))  # half an object... then one host's driver dies
-    deadline = time.monotonic() + 10
-    while cons.readable() < 512 << 10 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: cons.readable() >= 512 << 10, "half an object in the ingress ring")
     dead.kill_edge()
     t0 = time.monotonic()
     ev = tap.wait("fault", edge_id, timeout=10)

@@ -11,16 +11,15 @@ from pathlib import Path
 import pytest
 
 from swactor.edge import preamble
-from swactor.edge.driver import Driver, EdgeError
+from swactor.edge.driver import Driver
+from swactor.edge.table import EdgeError
 from swactor.v1 import common_pb2, edge_pb2
 from tests.edge.fakering import FakeRing, produce_all, wait_fd
-from tests.edge.inproc import next_event, start_nodes, stop_nodes
+from tests.edge.inproc import next_event, queued, start_nodes, stop_nodes, until
 
 
-async def _consume(ring: FakeRing, total: int, h: hashlib._Hash, stall: float = 0.0) -> None:
+async def _consume(ring: FakeRing, total: int, h: hashlib._Hash) -> None:
     got = 0
-    if stall:
-        await asyncio.sleep(stall)
     while got < total:
         chunk = ring.read(1 << 20)
         if chunk:
@@ -64,20 +63,16 @@ def test_stream_first_rendezvous_and_shared_connection(tmp_path: Path) -> None:
                 await a.driver.establish_send(e, b.node_id, 10 + e, None)
                 await next_event(a, "ready", e)
                 tx.write(b"hello %d" % e)
-            await asyncio.sleep(0.2)  # streams arrive and park: no EstablishRecv yet
-            assert len(b.driver.rendezvous.pending_streams) == 4
+            await until(lambda: b.driver.table.parked_streams == 4, "4 parked streams")  # no EstablishRecv yet
             for e in range(1, 5):
                 rx = b.rings.add(FakeRing(20 + e, 64 << 10))
                 await b.driver.establish_recv(e, 20 + e, None)
-                for _ in range(100):
-                    if rx.avail() >= 7:
-                        break
-                    await asyncio.sleep(0.01)
+                await until(lambda rx=rx: rx.avail() >= 7, f"edge {e}'s bytes")
                 assert rx.read(100) == b"hello %d" % e
             conns_a = [c for c in a.driver.endpoint.connections if not c.closed]
             conns_b = [c for c in b.driver.endpoint.connections if not c.closed]
             assert len(conns_a) == 1 and len(conns_b) == 1
-            assert len(conns_b[0].quic._streams) == 4
+            assert [c.streams for c in b.driver.status().connections] == [4]
         finally:
             await stop_nodes([a, b])
 
@@ -119,10 +114,7 @@ def test_malformed_preamble_faults_and_driver_survives(tmp_path: Path) -> None:
             await a.driver.establish_send(5, b.node_id, 11, None)
             await next_event(a, "ready", 5)
             tx.write(b"ok")
-            for _ in range(100):
-                if rx.avail() == 2:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: rx.avail() == 2, "the good edge's bytes")
             assert rx.read(10) == b"ok"
             assert len(preamble.encode(5)) == preamble.PREAMBLE_LEN
         finally:
@@ -141,7 +133,7 @@ def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
             await a.driver.establish_send(3, b.node_id, 11, None)
             await next_event(a, "ready", 3)
             tx.write(b"a" * (32 << 10))
-            await asyncio.sleep(0.2)
+            await until(lambda: rx.free() == 0, "a full ingress ring")
             rx.fault()
             ev = await next_event(b, "fault", 3)
             assert ev.fault.reason == common_pb2.STREAM_FAULT_RING_FAULT
@@ -165,17 +157,16 @@ def test_keepalive_holds_a_quiet_connection_open(tmp_path: Path) -> None:
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             tx.write(b"first")
-            await asyncio.sleep(2.0)  # > 3 idle timeouts without payload
+            await until(lambda: rx.avail() == 5, "the first bytes")
+            conn = a.driver.endpoint.cached(b.node_id)
+            assert conn is not None
+            # 13 acknowledged PINGs 0.15 s apart: > 3 idle timeouts (1.8 s) without payload
+            await until(lambda: conn.pings_acked >= 13, "13 keepalive PINGs acknowledged", timeout=20)
             tx.write(b"second")
-            for _ in range(100):
-                if rx.avail() == 11:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: rx.avail() == 11, "the second bytes")
             assert rx.read(100) == b"firstsecond"
             assert len([c for c in a.driver.endpoint.connections if not c.closed]) == 1
-            assert a.watcher.queue.empty() or all(
-                e is not None and e.WhichOneof("event") != "fault" for e in list(a.watcher.queue._queue)  # type: ignore[attr-defined]
-            )
+            assert all(e.WhichOneof("event") != "fault" for e in queued(a.watcher))
         finally:
             await stop_nodes([a, b])
 
@@ -193,11 +184,12 @@ def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
             await next_event(a, "ready", 1)
             data = os.urandom(16 << 20)
             producer = asyncio.ensure_future(produce_all(tx, data))
-            await asyncio.sleep(1.5)  # nobody consumes rx
-            send = a.driver.edges[(1, edge_pb2.EDGE_ROLE_SEND)].send_pump
-            recv = b.driver.edges[(1, edge_pb2.EDGE_ROLE_RECV)].recv_pump
-            assert send is not None and recv is not None and send.conn is not None
-            assert rx.free() == 0 and tx.free() == 0  # both rings full: the producer is blocked
+            send = a.driver.table.edges[(1, edge_pb2.EDGE_ROLE_SEND)].pump
+            recv = b.driver.table.edges[(1, edge_pb2.EDGE_ROLE_RECV)].pump
+            # nobody consumes rx: everything upstream fills, then both pumps wait
+            await until(lambda: rx.free() == 0 and tx.free() == 0 and send.state.value == recv.state.value == "Backpressured",
+                        "both rings full and both pumps backpressured")
+            assert send.conn is not None
             assert not producer.done()
             queued = send.conn.quic.queued_bytes(send.stream_id)  # type: ignore[arg-type]
             assert queued <= 512 << 10
@@ -205,7 +197,7 @@ def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
             # credit never ran ahead of the ring: everything the peer may send fits in what was free
             assert announced - recv.delivered <= 128 << 10
             assert received <= announced
-            assert sum(len(c) for c in recv._pending) <= 128 << 10
+            assert recv.pending_bytes <= 128 << 10
             assert recv.state.value == "Backpressured"
             h = hashlib.sha256()
             await asyncio.wait_for(asyncio.gather(producer, _consume(rx, len(data), h)), 60)
@@ -225,10 +217,7 @@ def test_stop_edge_send_side_closes_stream_and_recv_side_faults_sender(tmp_path:
                 b.rings.add(FakeRing(20 + e, 64 << 10))
                 await b.driver.establish_recv(e, 20 + e, None)
                 await a.driver.establish_send(e, b.node_id, 10 + e, None)
-            for _ in range(200):
-                if all(b.rings.rings[20 + e].avail() == 100 for e in (1, 2)):
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: all(b.rings.rings[20 + e].avail() == 100 for e in (1, 2)), "both edges' bytes")
             assert a.driver.stop_edge(1)
             assert (await next_event(a, "pump_stopped", 1)).pump_stopped.ring_id == 11
             assert a.rings.rings[11].released
@@ -280,7 +269,9 @@ def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -
             ep.sock.close()
             ep.sock = None
             ep.connections.clear()
-            await asyncio.sleep(0.5)
+            # a's cached connection goes quiet: nothing heard for two keepalive intervals
+            await until(lambda: ep.loop.time() - old.last_rx > 2 * a.driver.config.keepalive_interval,  # type: ignore[union-attr]
+                        "the old connection to go quiet")
             # ... and comes back on the same port with the same identity and dials a
             b2_cfg = dataclasses.replace(b.driver.config, bind=f"127.0.0.1:{port}")
             b2 = Driver(node_id=b.node_id, config=b2_cfg, identity=b.driver.identity, directory=b.driver.directory, rings=b.rings)
@@ -289,10 +280,7 @@ def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -
             a.rings.add(FakeRing(12, 64 << 10))
             await a.driver.establish_recv(2, 12, None)
             await b2.establish_send(2, a.node_id, 22, None)
-            for _ in range(100):
-                if a.driver.endpoint.cached(b.node_id) is not old:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: a.driver.endpoint.cached(b.node_id) is not old, "the new connection in a's cache")
             new = a.driver.endpoint.cached(b.node_id)
             assert new is not None and new is not old and not new.initiated_here
             await b2.close()

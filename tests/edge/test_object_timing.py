@@ -14,7 +14,7 @@ import swactor_ring as sr
 from swactor.edge.objtap import ObjectTap
 from swactor.v1 import edge_pb2
 from tests.edge.fakering import FakeRing, produce_all, wait_fd
-from tests.edge.inproc import next_event, start_nodes, stop_nodes
+from tests.edge.inproc import next_event, queued, start_nodes, stop_nodes
 
 
 def record(object_id: int, sequence: int, extent: int) -> bytes:
@@ -116,18 +116,9 @@ def test_drivers_report_object_timings_for_each_record(tmp_path: Path) -> None:
                 assert 0 < s.first_us <= s.last_us and s.committed_us == 0
                 assert s.first_us <= r.first_us <= r.last_us <= r.committed_us  # one machine clock
             assert recv[3].committed_us > recv[3].first_us  # 40 kB: many datagrams, through a 16 kB ring
-            assert all(ev.WhichOneof("event") != "objects" for ev in _queued(a.watcher) + _queued(b.watcher)), \
+            assert all(ev.WhichOneof("event") != "objects" for ev in queued(a.watcher) + queued(b.watcher)), \
                 "watchers that did not ask for timings get none"
         finally:
             await stop_nodes([a, b])
 
     asyncio.run(main())
-
-
-def _queued(watcher) -> list[edge_pb2.EdgeEvent]:
-    out = []
-    while not watcher.queue.empty():
-        ev = watcher.queue.get_nowait()
-        if ev is not None:
-            out.append(ev)
-    return out

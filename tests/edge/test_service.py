@@ -12,7 +12,7 @@ from swactor.common.grpcio import create_server
 from swactor.edge.service import SERVICE_NAME, EdgeDriverServicer
 from swactor.v1 import edge_pb2, edge_pb2_grpc
 from tests.edge.fakering import FakeRing
-from tests.edge.inproc import start_nodes, stop_nodes
+from tests.edge.inproc import start_nodes, stop_nodes, until
 
 
 def test_service_codes_replay_and_self_edge(tmp_path: Path) -> None:
@@ -46,10 +46,7 @@ def test_service_codes_replay_and_self_edge(tmp_path: Path) -> None:
             assert (await stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=2))).known
             await stub.EstablishSend(edge_pb2.EstablishSendRequest(edge_id=1, rx_node_id=a.node_id, ring_id=11))
             tx.write(b"to myself")
-            for _ in range(200):
-                if rx.avail() == 9:
-                    break
-                await asyncio.sleep(0.01)
+            await until(lambda: rx.avail() == 9, "the self edge's bytes")
             assert rx.read(100) == b"to myself"
             status = await stub.GetStatus(edge_pb2.GetStatusRequest())
             assert {e.edge_id for e in status.edges} == {1}

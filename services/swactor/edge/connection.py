@@ -1,8 +1,11 @@
-"""One QUIC connection of the endpoint: timers, transmit, keepalive PINGs, events to the driver."""
+"""One QUIC connection of the endpoint: timers, transmit, keepalive PINGs, events to the driver,
+and the `streamport.StreamPort` the pumps and the edge table use (the only edge code that calls
+aioquic's stream API)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import TYPE_CHECKING, Protocol
 
@@ -60,6 +63,7 @@ class EdgeConnection:
         self._transmit_handle: asyncio.Handle | None = None
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_ids = itertools.count(1)
+        self.pings_acked = 0  # keepalive PINGs the peer acknowledged
 
     @property
     def peer_node_id(self) -> int | None:
@@ -67,7 +71,36 @@ class EdgeConnection:
 
     @property
     def max_datagram_size(self) -> int:
-        return self.quic._max_datagram_size
+        return self.quic.configuration.max_datagram_size
+
+    # ---- StreamPort (streamport.py) ----
+
+    def open_stream(self, first: bytes) -> int:
+        stream_id = self.quic.get_next_available_stream_id(is_unidirectional=True)
+        self.quic.send_stream_data(stream_id, first)
+        return stream_id
+
+    def send(self, stream_id: int, data: bytes | memoryview, end: bool = False) -> None:
+        # aioquic copies into its stream buffer (bytearray += data): the caller may release `data`.
+        self.quic.send_stream_data(stream_id, data, end_stream=end)  # type: ignore[arg-type]
+
+    def queued(self, stream_id: int) -> int:
+        return self.quic.queued_bytes(stream_id)
+
+    def credit(self, stream_id: int) -> tuple[int, int]:
+        return self.quic.stream_credit(stream_id)
+
+    def grant(self, stream_id: int, limit: int) -> bool:
+        return self.quic.grant_stream_credit(stream_id, limit)
+
+    def stop_stream(self, stream_id: int, code: int) -> None:
+        with contextlib.suppress(ValueError):  # the stream is gone already: nothing to stop
+            self.quic.stop_stream(stream_id, code)
+        self.transmit_soon()
+
+    def reset_stream(self, stream_id: int, code: int) -> None:
+        self.quic.reset_stream(stream_id, code)
+        self.transmit_soon()
 
     # ---- sending ----
 
@@ -104,7 +137,7 @@ class EdgeConnection:
         self._keepalive = None
         if self.closed:
             return
-        if self.quic._handshake_complete:
+        if self.handshake.done():
             self.quic.send_ping(next(self._ping_ids))
             self.transmit()
         self._keepalive = self.endpoint.loop.call_later(self.endpoint.config.keepalive_interval, self._on_keepalive)
@@ -123,7 +156,6 @@ class EdgeConnection:
     def process_events(self) -> None:
         listener = self.endpoint.listener
         quic = self.quic
-        progressed = False
         while (event := quic.next_event()) is not None:
             if isinstance(event, events.StreamDataReceived):
                 listener.on_stream_data(self, event.stream_id, event.data, event.end_stream)
@@ -141,9 +173,8 @@ class EdgeConnection:
                 self._terminated(event)
                 return
             elif isinstance(event, events.PingAcknowledged):
-                progressed = True
-        if progressed or quic._streams:
-            listener.on_progress(self)
+                self.pings_acked += 1
+        listener.on_progress(self)  # ACKs may have made room in send queues
 
     def _terminated(self, event: events.ConnectionTerminated) -> None:
         self.closed = True

@@ -7,7 +7,8 @@
   connection in either direction, or dials one; concurrent callers share the dial.
 * Keepalive: every connection PINGs every `keepalive_interval`, so a quiet persistent edge is
   not closed by the idle timeout, and a dead peer is noticed within `idle_timeout`.
-* Every connection authenticates the peer by certificate fingerprint (quic_conn).
+* Every connection authenticates the peer by certificate fingerprint (quic_conn); which
+  datagrams may start a connection at all is `admission.ConnectionAdmission`'s call.
 The per-connection machinery (timers, keepalive, events) is in connection.py.
 """
 
@@ -20,11 +21,12 @@ from collections.abc import Callable
 
 from aioquic import tls
 from aioquic.buffer import Buffer
-from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
-from aioquic.quic.packet import QuicPacketType, pull_quic_header
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.packet import pull_quic_header
 from cryptography import x509
 
 from swactor.common.events import get_logger
+from swactor.edge.admission import ConnectionAdmission
 from swactor.edge.config import ALPN, EdgeConfig
 from swactor.edge.connection import ConnectionListener, EdgeConnection, PeerUnreachable
 from swactor.edge.identity import EdgeIdentity, fingerprint
@@ -62,6 +64,7 @@ class Endpoint:
         self.send_errors = 0
         self.bad_datagrams = 0
         self.on_refused: Callable[[tuple[str, int], str], None] = lambda addr, why: None
+        self.admission = ConnectionAdmission(QuicConfiguration(is_client=False).supported_versions)
 
     # ---- socket ----
 
@@ -130,16 +133,9 @@ class Endpoint:
         conn = self._cids.get(header.destination_cid)
         if conn is not None:
             return conn
-        if (
-            header.packet_type != QuicPacketType.INITIAL
-            or len(data) < SMALLEST_MAX_DATAGRAM_SIZE
-            or header.version is None
-            or self.sock is None
-        ):
+        if self.sock is None or not self.admission.admit_new(header, len(data), addr, self.loop.time()):
             return None
         cfg = self._configuration(is_client=False, peer_addr=addr)
-        if header.version not in cfg.supported_versions:
-            return None
         quic = EdgeQuicConnection(
             configuration=cfg,
             pin=self._pin_any_member,

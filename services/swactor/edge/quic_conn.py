@@ -108,11 +108,16 @@ class EdgeQuicConnection(QuicConnection):
     def refused_reason(self) -> str | None:
         return getattr(self.tls, "refused", None) if hasattr(self, "tls") else None
 
+    def _stream(self, stream_id: int) -> QuicStream | None:
+        # aioquic has no public per-stream accessor (credit, queue): this subclass is the one
+        # place in swactor that reads its stream table; everyone else asks the methods below.
+        return self._streams.get(stream_id)
+
     # ---- receive credit ----
 
     def grant_stream_credit(self, stream_id: int, limit: int) -> bool:
         """Raise the stream's MAX_STREAM_DATA to `limit` (never lowers); True if it moved."""
-        stream = self._streams.get(stream_id)
+        stream = self._stream(stream_id)
         if stream is None or limit <= stream.max_stream_data_local:
             return False
         stream.max_stream_data_local = limit
@@ -120,7 +125,7 @@ class EdgeQuicConnection(QuicConnection):
 
     def stream_credit(self, stream_id: int) -> tuple[int, int]:
         """(announced limit, highest offset received) of a receiving stream; (0, 0) if gone."""
-        stream = self._streams.get(stream_id)
+        stream = self._stream(stream_id)
         if stream is None:
             return 0, 0
         return stream.max_stream_data_local, stream.receiver.highest_offset
@@ -197,7 +202,7 @@ class EdgeQuicConnection(QuicConnection):
 
     def queued_bytes(self, stream_id: int) -> int:
         """Bytes handed to the stream and not yet acknowledged (0 when the stream is gone)."""
-        stream = self._streams.get(stream_id)
+        stream = self._stream(stream_id)
         if stream is None:
             return 0
         sender = stream.sender
@@ -205,7 +210,7 @@ class EdgeQuicConnection(QuicConnection):
 
     def send_credit(self, stream_id: int) -> int:
         """Bytes the peer's flow control lets this stream send beyond what is already queued."""
-        stream = self._streams.get(stream_id)
+        stream = self._stream(stream_id)
         if stream is None:
             return 0
         return max(0, stream.max_stream_data_remote - stream.sender._buffer_stop)

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from swactor.edge.driver import Driver, EdgeError
+from swactor.edge.driver import Driver
+from swactor.edge.table import EdgeError
 from swactor.v1 import edge_pb2, edge_pb2_grpc
 
 SERVICE_NAME = edge_pb2.DESCRIPTOR.services_by_name["EdgeDriver"].full_name

@@ -1,0 +1,46 @@
+"""Object-timing batches (docs/edge.md "Per-object timing"): the taps of this driver's pumps, and
+the ObjectTimings events built from their finished marks. I/O-free; the driver decides when to
+`drain` (a timer every `object_timing_flush_s`, and before an edge's closed / fault /
+pump_stopped event, so that its timings reach watchers before its end).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from swactor.common.events import get_logger
+from swactor.edge.objtap import ObjectTap
+from swactor.v1 import edge_pb2
+
+log = get_logger(component="COMPONENT_EDGE_DRIVER")
+TapKey = tuple[int, int]  # (edge_id, role)
+
+
+class TimingTaps:
+    def __init__(self, on_done: Callable[[], None]) -> None:
+        self.on_done = on_done  # a tap has finished marks: the driver arms its flush timer
+        self._taps: dict[TapKey, tuple[ObjectTap, int]] = {}  # -> (tap, ring_id)
+
+    def new_tap(self, edge_id: int, role: int, ring_id: int) -> ObjectTap:
+        tap = ObjectTap(commits=role == edge_pb2.EDGE_ROLE_RECV, on_done=self.on_done)
+        self._taps[(edge_id, role)] = (tap, ring_id)
+        return tap
+
+    def drain(self, live: Callable[[TapKey], ObjectTap | None], want: bool) -> list[tuple[edge_pb2.EdgeEvent, int]]:
+        """(event, edge_id) per edge end with finished marks (none unless `want`); taps whose pump
+        is gone (`live(key)` is not the tap: this was its last batch) or that turned off are dropped."""
+        out: list[tuple[edge_pb2.EdgeEvent, int]] = []
+        for key, (tap, ring_id) in list(self._taps.items()):
+            marks, dropped = tap.drain()
+            if live(key) is not tap or tap.broken:
+                del self._taps[key]
+                if tap.broken:
+                    log.warning("edge.object_timing_off", edge_id=key[0], ring_id=ring_id, role=key[1], detail=tap.broken)
+            if not want or not (marks or dropped):
+                continue
+            out.append((edge_pb2.EdgeEvent(objects=edge_pb2.ObjectTimings(
+                edge_id=key[0], ring_id=ring_id, role=key[1], dropped=dropped,  # type: ignore[arg-type]
+                objects=[edge_pb2.ObjectTiming(object_id=m.object_id, sequence=m.sequence, extent=m.extent,
+                                               first_us=m.first_us, last_us=m.last_us, committed_us=m.committed_us)
+                         for m in marks])), key[0]))
+        return out
