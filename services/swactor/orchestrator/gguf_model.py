@@ -76,8 +76,10 @@ def open_reader(path: Path) -> GGUFReader:
         raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
 
 
-def read_model(path: Path, model_id: str | None = None) -> tuple[ModelFacts, TokenizerData]:
-    reader = open_reader(path)
+def read_model(path: Path, model_id: str | None = None, reader: Any = None) -> tuple[ModelFacts, TokenizerData]:
+    """`reader`: anything with GGUFReader's `.fields[key].contents()` (modelfile.header.HeaderFields
+    for a header read without the file); None = open `path`."""
+    reader = reader if reader is not None else open_reader(path)
     arch = _required(reader, "general.architecture", path)
     tokens = _required(reader, "tokenizer.ggml.tokens", path)
     tok = TokenizerData(
