@@ -26,7 +26,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, bytes, FileTable]]:
     sha = hashlib.sha256(data).hexdigest()
     files = FileTable()
     files.add(ServedFile(sha, path, len(data), b'{"m":1}'))
-    server, thread = start_server("127.0.0.1:0", files, control_tls.model_server_context(SECRET, ORCH))
+    server, _thread = start_server("127.0.0.1:0", files, control_tls.model_server_context(SECRET, ORCH))
     yield f"https://127.0.0.1:{server.port}/v1/files/{sha}", data, files
     server.shutdown()
     server.server_close()

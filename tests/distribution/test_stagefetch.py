@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +13,7 @@ import pytest
 from gguf import GGUFReader
 
 from swactor.distribution import fetcher
-from swactor.distribution.cache import WeightsCache
-from swactor.distribution.stagefetch import FetchFailed, FetchPool, FetchProgress, FetchStarted
+from swactor.distribution.stagefetch import FetchProgress, FetchStarted
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 from .served import pool, serve

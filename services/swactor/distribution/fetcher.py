@@ -122,7 +122,7 @@ class RangeClient:
             resp = self._send(url, headers)
             if resp.status in (301, 302, 303, 307, 308):
                 location = resp.getheader("Location")
-                resp.read()
+                self._drain(resp)
                 if not location:
                     raise FetchError(PROTOCOL, f"{url}: redirect {resp.status} without a Location")
                 url = urllib.parse.urljoin(url, location)
@@ -161,7 +161,10 @@ class RangeClient:
             raise FetchError(CANCELLED, f"{self.url}: cancelled")
 
     def _status_error(self, resp: http.client.HTTPResponse, what: str) -> FetchError:
-        body = resp.read(512).decode(errors="replace").strip().splitlines()
+        try:
+            body = resp.read(512).decode(errors="replace").strip().splitlines()
+        except (OSError, http.client.HTTPException):
+            body = []
         self.close()
         hint = f" ({body[0][:200]})" if body else ""
         if resp.status == 404:
@@ -183,11 +186,21 @@ class RangeClient:
         if resp.status != 206:
             raise self._status_error(resp, "bytes=0-0")
         m = _CONTENT_RANGE.match(resp.getheader("Content-Range") or "")
-        resp.read()
+        self._drain(resp)
         if not m or m.group(3) == "*":
             raise FetchError(PROTOCOL, f"{self.url}: 206 without a usable Content-Range")
         self.total_size = int(m.group(3))
         return self.total_size
+
+    def _drain(self, resp: http.client.HTTPResponse) -> bytes:
+        try:
+            return resp.read()
+        except TimeoutError:
+            self.close()
+            raise FetchError(STALLED, f"{self.url}: no byte for {self.stall_timeout_s:g} s") from None
+        except (OSError, http.client.HTTPException) as e:
+            self.close()
+            raise FetchError(TRUNCATED, f"{self.url}: {_os_detail(e)}") from None
 
     def read_range(self, start: int, end: int, sink: Callable[[memoryview], None]) -> None:
         """Bytes [start, end) to `sink`, in order, in chunks; a short 206 is continued."""
