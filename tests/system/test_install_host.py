@@ -122,10 +122,12 @@ def cleanup_stale_runs() -> None:
 
 
 def install(c: Container, *args: str, timeout: float = 420.0) -> float:
-    """`bash install.sh host ...` inside the container; returns its duration in seconds."""
+    """`bash install.sh host ...` inside the container; returns its duration in seconds. Only the
+    orchestrator host gets the model (the other hosts fetch their ranges from it, issue 14)."""
     t0 = time.monotonic()
-    c.run(["bash", "/root/swactor/install.sh", "host", "--wheelhouse", "/mnt/wheelhouse",
-           "--model", f"/mnt/models/{MODEL.name}", *args], timeout=timeout)
+    model = ["--model", f"/mnt/models/{MODEL.name}"] if "--orchestrator" in args else []
+    c.run(["bash", "/root/swactor/install.sh", "host", "--wheelhouse", "/mnt/wheelhouse", *model, *args],
+          timeout=timeout)
     return time.monotonic() - t0
 
 
@@ -246,6 +248,20 @@ def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
     print(f"run {run['run_id']}: {MAX_TOKENS} greedy tokens in {time.monotonic() - t0:.1f} s", flush=True)
 
 
+def assert_distributed(hosts: list[Container], node_ids: set[int]) -> None:
+    """Issue 14: h1 never had the GGUF; both workers hold verified ranges fetched from h0's model server."""
+    h0, h1 = hosts
+    assert not list(h1.path("/var/lib/swactor").glob("models/*.gguf")), "a worker-only host got the model"
+    (listing,) = swactor_json(h0, "models")
+    [served] = [m for m in listing["models"] if m.get("is_default")]
+    assert served["state"] == "ready", listing
+    for n in listing["nodes"]:
+        assert int(n["node_id"]) in node_ids and not n.get("error"), listing
+        [held] = [f for f in n["files"] if f["sha256"] == served["sha256"]]
+        assert 0 < int(held["bytes_held"]) < int(served["size"]), held
+    assert list(h1.path("/var/lib/swactor/weights").glob(f"{served['sha256']}.gguf"))
+
+
 def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     h0, h1 = hosts
     addr0, addr1 = h0.addr, h1.addr
@@ -271,6 +287,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert listed == set(node_ids.values()), (pool, node_ids)
 
     greedy_run_on_both(hosts, set(node_ids.values()))
+    assert_distributed(hosts, set(node_ids.values()))
 
     # Nothing crashed and came back behind our back: every unit is still its first process.
     for c in hosts:

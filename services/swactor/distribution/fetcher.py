@@ -13,12 +13,15 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_REDIRECTS = 5
 READ_BYTES = 1 << 20
+MIN_READ = 16 << 10
+FAST_READ_S, SLOW_READ_S = 0.02, 0.2
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 _UNSATISFIED = re.compile(r"^bytes \*/(\d+)$")
 
@@ -229,11 +232,15 @@ class RangeClient:
             pos = self._body(resp, pos, int(m.group(2)) + 1, sink)
 
     def _body(self, resp: http.client.HTTPResponse, pos: int, stop: int, sink: Callable[[memoryview], None]) -> int:
+        """The body to `sink`. A read fills its buffer before it returns, so the size adapts: large on
+        a fast link (fewer calls), small on a slow one (the sink, and so progress, hears often)."""
         view = memoryview(self._buf)
+        want = min(len(view), MIN_READ)
         while pos < stop:
             self._check_aborted()
+            t0 = time.monotonic()
             try:
-                n = resp.readinto(view[:min(len(view), stop - pos)])
+                n = resp.readinto(view[:min(want, stop - pos)])
             except http.client.IncompleteRead:
                 n = 0
             except TimeoutError:
@@ -250,6 +257,11 @@ class RangeClient:
             sink(view[:n])
             pos += n
             self.bytes_received += n
+            took = time.monotonic() - t0
+            if took < FAST_READ_S:
+                want = min(len(view), want * 2)
+            elif took > SLOW_READ_S:
+                want = max(MIN_READ, want // 2)
         return pos
 
     def get(self, limit: int) -> bytes:

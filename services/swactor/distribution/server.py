@@ -50,6 +50,11 @@ class FileTable:
         with self._lock:
             self._files = {**self._files, f.sha256: f}
 
+    def replace_path(self, f: ServedFile) -> None:
+        """Serve `f`, dropping any older version of the same path (its bytes are no longer what it named)."""
+        with self._lock:
+            self._files = {**{k: v for k, v in self._files.items() if v.path != f.path}, f.sha256: f}
+
     def remove(self, sha256: str) -> None:
         with self._lock:
             self._files = {k: v for k, v in self._files.items() if k != sha256}

@@ -68,11 +68,11 @@ class Lease:
     seconds: float
 
 
-def spans(entry: CacheEntry, pieces: list[int]) -> list[tuple[int, int, list[int]]]:
+def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[int]]]:
     """Consecutive pieces as (start, end, pieces) requests: gaps up to COALESCE_GAP are read through."""
     out: list[tuple[int, int, list[int]]] = []
     for i in sorted(pieces):
-        p = entry.manifest.pieces[i]
+        p = manifest.pieces[i]
         if out and p.offset - out[-1][1] <= COALESCE_GAP and p.end - out[-1][0] <= MAX_SPAN:
             start, _, members = out[-1]
             out[-1] = (start, p.end, [*members, i])
@@ -122,7 +122,7 @@ class _Job:
             return
         writer = _PieceWriter(self, fd)
         try:
-            for start, end, members in spans(self.entry, sorted(self.pieces)):
+            for start, end, members in spans(self.entry.manifest, sorted(self.pieces)):
                 writer.begin(start, members)
                 self.client.read_range(start, end, writer.write)
             writer.flush()

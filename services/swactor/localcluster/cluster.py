@@ -71,6 +71,7 @@ class ClusterSpec:
     ceiling_bytes: int = 1 << 30
     pool_window_s: float = 0.5
     orchestrator: dict[str, object] = field(default_factory=dict)  # extra [orchestrator] keys
+    workers: dict[int, dict[str, object]] = field(default_factory=dict)  # extra [worker] keys, by host index
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 15.0
 
@@ -167,6 +168,7 @@ class LocalCluster:
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
                               orchestrator=orch, compute_threads=self.compute_threads)
+            cfg["worker"].update(spec.workers.get(i, {}))
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"

@@ -136,7 +136,7 @@ class Distributor:
             self.log.error("model_prepare_failed", model=name, detail=detail)
             raise
         prepared = Prepared(name, path, m, raw, m.digest(), self.manifests.version_key(path, self.piece_bytes))
-        self.files.add(ServedFile(m.file_sha256, path, m.size, raw))
+        self.files.replace_path(ServedFile(m.file_sha256, path, m.size, raw))
         self.state[name] = ("ready", "")
         self.log.info("model_served", model=name, sha256=m.file_sha256, size=m.size, pieces=len(m.pieces))
         return prepared
