@@ -35,9 +35,10 @@ sys.path.insert(0, str(ROOT))
 from swactor.common import control_tls  # noqa: E402
 from swactor.distribution.cache import WeightsCache  # noqa: E402
 from swactor.distribution.fetcher import Target  # noqa: E402
+from swactor.distribution.job import spans  # noqa: E402
 from swactor.distribution.request import FetchRequest  # noqa: E402
 from swactor.distribution.server import FileTable, ServedFile, start_server  # noqa: E402
-from swactor.distribution.stagefetch import FetchPool, spans  # noqa: E402
+from swactor.distribution.stagefetch import FetchPool  # noqa: E402
 from swactor.modelfile import support  # noqa: E402
 from swactor.modelfile.header import read_header  # noqa: E402
 from swactor.modelfile.manifest import Manifest, build_manifest  # noqa: E402
@@ -102,10 +103,14 @@ def fetch(url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path) -> 
     def progress(p) -> None:
         print(json.dumps({"done": p.bytes_done, "total": p.bytes_total}), flush=True)
 
+    started: list[float] = []
     t0 = time.monotonic()
-    lease = asyncio.run(pool.acquire(req, on_progress=progress))
-    print(json.dumps({"fetched": lease.bytes_fetched, "total": lease.bytes_total, "seconds": time.monotonic() - t0}),
-          flush=True)
+    lease = asyncio.run(pool.acquire(req, lambda s: started.append(time.monotonic()), progress))
+    end = time.monotonic()
+    header = m.header_bytes
+    # transfer: from the moment the stage's pieces are known (manifest, header fetched and parsed) to the end
+    print(json.dumps({"fetched": lease.bytes_fetched, "total": lease.bytes_total, "seconds": end - t0,
+                      "transfer_bytes": lease.bytes_fetched - header, "transfer_s": end - started[0]}), flush=True)
 
 
 def plain(addr: str, ranges: list[tuple[int, int]], out: Path) -> None:
@@ -139,9 +144,16 @@ def last_json(proc: subprocess.Popen) -> dict:
     return json.loads(lines[-1])
 
 
+def spawn(host, argv: list[str], **kw) -> subprocess.Popen:
+    """`argv` inside the host's namespace, text pipes; the cluster kills it on exit if still running."""
+    proc = subprocess.Popen(["ip", "netns", "exec", host.ns, *argv], text=True, start_new_session=True, **kw)
+    host.processes.append(proc)
+    return proc
+
+
 class Bench:
-    def __init__(self, net: NetnsCluster, work: Path) -> None:
-        self.net, self.work = net, work
+    def __init__(self, net: NetnsCluster, work: Path, rate: str) -> None:
+        self.net, self.work, self.rate = net, work, rate
         self.a, self.b = net.hosts
 
     def py(self, *args: str) -> list[str]:
@@ -162,37 +174,55 @@ class Bench:
             fracs.append(b / m.size)
         print("bytes per stage at S=3: " + ", ".join(f"stage {k} {f:.3f}" for k, f in enumerate(fracs))
               + "  (aim <= 0.4 each)")
-        server = self.a.spawn(self.py("serve", str(path), str(man)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True)
+        server = spawn(self.a, self.py("serve", str(path), str(man)), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL)
         assert server.stdout is not None and server.stdin is not None
-        json.loads(server.stdout.readline())
+        while not server.stdout.readline().startswith('{"ready"'):
+            pass
         url = f"https://{self.a.addr}:{PORT}/v1/files/{m.file_sha256}"
 
         def stats() -> dict:
             server.stdin.write("stats\n")
             server.stdin.flush()
-            return json.loads(server.stdout.readline())
+            while True:  # the server's log lines share its stdout
+                line = server.stdout.readline()
+                if line.startswith('{"sent"'):
+                    return json.loads(line)
 
         try:
             k = min(range(3), key=lambda i: fracs[i]) if len(set(fracs)) > 1 else 1
             ranges = [(s, e) for s, e, _ in spans(m, stage_pieces(m, path, k, 3))]
             subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # page cache warm
-            fetch_rates, plain_rates = [], []
+            fetch_rates, plain_rates, setup = [], [], []
             for _ in range(rounds):
                 cache = self.work / "cache"
                 shutil.rmtree(cache, ignore_errors=True)
-                r = last_json(self.b.spawn(self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-                fetch_rates.append(r["fetched"] / r["seconds"])
-                p = last_json(self.b.spawn(self.py("plain", self.a.addr, json.dumps(ranges), str(self.work / "plain")),
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                r = last_json(spawn(self.b, self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                fetch_rates.append(r["transfer_bytes"] / r["transfer_s"])
+                setup.append(r["seconds"] - r["transfer_s"])
+                body = [r for r in ranges if r[0] >= m.header_bytes]  # the same bytes the fetch's transfer moves
+                p = last_json(spawn(self.b, self.py("plain", self.a.addr, json.dumps(body), str(self.work / "plain")),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
                 plain_rates.append(p["bytes"] / p["seconds"])
             fb, pb = max(fetch_rates), max(plain_rates)
             print(f"stage {k} of 3 ({r['total'] / 1e6:.1f} MB): fetch {fb / 1e6:.0f} MB/s vs plain TCP {pb / 1e6:.0f} MB/s"
                   f" -> {fb / pb:.2f}x (aim >= 0.8x; best of {rounds}: fetch "
-                  f"{', '.join(f'{x / 1e6:.0f}' for x in fetch_rates)}, plain {', '.join(f'{x / 1e6:.0f}' for x in plain_rates)})")
-            for trial in (1, 2):
-                self.kill_and_resume(url, man, m, path, k, n, stats, trial)
+                  f"{', '.join(f'{x / 1e6:.0f}' for x in fetch_rates)}, plain {', '.join(f'{x / 1e6:.0f}' for x in plain_rates)});"
+                  f" before the transfer (TLS, manifest, header fetch + parse): {min(setup):.2f} s")
+            # A link slow enough that the fetch is still running when it is killed at 50 %.
+            want = sum(m.pieces[i].length for i in stage_pieces(m, path, k, 3))
+            rate = max(8, min(2000, want * 8 // 4 // 1_000_000))  # about 4 s for the stage
+            shaped = not self.rate
+            if shaped:
+                self.a.run(["tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", f"{rate}mbit",
+                            "burst", "256kb", "latency", "50ms"])
+            try:
+                for trial in (1, 2):
+                    self.kill_and_resume(url, man, m, path, k, n, stats, trial)
+            finally:
+                if shaped:
+                    self.a.run(["tc", "qdisc", "del", "dev", "eth0", "root"])
         finally:
             server.terminate()
             server.wait(10)
@@ -202,23 +232,26 @@ class Bench:
         shutil.rmtree(cache, ignore_errors=True)
         want = sum(m.pieces[i].length for i in stage_pieces(m, path, k, 3))
         before = stats()["sent"]
-        proc = self.b.spawn(self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = spawn(self.b, self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert proc.stdout is not None
         at = 0
         for line in proc.stdout:
-            doc = json.loads(line)
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue  # a log line
             if "done" in doc and doc["done"] >= want // 2:
                 at = doc["done"]
                 os.kill(proc.pid, signal.SIGKILL)
                 break
         proc.wait(30)
         first = stats()["sent"] - before
-        r = last_json(self.b.spawn(self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        r = last_json(spawn(self.b, self.py("fetch", url, str(man), str(k), "3", str(n), str(cache)),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         total = stats()["sent"] - before
         twice = total - want
-        print(f"kill at {at / want:.0%} (trial {trial}): server sent {first / 1e6:.1f} MB before the kill, "
+        print(f"kill at {at / want:.0%} (trial {trial}{', link shaped' if not self.rate else ''}): server sent {first / 1e6:.1f} MB before the kill, "
               f"{(total - first) / 1e6:.1f} MB after; {twice / 1e6:.2f} MB sent twice = {twice / want:.1%} of the "
               f"stage's {want / 1e6:.1f} MB (aim <= 5 %); resumed fetch {r['fetched'] / 1e6:.1f} MB")
 
@@ -251,7 +284,7 @@ def main() -> int:
             net.hosts[0].run(["tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", args.rate,
                               "burst", "256kb", "latency", "50ms"])
             print(f"host A egress shaped to {args.rate} (tbf)")
-        bench = Bench(net, work)
+        bench = Bench(net, work, args.rate)
         if SMOLLM.exists():
             bench.model("SmolLM2-135M-Instruct Q4_1 (real)", SMOLLM, args.rounds)
         if not args.no_big:

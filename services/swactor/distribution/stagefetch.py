@@ -3,7 +3,7 @@
 `FetchPool.acquire(request)` gives the stage a cache file holding, verified, the header and exactly
 the tensors of its layer range (support.stage_tensors); `release(lease)` hands it back. Fetches are
 shared per piece: a request for pieces another fetch is already getting waits for that fetch
-instead of starting its own. Each fetch (`_Job`) is one thread with one HTTP connection (blocking
+instead of starting its own. Each fetch (`Job`) is one thread with one HTTP connection (blocking
 I/O off the event loop): it requests spans of consecutive missing pieces, hashes each piece as it
 arrives, writes it in place, and records verified pieces in batches (cache.record). A fetch nobody
 waits for any more is cancelled; what it verified stays, so the next request resumes from there.
@@ -13,36 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.distribution import fetcher
-from swactor.distribution.cache import CacheEntry, CacheFull, WeightsCache, is_disk_full, punch_hole
+from swactor.distribution.cache import CacheEntry, CacheFull, WeightsCache, is_disk_full
+from swactor.distribution.job import FetchFailed, FetchProgress, Job, Meter
 from swactor.distribution.request import FetchRequest
 from swactor.modelfile import support
 from swactor.modelfile.header import GgufFormatError, parse_header
 from swactor.modelfile.manifest import Manifest, ManifestError
 
 MANIFEST_LIMIT = 256 << 20
-COALESCE_GAP = 64 << 10      # read through alignment padding rather than start a new request
-MAX_SPAN = 512 << 20         # one request at most: a restart after a dropped connection loses little
-RECORD_EVERY_S = 0.25
-RECORD_EVERY_BYTES = 32 << 20
 
 # FetchFailed.reason values beyond fetcher's: ChecksumMismatch, ManifestMismatch, DiskFull, CacheFull, MalformedGGUF.
-
-
-class FetchFailed(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -52,170 +38,12 @@ class FetchStarted:
 
 
 @dataclass(frozen=True)
-class FetchProgress:
-    bytes_done: int
-    bytes_total: int
-    rate_bps: int
-    eta_s: float
-
-
-@dataclass(frozen=True)
 class Lease:
     entry: CacheEntry
     path: str
     bytes_total: int
     bytes_fetched: int
     seconds: float
-
-
-def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[int]]]:
-    """Consecutive pieces as (start, end, pieces) requests: gaps up to COALESCE_GAP are read through."""
-    out: list[tuple[int, int, list[int]]] = []
-    for i in sorted(pieces):
-        p = manifest.pieces[i]
-        if out and p.offset - out[-1][1] <= COALESCE_GAP and p.end - out[-1][0] <= MAX_SPAN:
-            start, _, members = out[-1]
-            out[-1] = (start, p.end, [*members, i])
-        else:
-            out.append((p.offset, p.end, [i]))
-    return out
-
-
-class _Job:
-    """One fetch of a set of pieces on its own thread."""
-
-    def __init__(self, pool: FetchPool, entry: CacheEntry, pieces: list[int], target: fetcher.Target) -> None:
-        self.pool, self.entry, self.pieces = pool, entry, set(pieces)
-        self.client = pool.client_factory(target)
-        self.done: asyncio.Future[None] = pool.loop.create_future()
-        self.waiters = 0
-        self.total_bytes = self.remaining_bytes = entry.piece_bytes(pieces)
-        self.received = 0
-        self.cancelled = False
-        self.thread = threading.Thread(target=self._run, name=f"fetch-{entry.sha256[:8]}", daemon=True)
-
-    @property
-    def in_flight_bytes(self) -> int:
-        """Received but not yet recorded (approximate: gap bytes count too)."""
-        return max(0, self.received - (self.total_bytes - self.remaining_bytes))
-
-    def cancel(self) -> None:
-        self.cancelled = True
-        self.client.abort()
-
-    def _finish(self, error: BaseException | None) -> None:
-        def settle() -> None:
-            self.entry.jobs.discard(self)
-            if not self.done.done():
-                if error is None:
-                    self.done.set_result(None)
-                else:
-                    self.done.set_exception(error)
-            self.pool.changed()
-        self.pool.call_soon(settle)
-
-    def _run(self) -> None:
-        try:
-            fd = os.open(self.entry.path, os.O_RDWR)
-        except OSError as e:
-            self._finish(FetchFailed("DiskFull" if is_disk_full(e) else "CacheIo", f"{self.entry.path}: {e.strerror}"))
-            return
-        writer = _PieceWriter(self, fd)
-        try:
-            for start, end, members in spans(self.entry.manifest, sorted(self.pieces)):
-                writer.begin(start, members)
-                self.client.read_range(start, end, writer.write)
-            writer.flush()
-            self._finish(None)
-        except fetcher.FetchError as e:
-            writer.abandon()
-            self._finish(None if self.cancelled else FetchFailed(e.reason, e.detail))
-        except FetchFailed as e:
-            writer.abandon()
-            self._finish(e)
-        except OSError as e:
-            writer.abandon()
-            reason = "DiskFull" if is_disk_full(e) else "CacheIo"
-            self._finish(FetchFailed(reason, f"writing {self.entry.path}: {e.strerror or e}"))
-        except Exception as e:  # a bug must still end the wait, visibly
-            writer.abandon()
-            self._finish(FetchFailed("Internal", f"{type(e).__name__}: {e}"))
-        finally:
-            self.client.close()
-            os.close(fd)
-
-
-class _PieceWriter:
-    """The sink of one span: piece bytes hashed and written in place, verified pieces recorded in batches."""
-
-    def __init__(self, job: _Job, fd: int) -> None:
-        self.job, self.fd = job, fd
-        self.manifest = job.entry.manifest
-        self.pending: list[int] = []
-        self.pending_bytes = 0
-        self.last_record = time.monotonic()
-        self.members: list[int] = []
-        self.k = 0
-        self.pos = 0
-        self.hash: Any = None
-
-    def begin(self, start: int, members: list[int]) -> None:
-        self.members, self.k, self.pos = members, 0, start
-        self._next_piece()
-
-    def _next_piece(self) -> None:
-        self.hash = hashlib.sha256() if self.k < len(self.members) else None
-
-    def write(self, chunk: memoryview) -> None:
-        pos, end = self.pos, self.pos + len(chunk)
-        while self.hash is not None:
-            p = self.manifest.pieces[self.members[self.k]]
-            lo, hi = max(p.offset, pos), min(p.end, end)
-            if lo >= end:
-                break  # the chunk ends in the gap before this piece
-            if hi > lo:
-                part = chunk[lo - pos:hi - pos]
-                self.hash.update(part)
-                written = 0
-                while written < len(part):
-                    written += os.pwrite(self.fd, part[written:], lo + written)
-            if hi < p.end:
-                break
-            self._piece_done(self.members[self.k])
-            self.k += 1
-            self._next_piece()
-        self.pos = end
-        self.job.received += len(chunk)
-        if time.monotonic() - self.last_record >= RECORD_EVERY_S or self.pending_bytes >= RECORD_EVERY_BYTES:
-            self.flush()
-
-    def _piece_done(self, i: int) -> None:
-        p = self.manifest.pieces[i]
-        if self.hash.hexdigest() != p.sha256:
-            self.flush()
-            self.job.pool.cache.drop(self.job.entry, self.fd, [i])
-            raise FetchFailed("ChecksumMismatch", f"tensor {self.manifest.tensor_of(i)!r}: bytes [{p.offset}, {p.end}) "
-                                                  f"do not match the manifest (sha256 {self.hash.hexdigest()[:16]}…, "
-                                                  f"expected {p.sha256[:16]}…); the range was dropped from the cache")
-        self.pending.append(i)
-        self.pending_bytes += p.length
-
-    def flush(self) -> None:
-        if self.pending:
-            self.job.pool.cache.record(self.job.entry, self.fd, self.pending)
-            self.job.remaining_bytes -= self.pending_bytes
-            self.pending, self.pending_bytes = [], 0
-            self.job.pool.call_soon(self.job.pool.changed)
-        self.last_record = time.monotonic()
-
-    def abandon(self) -> None:
-        """After a failure: keep what was verified, punch out the piece that was half written."""
-        with contextlib.suppress(OSError):
-            self.flush()
-        if self.hash is not None and self.k < len(self.members):
-            p = self.manifest.pieces[self.members[self.k]]
-            with contextlib.suppress(OSError):
-                punch_hole(self.fd, p.offset, p.length)
 
 
 class FetchPool:
@@ -258,7 +86,7 @@ class FetchPool:
             cached = entry.piece_bytes([i for i in pieces if i in entry.verified]) - fetched
             if on_started is not None:
                 on_started(FetchStarted(total, cached))
-            fetched += await self._ensure(entry, req, pieces, _Meter(entry, pieces, total, cached, on_progress,
+            fetched += await self._ensure(entry, req, pieces, Meter(entry, pieces, total, cached, on_progress,
                                                                      self.progress_interval_s))
         except BaseException:
             self.release_entry(entry)
@@ -326,7 +154,7 @@ class FetchPool:
 
     # ---- fetching ----
 
-    async def _ensure(self, entry: CacheEntry, req: FetchRequest, pieces: list[int], meter: _Meter | None) -> int:
+    async def _ensure(self, entry: CacheEntry, req: FetchRequest, pieces: list[int], meter: Meter | None) -> int:
         """Until every piece is verified: start a job for the missing pieces no job holds, wait on
         the jobs that hold the rest (a cancelled job too, until its thread is out). Returns the bytes
         this call's own jobs fetched."""
@@ -338,16 +166,16 @@ class FetchPool:
                 if meter is not None:
                     meter.report(final=True)
                 return fetched
-            busy = [j for j in entry.jobs if isinstance(j, _Job) and j.pieces & missing]
+            busy = [j for j in entry.jobs if isinstance(j, Job) and j.pieces & missing]
             claimed = set().union(*(j.pieces for j in busy))
             mine = sorted(missing - claimed)
-            own: _Job | None = None
+            own: Job | None = None
             if mine:
                 try:
                     await asyncio.to_thread(self.cache.make_room, entry.piece_bytes(mine), entry.sha256)
                 except CacheFull as e:
                     raise FetchFailed("CacheFull", str(e)) from None
-                own = _Job(self, entry, mine, self._target(req))
+                own = Job(self, entry, mine, self._target(req))
                 entry.jobs.add(own)
                 own.thread.start()
                 busy.append(own)
@@ -376,23 +204,3 @@ class FetchPool:
                         j.cancel()
 
 
-class _Meter:
-    """Progress of one acquire: events at most every `interval_s`, bytes done = verified pieces + bytes in flight."""
-
-    def __init__(self, entry: CacheEntry, pieces: list[int], total: int, cached: int,
-                 emit: Callable[[FetchProgress], None] | None, interval_s: float) -> None:
-        self.entry, self.pieces, self.total, self.cached = entry, set(pieces), total, cached
-        self.emit, self.interval_s = emit, interval_s
-        self.t0 = self.last = time.monotonic()
-
-    def report(self, final: bool = False) -> None:
-        now = time.monotonic()
-        if self.emit is None or (not final and now - self.last < self.interval_s):
-            return
-        self.last = now
-        done = self.entry.piece_bytes(self.pieces & self.entry.verified)
-        inflight = sum(j.in_flight_bytes for j in list(self.entry.jobs) if isinstance(j, _Job))
-        done = min(self.total, done + (0 if final else inflight))
-        rate = (done - self.cached) / max(1e-6, now - self.t0)
-        eta = (self.total - done) / rate if rate > 0 else -1.0
-        self.emit(FetchProgress(done, self.total, int(rate), 0.0 if final else eta))

@@ -1,0 +1,256 @@
+"""The inside of a stage's fetch (stagefetch.FetchPool drives it): one `Job` per set of pieces on its
+own thread and HTTP connection, a `PieceWriter` that hashes each piece as it arrives and writes it
+in place, a `Recorder` thread that makes verified pieces durable and records them, and the
+`Meter` that turns all that into progress events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from swactor.distribution import fetcher
+from swactor.distribution.cache import CacheEntry, is_disk_full, punch_hole
+from swactor.modelfile.manifest import Manifest
+
+if TYPE_CHECKING:
+    from swactor.distribution.stagefetch import FetchPool
+
+COALESCE_GAP = 64 << 10      # read through alignment padding rather than start a new request
+MAX_SPAN = 512 << 20         # one request at most: a restart after a dropped connection loses little
+RECORD_EVERY_S = 0.1
+RECORD_EVERY_BYTES = 16 << 20
+
+
+class FetchFailed(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    bytes_done: int
+    bytes_total: int
+    rate_bps: int
+    eta_s: float
+
+
+def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[int]]]:
+    """Consecutive pieces as (start, end, pieces) requests: gaps up to COALESCE_GAP are read through."""
+    out: list[tuple[int, int, list[int]]] = []
+    for i in sorted(pieces):
+        p = manifest.pieces[i]
+        if out and p.offset - out[-1][1] <= COALESCE_GAP and p.end - out[-1][0] <= MAX_SPAN:
+            start, _, members = out[-1]
+            out[-1] = (start, p.end, [*members, i])
+        else:
+            out.append((p.offset, p.end, [i]))
+    return out
+
+
+class Job:
+    """One fetch of a set of pieces on its own thread."""
+
+    def __init__(self, pool: FetchPool, entry: CacheEntry, pieces: list[int], target: fetcher.Target) -> None:
+        self.pool, self.entry, self.pieces = pool, entry, set(pieces)
+        self.client = pool.client_factory(target)
+        self.done: asyncio.Future[None] = pool.loop.create_future()
+        self.waiters = 0
+        self.total_bytes = self.remaining_bytes = entry.piece_bytes(pieces)
+        self.received = 0
+        self.cancelled = False
+        self.thread = threading.Thread(target=self._run, name=f"fetch-{entry.sha256[:8]}", daemon=True)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Received but not yet recorded (approximate: gap bytes count too)."""
+        return max(0, self.received - (self.total_bytes - self.remaining_bytes))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self.client.abort()
+
+    def _finish(self, error: BaseException | None) -> None:
+        def settle() -> None:
+            self.entry.jobs.discard(self)
+            if not self.done.done():
+                if error is None:
+                    self.done.set_result(None)
+                else:
+                    self.done.set_exception(error)
+            self.pool.changed()
+        self.pool.call_soon(settle)
+
+    def _run(self) -> None:
+        try:
+            fd = os.open(self.entry.path, os.O_RDWR)
+        except OSError as e:
+            self._finish(FetchFailed("DiskFull" if is_disk_full(e) else "CacheIo", f"{self.entry.path}: {e.strerror}"))
+            return
+        writer = PieceWriter(self, fd)
+        try:
+            for start, end, members in spans(self.entry.manifest, sorted(self.pieces)):
+                writer.begin(start, members)
+                self.client.read_range(start, end, writer.write)
+            writer.flush()
+            writer.recorder.close()
+            self._finish(None)
+        except fetcher.FetchError as e:
+            writer.abandon()
+            self._finish(None if self.cancelled else FetchFailed(e.reason, e.detail))
+        except FetchFailed as e:
+            writer.abandon()
+            self._finish(e)
+        except OSError as e:
+            writer.abandon()
+            reason = "DiskFull" if is_disk_full(e) else "CacheIo"
+            self._finish(FetchFailed(reason, f"writing {self.entry.path}: {e.strerror or e}"))
+        except Exception as e:  # a bug must still end the wait, visibly
+            writer.abandon()
+            self._finish(FetchFailed("Internal", f"{type(e).__name__}: {e}"))
+        finally:
+            self.client.close()
+            writer.recorder.close(check=False)
+            os.close(fd)
+
+
+class Recorder:
+    """Records verified pieces on its own thread (fdatasync, then the sidecar line): the receiving
+    thread never waits for the disk. A failure is raised by the next `submit` or by `close`."""
+
+    def __init__(self, job: Job, fd: int) -> None:
+        self.job, self.fd = job, fd
+        self.queue: queue.SimpleQueue[tuple[list[int], int] | None] = queue.SimpleQueue()
+        self.error: OSError | None = None
+        self.thread = threading.Thread(target=self._run, name=f"record-{job.entry.sha256[:8]}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while (batch := self.queue.get()) is not None:
+            if self.error is not None:
+                continue
+            pieces, nbytes = batch
+            try:
+                self.job.pool.cache.record(self.job.entry, self.fd, pieces)
+            except OSError as e:
+                self.error = e
+                continue
+            self.job.remaining_bytes -= nbytes
+            self.job.pool.call_soon(self.job.pool.changed)
+
+    def submit(self, pieces: list[int], nbytes: int) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((pieces, nbytes))
+
+    def close(self, check: bool = True) -> None:
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        if check and self.error is not None:
+            raise self.error
+
+
+class PieceWriter:
+    """The sink of one span: piece bytes hashed and written in place, verified pieces recorded in batches."""
+
+    def __init__(self, job: Job, fd: int) -> None:
+        self.job, self.fd = job, fd
+        self.manifest = job.entry.manifest
+        self.pending: list[int] = []
+        self.pending_bytes = 0
+        self.last_record = time.monotonic()
+        self.members: list[int] = []
+        self.k = 0
+        self.pos = 0
+        self.hash: Any = None
+        self.recorder = Recorder(job, fd)
+
+    def begin(self, start: int, members: list[int]) -> None:
+        self.members, self.k, self.pos = members, 0, start
+        self._next_piece()
+
+    def _next_piece(self) -> None:
+        self.hash = hashlib.sha256() if self.k < len(self.members) else None
+
+    def write(self, chunk: memoryview) -> None:
+        pos, end = self.pos, self.pos + len(chunk)
+        while self.hash is not None:
+            p = self.manifest.pieces[self.members[self.k]]
+            lo, hi = max(p.offset, pos), min(p.end, end)
+            if lo >= end:
+                break  # the chunk ends in the gap before this piece
+            if hi > lo:
+                part = chunk[lo - pos:hi - pos]
+                self.hash.update(part)
+                written = 0
+                while written < len(part):
+                    written += os.pwrite(self.fd, part[written:], lo + written)
+            if hi < p.end:
+                break
+            self._piece_done(self.members[self.k])
+            self.k += 1
+            self._next_piece()
+        self.pos = end
+        self.job.received += len(chunk)
+        if time.monotonic() - self.last_record >= RECORD_EVERY_S or self.pending_bytes >= RECORD_EVERY_BYTES:
+            self.flush()
+
+    def _piece_done(self, i: int) -> None:
+        p = self.manifest.pieces[i]
+        if self.hash.hexdigest() != p.sha256:
+            self.flush()
+            self.job.pool.cache.drop(self.job.entry, self.fd, [i])
+            raise FetchFailed("ChecksumMismatch", f"tensor {self.manifest.tensor_of(i)!r}: bytes [{p.offset}, {p.end}) "
+                                                  f"do not match the manifest (sha256 {self.hash.hexdigest()[:16]}…, "
+                                                  f"expected {p.sha256[:16]}…); the range was dropped from the cache")
+        self.pending.append(i)
+        self.pending_bytes += p.length
+
+    def flush(self) -> None:
+        if self.pending:
+            self.recorder.submit(self.pending, self.pending_bytes)
+            self.pending, self.pending_bytes = [], 0
+        self.last_record = time.monotonic()
+
+    def abandon(self) -> None:
+        """After a failure: keep what was verified, punch out the piece that was half written."""
+        with contextlib.suppress(OSError):
+            self.flush()
+        self.recorder.close(check=False)
+        if self.hash is not None and self.k < len(self.members):
+            p = self.manifest.pieces[self.members[self.k]]
+            with contextlib.suppress(OSError):
+                punch_hole(self.fd, p.offset, p.length)
+
+
+class Meter:
+    """Progress of one acquire: events at most every `interval_s`, bytes done = verified pieces + bytes in flight."""
+
+    def __init__(self, entry: CacheEntry, pieces: list[int], total: int, cached: int,
+                 emit: Callable[[FetchProgress], None] | None, interval_s: float) -> None:
+        self.entry, self.pieces, self.total, self.cached = entry, set(pieces), total, cached
+        self.emit, self.interval_s = emit, interval_s
+        self.t0 = self.last = time.monotonic()
+
+    def report(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.emit is None or (not final and now - self.last < self.interval_s):
+            return
+        self.last = now
+        done = self.entry.piece_bytes(self.pieces & self.entry.verified)
+        inflight = sum(j.in_flight_bytes for j in list(self.entry.jobs) if isinstance(j, Job))
+        done = min(self.total, done + (0 if final else inflight))
+        rate = (done - self.cached) / max(1e-6, now - self.t0)
+        eta = (self.total - done) / rate if rate > 0 else -1.0
+        self.emit(FetchProgress(done, self.total, int(rate), 0.0 if final else eta))
