@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from swactor.distribution.stagefetch import FetchPool
 
 COALESCE_GAP = 64 << 10      # read through alignment padding rather than start a new request
-MAX_SPAN = 512 << 20         # one request at most: a restart after a dropped connection loses little
+MAX_SPAN = 16 << 20          # one request at most: spans spread over the lanes, and a dropped connection loses little
 RECORD_EVERY_S = 0.1
 RECORD_EVERY_BYTES = 16 << 20
 
@@ -59,17 +59,24 @@ def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[in
 
 
 class Job:
-    """One fetch of a set of pieces on its own thread."""
+    """One fetch of a set of pieces: a coordinating thread and up to `lanes` HTTP connections (each
+    its own thread) taking spans from one queue, so decryption, hashing and writing of different
+    spans overlap on different cores."""
 
     def __init__(self, pool: FetchPool, entry: CacheEntry, pieces: list[int], target: fetcher.Target) -> None:
-        self.pool, self.entry, self.pieces = pool, entry, set(pieces)
-        self.client = pool.client_factory(target)
+        self.pool, self.entry, self.pieces, self.target = pool, entry, set(pieces), target
+        self.clients: list[fetcher.RangeClient] = []
+        self.writers: list[PieceWriter] = []
+        self.lock = threading.Lock()
         self.done: asyncio.Future[None] = pool.loop.create_future()
         self.waiters = 0
         self.total_bytes = self.remaining_bytes = entry.piece_bytes(pieces)
-        self.received = 0
         self.cancelled = False
         self.thread = threading.Thread(target=self._run, name=f"fetch-{entry.sha256[:8]}", daemon=True)
+
+    @property
+    def received(self) -> int:
+        return sum(w.received for w in list(self.writers))
 
     @property
     def in_flight_bytes(self) -> int:
@@ -78,7 +85,10 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled = True
-        self.client.abort()
+        with self.lock:
+            clients = list(self.clients)
+        for c in clients:
+            c.abort()
 
     def _finish(self, error: BaseException | None) -> None:
         def settle() -> None:
@@ -97,31 +107,69 @@ class Job:
         except OSError as e:
             self._finish(FetchFailed("DiskFull" if is_disk_full(e) else "CacheIo", f"{self.entry.path}: {e.strerror}"))
             return
-        writer = PieceWriter(self, fd)
+        recorder = Recorder(self, fd)
+        work: queue.SimpleQueue[tuple[int, int, list[int]]] = queue.SimpleQueue()
+        all_spans = spans(self.entry.manifest, sorted(self.pieces))
+        for span in all_spans:
+            work.put(span)
+        errors: list[BaseException] = []
+        lanes = [threading.Thread(target=self._lane, args=(fd, recorder, work, errors), daemon=True)
+                 for _ in range(min(self.pool.lanes, len(all_spans)) - 1)]
         try:
-            for start, end, members in spans(self.entry.manifest, sorted(self.pieces)):
-                writer.begin(start, members)
-                self.client.read_range(start, end, writer.write)
-            writer.flush()
-            writer.recorder.close()
-            self._finish(None)
-        except fetcher.FetchError as e:
-            writer.abandon()
-            self._finish(None if self.cancelled else FetchFailed(e.reason, e.detail))
-        except FetchFailed as e:
-            writer.abandon()
-            self._finish(e)
-        except OSError as e:
-            writer.abandon()
-            reason = "DiskFull" if is_disk_full(e) else "CacheIo"
-            self._finish(FetchFailed(reason, f"writing {self.entry.path}: {e.strerror or e}"))
-        except Exception as e:  # a bug must still end the wait, visibly
-            writer.abandon()
-            self._finish(FetchFailed("Internal", f"{type(e).__name__}: {e}"))
+            for t in lanes:
+                t.start()
+            self._lane(fd, recorder, work, errors)
+            for t in lanes:
+                t.join()
+            recorder.close(check=False)
+            self._finish(self._outcome(errors[0] if errors else recorder.error))
         finally:
-            self.client.close()
-            writer.recorder.close(check=False)
+            recorder.close(check=False)
             os.close(fd)
+
+    def _lane(self, fd: int, recorder: Recorder, work: queue.SimpleQueue[tuple[int, int, list[int]]],
+              errors: list[BaseException]) -> None:
+        client = self.pool.client_factory(self.target)
+        writer = PieceWriter(self, fd, recorder)
+        with self.lock:
+            self.clients.append(client)
+            self.writers.append(writer)
+        if self.cancelled:
+            client.abort()
+        try:
+            while not errors:
+                try:
+                    start, end, members = work.get_nowait()
+                except queue.Empty:
+                    break
+                writer.begin(start, members)
+                client.read_range(start, end, writer.write)
+            writer.flush()
+        except Exception as e:
+            writer.abandon()
+            with self.lock:
+                errors.append(e)
+                others = [c for c in self.clients if c is not client]
+            for c in others:  # one lane's failure ends the fetch
+                c.abort()
+        finally:
+            client.close()
+
+    def _outcome(self, error: BaseException | None) -> BaseException | None:
+        """The job's result: None when it completed (or was cancelled), else a FetchFailed."""
+        match error:
+            case None:
+                return None
+            case fetcher.FetchError() if self.cancelled:
+                return None
+            case fetcher.FetchError(reason=reason, detail=detail):
+                return FetchFailed(reason, detail)
+            case FetchFailed():
+                return error
+            case OSError():
+                reason = "DiskFull" if is_disk_full(error) else "CacheIo"
+                return FetchFailed(reason, f"writing {self.entry.path}: {error.strerror or error}")
+        return FetchFailed("Internal", f"{type(error).__name__}: {error}")  # a bug must still end the wait
 
 
 class Recorder:
@@ -164,8 +212,9 @@ class Recorder:
 class PieceWriter:
     """The sink of one span: piece bytes hashed and written in place, verified pieces recorded in batches."""
 
-    def __init__(self, job: Job, fd: int) -> None:
-        self.job, self.fd = job, fd
+    def __init__(self, job: Job, fd: int, recorder: Recorder) -> None:
+        self.job, self.fd, self.recorder = job, fd, recorder
+        self.received = 0
         self.manifest = job.entry.manifest
         self.pending: list[int] = []
         self.pending_bytes = 0
@@ -174,7 +223,6 @@ class PieceWriter:
         self.k = 0
         self.pos = 0
         self.hash: Any = None
-        self.recorder = Recorder(job, fd)
 
     def begin(self, start: int, members: list[int]) -> None:
         self.members, self.k, self.pos = members, 0, start
@@ -202,7 +250,7 @@ class PieceWriter:
             self.k += 1
             self._next_piece()
         self.pos = end
-        self.job.received += len(chunk)
+        self.received += len(chunk)
         if time.monotonic() - self.last_record >= RECORD_EVERY_S or self.pending_bytes >= RECORD_EVERY_BYTES:
             self.flush()
 
@@ -227,7 +275,6 @@ class PieceWriter:
         """After a failure: keep what was verified, punch out the piece that was half written."""
         with contextlib.suppress(OSError):
             self.flush()
-        self.recorder.close(check=False)
         if self.hash is not None and self.k < len(self.members):
             p = self.manifest.pieces[self.members[self.k]]
             with contextlib.suppress(OSError):

@@ -48,9 +48,10 @@ class Lease:
 
 class FetchPool:
     def __init__(self, cache: WeightsCache, target_for: Callable[[str, str], fetcher.Target], *,
-                 stall_timeout_s: float = 30.0, progress_interval_s: float = 0.5,
+                 stall_timeout_s: float = 30.0, progress_interval_s: float = 0.5, lanes: int = 4,
                  client_factory: Callable[[fetcher.Target], fetcher.RangeClient] | None = None) -> None:
         self.cache = cache
+        self.lanes = max(1, lanes)  # HTTP connections per fetch
         self.target_for = target_for
         self.stall_timeout_s = stall_timeout_s
         self.progress_interval_s = progress_interval_s

@@ -34,12 +34,16 @@ class WorkerConfig:
     weights_cache_dir: Path | None = None
     weights_cache_bytes: int = 0
     weights_stall_timeout_s: float = 30.0
+    # HTTP connections one fetch uses in parallel (decryption, hashing and writing then use more cores).
+    weights_connections: int = 4
     init_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.compute_threads < 0:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
+        if self.weights_connections < 1:
+            raise ConfigError(f"[worker].weights_connections: must be >= 1, got {self.weights_connections}")
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 

@@ -45,7 +45,7 @@ def fetch_pool(cfg: WorkerConfig, secret: bytes, node_id: int):
     ctx = control_tls.model_client_context(secret, node_id)
     cache = WeightsCache(cfg.weights_cache_dir or cfg.state_dir / "weights", cfg.weights_cache_bytes)
     return FetchPool(cache, lambda url, tls_name: Target(url, ctx, tls_name or None),
-                     stall_timeout_s=cfg.weights_stall_timeout_s)
+                     stall_timeout_s=cfg.weights_stall_timeout_s, lanes=cfg.weights_connections)
 
 
 async def serve(cfg: WorkerConfig) -> int:
