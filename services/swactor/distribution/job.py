@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 COALESCE_GAP = 64 << 10      # read through alignment padding rather than start a new request
 MAX_SPAN = 16 << 20          # one request at most: spans spread over the lanes, and a dropped connection loses little
-RECORD_EVERY_S = 0.1
-RECORD_EVERY_BYTES = 16 << 20
+RECORD_EVERY_S = 0.05
+RECORD_EVERY_BYTES = 8 << 20
 
 
 class FetchFailed(Exception):
@@ -184,10 +184,16 @@ class Recorder:
         self.thread.start()
 
     def _run(self) -> None:
-        while (batch := self.queue.get()) is not None:
-            if self.error is not None:
+        done = False
+        while not done:
+            batches = [self.queue.get()]
+            while not self.queue.empty():  # everything that queued during the last sync: one sync for all
+                batches.append(self.queue.get())
+            done = None in batches
+            pieces = [i for b in batches if b is not None for i in b[0]]
+            nbytes = sum(b[1] for b in batches if b is not None)
+            if self.error is not None or not pieces:
                 continue
-            pieces, nbytes = batch
             try:
                 self.job.pool.cache.record(self.job.entry, self.fd, pieces)
             except OSError as e:
