@@ -16,6 +16,7 @@ import pytest
 from swactor.distribution.server import FileTable
 from swactor.modelfile.manifest import Manifest
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator.config import DEFAULT_MODEL_NAME
 from swactor.orchestrator.distributor import Distributor
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import FleetError
@@ -23,10 +24,13 @@ from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.planner import RunPlan
 from swactor.orchestrator.sources import ModelSource, SourceError
 from swactor.v1 import common_pb2 as pb
+from swactor.v1 import orchestrator_pb2 as opb
 from tests.fixtures.http_source import HttpSource
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
-from .helpers import node
+from .fakes import FakeFleet
+from .harness import serving
+from .helpers import MODEL_PATH, node, pool
 
 SHAPE = Shape(layers=4, dim=512, ffn=1024, vocab=4096)
 
@@ -169,3 +173,41 @@ def test_a_local_file_gets_one_manifest_per_version(tmp_path: Path, model: Path)
     d2, _ = distributor(tmp_path, reg)
     second = asyncio.run(d2.gguf_source(plan_for("m"), lambda _: None))
     assert second.sha256 != first.sha256 and len(list((tmp_path / "state" / "manifests").glob("*.json"))) == 2
+
+
+def test_a_source_failure_faults_the_run_by_name_and_the_next_run_is_served(tmp_path: Path) -> None:
+    if not MODEL_PATH.exists():
+        pytest.skip("run `make model`")
+    src = HttpSource(MODEL_PATH)
+    reg = ModelRegistry({DEFAULT_MODEL_NAME: ModelSource(DEFAULT_MODEL_NAME, src.url())}, DEFAULT_MODEL_NAME)
+    reg.get("")
+    d, _ = distributor(tmp_path, reg)
+
+    class SourcedFleet(FakeFleet):
+        """Provisioning waits for the GGUF to be served, as StageControlFleet does."""
+
+        async def provision(self, plan, stage, report):
+            await d.gguf_source(plan, report)
+            await super().provision(plan, stage, report)
+
+    async def main():
+        async with serving(tmp_path, SourcedFleet([2]), pool(1)) as s:
+            async def one() -> opb.Run:
+                resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="hi", raw=True, max_tokens=2))
+                async for u in s.stub.WatchRun(opb.WatchRunRequest(run_id=resp.run_id)):
+                    if u.HasField("finished"):
+                        return u.finished
+                raise AssertionError("no outcome")
+
+            src.mode = "404"
+            first = await one()
+            src.mode = "ok"
+            return first, await one()
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        src.close()
+    assert first.outcome == opb.RUN_OUTCOME_FAULTED and first.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED"
+    assert "NotFound" in first.detail and src.url() in first.detail
+    assert second.outcome == opb.RUN_OUTCOME_COMPLETED, (second.reason, second.detail)

@@ -118,6 +118,13 @@ class Distributor:
         except OSError:
             return True
 
+    def prepared(self, name: str) -> Prepared | None:
+        """The finished, successful preparation of `name`, if any."""
+        task = self._tasks.get(name)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
     async def _prepare(self, name: str) -> Prepared:
         src = self.registry.sources[name]
         self.state[name] = ("preparing", "")

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import grpc
 
 from swactor.orchestrator.distributor import Distributor
+from swactor.orchestrator.fleet import FleetError
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.v1 import orchestrator_pb2 as opb
@@ -31,14 +32,13 @@ def served_models(registry: ModelRegistry, distributor: Distributor | None) -> l
         if distributor is not None:
             state, detail = distributor.state.get(name, ("", ""))
             m.state, m.detail = state or m.state, detail
-            task = distributor._tasks.get(name)
-            if task is not None and task.done() and not task.cancelled() and task.exception() is None:
-                p = task.result()
+            p = distributor.prepared(name)
+            if p is not None:
                 m.sha256, m.size = p.manifest.file_sha256, p.manifest.size
                 try:
                     m.url = f"https://{distributor.server_address()}/v1/files/{p.manifest.file_sha256}"
-                except Exception:
-                    m.url = ""
+                except FleetError as e:  # no advertised address yet: say so instead of a URL
+                    m.detail = m.detail or e.detail
         out.append(m)
     return out
 

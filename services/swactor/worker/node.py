@@ -159,6 +159,7 @@ class StageNode:
             self._log.error("stage_node_task_failed", detail=repr(task.exception()))
 
     async def close(self) -> None:
+        self.weights.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
