@@ -123,7 +123,7 @@ def test_a_slow_link_reports_progress_and_the_pool_serves_the_run(pool) -> None:
     cluster, _, _ = pool
     assert cluster.netns is not None
     delayer = subprocess.Popen([*cluster.netns.exec_prefix(0), sys.executable, "-m", "tests.harness.nfqueue_delay",
-                                "--queue", "5", "--delay-ms", "30", "--tcp-sport", str(MODEL_PORT)],
+                                "--queue", "5", "--delay-ms", "10", "--tcp-sport", str(MODEL_PORT)],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert delayer.stdout is not None and delayer.stdout.readline().strip() == "ready"
