@@ -211,3 +211,20 @@ def test_a_source_failure_faults_the_run_by_name_and_the_next_run_is_served(tmp_
     assert first.outcome == opb.RUN_OUTCOME_FAULTED and first.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED"
     assert "NotFound" in first.detail and src.url() in first.detail
     assert second.outcome == opb.RUN_OUTCOME_COMPLETED, (second.reason, second.detail)
+
+
+def test_a_url_whose_file_changed_into_an_unsupported_one_is_refused_on_its_copy(tmp_path: Path, model: Path,
+                                                                                http: HttpSource) -> None:
+    reg = ModelRegistry({"m": ModelSource("m", http.url())}, "m")
+    reg.get("m")  # judged at start: fine
+    http.path = write_gguf(tmp_path / "q2k.gguf", SHAPE, qtype="Q2_K")  # the hub's file changed since
+    d, files = distributor(tmp_path, reg)
+
+    async def go():
+        with pytest.raises(FleetError) as e:
+            await d.gguf_source(plan_for("m"), lambda _: None)
+        return e.value
+
+    err = asyncio.run(go())
+    assert err.reason == pb.RUN_FAULT_MODEL_REFUSED and "UnsupportedQuantType" in err.detail
+    assert files.get(hashlib.sha256(http.path.read_bytes()).hexdigest()) is None  # never served

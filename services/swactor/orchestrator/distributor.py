@@ -23,7 +23,7 @@ from swactor.modelfile.header import GgufFormatError
 from swactor.modelfile.manifest import VERSION, Manifest, ManifestError, build_manifest
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report
-from swactor.orchestrator.models import ModelRegistry, ModelUnusable
+from swactor.orchestrator.models import ModelRegistry, ModelUnusable, load_model
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.orchestrator.planner import RunPlan
 from swactor.orchestrator.sources import ModelSource, SourceError
@@ -136,7 +136,7 @@ class Distributor:
             if src.sha256 and m.file_sha256 != src.sha256:
                 raise SourceError("ChecksumMismatch", f"{path}: sha256 {m.file_sha256} != configured {src.sha256}")
             if src.is_url:  # the copy is what runs: judge it, not only the header the URL first gave
-                await asyncio.to_thread(self.registry.load, name)
+                await asyncio.to_thread(load_model, ModelSource(name, str(path)))
         except (SourceError, ManifestError, GgufFormatError, ModelUnusable, OSError) as e:
             detail = e.detail if isinstance(e, SourceError) else str(e)
             self.state[name] = ("failed", detail)
