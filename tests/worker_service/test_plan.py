@@ -63,3 +63,24 @@ def test_only_last_stage_samples() -> None:
     r.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=1.0))
     with pytest.raises(PlanRejected, match=r"runtime\.sampling"):
         build_plan(r, node_id=5, role_id=3)
+
+
+def with_url(**kw: object) -> stage_pb2.ProvisionStageRequest:
+    r = ok()
+    src = {"url": "https://10.0.0.1:7442/v1/files/" + "a" * 64, "sha256": "a" * 64, "manifest_sha256": "b" * 64,
+           "size": 1000, **kw}
+    r.gguf_source.CopyFrom(stage_pb2.GgufSource(**src))  # type: ignore[arg-type]
+    return r
+
+
+def test_a_url_source_becomes_a_fetch_of_the_stage_range() -> None:
+    p = build_plan(with_url(), node_id=5, role_id=3)
+    assert p.fetch is not None and (p.fetch.layer_start, p.fetch.layer_end, p.fetch.num_layers) == (15, 30, 30)
+    assert p.fetch.tls_name == "orchestrator-1.swactor" and p.role_config["gguf_sha256"] == ""
+    assert build_plan(ok(), node_id=5, role_id=3).fetch is None
+    for bad, field in [({"manifest_sha256": ""}, "gguf_source.manifest_sha256"), ({"size": 0}, "gguf_source.size"),
+                       ({"url": "http://x/y"}, "gguf_source.url"), ({"path": "/m.gguf"}, "gguf_source"),
+                       ({"sha256": "A" * 64}, "gguf_source.sha256")]:
+        with pytest.raises(PlanRejected) as e:
+            build_plan(with_url(**bad), node_id=5, role_id=3)
+        assert e.value.field == field, (bad, e.value)

@@ -168,3 +168,43 @@ def test_unknown_edge_object_is_released_not_executed() -> None:
     stray = wire.ObjectLoaded(80, 99, 0, 1, 0, 32, wire.DeviceHandle(1, 6))
     assert c.handle(stray) == [s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 6)))]
     assert c.state is s.StageState.READY
+
+
+def fetching_plan() -> s.StagePlan:
+    import dataclasses
+
+    from swactor.distribution.request import FetchRequest
+
+    req = FetchRequest("https://10.0.0.1:7442/v1/files/" + "a" * 64, "a" * 64, 1000, "b" * 64, 0, 15, 30, "o")
+    return dataclasses.replace(plan(), role_config={"kind": "llama_stage", "gguf_path": ""}, fetch=req)
+
+
+def test_weights_are_fetched_before_the_role_is_configured() -> None:
+    c = s.StageController(4)
+    p = fetching_plan()
+    actions = c.handle(s.Provision(p))
+    assert s.FetchWeights(p.fetch) in actions
+    assert not [a for a in actions if isinstance(a, s.ToWorker)]
+    assert kinds(c.handle(s.WeightsFetchStarted(900, 100))) == ["WEIGHTS_DOWNLOAD_STARTED"]
+    [ev] = c.handle(s.WeightsFetchProgress(500, 900, 4000, 0.1))
+    assert ev.event.kind == common_pb2.WEIGHTS_DOWNLOAD_PROGRESS and dict(ev.event.counters) == {
+        "bytes_done": 500, "bytes_total": 900, "rate_bps": 4000, "eta_ms": 100}
+    actions = c.handle(s.WeightsFetched("/cache/a.gguf", 900, 800, 1.5))
+    assert kinds(actions) == ["WEIGHTS_DOWNLOADED"]
+    assert s.ToWorker(wire.ConfigureRole(9, {"kind": "llama_stage", "gguf_path": "/cache/a.gguf"})) in actions
+    assert c.handle(s.WeightsFetchProgress(900, 900, 1, 0.0)) == []  # late progress of a finished fetch
+    assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"]
+
+
+def test_a_failed_fetch_faults_naming_it_and_a_stop_cancels_the_fetch() -> None:
+    c = s.StageController(4)
+    c.handle(s.Provision(fetching_plan()))
+    [fault] = c.handle(s.WeightsFetchFailed("ChecksumMismatch", "tensor 'blk.3.ffn_up.weight': ..."))
+    assert fault.event.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED" and fault.cause == "WeightsFetch.ChecksumMismatch"
+    assert "blk.3.ffn_up.weight" in fault.event.detail and c.state is s.StageState.FAULTED
+    c = s.StageController(4)
+    c.handle(s.Provision(fetching_plan()))
+    actions = c.handle(s.StopRun())
+    assert s.CancelFetch() in actions
+    assert not [a for a in actions if isinstance(a, s.ToWorker)]  # no role was asked for: none to cancel
+    assert c.handle(s.WeightsFetchFailed("Cancelled", "")) == []

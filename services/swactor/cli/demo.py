@@ -26,7 +26,8 @@ from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
 EXIT_OK, EXIT_RUN_FAILED, EXIT_ERROR, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-QUIET_EVENTS = {pb.OBJECT_LOADED, pb.OBJECT_PRODUCED, pb.EXECUTE_STEP_STARTED, pb.STEP_COMPLETED, pb.TOKEN_RECEIVED}
+QUIET_EVENTS = {pb.OBJECT_LOADED, pb.OBJECT_PRODUCED, pb.EXECUTE_STEP_STARTED, pb.STEP_COMPLETED, pb.TOKEN_RECEIVED,
+                pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED}
 
 
 class Printer:
@@ -63,6 +64,8 @@ class Printer:
                 if self._weights.get(stage) != line:
                     self._weights[stage] = line
                     self.progress(line)
+            elif (line := render.download_line(ev)) is not None:
+                self.progress(line)  # weights fetched from host 0's model server, a line per stage update
             elif ev.kind not in QUIET_EVENTS and ev.kind != pb.WEIGHTS_LOAD_PROGRESS:
                 self.progress(render.event_line(ev))
 

@@ -4,6 +4,7 @@
   swactor watch RUN_ID                          stream a run's text (and --events) to its end
   swactor runs | show RUN_ID | events RUN_ID    inspect runs and their lifecycle events
   swactor nodes                                 the membership view and pool readiness
+  swactor models                                served models and what each host's weights cache holds
   swactor stop RUN_ID                           operator stop
   swactor demo                                  bring up a local pool and run one prompt
 
@@ -156,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("nodes", help="membership view, readiness and GPU inventory")
     n.add_argument("--json", action="store_true")
 
+    m = sub.add_parser("models", help="served models and every host's weights cache")
+    m.add_argument("--json", action="store_true")
+
     t = sub.add_parser("stop", help="operator stop of a run")
     t.add_argument("run_id", type=run_id_arg)
     t.add_argument("--detail", default="operator stop (swactor stop)")
@@ -239,6 +243,8 @@ def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
             out.flush()
         elif u.HasField("event") and events:
             print(render.event_line(u.event), file=sys.stderr, flush=True)
+        elif u.HasField("event") and (line := render.download_line(u.event)) is not None:
+            print(line, file=sys.stderr, flush=True)  # weights download progress, one line per stage update
         if u.HasField("finished"):
             final = u.finished
     if final is None:
@@ -293,6 +299,12 @@ def dispatch(args: argparse.Namespace) -> int:
                     for node in resp.nodes:
                         print(render.node_line(node))
                     print(f"pool {'ready' if resp.pool_ready else 'not ready'}: {resp.pool_detail}")
+            case "models":
+                resp = stub.ListModels(opb.ListModelsRequest(), timeout=max(t, 10.0))
+                if args.json:
+                    print(json.dumps(render.as_json(resp)))
+                else:
+                    print("\n".join(render.models_lines(resp)))
             case "stop":
                 r = stub.StopRun(opb.StopRunRequest(run_id=args.run_id, detail=args.detail), timeout=t).run
                 print(json.dumps(render.as_json(r)) if args.json else render.run_line(r))

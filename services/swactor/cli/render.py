@@ -68,3 +68,63 @@ def event_line(ev: pb.LifecycleEvent) -> str:
     if ev.detail:
         parts.append(f"- {ev.detail}")
     return " ".join(parts)
+
+
+DOWNLOAD_KINDS = frozenset({pb.WEIGHTS_DOWNLOAD_STARTED, pb.WEIGHTS_DOWNLOAD_PROGRESS, pb.WEIGHTS_DOWNLOADED})
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def download_line(ev: pb.LifecycleEvent) -> str | None:
+    """One progress line for a weights download event (per stage, or the orchestrator's own source fetch)."""
+    if ev.kind not in DOWNLOAD_KINDS:
+        return None
+    who = f"stage {ev.stage_index}" if ev.HasField("stage_index") else "orchestrator"
+    c = ev.counters
+    total = c.get("bytes_total", 0)
+    if ev.kind == pb.WEIGHTS_DOWNLOAD_STARTED:
+        cached = c.get("bytes_cached", 0)
+        held = f", {size(cached)} already cached" if cached else ""
+        return f"{who}: weights download started: {size(total)}{held}" if total else f"{who}: {ev.detail}"
+    if ev.kind == pb.WEIGHTS_DOWNLOAD_PROGRESS:
+        done, rate, eta = c.get("bytes_done", 0), c.get("rate_bps", 0), c.get("eta_ms", -1)
+        pct = f" ({100 * done / total:.0f}%)" if total else ""
+        eta_text = f", ETA {eta / 1000:.1f} s" if eta >= 0 else ""
+        return f"{who}: weights {size(done)}/{size(total)}{pct}, {size(rate)}/s{eta_text}"
+    fetched, ms = c.get("bytes_fetched", total), c.get("duration_ms", 0)
+    rate = f" ({size(fetched / (ms / 1000))}/s)" if ms > 0 and fetched else ""
+    return f"{who}: weights downloaded: {size(fetched)} fetched of {size(total)} in {ms / 1000:.1f} s{rate}"
+
+
+def models_lines(resp: opb.ListModelsResponse) -> list[str]:
+    lines = []
+    names = {}
+    for m in resp.models:
+        mark = " (default)" if m.is_default else ""
+        facts = f" {m.architecture} {m.num_layers} layers" if m.architecture else ""
+        ident = f" sha256 {m.sha256[:12]}… {size(m.size)}" if m.sha256 else ""
+        lines.append(f"model {m.name}{mark}: {m.state}{facts}{ident} <- {m.source}")
+        if m.detail:
+            lines.append(f"  detail: {m.detail}")
+        if m.sha256:
+            names[m.sha256] = m.name
+    for n in resp.nodes:
+        if n.error:
+            lines.append(f"node {n.node_id}: cannot ask: {n.error}")
+            continue
+        limit = size(n.limit_bytes) if n.limit_bytes else "no limit"
+        lines.append(f"node {n.node_id}: cache {size(n.used_bytes)} used, {limit}")
+        for f in n.files:
+            state = "in use" if f.in_use else f"last used {when(f.last_used_us)}"
+            fetching = f", fetching {size(f.bytes_fetching)}" if f.bytes_fetching else ""
+            lines.append(f"  {f.model or f.sha256[:12] + '…'}: {size(f.bytes_held)} of {size(f.size)} held "
+                         f"({f.pieces_held}/{f.pieces_total} pieces), {state}{fetching}")
+        if not n.files:
+            lines.append("  (empty)")
+    return lines

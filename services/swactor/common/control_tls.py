@@ -17,7 +17,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import os
 import re
+import ssl
+import tempfile
 
 import grpc
 from cryptography import x509
@@ -105,3 +108,35 @@ def peer_orchestrator(auth_context: dict[str, list[bytes]]) -> int | None:
         if m:
             return int(m.group(1))
     return None
+
+
+# ---- the model server (docs/distribution.md): the same CA over plain Python ssl ----
+
+
+def _ssl_context(purpose: ssl.Purpose, secret: bytes, dns_name: str, *, server: bool) -> ssl.SSLContext:
+    ca, key, cert = _leaf(secret, dns_name, server=server)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_verify_locations(cadata=ca.decode())
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    # ssl loads a key pair from files only: a private directory that lives for the call.
+    with tempfile.TemporaryDirectory(prefix="swactor-tls-") as d:
+        key_path, cert_path = os.path.join(d, "key.pem"), os.path.join(d, "cert.pem")
+        for path, data in ((key_path, key), (cert_path, cert)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        ctx.load_cert_chain(cert_path, key_path)
+    return ctx
+
+
+def model_server_context(secret: bytes, orchestrator_node_id: int) -> ssl.SSLContext:
+    """The orchestrator's model server: serves `orchestrator-<id>.swactor` and requires a client
+    certificate from the control CA, so only holders of the cluster secret complete the handshake."""
+    return _ssl_context(ssl.Purpose.CLIENT_AUTH, secret, orchestrator_name(orchestrator_node_id), server=True)
+
+
+def model_client_context(secret: bytes, node_id: int) -> ssl.SSLContext:
+    """A node fetching from the model server: presents `node-<id>.swactor`, trusts only the control
+    CA; dial with server_hostname=orchestrator_name(<the plan's orchestrator>)."""
+    return _ssl_context(ssl.Purpose.SERVER_AUTH, secret, node_name(node_id), server=False)

@@ -73,6 +73,14 @@ def field(reader: GGUFReader, key: str, default: Any = _REQUIRED) -> Any:
     return f.contents()
 
 
+def _count(f: Any) -> int:
+    """Elements of an array field: a GGUFReader field indexes them in `.data` (no decoding); a
+    modelfile.header.HeaderFields field holds the list itself."""
+    if f is None:
+        return 0
+    return len(f.data) if hasattr(f, "data") else len(f.contents())
+
+
 def read_params(reader: GGUFReader) -> LlamaParams:
     arch = field(reader, "general.architecture")
     if arch != "llama":
@@ -98,7 +106,7 @@ def read_params(reader: GGUFReader) -> LlamaParams:
         rope_base=float(k("rope.freq_base", 10000.0)), rope_dim=int(k("rope.dimension_count", head_dim)),
         rope_scaling=RopeScaling(kind, factor if kind == "linear" else 1.0),
         norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=int(k("context_length")),
-        vocab_size=int(k("vocab_size", len(tokens.data) if tokens is not None else 0)),
+        vocab_size=int(k("vocab_size", _count(tokens))),
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=field(reader, "tokenizer.ggml.eos_token_id", None))
     if params.n_layers <= 0 or params.dim <= 0 or params.context_length <= 0:

@@ -4,7 +4,8 @@ Each host gets its own root dir (state/, run/, log/, swactor.toml), its own addr
 address 127.X.Y.(i+1), or with `netns=True` and root a network namespace of its own) and its own
 services as separate processes: arena-manager, membership (seeded at host 0), edge-driver, worker.
 Host 0 also runs the orchestrator, sharing host 0's node id, arena and edge-driver for its token
-endpoints. Readiness is evidence-based: gRPC health SERVING per service, membership shows every
+endpoints. Only host 0 holds the model: every worker fetches its stage's byte ranges from the
+orchestrator's model server into its own weights cache (docs/distribution.md). Readiness is evidence-based: gRPC health SERVING per service, membership shows every
 node Available, the orchestrator's ListNodes shows them provisionable and the pool ready.
 """
 
@@ -34,6 +35,7 @@ from swactor.localcluster.layout import (
     CONTROL_PORT,
     EDGE_PORT,
     MEMBERSHIP_PORT,
+    MODEL_PORT,
     HostLayout,
     host_config,
     to_toml,
@@ -68,6 +70,7 @@ class ClusterSpec:
     ceiling_bytes: int = 1 << 30
     pool_window_s: float = 0.5
     orchestrator: dict[str, object] = field(default_factory=dict)  # extra [orchestrator] keys
+    workers: dict[int, dict[str, object]] = field(default_factory=dict)  # extra [worker] keys, by host index
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 15.0
 
@@ -89,7 +92,7 @@ def _loopback_block(n: int) -> list[str]:
     for _ in range(50):
         x, y = rng.randint(64, 250), rng.randint(1, 250)
         addrs = [f"127.{x}.{y}.{i + 1}" for i in range(n)]
-        if all(_port_free(a, p) for a in addrs for p in (MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT)):
+        if all(_port_free(a, p) for a in addrs for p in (MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT, MODEL_PORT)):
             return addrs
     raise ClusterError("no free loopback address block for the local cluster")
 
@@ -164,6 +167,7 @@ class LocalCluster:
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
                               orchestrator=orch, compute_threads=self.compute_threads)
+            cfg["worker"].update(spec.workers.get(i, {}))
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"

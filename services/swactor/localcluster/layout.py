@@ -11,6 +11,8 @@ from typing import Any
 
 # Every simulated host has its own address, so all of them use the services' usual ports.
 MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT = 7946, 7400, 7441
+# The orchestrator's model server (host 0): the other hosts fetch their weight ranges from it.
+MODEL_PORT = 7442
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,8 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
         cfg["orchestrator"] = {
             **common, "socket": str(h.sock("orchestrator")), "tcp_address": "", "state_dir": str(h.state_dir),
             "membership_socket": str(h.sock("membership")), "secret_file": str(secret_file),
-            "edge_socket": str(h.sock("edge")), "edge_wake_socket": str(h.sock("edge-wake")), **orchestrator,
+            "edge_socket": str(h.sock("edge")), "edge_wake_socket": str(h.sock("edge-wake")),
+            "model_server_address": h.endpoint(MODEL_PORT), **orchestrator,
         }
     return cfg
 

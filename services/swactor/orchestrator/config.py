@@ -7,6 +7,7 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
+from swactor.orchestrator.sources import ModelSource
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -28,8 +29,23 @@ class OrchestratorConfig:
     model_name: str = DEFAULT_MODEL_NAME
     # None: <state_dir>/models/<file>, else the repository's .cache/models/<file>.
     model_path: Path | None = None
-    # More models as "name=/path/to/model.gguf".
+    # The default model's source when it is not a local file: an http(s) URL (e.g. a model hub's
+    # resolve URL); overrides model_path. docs/distribution.md.
+    model_source: str = ""
+    # Expected SHA-256 of the default model's file ("" = not checked).
+    model_sha256: str = ""
+    # More models as "name=SOURCE" or "name=SOURCE sha256=HEX" (SOURCE: an absolute path or a URL).
     models: list[str] = field(default_factory=list)
+    # Where URL sources are materialised; None = <state_dir>/model-cache.
+    model_cache_dir: Path | None = None
+    # The model server stage hosts fetch weights from (HTTPS, mutual TLS from the cluster secret):
+    # host:port to bind, and host:port to tell the stages ("" = this node's control host, same port).
+    model_server_address: str = "0.0.0.0:7442"
+    model_server_advertise: str = ""
+    # Manifest piece size in bytes (0 = auto: about 2048 pieces per file, 256 KiB .. 16 MiB).
+    manifest_piece_bytes: int = 0
+    # A URL source that sends nothing for this long fails the preparation (and the runs waiting on it).
+    source_stall_timeout_s: float = 30.0
     # The cluster secret: the node control API's mutual TLS derives from it. None = provisioning
     # is not possible (runs fault with RUN_FAULT_PROVISIONING_REJECTED, saying so).
     secret_file: Path | None = None
@@ -50,15 +66,28 @@ class OrchestratorConfig:
     step_timeout_s: float = 60.0
     teardown_timeout_s: float = 30.0
 
-    def model_paths(self) -> dict[str, Path]:
-        default = self.model_path
-        if default is None:
+    def model_sources(self) -> dict[str, ModelSource]:
+        default = self.model_source or (f"{self.model_path}" if self.model_path is not None else "")
+        if not default:
             candidates = [self.state_dir / "models" / DEFAULT_MODEL_FILE, REPO_MODEL_DIR / DEFAULT_MODEL_FILE]
-            default = next((c for c in candidates if c.exists()), candidates[0])
-        paths = {self.model_name: default}
+            default = str(next((c for c in candidates if c.exists()), candidates[0]))
+        if not default.startswith(("http://", "https://")):
+            default = str(Path(default).absolute())
+        entries = [(self.model_name, f"{default} sha256={self.model_sha256}" if self.model_sha256 else default,
+                    "[orchestrator].model_source/model_path/model_sha256")]
         for entry in self.models:
-            name, sep, path = entry.partition("=")
-            if not sep or not name or not path:
-                raise ConfigError(f"[orchestrator].models: {entry!r} is not 'name=/path/to/model.gguf'")
-            paths[name] = Path(path)
-        return paths
+            name, sep, text = entry.partition("=")
+            if not sep or not name or not text:
+                raise ConfigError(f"[orchestrator].models: {entry!r} is not 'name=SOURCE [sha256=HEX]'")
+            entries.append((name.strip(), text, "[orchestrator].models"))
+        sources = {}
+        for name, text, key in entries:
+            try:
+                sources[name] = ModelSource.parse(name, text)
+            except ValueError as e:
+                raise ConfigError(f"{key}: {e}") from None
+        return sources
+
+    def model_paths(self) -> dict[str, Path]:
+        """The local-path sources (name -> path)."""
+        return {n: s.path for n, s in self.model_sources().items() if not s.is_url}

@@ -76,9 +76,11 @@ def read_tokenizer(reader: Any) -> TokenizerData:
     )
 
 
-def read_model(path: Path, model_id: str | None = None) -> tuple[ModelFacts, TokenizerData]:
-    """The model's facts and tokenizer vocabulary; ModelRefused (swactor.common.gguf) names what is wrong."""
-    reader = gguf.open_gguf(path)
+def read_model(path: Path, model_id: str | None = None, reader: Any = None) -> tuple[ModelFacts, TokenizerData]:
+    """The model's facts and tokenizer vocabulary; ModelRefused (swactor.common.gguf) names what is wrong.
+    `reader`: anything with GGUFReader's `.fields[key].contents()` (modelfile.header.HeaderFields
+    for a header read without the file); None = open `path`."""
+    reader = reader if reader is not None else gguf.open_gguf(path)
     params = gguf.read_params(reader)
     tok = read_tokenizer(reader)
     facts = ModelFacts(

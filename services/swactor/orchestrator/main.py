@@ -34,11 +34,11 @@ from swactor.orchestrator.api_access import (
     load_access,
 )
 from swactor.orchestrator.config import OrchestratorConfig
-from swactor.orchestrator.errors import RequestError
+from swactor.orchestrator.distributor import Distributor
 from swactor.orchestrator.fleet import FleetError, Report, StageFleet, TokenEndpoints
 from swactor.orchestrator.manager import Orchestrator, RunDefaults
 from swactor.orchestrator.membership_client import follow_membership
-from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.models import ModelRegistry, ModelUnusable
 from swactor.orchestrator.planner import RunPlan, StagePlan
 from swactor.orchestrator.runner import wall_us
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
@@ -66,20 +66,57 @@ class NoSecretFleet:
         raise FleetError(common_pb2.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, NO_SECRET)
 
 
-def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry) -> StageFleet:
+def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry,
+                distributor: Distributor | None = None) -> StageFleet:
     if cfg.secret_file is None:
         return NoSecretFleet()
     from swactor.common.secret import read_secret
 
     secret = read_secret(cfg.secret_file)
-    node_paths = dict(models.paths)
-    if cfg.node_model_path is not None:
-        node_paths[cfg.model_name] = cfg.node_model_path
+    if distributor is not None:
+        sources = distributor.gguf_source
+    else:  # no model server: every node holds the file at the orchestrator's path
+        node_paths = dict(models.paths)
+        if cfg.node_model_path is not None:
+            node_paths[cfg.model_name] = cfg.node_model_path
 
-    def gguf_path(plan: RunPlan) -> Path:
-        return node_paths[plan.model.model_id].resolve()
+        def sources(plan: RunPlan, report: Report) -> Path:
+            return node_paths[plan.model.model_id].resolve()
 
-    return StageControlFleet(mtls_channels(secret, node_id), gguf_path, endpoints=RingEndpointFactory(local_ports(cfg)))
+    return StageControlFleet(mtls_channels(secret, node_id), sources, endpoints=RingEndpointFactory(local_ports(cfg)))
+
+
+def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry):
+    """The model server and the Distributor (None, None without a secret or with the server disabled)."""
+    if cfg.secret_file is None or not cfg.model_server_address:
+        return None, None
+    from swactor.common import control_tls
+    from swactor.common.secret import read_secret
+    from swactor.distribution.server import FileTable, start_server
+
+    files = FileTable()
+    server, _ = start_server(cfg.model_server_address, files,
+                             control_tls.model_server_context(read_secret(cfg.secret_file), node_id))
+    node_paths = {cfg.model_name: cfg.node_model_path} if cfg.node_model_path is not None else {}
+    distributor = Distributor(models, files, state_dir=cfg.state_dir,
+                              cache_dir=cfg.model_cache_dir or cfg.state_dir / "model-cache", node_id=node_id,
+                              server_port=server.port, advertise=cfg.model_server_advertise,
+                              piece_bytes=cfg.manifest_piece_bytes, node_paths=node_paths,
+                              stall_timeout_s=cfg.source_stall_timeout_s)
+    return server, distributor
+
+
+async def judge_models(models: ModelRegistry) -> str | None:
+    """Every configured model judged from its header; the first reason one cannot run, or None."""
+    for name in sorted(models.sources, key=lambda n: n != models.default):
+        try:
+            loaded = await asyncio.to_thread(models.load, name)
+        except ModelUnusable as e:
+            return str(e)
+        get_logger().info("model_judged", model=name, source=models.sources[name].describe(),
+                          architecture=loaded.facts.architecture, layers=loaded.facts.num_layers,
+                          chat_template_error=loaded.chat_template_error or None)
+    return None
 
 
 def local_ports(cfg: OrchestratorConfig):
@@ -161,20 +198,40 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     store = RunStore.in_state_dir(cfg.state_dir)
     for run in store.recover(wall_us()):
         log.warning("run_interrupted_by_restart", run_id=run.run_id, reason=run.reason)
-    models = ModelRegistry(cfg.model_paths(), cfg.model_name)
-    try:
-        loaded = models.get("")
-    except RequestError as e:
-        log.error("default_model_unusable", detail=e.message)
-        print(f"swactor-orchestrator: {e.message}", file=sys.stderr)
+    models = ModelRegistry(cfg.model_sources(), cfg.model_name)
+    refused = await judge_models(models)
+    if refused is not None:
+        log.error("model_unusable", detail=refused)
+        notify_status(f"refused to start: {refused}")
+        print(f"swactor-orchestrator: {refused}", file=sys.stderr)
         return EXIT_USAGE
+    loaded = models.get("")
     try:
-        fleet = build_fleet(cfg, node_id, models)
+        model_server, distributor = start_distribution(cfg, node_id, models)
+        fleet = build_fleet(cfg, node_id, models, distributor)
     except ValueError as e:  # SecretError
         print(f"swactor-orchestrator: {e}", file=sys.stderr)
         return EXIT_USAGE
+    lister = None
+    if distributor is not None:
+        from swactor.common import control_tls
+        from swactor.common.secret import read_secret
+        from swactor.orchestrator.model_listing import list_models
+
+        secret = read_secret(cfg.secret_file) if cfg.secret_file else b""
+
+        def node_channel(node):
+            return control_tls.channel(secret, node_id, node.control_endpoint, node.node_id)
+
+        async def lister(members):
+            return await list_models(models, distributor, members, node_channel)
+
     orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
-                        defaults=RunDefaults(stages=cfg.default_stages))
+                        defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister)
+    if distributor is not None:
+        distributor.members = lambda: orch.members
+        for name in models.sources:  # manifests (and URL copies) are made before the first run needs them
+            distributor.start(name)
     servers, port = listeners(cfg, access, OrchestratorServicer(orch))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -186,7 +243,8 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     restrict_unix_socket(cfg.socket)
     watcher = asyncio.create_task(follow_membership(cfg.membership_socket, orch.set_members))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
-             model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__)
+             model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__,
+             model_server_port=model_server.port if model_server else None)
     notify_ready(f"serving {loaded.name} on {cfg.socket}")
     start_watchdog()
     try:
@@ -202,6 +260,9 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         watcher.cancel()
         for server, _ in servers:
             await server.stop(grace=1.0)
+        if model_server is not None:
+            model_server.shutdown()
+            model_server.server_close()
         store.close()
     return 0
 
@@ -211,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("orchestrator")
     try:
         cfg = build_config(args)
-        cfg.model_paths()
+        cfg.model_sources()
         if args.init_api_access:
             print(json.dumps(init_access(cfg.tls_cert, cfg.tls_key, cfg.token_file, args.api_name)))
             return 0

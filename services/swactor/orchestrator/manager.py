@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from swactor.common.events import get_logger
@@ -37,8 +37,10 @@ class RunDefaults:
 
 class Orchestrator:
     def __init__(self, *, models: ModelRegistry, fleet: StageFleet, store: RunStore, fsm_config: F.FsmConfig,
-                 defaults: RunDefaults = RunDefaults(), clock: Callable[[], float] = time.monotonic) -> None:
+                 defaults: RunDefaults = RunDefaults(), clock: Callable[[], float] = time.monotonic,
+                 model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None) -> None:
         self.models = models
+        self._model_lister = model_lister
         self.fleet = fleet
         self.store = store
         self.fsm_config = fsm_config
@@ -60,6 +62,14 @@ class Orchestrator:
 
     def pool_status(self, stages: int = 1):
         return self._gate.check(self.clock(), stages)
+
+    async def list_models(self) -> opb.ListModelsResponse:
+        """Served models and every node's weights cache (models only when no lister is wired)."""
+        if self._model_lister is not None:
+            return await self._model_lister(self.members)
+        from swactor.orchestrator.model_listing import served_models
+
+        return opb.ListModelsResponse(models=served_models(self.models, None))
 
     # ---- runs ----
 

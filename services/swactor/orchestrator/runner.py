@@ -28,6 +28,8 @@ def wall_us() -> int:
 
 PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJECT_PRODUCED, pb.STEP_COMPLETED,
                               pb.TOKEN_RECEIVED, pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED})
+# Kept in the run's events but not journaled either: up to two per stage per second for a whole download.
+UNJOURNALED_KINDS = PER_OBJECT_KINDS | {pb.WEIGHTS_DOWNLOAD_PROGRESS}
 
 class RunHandle:
     """One live run: its FSM, its input queue, its published updates and its record."""
@@ -128,7 +130,7 @@ class RunHandle:
                 self._spawn(self._close_endpoints())
 
     def _log_event(self, ev: pb.LifecycleEvent) -> None:
-        if ev.kind in PER_OBJECT_KINDS:  # ~25 per token: they stay in the run's events (GetEvents, WatchRun) only
+        if ev.kind in UNJOURNALED_KINDS:  # ~25 per token: they stay in the run's events (GetEvents, WatchRun) only
             return
         fields: dict[str, object] = {"kind": pb.LifecycleEventKind.Name(ev.kind)}
         if ev.node_id:

@@ -71,6 +71,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         return opb.ListNodesResponse(nodes=[node_proto(n) for n in sorted(self.o.members, key=lambda n: n.node_id)],
                                      pool_ready=status.ready, pool_detail=status.detail)
 
+    async def ListModels(self, request, context):
+        return await self.o.list_models()
+
     async def GetEvents(self, request, context):
         try:
             return opb.GetEventsResponse(events=self.o.events(request.run_id, request.kind))

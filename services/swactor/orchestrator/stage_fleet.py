@@ -9,7 +9,8 @@ updates as run-FSM inputs until StageStopped. Token endpoints are delegated to a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -23,6 +24,11 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import stage_pb2, stage_pb2_grpc
 
 ChannelFactory = Callable[[StagePlan], grpc.aio.Channel]
+# What a stage is told about the GGUF (docs/distribution.md): a GgufSource (the orchestrator's model
+# server, or a path every node holds), or a bare Path; may be async (it waits for the file to be
+# served) and may raise FleetError.
+Source = stage_pb2.GgufSource | Path
+GgufSources = Callable[[RunPlan, Report], Source | Awaitable[Source]]
 
 _REJECTED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
              grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
@@ -41,15 +47,16 @@ def mtls_channels(secret: bytes, orchestrator_node_id: int) -> ChannelFactory:
     return make
 
 
-def provision_request(plan: RunPlan, stage: StagePlan, gguf_path: Path) -> stage_pb2.ProvisionStageRequest:
+def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_pb2.ProvisionStageRequest:
     """The §12 ProvisionStage message for one stage of the plan."""
+    gguf = source if isinstance(source, stage_pb2.GgufSource) else stage_pb2.GgufSource(path=str(source))
     inbound, outbound = plan.edge(stage.inbound_edge), plan.edge(stage.outbound_edge)
     last = stage.stage_index == stage.stage_count - 1
     m = plan.model
     req = stage_pb2.ProvisionStageRequest(
         run_id=plan.run_id, node_id=stage.node_id, orchestrator_node_id=plan.orchestrator_node_id,
         stage_index=stage.stage_index, stage_count=stage.stage_count,
-        gguf_source=stage_pb2.GgufSource(path=str(gguf_path)),
+        gguf_source=gguf,
         layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end_exclusive,
         inbound=stage_pb2.InboundEdgeProvision(
             edge_id=inbound.edge_id, kind=inbound.kind, producer_node_id=inbound.producer.node_id,  # type: ignore[arg-type]
@@ -101,10 +108,10 @@ class NoEndpoints:
 
 
 class StageControlFleet:
-    def __init__(self, channels: ChannelFactory, gguf_paths: Callable[[RunPlan], Path],
+    def __init__(self, channels: ChannelFactory, gguf_sources: GgufSources,
                  endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0) -> None:
         self._channels = channels
-        self._gguf_paths = gguf_paths
+        self._gguf_sources = gguf_sources
         self._endpoints = endpoints or NoEndpoints()
         self._timeout = call_timeout_s
         self._open: dict[tuple[int, int], grpc.aio.Channel] = {}
@@ -118,8 +125,11 @@ class StageControlFleet:
         return self._open[key]
 
     async def provision(self, plan: RunPlan, stage: StagePlan, report: Report) -> None:
+        source = self._gguf_sources(plan, report)
+        if inspect.isawaitable(source):
+            source = await source
         stub = stage_pb2_grpc.StageControlStub(self._channel(plan, stage))
-        req = provision_request(plan, stage, self._gguf_paths(plan))
+        req = provision_request(plan, stage, source)
         try:
             await stub.ProvisionStage(req, timeout=self._timeout)
         except grpc.aio.AioRpcError as e:

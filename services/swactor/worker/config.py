@@ -29,12 +29,24 @@ class WorkerConfig:
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
     # process may use, at most 8. Set it when several workers share one machine.
     compute_threads: int = 0
+    # The weights cache (docs/distribution.md): where fetched GGUF ranges are kept (None =
+    # <state_dir>/weights), its size limit in bytes (0 = no limit but the disk), and how long a fetch
+    # from the orchestrator's model server may receive nothing before it fails.
+    weights_cache_dir: Path | None = None
+    weights_cache_bytes: int = 0
+    weights_stall_timeout_s: float = 30.0
+    # HTTP connections one fetch uses in parallel (decryption, hashing and writing then use more cores).
+    weights_connections: int = 4
     init_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.compute_threads < 0:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
+        if self.weights_connections < 1:
+            raise ConfigError(f"[worker].weights_connections: must be >= 1, got {self.weights_connections}")
+        if self.weights_cache_bytes < 0:
+            raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 
     def backend(self) -> dict[str, object]:
         """InitializeWorker.backend (§29) of the compute process."""

@@ -35,6 +35,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def fetch_pool(cfg: WorkerConfig, secret: bytes, node_id: int):
+    """The weights cache and its fetches from the orchestrator's model server (mutual TLS as this node)."""
+    from swactor.common import control_tls
+    from swactor.distribution.cache import WeightsCache
+    from swactor.distribution.fetcher import Target
+    from swactor.distribution.stagefetch import FetchPool
+
+    ctx = control_tls.model_client_context(secret, node_id)
+    cache = WeightsCache(cfg.weights_cache_dir or cfg.state_dir / "weights", cfg.weights_cache_bytes)
+    return FetchPool(cache, lambda url, tls_name: Target(url, ctx, tls_name or None),
+                     stall_timeout_s=cfg.weights_stall_timeout_s, lanes=cfg.weights_connections)
+
+
 async def serve(cfg: WorkerConfig) -> int:
     from swactor.common.secret import read_secret
 
@@ -68,7 +81,8 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket))
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
                      control_endpoint=cfg.advertise_control or cfg.control_address,
-                     orchestrator_node_id=cfg.orchestrator_node_id or None)
+                     orchestrator_node_id=cfg.orchestrator_node_id or None,
+                     weights=fetch_pool(cfg, secret, node_id))
     server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
                                          server_credentials=control_tls.server_credentials(secret, node_id))
     stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)

@@ -29,6 +29,7 @@ from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
 from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
+from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 MAX_WORKER_RESTARTS = 3
 KEEP_FINISHED_RUNS = 16
@@ -81,7 +82,7 @@ def _now_us() -> int:
 class StageNode:
     def __init__(self, node_id: int, ctl: WorkerCtlLike, arena: ArenaPort, driver: DriverPort,
                  membership: MembershipPort | None = None, *, control_endpoint: str = "",
-                 orchestrator_node_id: int | None = None) -> None:
+                 orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None) -> None:
         self.node_id = node_id
         self.ctl = ctl
         self.membership = membership
@@ -96,6 +97,7 @@ class StageNode:
         self.available = False
         self.restarts = 0
         self.warm_weights = False
+        self.weights = WeightsShell(weights, self._stage_input)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> relay_object_timings task
         ctl.subscribe(self._on_worker)
@@ -152,6 +154,7 @@ class StageNode:
             self._log.error("stage_node_task_failed", detail=repr(task.exception()))
 
     async def close(self) -> None:
+        self.weights.cancel()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -229,6 +232,11 @@ class StageNode:
                     self._est(est.Provision(edge, new_id()))
                 case stage_fsm.StopEdge(edge_id):
                     self._est(est.StopEdge(edge_id))
+                case stage_fsm.FetchWeights(request):
+                    assert self.stage.plan is not None
+                    self.weights.fetch(self.stage.plan.run_id, request)
+                case stage_fsm.CancelFetch():
+                    self.weights.cancel()
                 case stage_fsm.ToWorker(cmd):
                     self.ctl.send(cmd)
                 case stage_fsm.Report(event, cause, detail):
@@ -257,6 +265,7 @@ class StageNode:
             up.fault.cause = cause
             up.fault.detail = detail
         elif ev.kind == common_pb2.STAGE_STOPPED:
+            self.weights.release(ev.run_id)
             relay = self._timing_relays.pop(ev.run_id, None)
             if relay is not None:
                 relay.cancel()
@@ -271,6 +280,11 @@ class StageNode:
         if log is not None and not log.done:
             log.add(stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
                                           time_us=ev.time_us, event=ev))
+
+    def _stage_input(self, run_id: int, inp: stage_fsm.Input) -> None:
+        """An input for run `run_id`'s StageController, dropped if that run is no longer the one here."""
+        if self.stage is not None and self.stage.plan is not None and self.stage.plan.run_id == run_id:
+            self._stage(inp)
 
     # ---- worker events ----
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from swactor.common.control_tls import orchestrator_name
+from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2, stage_pb2
@@ -68,6 +70,23 @@ def _ring(field: str, spec: common_pb2.RingSpec, direction: int) -> None:
     _require(spec.data_capacity > 0, f"{field}.ring_spec.data_capacity", "must be > 0")
 
 
+def _hex64(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def _weights_fetch(req: stage_pb2.ProvisionStageRequest) -> FetchRequest:
+    """The url variant of gguf_source: the stage fetches its ranges from the orchestrator's model server."""
+    src = req.gguf_source
+    _require(not src.path, "gguf_source", "set either path or url, not both")
+    _require(src.url.startswith("https://"), "gguf_source.url", "must be an https:// URL of the orchestrator's model server")
+    _require(_hex64(src.sha256), "gguf_source.sha256", "must be 64 lowercase hex digits with a url")
+    _require(_hex64(src.manifest_sha256), "gguf_source.manifest_sha256", "must be 64 lowercase hex digits with a url")
+    _require(src.size > 0, "gguf_source.size", "must be > 0 with a url")
+    return FetchRequest(url=src.url, sha256=src.sha256, size=src.size, manifest_sha256=src.manifest_sha256,
+                        layer_start=req.layer_start, layer_end=req.layer_end_exclusive, num_layers=req.model.num_layers,
+                        tls_name=orchestrator_name(req.orchestrator_node_id))
+
+
 def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: int) -> StagePlan:
     """The validated StagePlan for this node, or PlanRejected naming the field."""
     _require(req.run_id != 0, "run_id", "must be non-zero")
@@ -85,9 +104,10 @@ def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: i
     _require(last == (req.layer_end_exclusive == m.num_layers), "layer_end_exclusive",
              "only the last stage ends at the last layer")
     src = req.gguf_source
-    _require(bool(src.path) and Path(src.path).is_absolute(), "gguf_source.path", "must be an absolute local path")
-    _require(not src.sha256 or (len(src.sha256) == 64 and all(c in "0123456789abcdef" for c in src.sha256)),
-             "gguf_source.sha256", "must be 64 lowercase hex digits or empty")
+    fetch = _weights_fetch(req) if src.url else None
+    if fetch is None:
+        _require(bool(src.path) and Path(src.path).is_absolute(), "gguf_source.path", "must be an absolute local path")
+    _require(not src.sha256 or _hex64(src.sha256), "gguf_source.sha256", "must be 64 lowercase hex digits or empty")
     inb, outb = req.inbound, req.outbound
     _require(inb.edge_id != 0 and outb.edge_id != 0 and inb.edge_id != outb.edge_id, "inbound/outbound.edge_id",
              "edge ids must be non-zero and distinct")
@@ -110,13 +130,15 @@ def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: i
                     "top_p": float(s.top_p) if s.top_p > 0 else 1.0, "seed": int(s.seed)}
     else:
         _require(not rt.HasField("sampling"), "runtime.sampling", "only the last stage samples")
-    config = {"kind": "llama_stage", "gguf_path": src.path, "gguf_sha256": src.sha256,
+    # With a URL the path is the weights cache's file, known once fetched; its ranges are verified piece
+    # by piece, so the compute process does not hash the (sparse) file again.
+    config = {"kind": "llama_stage", "gguf_path": src.path, "gguf_sha256": "" if fetch else src.sha256,
               "layer_start": req.layer_start, "layer_end": req.layer_end_exclusive, "max_seq_len": m.max_seq_len,
               "hidden_dim": m.hidden_dim, "sampling": sampling}
     return StagePlan(
         run_id=req.run_id, stage_index=req.stage_index, stage_count=req.stage_count, role_id=rt.role_id or role_id,
         inbound=EdgeProvision(inb.edge_id, "Ingress", inb.producer_node_id, INPUT_PORT, in_spec, inb.ring_spec),
         outbound=EdgeProvision(outb.edge_id, "Egress", outb.consumer_node_id, OUTPUT_PORT, out_spec, outb.ring_spec),
-        outbound_kind=outb.kind, role_config=config,
+        outbound_kind=outb.kind, role_config=config, fetch=fetch,
         in_row_bytes=in_spec.dtype_width_bytes * in_spec.row_elements,
         out_row_bytes=out_spec.dtype_width_bytes * out_spec.row_elements)

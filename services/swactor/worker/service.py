@@ -9,6 +9,7 @@ import grpc
 from swactor.common.control_tls import peer_orchestrator
 from swactor.v1 import stage_pb2, stage_pb2_grpc
 from swactor.worker.node import ProvisionError, StageNode
+from swactor.worker.weights import cache_listing
 
 SERVICE_NAME = stage_pb2.DESCRIPTOR.services_by_name["StageControl"].full_name
 
@@ -35,6 +36,12 @@ class StageControlServicer(stage_pb2_grpc.StageControlServicer):
         if _caller(context) is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
         return stage_pb2.StopStageRunResponse(known=self.node.stop_run(request.run_id))
+
+    async def ListWeights(self, request: stage_pb2.ListWeightsRequest,
+                          context: grpc.aio.ServicerContext) -> stage_pb2.ListWeightsResponse:
+        if _caller(context) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        return cache_listing(self.node.weights.pool)
 
     async def WatchStage(self, request: stage_pb2.WatchStageRequest,
                          context: grpc.aio.ServicerContext) -> AsyncIterator[stage_pb2.StageUpdate]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.reasons import name
+from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
 from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
@@ -51,6 +52,9 @@ class StagePlan:
     role_config: dict[str, Any]  # ConfigureRole.config (weights, layer range, sampling)
     in_row_bytes: int
     out_row_bytes: int
+    # Set when the weights come from the orchestrator's model server (docs/distribution.md): fetched
+    # into the weights cache before ConfigureRole; None = role_config names a file the node holds.
+    fetch: FetchRequest | None = None
 
 
 # ---- inputs (events from the worker ctl, the establisher and the orchestrator) ----
@@ -67,6 +71,34 @@ class StopRun:
 
 
 @dataclass(frozen=True)
+class WeightsFetchStarted:
+    bytes_total: int
+    bytes_cached: int
+
+
+@dataclass(frozen=True)
+class WeightsFetchProgress:
+    bytes_done: int
+    bytes_total: int
+    rate_bps: int
+    eta_s: float
+
+
+@dataclass(frozen=True)
+class WeightsFetched:
+    path: str
+    bytes_total: int
+    bytes_fetched: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WeightsFetchFailed:
+    reason: str  # stagefetch / fetcher reason: ChecksumMismatch, DiskFull, Unreachable, ...
+    detail: str
+
+
+@dataclass(frozen=True)
 class WorkerGone:
     """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
 
@@ -74,7 +106,8 @@ class WorkerGone:
     detail: str
 
 
-Input = (Provision | StopRun | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | wire.RoleProgress
+Input = (Provision | StopRun | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
+         | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
          | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
          | wire.StepCompleted | wire.StepFailed)
 
@@ -92,6 +125,18 @@ class StopEdge:
 
 
 @dataclass(frozen=True)
+class FetchWeights:
+    """Fetch the plan's ranges into the weights cache; report WeightsFetch* inputs."""
+
+    request: FetchRequest
+
+
+@dataclass(frozen=True)
+class CancelFetch:
+    pass
+
+
+@dataclass(frozen=True)
 class ToWorker:
     command: wire.Command
 
@@ -105,7 +150,7 @@ class Report:
     detail: str = ""
 
 
-Action = ProvisionEdge | StopEdge | ToWorker | Report
+Action = ProvisionEdge | StopEdge | FetchWeights | CancelFetch | ToWorker | Report
 
 
 @dataclass
@@ -114,6 +159,8 @@ class StageController:
     state: StageState = StageState.UNPROVISIONED
     plan: StagePlan | None = None
     role_ready: bool = False
+    role_requested: bool = False
+    fetching: bool = False
     rx: EdgeActor | None = None
     tx: EdgeActor | None = None
     out_ring_id: int | None = None
@@ -182,6 +229,22 @@ class StageController:
             return []
         p = self.plan
         match inp:
+            case WeightsFetchStarted(total, cached) if self.fetching:
+                return [self._event(common_pb2.WEIGHTS_DOWNLOAD_STARTED,
+                                    counters={"bytes_total": total, "bytes_cached": cached})]
+            case WeightsFetchProgress(done, total, rate, eta) if self.fetching:
+                return [self._event(common_pb2.WEIGHTS_DOWNLOAD_PROGRESS, counters={
+                    "bytes_done": done, "bytes_total": total, "rate_bps": rate, "eta_ms": int(eta * 1000)})]
+            case WeightsFetched(path, total, fetched, seconds) if self.fetching:
+                self.fetching = False
+                self.role_requested = True
+                return [self._event(common_pb2.WEIGHTS_DOWNLOADED, counters={
+                            "bytes_total": total, "bytes_fetched": fetched, "duration_ms": int(seconds * 1000)}),
+                        ToWorker(wire.ConfigureRole(p.role_id, {**p.role_config, "gguf_path": path}))]
+            case WeightsFetchFailed(reason, detail) if self.fetching:
+                self.fetching = False
+                return self._faulted(common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED, common_pb2.COMPONENT_STAGE_CONTROLLER,
+                                     f"WeightsFetch.{reason}", detail)
             case wire.RoleProgress(_, done, total):
                 return [self._event(common_pb2.WEIGHTS_LOAD_PROGRESS,
                                     counters={"layers_loaded": done, "layers_total": total})]
@@ -251,9 +314,15 @@ class StageController:
         self.rx = EdgeActor(plan.inbound.edge_id, "rx")
         self.tx = EdgeActor(plan.outbound.edge_id, "tx")
         self._transition(StageState.PREPARING)
+        if plan.fetch is not None:  # weights first come from the model server, then ConfigureRole
+            self.fetching = True
+            weights: Action = FetchWeights(plan.fetch)
+        else:
+            self.role_requested = True
+            weights = ToWorker(wire.ConfigureRole(plan.role_id, plan.role_config))
         return [
             self._event(common_pb2.STAGE_PROVISION_STARTED),
-            ToWorker(wire.ConfigureRole(plan.role_id, plan.role_config)),
+            weights,
             self._event(common_pb2.EDGE_PROVISION_STARTED, edge_id=plan.inbound.edge_id),
             ProvisionEdge(plan.inbound),
             self._event(common_pb2.EDGE_PROVISION_STARTED, edge_id=plan.outbound.edge_id),
@@ -335,7 +404,10 @@ class StageController:
         assert self.plan is not None
         self._transition(StageState.STOPPING)
         actions: list[Action] = []
-        if not self.role_ready:  # still loading (or failed): a stopped run's weights are not worth the wait
+        if self.fetching:  # a fetch nobody waits for stops; what it verified stays in the cache
+            self.fetching = False
+            actions.append(CancelFetch())
+        if self.role_requested and not self.role_ready:  # a stopped run's weights are not worth the wait
             actions.append(ToWorker(wire.CancelRole(self.plan.role_id)))
         if self.waiting is not None:
             actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))

@@ -1,0 +1,5 @@
+"""GGUF model files as distribution sees them, shared by the orchestrator and the stage hosts
+(imports neither): what the workers can run and which tensors a stage reads (`support`), the
+header parsed from a byte prefix (`header`), judging a model from its header (`judge`), and the
+per-piece manifest stage hosts verify fetched ranges against (`manifest`). docs/distribution.md.
+"""
