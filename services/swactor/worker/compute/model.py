@@ -1,4 +1,4 @@
-"""Llama forward for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 step(rows, start_pos) runs rows at positions start_pos.. through the stage's layers:
   first stage in: int32 token ids [T]; other stages in: float32 activations [T, dim]
@@ -24,6 +24,7 @@ from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_
 from .linear import N_TENSORS, SLICES_PER_THREAD, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
 from .replay import Plan, plan, read
+from .rope import rope, rope_tables
 from .sampling import Sampler, SamplingPolicy
 
 
@@ -34,15 +35,6 @@ class StageTimings:
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
-
-
-def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int) -> Tensor:
-  """x [T, heads, hd]; llama.cpp non-NeoX rotation of adjacent pairs (x[2i], x[2i+1]) over the first rope_dim dims."""
-  T, H, hd = x.shape
-  r = x[..., :rope_dim].reshape(T, H, rope_dim // 2, 2)
-  a, b = r[..., 0], r[..., 1]
-  y = Tensor.stack(a * cos - b * sin, a * sin + b * cos, dim=-1).reshape(T, H, rope_dim)
-  return y if rope_dim == hd else y.cat(x[..., rope_dim:], dim=-1)
 
 
 def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> np.ndarray | RawTensor:
@@ -56,14 +48,16 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> np.ndarray | RawTe
 
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds:
-  [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output, *gate_up, *ffn_down]."""
+  [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if p.qkv_bias), *qkv, *attn_output, *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str, words: bool):
     mats = [upload(m, device, words) for m in (fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), w["attn_output"],
                                          fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), w["ffn_down"])]
     self.kinds = tuple(k for k, _ in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
     cache = [to_device(np.zeros((p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
-    self.tensors: list[Tensor] = norms + cache + [t for _, ts in mats for t in ts]
+    bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
+      if p.qkv_bias else []
+    self.tensors: list[Tensor] = norms + cache + bias + [t for _, ts in mats for t in ts]
 
   @property
   def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
@@ -73,10 +67,13 @@ def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | i
                   threads: int = 0) -> Tensor:
   T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
+  bias = next(it) if p.qkv_bias else None
   qkv_, o_, gate_up_, down_ = (functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in kinds)
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
-  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
-  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
+  if bias is not None:
+    qkv = qkv + bias
+  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
+  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
   v = qkv[:, nq + nkv:].reshape(T, p.n_kv_heads, p.head_dim)
   cache_k[:, sp:sp + T, :].assign(k.transpose(0, 1))
   cache_v[:, sp:sp + T, :].assign(v.transpose(0, 1))
@@ -96,7 +93,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[str, ...], x: Tensor, sp: UOp | i
 
 
 class StageModel:
-  """Compute for layers [layer_start, layer_end) of a llama GGUF; weights stay loaded across runs (reset())."""
+  """Compute for layers [layer_start, layer_end) of a llama-family GGUF; weights stay loaded across runs (reset())."""
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
@@ -125,13 +122,8 @@ class StageModel:
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
       self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
-    half = p.rope_dim // 2
-    freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
-    if w.rope_freqs is not None:
-      freqs = freqs / w.rope_freqs[:half].astype(np.float64)
-    ang = (np.arange(max_seq_len + prefill_chunk, dtype=np.float64) / p.rope_scaling.factor)[:, None] * freqs[None, :]
-    self.cos = to_device(np.cos(ang).astype(np.float32)[:, None, :], self.device)
-    self.sin = to_device(np.sin(ang).astype(np.float32)[:, None, :], self.device)
+    cos, sin = rope_tables(p, w.rope_freqs, max_seq_len + prefill_chunk)
+    self.cos, self.sin = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
     self.v_sp = UOp.variable("start_pos", 0, max_seq_len)
     # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
