@@ -111,7 +111,7 @@ PY
 
 run() {
     "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || die "$PY is not Python >= 3.11"
-    [ -f "$DIR/wheels/PYTHON_VERSION" ] && ! "$PY" -c "import swactor.v1.orchestrator_pb2" 2>/dev/null && use_wheels
+    if [ -f "$DIR/wheels/PYTHON_VERSION" ] && ! "$PY" -c "import swactor.v1.orchestrator_pb2" 2>/dev/null; then use_wheels; fi
     missing="$("$PY" - <<'PY'
 import importlib.util
 def has(m: str) -> bool:
@@ -128,18 +128,26 @@ PY
     [ -f "$MODEL" ] || die "no model at $MODEL (bash bench/gpu_check.sh prepare, or GPU_CHECK_MODEL=PATH)"
     mkdir -p "$RES"
     if [ "$DEVICE" != CPU ]; then
-        # tinygrad compiles CUDA kernels with NVRTC when it finds libnvrtc, else it emits PTX for the driver to load
-        for lib in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $("$PY" -c 'import site, glob; print(" ".join(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib")))' 2>/dev/null); do
-            compgen -G "$lib/libnvrtc.so*" >/dev/null && export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        # tinygrad looks for libcuda / libnvrtc in LD_LIBRARY_PATH and a few fixed dirs (not ldconfig's cache); it
+        # compiles kernels with NVRTC when it finds libnvrtc, else emits PTX for the driver to load
+        local dirs lib
+        dirs="/usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib"
+        dirs="$dirs $(ldconfig -p 2>/dev/null | awk '/libcuda\.so|libnvrtc\.so/ {print $NF}' | xargs -r -n1 dirname | sort -u | tr '\n' ' ')"
+        dirs="$dirs $("$PY" -c 'import glob, site; print(" ".join(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib")))' 2>/dev/null)"
+        for lib in $dirs; do
+            if compgen -G "$lib/libcuda.so*" >/dev/null || compgen -G "$lib/libnvrtc.so*" >/dev/null; then
+                export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+            fi
         done
-        command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2
+        say "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+        if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >&2; fi
     fi
     "$PY" -c "from tinygrad import Device, Tensor; d = Device['$DEVICE']; assert Tensor([1.0, 2.0], device='$DEVICE').sum().item() == 3.0
 print(f'[gpu_check] device {d.device}, renderer {type(d.renderer).__name__}')" >&2 || die "tinygrad cannot run on $DEVICE"
     say "single stage: bench/worker.py --device $DEVICE"
     (cd "$ROOT" && PYTHONUNBUFFERED=1 "$PY" bench/worker.py --device "$DEVICE" --model "$MODEL" --llama-python /nonexistent --json) \
-        | tee "$RES/worker.log"
-    tail -1 "$RES/worker.log" > "$RES/worker.json"
+        2>&1 | tee "$RES/worker.log" || die "bench/worker.py failed (log: $RES/worker.log)"
+    grep "^{\"tinygrad\"" "$RES/worker.log" | tail -1 > "$RES/worker.json"
     say "S=2 local pool: bench/pipeline.py --stages 2 --device $DEVICE"
     (cd "$ROOT" && PYTHONUNBUFFERED=1 "$PY" bench/pipeline.py --stages 2 --max-tokens 24 --device "$DEVICE" --model "$MODEL" \
         --loopback --png "" --json "$RES/pipeline.json") > "$RES/pipeline.log" 2>&1 || { tail -40 "$RES/pipeline.log" >&2; die "S=2 pool failed"; }

@@ -1,4 +1,4 @@
-"""qwen2 (biases, NeoX rotation, YaRN) and llama RoPE variants (Llama 3 rope_freqs, linear, Llama 3 metadata rule): the
+"""qwen2 (biases, NeoX rotation, YaRN) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the
 stage compute on SmolLM2 re-packed (tests/fixtures/gguf_repack.py) against the float64 reference and llama.cpp's
 recorded greedy tokens, at S = 1..3 chained stages."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.fixtures import gguf_repack
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
 LLAMACPP = json.loads(FIXTURE.read_text())
-FILES = {**gguf_repack.BUILDERS, "llama3_meta": gguf_repack.build_llama3_meta}
+FILES = gguf_repack.BUILDERS
 SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12
@@ -85,3 +85,17 @@ def test_greedy_matches_llamacpp_until_near_tie(model_file: tuple[str, str], cha
     ours = generate(chains[n_stages], c["prompt_tokens"], len(c["greedy_tokens"]), logits)
     cut = next((i for i, (a, b) in enumerate(zip(c["top2_gap"], top2_gaps(logits), strict=True)) if min(a, b) < LLAMACPP_NEAR_TIE), len(ours))
     assert ours[:cut] == c["greedy_tokens"][:cut], f"{name}/{c['prompt']}: llama.cpp gaps {c['top2_gap'][:cut + 1]}"
+
+
+def test_llama3_rule_from_metadata_equals_the_tensor() -> None:
+  """A file carrying Llama 3's rule as rope.scaling.* metadata turns Q/K exactly as the one carrying rope_freqs.weight."""
+  from swactor.worker.compute import GGUFModel
+  from swactor.worker.compute.rope import rope_tables
+  if not gguf_repack.SOURCE.exists():
+    pytest.skip(f"{gguf_repack.SOURCE} missing (run `make model`)")
+  meta, tensor = GGUFModel(gguf_repack.build_llama3_meta()), GGUFModel(gguf_repack.build_llama3())
+  assert meta.params.rope_scaling.kind == "llama3" and "rope_freqs.weight" not in meta.tensors
+  freqs = tensor.tensor("rope_freqs.weight").dequantize()
+  for a, b in zip(rope_tables(meta.params, None, 600), rope_tables(tensor.params, freqs, 600), strict=True):
+    np.testing.assert_allclose(a, b, atol=1e-6)  # rope_freqs is stored as float32
+  assert not np.allclose(rope_tables(tensor.params, None, 600)[0], rope_tables(tensor.params, freqs, 600)[0], atol=1e-3)
