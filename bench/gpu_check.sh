@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: does the CUDA path give the CPU's tokens, and how fast, on a fresh GPU host with no network.
 #
-#   bash bench/gpu_check.sh prepare          here, with PyPI: fills .cache/gpu-check/ (~55 MiB) with the wheels the
+#   bash bench/gpu_check.sh prepare          here, with PyPI: fills .cache/gpu-check/ (~51 MiB) with the wheels the
 #                                            check needs for Python $GPU_CHECK_PYVER (default 3.12) except those in
 #                                            $GPU_CHECK_HAVE (default "numpy": the GPU image has it; set it empty for a
 #                                            bare host), swactor's own wheel (gRPC stubs inside), a small model
@@ -13,7 +13,8 @@
 #   bash bench/gpu_check.sh --device CPU     the same on CPU (or GPU_CHECK_DEVICE=CPU): how the script is tested here
 #
 # With the device tool: carry [".cache/gpu-check"], command `bash bench/gpu_check.sh`, timeout_s ~540; results land in
-# $OUT (else bench/out/gpu_check). Other knobs: GPU_CHECK_PYTHON (python3), GPU_CHECK_MODEL, GPU_CHECK_DIR.
+# $OUT (else bench/out/gpu_check). Other knobs: GPU_CHECK_PYTHON (default: the repo's .venv if there is one, else
+# python3; a bare python3.12 here exercises the wheel path), GPU_CHECK_MODEL, GPU_CHECK_DIR.
 # Exit: 0 tokens equal, 3 tokens unequal (a near-tie may flip on another device: see the printed step), else a failure.
 set -euo pipefail
 
@@ -21,6 +22,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DIR="${GPU_CHECK_DIR:-$ROOT/.cache/gpu-check}"
 DEVICE="${GPU_CHECK_DEVICE:-CUDA}"
 PY="${GPU_CHECK_PYTHON:-python3}"
+[ -n "${GPU_CHECK_PYTHON:-}" ] || [ ! -x "$ROOT/.venv/bin/python" ] || PY="$ROOT/.venv/bin/python"  # a dev checkout: its venv
 MODE=run
 while [ $# -gt 0 ]; do
     case "$1" in
