@@ -2,7 +2,7 @@
 stages (one host each), next to the single-process worker (the compute core's StageModel over all
 30 layers, same device, same prompt ids) measured in the same invocation; ratios pipeline / single.
 
-  .venv/bin/python bench/pipeline.py [--stages 1,2,3,4] [--max-tokens 24] [--device CPU] [--loopback]
+  .venv/bin/python bench/pipeline.py [--stages 1,2,3,4] [--max-tokens 24] [--device CPU] [--loopback] [--model PATH]
                                      [--png bench/out/pipeline_timeline.png] [--json bench/out/pipeline.json]
 
 Per S, one warm-up run (loads the stage weights and compiles its kernels; the workers keep the
@@ -57,10 +57,11 @@ def prompt_ids() -> list[int]:
 
 
 def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int):
-    from swactor.worker.compute import StageModel
+    from swactor.worker.compute import GGUFModel, StageModel
 
     t0 = time.perf_counter()
-    m = StageModel(model, 0, 30, max_seq_len=4096, device=device)  # what the worker builds (prefill_chunk 1)
+    g = GGUFModel(model)
+    m = StageModel(g, 0, g.params.n_layers, max_seq_len=4096, device=device)  # what the worker builds (prefill_chunk 1)
     load = time.perf_counter() - t0
 
     def one() -> tuple[float, float, list[int]]:
@@ -201,7 +202,9 @@ def main() -> int:
     ap.add_argument("--loopback", action="store_true", help="loopback addresses instead of network namespaces")
     ap.add_argument("--compute-threads", type=int, default=0,
                     help="[worker].compute_threads of every host (0 = the local cluster's default, cores // hosts)")
-    ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png")
+    ap.add_argument("--model", type=pathlib.Path, default=None, help="GGUF file (default: the shipped SmolLM2)")
+    ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png",
+                    help="timeline plot ('' for none: no matplotlib needed)")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline.json")
     a = ap.parse_args()
     stages = [int(s) for s in a.stages.split(",")]
@@ -211,18 +214,19 @@ def main() -> int:
     from swactor.v1 import orchestrator_pb2 as opb
     from swactor.v1 import orchestrator_pb2_grpc
 
-    ids, n = prompt_ids(), a.max_tokens
+    ids, n, model = prompt_ids(), a.max_tokens, a.model or DEFAULT_MODEL
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cpus; prompt {QUESTION!r} ({len(ids)} ids, chat "
           f"template), {n} tokens, device {a.device}", flush=True)
-    measure_single = bench_single(DEFAULT_MODEL, a.device, ids, n)
+    measure_single = bench_single(model, a.device, ids, n)
     before = measure_single()
-    print(f"single process (StageModel 0..30), before the cluster: TTFT {before['ttft_s']:.3f} s, "
+    print(f"single process (one StageModel, every layer), before the cluster: TTFT {before['ttft_s']:.3f} s, "
           f"decode {before['decode_tok_s']:.2f} tok/s", flush=True)
     single = before
     results: dict[int, dict[str, object]] = {}
     timelines = {}
     tables: dict[int, tuple[dict[str, list[float]], int]] = {}
-    spec = ClusterSpec(hosts=max(stages), device=a.device, netns=False if a.loopback else None, compute_threads=a.compute_threads)
+    spec = ClusterSpec(hosts=max(stages), model=model, device=a.device, netns=False if a.loopback else None,
+                       compute_threads=a.compute_threads)
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         for s in stages:
@@ -236,6 +240,7 @@ def main() -> int:
             summ = res.summary()
             summ["warmup_ttft_s"] = warm.ttft_s
             summ["matches_single"] = res.token_ids == single["tokens"][: len(res.token_ids)]
+            summ["tokens"] = res.token_ids
             summ["cpu_ms_per_step"] = cpu
             results[s] = summ
             tl = timeline(res.events, s)
@@ -270,11 +275,12 @@ def main() -> int:
     for s, r in results.items():
         c = r["cpu_ms_per_step"]
         print(f"{s:3d} " + "".join(f"{c.get(k, 0.0):14.2f}" for k in kinds) + f"{sum(c.values()):10.2f}")
-    plot(timelines, a.png)
+    if str(a.png) not in ("", "."):
+        plot(timelines, a.png)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps({"single": single, "pipeline": results, "max_tokens": n,
                                   "load_average": os.getloadavg()[0]}, indent=1, default=str))
-    print(f"timeline: {a.png}; figures: {a.json}")
+    print(f"timeline: {a.png if str(a.png) not in ('', '.') else '-'}; figures: {a.json}")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""gpu-worker compute benchmark: the whole default model as one stage, tinygrad vs llama.cpp on the same file.
+"""gpu-worker compute benchmark: a whole model (default: SmolLM2) as one stage, tinygrad vs llama.cpp on the same file.
 
   .venv/bin/python bench/worker.py [--model PATH] [--device CPU|CUDA|auto] [--threads N] [--llama-python /tmp/llama-venv/bin/python]
                                    [--quant]
@@ -7,7 +7,8 @@ Prints load time, first-step (compile) time, cold start (load + first token), pr
 device bytes of the weights / the file's tensor bytes; llama.cpp (llama-cpp-python, same GGUF, same thread count) runs
 first, in a subprocess of the given python, when that python has llama_cpp, and the ratios tinygrad / llama.cpp are
 printed. Targets (not asserted): decode >= 0.5x, cold start <= 10 s. Numbers on a shared 2-core box move with the
-load average, which is printed too.
+load average, which is printed too. --json adds one JSON line with every figure and the greedy tokens of the decode
+run (bench/gpu_check.sh compares devices with it).
 
 --quant adds, per quant type: decode tok/s and weight GB/s (file bytes x tok/s) of SmolLM2 re-quantized to Q4_K_M,
 Q6_K, Q5_0, Q8_0 (tests/fixtures/gguf_fixtures.py builds them, cached) beside the shipped Q4_1 with device / file
@@ -60,26 +61,29 @@ def peak_rss_mib() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, threads: int) -> dict[str, float]:
+def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, threads: int) -> dict[str, object]:
   t0 = time.perf_counter()
-  from swactor.worker.compute import StageModel
-  m = StageModel(model, 0, 30, max_seq_len=512, device=device, beam=beam, threads=threads)  # default prefill_chunk=1: prefill = decode graph
+  from swactor.worker.compute import GGUFModel, StageModel
+  g = GGUFModel(model)
+  n, parsed = g.params.n_layers, time.perf_counter()
+  m = StageModel(g, 0, n, max_seq_len=512, device=device, beam=beam, threads=threads)  # default prefill_chunk=1: prefill = decode graph
   t1 = time.perf_counter()
   tok = m.step(np.asarray(PROMPT, np.int32), 0)
   t2 = time.perf_counter()
-  pos = len(PROMPT)
+  pos, tokens = len(PROMPT), [int(tok[0])]
   t = time.perf_counter()
   for _ in range(DECODE):
     tok = m.step(tok, pos)
     pos += 1
+    tokens.append(int(tok[0]))
   dec = DECODE / (time.perf_counter() - t)
   m.reset()
   t = time.perf_counter()
   m.step(np.asarray(LONG, np.int32), 0)
   pre1 = len(LONG) / (time.perf_counter() - t)
-  parse_s, upload_s, mem = m.timings.load_s, m.timings.upload_s, m.memory
+  parse_s, upload_s, mem = parsed - t0 + m.timings.load_s, m.timings.upload_s, m.memory
   del m
-  c = StageModel(model, 0, 30, max_seq_len=512, device=device, prefill_chunk=chunk, beam=beam, threads=threads)
+  c = StageModel(g, 0, n, max_seq_len=512, device=device, prefill_chunk=chunk, beam=beam, threads=threads)
   for _ in range(2):  # eager run + JIT capture of the chunk graph
     c.reset()
     c.step(np.asarray(LONG[:chunk], np.int32), 0)
@@ -89,13 +93,14 @@ def bench_tinygrad(model: str, device: str | None, chunk: int, beam: int, thread
   pre = len(LONG) / (time.perf_counter() - t)
   return {"load_s": t1 - t0, "first_step_s": t2 - t1, "cold_start_s": t2 - t0, "prefill_tok_s": pre, "decode_tok_s": dec,
           "peak_rss_mib": peak_rss_mib(), "prefill_chunk1_tok_s": pre1, "load_parse_s": parse_s, "load_upload_s": upload_s,
-          "device_bytes": mem.device_bytes, "file_bytes": mem.file_bytes}
+          "device_bytes": mem.device_bytes, "file_bytes": mem.file_bytes, "n_layers": n, "device": c.device, "tokens": tokens}
 
 
 def decode_rate(model: str, device: str | None, threads: int) -> tuple[float, float, float]:
   """(decode tok/s, the file's bytes of the weights, device bytes of the weights) of a one-stage model."""
-  from swactor.worker.compute import StageModel
-  m = StageModel(model, 0, 30, max_seq_len=256, device=device, threads=threads)
+  from swactor.worker.compute import GGUFModel, StageModel
+  g = GGUFModel(model)
+  m = StageModel(g, 0, g.params.n_layers, max_seq_len=256, device=device, threads=threads)
   tok, pos = m.step(np.asarray(PROMPT, np.int32), 0), len(PROMPT)
   t = time.perf_counter()
   for _ in range(DECODE):
@@ -191,7 +196,7 @@ def main() -> None:
   load0 = os.getloadavg()[0]
   lc = bench_llamacpp(a.llama_python, a.model, threads)
   tg = bench_tinygrad(a.model, None if a.device == "auto" else a.device, a.prefill_chunk, a.beam, threads)
-  print(f"model {pathlib.Path(a.model).name}, one stage (30 layers), device {a.device}, beam {a.beam}, threads {threads},"
+  print(f"model {pathlib.Path(a.model).name}, one stage ({tg['n_layers']} layers), device {tg['device']}, beam {a.beam}, threads {threads},"
         f" load avg {load0:.1f} -> {os.getloadavg()[0]:.1f}")
   print(f"{'metric':<16}{'tinygrad':>12}{'llama.cpp':>12}{'ratio':>8}")
   for k in ("load_s", "first_step_s", "cold_start_s", "prefill_tok_s", "decode_tok_s", "peak_rss_mib"):

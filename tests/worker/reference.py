@@ -1,42 +1,94 @@
-"""Float64 numpy llama forward: the correctness oracle for the tinygrad stage compute.
+"""Float64 numpy llama / qwen2 forward: the correctness oracle for the tinygrad stage compute.
 
 Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
-dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix, and rotates
-adjacent pairs (x[2i], x[2i+1]) as llama.cpp's non-NeoX RoPE does.
+dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix, and computes each
+rotation angle one pair at a time the way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's
+ramp and magnitude), rotating adjacent pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for
+qwen2 (NeoX). Llama 3's frequency rule is written here after Hugging Face's wavelength formulation.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+
+NEOX = {"llama": False, "qwen2": True}
+
+
+def llama3_divisors(base: float, dim: int, factor: float, low: float, high: float, orig: int) -> np.ndarray:
+  """Per-frequency divisors of Llama 3.1 (the values convert_hf_to_gguf stores as rope_freqs.weight)."""
+  out = []
+  for i in range(0, dim, 2):
+    wavelen = 2 * math.pi * base ** (i / dim)
+    if wavelen < orig / high:
+      out.append(1.0)
+    elif wavelen > orig / low:
+      out.append(factor)
+    else:
+      smooth = (orig / wavelen - low) / (high - low)
+      out.append(1.0 / ((1 - smooth) / factor + smooth))
+  return np.array(out)
+
+
+def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | None = None, scaling: str = "none",
+                factor: float = 1.0, orig_ctx: int = 0) -> tuple[np.ndarray, float]:
+  """Angles [T, dim/2] of each position and pair, and the cos/sin magnitude (YaRN's mscale; 1 otherwise)."""
+  ang, mscale = np.zeros((len(pos), dim // 2)), 1.0
+  if scaling == "yarn":
+    def corr(rot: float) -> float: return dim * math.log(orig_ctx / (rot * 2 * math.pi)) / (2 * math.log(base))
+    low, high = max(0, math.floor(corr(32.0))), min(dim - 1, math.ceil(corr(1.0)))
+    mscale = 1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0
+  for i in range(dim // 2):
+    theta = base ** (-2.0 * i / dim) / (1.0 if divisors is None else float(divisors[i]))
+    if scaling == "linear":
+      theta /= factor
+    elif scaling == "yarn":
+      ramp = 1 - min(1.0, max(0.0, (i - low) / max(0.001, high - low)))
+      theta = theta / factor * (1 - ramp) + theta * ramp
+    ang[:, i] = pos * theta
+  return ang, mscale
 
 
 class RefLlama:
   def __init__(self, path: str):
     r = GGUFReader(path, "r")
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
-    self.n_layers, self.dim = kv["llama.block_count"], kv["llama.embedding_length"]
-    self.n_heads, self.n_kv = kv["llama.attention.head_count"], kv["llama.attention.head_count_kv"]
+    a = self.arch = kv["general.architecture"]
+    self.neox = NEOX[a]
+    self.n_layers, self.dim = kv[f"{a}.block_count"], kv[f"{a}.embedding_length"]
+    self.n_heads, self.n_kv = kv[f"{a}.attention.head_count"], kv[f"{a}.attention.head_count_kv"]
     self.hd = self.dim // self.n_heads
-    self.rope_dim, self.base = kv.get("llama.rope.dimension_count", self.hd), kv["llama.rope.freq_base"]
-    self.eps = kv["llama.attention.layer_norm_rms_epsilon"]
+    self.rope_dim, self.base = kv.get(f"{a}.rope.dimension_count", self.hd), kv[f"{a}.rope.freq_base"]
+    self.eps = kv[f"{a}.attention.layer_norm_rms_epsilon"]
+    self.factor = kv.get(f"{a}.rope.scaling.factor", 1.0)
+    self.scaling = kv.get(f"{a}.rope.scaling.type", "linear" if self.factor != 1.0 else "none")
+    self.orig_ctx = kv.get(f"{a}.rope.scaling.original_context_length", kv[f"{a}.context_length"])
     w = {t.name: t for t in r.tensors}
     get = lambda n: dequantize(w[n].data, w[n].tensor_type).astype(np.float64).reshape([int(s) for s in reversed(w[n].shape)])  # noqa: E731
+    self.divisors = get("rope_freqs.weight") if "rope_freqs.weight" in w else None
+    if self.scaling == "llama3" and self.divisors is None:
+      self.divisors = llama3_divisors(self.base, self.rope_dim, self.factor, kv.get(f"{a}.rope.scaling.low_freq_factor", 1.0),
+                                      kv.get(f"{a}.rope.scaling.high_freq_factor", 4.0), self.orig_ctx)
     self.embd = get("token_embd.weight")
     self.out = get("output.weight") if "output.weight" in w else self.embd
     self.out_norm = get("output_norm.weight")
     names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
     self.layers = [{n: get(f"blk.{i}.{n}.weight") for n in names} for i in range(self.n_layers)]
+    for i, L in enumerate(self.layers):
+      for n in ("attn_q", "attn_k", "attn_v"):
+        L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])
 
   def norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray: return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w
 
   def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:  # x [T, heads, hd]
-    half = self.rope_dim // 2
-    ang = pos[:, None] * self.base ** (-np.arange(half) * 2.0 / self.rope_dim)  # [T, half]
-    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    y = x.copy()
-    a, b = x[..., 0:self.rope_dim:2], x[..., 1:self.rope_dim:2]
-    y[..., 0:self.rope_dim:2], y[..., 1:self.rope_dim:2] = a * c - b * s, a * s + b * c
+    ang, mscale = rope_angles(pos, self.rope_dim, self.base, self.divisors, self.scaling, self.factor, self.orig_ctx)
+    c, s = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
+    y, d = x.copy(), self.rope_dim
+    ia, ib = (np.arange(d // 2), np.arange(d // 2, d)) if self.neox else (np.arange(0, d, 2), np.arange(1, d, 2))
+    a, b = x[..., ia], x[..., ib]
+    y[..., ia], y[..., ib] = a * c - b * s, a * s + b * c
     return y
 
   def hidden(self, tokens: list[int], layers: range | None = None, x: np.ndarray | None = None,
@@ -52,9 +104,9 @@ class RefLlama:
     for i in layers if layers is not None else range(self.n_layers):
       L = self.layers[i]
       h = self.norm(x, L["attn_norm"])
-      q = self.rope((h @ L["attn_q"].T).reshape(T, self.n_heads, self.hd), pos)
-      k = self.rope((h @ L["attn_k"].T).reshape(T, self.n_kv, self.hd), pos)
-      v = (h @ L["attn_v"].T).reshape(T, self.n_kv, self.hd)
+      q = self.rope((h @ L["attn_q"].T + L["attn_q.bias"]).reshape(T, self.n_heads, self.hd), pos)
+      k = self.rope((h @ L["attn_k"].T + L["attn_k.bias"]).reshape(T, self.n_kv, self.hd), pos)
+      v = (h @ L["attn_v"].T + L["attn_v.bias"]).reshape(T, self.n_kv, self.hd)
       if cache is not None:
         if i in cache:
           k, v = np.concatenate([cache[i][0], k]), np.concatenate([cache[i][1], v])

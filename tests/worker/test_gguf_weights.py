@@ -117,3 +117,45 @@ def test_type_without_dequantizer_refused_naming_type_and_tensor(tmp_path: pathl
   with pytest.raises(UnsupportedQuant) as e:
     load_stage(m, 0, 1, keep=frozenset())
   assert "Q8_K" in str(e.value) and "blk.0.attn_q.weight" in str(e.value)
+
+
+def test_qwen2_params_and_biases(tmp_path: pathlib.Path) -> None:
+  from tests.fixtures.gguf_repack import SOURCE, build_qwen2
+  if not SOURCE.exists():
+    pytest.skip(f"{SOURCE} missing (run `make model`)")
+  m = GGUFModel(build_qwen2())
+  p = m.params
+  assert (p.arch, p.rope_neox, p.qkv_bias, p.n_layers, p.dim, p.n_heads, p.n_kv_heads) == ("qwen2", True, True, 30, 576, 9, 3)
+  w = load_stage(m, 3, 4)
+  assert w.layers[0]["attn_q_bias"].shape == (576,) and w.layers[0]["attn_k_bias"].shape == (192,)
+
+
+def _writer(path: pathlib.Path, arch: str, extra: dict[str, np.ndarray]) -> str:
+  wr = GGUFWriter(str(path), arch)
+  for k, v in {"block_count": 1, "embedding_length": 8, "feed_forward_length": 8, "attention.head_count": 2,
+               "attention.layer_norm_rms_epsilon": 1e-5, "context_length": 64}.items():
+    (wr.add_float32 if isinstance(v, float) else wr.add_uint32)(f"{arch}.{k}", v)
+  wr.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+  for name, a in extra.items():
+    wr.add_tensor(name, a)
+  wr.write_header_to_file(); wr.write_kv_data_to_file(); wr.write_tensors_to_file(); wr.close()  # noqa: E702
+  return str(path)
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+  ({"blk.0.attn_output.bias": np.zeros(8, np.float32)}, "blk.0.attn_output.bias"),     # a variant we don't implement
+  ({"rope_factors_long.weight": np.ones(2, np.float32)}, "rope_factors_long.weight"),  # phi3-style long rope
+  ({"blk.0.attn_q.bias": np.zeros(8, np.float32)}, "attn_q"),                           # Q bias without K/V biases
+])
+def test_unimplemented_tensors_refused_by_name(tmp_path: pathlib.Path, extra: dict[str, np.ndarray], named: str) -> None:
+  with pytest.raises(ModelRefused) as e:
+    GGUFModel(_writer(tmp_path / "x.gguf", "llama", extra))
+  assert e.value.reason == "UnsupportedArchitecture" and named in str(e.value)
+
+
+def test_qwen2_keys_are_read_with_their_prefix(tmp_path: pathlib.Path) -> None:
+  p = GGUFModel(_writer(tmp_path / "q.gguf", "qwen2", {})).params
+  assert (p.arch, p.rope_neox, p.qkv_bias, p.dim, p.n_heads, p.head_dim, p.context_length) == ("qwen2", True, False, 8, 2, 4, 64)
+  with pytest.raises(ModelRefused) as e:
+    GGUFModel(_writer(tmp_path / "m.gguf", "mamba", {}))
+  assert e.value.reason == "UnsupportedArchitecture" and "'mamba'" in str(e.value) and "qwen2" in str(e.value)

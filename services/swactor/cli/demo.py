@@ -107,7 +107,8 @@ def run_demo(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"swactor demo: {e}", file=sys.stderr)
         return EXIT_ERROR
-    spec = ClusterSpec(hosts=hosts, netns=False if getattr(args, "loopback", False) else None)
+    spec = ClusterSpec(hosts=hosts, netns=False if getattr(args, "loopback", False) else None,
+                       **({"model": args.model} if getattr(args, "model", None) else {}))
     # SIGTERM tears down like Ctrl-C.
     prev = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     res: RunResult | None = None

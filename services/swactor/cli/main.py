@@ -25,6 +25,7 @@ import platform
 import sys
 from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 import grpc
 
@@ -171,6 +172,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--max-tokens", type=positive, default=64)
     d.add_argument("--hosts", type=positive, default=None, help="simulated hosts (default: 3, or --stages if more)")
     d.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: one per host)")
+    d.add_argument("--model", type=Path, default=None, metavar="PATH",
+                   help="GGUF file to serve (default: the shipped SmolLM2-135M-Instruct Q4_1)")
     add_sampling(d)
     d.add_argument("--json", action="store_true")
     return p

@@ -97,6 +97,16 @@ def _loopback_block(n: int) -> list[str]:
     raise ClusterError("no free loopback address block for the local cluster")
 
 
+def check_model(path: Path) -> None:
+    """Refuse a GGUF the workers would refuse (architecture, RoPE scaling, tensors) before anything starts."""
+    from swactor.worker.compute.gguf_weights import GGUFModel, ModelRefused
+
+    try:
+        GGUFModel(path)
+    except ModelRefused as e:
+        raise ClusterError(f"model {path} cannot be served: {e}") from None
+
+
 class LocalCluster:
     def __init__(self, spec: ClusterSpec, progress: Callable[[str], None] | None = None) -> None:
         if spec.hosts < 1:
@@ -107,6 +117,7 @@ class LocalCluster:
             raise ValueError(f"readiness_timeout_s must be > 0, got {spec.readiness_timeout_s}")
         if not spec.model.is_file():
             raise ClusterError(f"model {spec.model} does not exist (run `bash install.sh model` or `make model`)")
+        check_model(spec.model)
         self.spec = spec
         self.progress = progress or (lambda line: None)
         self.hosts: list[HostLayout] = []

@@ -86,7 +86,7 @@ def read_model(path: Path, model_id: str | None = None, reader: Any = None) -> t
     facts = ModelFacts(
         model_id=model_id or path.stem,
         path=path,
-        architecture="llama",
+        architecture=params.arch,
         num_layers=params.n_layers,
         hidden_dim=params.dim,
         max_seq_len=params.context_length,

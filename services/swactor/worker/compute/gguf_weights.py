@@ -10,11 +10,12 @@ from gguf import GGMLQuantizationType as QT
 from gguf import GGUFReader
 from gguf.gguf_reader import ReaderField
 
-from swactor.common.gguf import LlamaParams, ModelRefused, open_gguf, read_params
+from swactor.common.gguf import QKV_BIAS, LlamaParams, ModelRefused, open_gguf, read_params
 
 from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight")
 
 
 @dataclass(frozen=True)
@@ -86,13 +87,17 @@ class GGUFModel:
   """An opened GGUF: metadata parsed, tensor data memory-mapped, nothing read yet."""
   def __init__(self, path: str | os.PathLike[str]):
     self.reader = open_gguf(path, _Reader)
-    self.path, self.params = str(path), read_params(self.reader)
+    self.path, self.params = str(path), read_params(self.reader, {t.name for t in self.reader.tensors})
     self.tensors: dict[str, RawTensor] = {}
     for t in self.reader.tensors:
       qt, shape = QT(t.tensor_type), tuple(int(s) for s in reversed(t.shape.tolist()))
       rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
       data = t.data.reshape(-1).view(np.uint8).reshape(rows, -1) if qt in BLOCK else t.data
       self.tensors[t.name] = RawTensor(t.name, qt, shape if len(shape) > 1 else (shape[0],), data)
+    known = {f"{t}.weight" for t in LAYER_TENSORS} | {f"{t}.bias" for t in QKV_BIAS}
+    for name in self.tensors:  # a tensor nothing reads means a variant of the architecture this compute lacks
+      if (name.split(".", 2)[-1] not in known) if name.startswith("blk.") else (name not in GLOBAL_TENSORS):
+        raise ModelRefused("UnsupportedArchitecture", f"{self.params.arch} file has tensor {name!r}, which this compute does not implement")
 
   def tensor(self, name: str) -> RawTensor:
     if name not in self.tensors:
@@ -108,7 +113,9 @@ class GGUFModel:
     n = self.params.n_layers
     if not (0 <= layer_start < layer_end <= n):
       raise ModelRefused("InvalidLayerRange", f"layer range [{layer_start}, {layer_end}) is not within 0 <= start < end <= {n}")
-    layers = [{t: self.tensor(f"blk.{i}.{t}.weight") for t in LAYER_TENSORS} for i in range(layer_start, layer_end)]
+    bias = {f"{t}_bias": f"{t}.bias" for t in QKV_BIAS} if self.params.qkv_bias else {}
+    names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias}
+    layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
     extra: dict[str, RawTensor] = {}
     if layer_start == 0:
       extra["token_embd"] = self.tensor("token_embd.weight")

@@ -1,4 +1,4 @@
-"""Llama forward for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 step(rows, start_pos) runs rows at positions start_pos.. through the stage's layers:
   first stage in: int32 token ids [T]; other stages in: float32 activations [T, dim]
@@ -27,6 +27,7 @@ from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_
 from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
 from .replay import Plan, plan, read
+from .rope import rope, rope_tables
 from .sampling import Sampler
 
 
@@ -44,15 +45,6 @@ class StageMemory:
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
-
-
-def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int) -> Tensor:
-  """x [T, heads, hd]; llama.cpp non-NeoX rotation of adjacent pairs (x[2i], x[2i+1]) over the first rope_dim dims."""
-  T, H, hd = x.shape
-  r = x[..., :rope_dim].reshape(T, H, rope_dim // 2, 2)
-  a, b = r[..., 0], r[..., 1]
-  y = Tensor.stack(a * cos - b * sin, a * sin + b * cos, dim=-1).reshape(T, H, rope_dim)
-  return y if rope_dim == hd else y.cat(x[..., rope_dim:], dim=-1)
 
 
 def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | RawTensor]:
@@ -78,8 +70,8 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | 
 
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
-  its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, *qkv, *attn_output,
-  *gate_up, *ffn_down]."""
+  its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
+  p.qkv_bias), *qkv, *attn_output, *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str, words: bool):
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
               fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
@@ -87,7 +79,9 @@ class Layer:
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
     cache = [to_device(np.zeros((p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
-    self.tensors: list[Tensor] = norms + cache + [t for g in mats for _, ts in g for t in ts]
+    bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
+      if p.qkv_bias else []
+    self.tensors: list[Tensor] = norms + cache + bias + [t for g in mats for _, ts in g for t in ts]
     self.weight_bytes = sum(t.nbytes() for t in self.tensors) - sum(t.nbytes() for t in cache)
 
   @property
@@ -98,13 +92,16 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
                   ts: list[Tensor], threads: int = 0) -> Tensor:
   T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
+  bias = next(it) if p.qkv_bias else None
   def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
     fs = [functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in group]
     return fs[0] if len(fs) == 1 else lambda h: Tensor.cat(*(f(h) for f in fs), dim=-1)
   qkv_, o_, gate_up_, down_ = (product(g) for g in kinds)
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
-  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim)
-  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim)
+  if bias is not None:
+    qkv = qkv + bias
+  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
+  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
   v = qkv[:, nq + nkv:].reshape(T, p.n_kv_heads, p.head_dim)
   cache_k[:, sp:sp + T, :].assign(k.transpose(0, 1))
   cache_v[:, sp:sp + T, :].assign(v.transpose(0, 1))
@@ -124,7 +121,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
 
 
 class StageModel:
-  """Compute for layers [layer_start, layer_end) of a llama GGUF; weights stay loaded across runs (reset())."""
+  """Compute for layers [layer_start, layer_end) of a llama-family GGUF; weights stay loaded across runs (reset())."""
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
@@ -160,13 +157,8 @@ class StageModel:
       get_logger().info("compute_weights_expanded", tensors=len(w.expanded), types=sorted({e.qtype.name for e in w.expanded}),
                         file_bytes=sum(e.file_bytes for e in w.expanded), float32_bytes=sum(e.float32_bytes for e in w.expanded),
                         layer_start=layer_start, layer_end=layer_end)
-    half = p.rope_dim // 2
-    freqs = p.rope_base ** (-np.arange(half, dtype=np.float64) * 2.0 / p.rope_dim)
-    if w.rope_freqs is not None:
-      freqs = freqs / w.rope_freqs[:half].astype(np.float64)
-    ang = (np.arange(max_seq_len + prefill_chunk, dtype=np.float64) / p.rope_scaling.factor)[:, None] * freqs[None, :]
-    self.cos = to_device(np.cos(ang).astype(np.float32)[:, None, :], self.device)
-    self.sin = to_device(np.sin(ang).astype(np.float32)[:, None, :], self.device)
+    cos, sin = rope_tables(p, w.rope_freqs, max_seq_len + prefill_chunk)
+    self.cos, self.sin = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
     self.v_sp = UOp.variable("start_pos", 0, max_seq_len)
     # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
