@@ -160,6 +160,30 @@ def test_control_closed_exits_without_an_event() -> None:
     assert w.core.state is WorkerState.FATAL
 
 
+COMMAND_TABLE = [  # every wire command in Running, on an empty worker: what it asks of the shell
+    (wire.InitializeWorker(1, ARENA, ABI, {}), [m.Emit, m.Exit]),  # sent twice: WorkerFatal
+    (wire.ConfigureRole(5, CONFIG), [m.StartLoad]),
+    (wire.CancelRole(5), []),  # nothing loading: ignored
+    (install(5, "Ingress"), [m.OpenRing]),
+    (wire.UninstallRing(5, pb.UNINSTALL_EDGE_STOPPED), [m.Emit]),  # RingQuiesced even if unknown
+    (wire.ShareWakeFds(5), [m.ShareFds]),  # the fds leave the socket whether or not the ring is known
+    (wire.RingReadable(5), []),
+    (wire.RingWritable(5), []),
+    (wire.ExecuteStep(5, 1, [], []), [m.Emit]),  # StepFailed: no role
+    (wire.ReleaseDeviceObject(wire.DeviceHandle(1, 3)), [m.Emit]),  # ReleaseFailed: unknown
+    (wire.ShutdownWorker("Graceful"), [m.Emit, m.Exit]),  # nothing in flight: stopped at once
+]
+
+
+def test_the_command_table_covers_every_wire_command() -> None:
+    assert {type(c) for c, _ in COMMAND_TABLE} == set(wire.COMMANDS.values())
+
+
+@pytest.mark.parametrize(("cmd", "kinds"), COMMAND_TABLE, ids=[type(c).__name__ for c, _ in COMMAND_TABLE])
+def test_command_table(cmd: Any, kinds: list[type]) -> None:
+    assert [type(a) for a in Worker()(cmd)] == kinds
+
+
 # ---- rings ----
 
 

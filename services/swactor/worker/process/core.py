@@ -1,10 +1,10 @@
 """The compute process as a pure core (spec §28-33): `WorkerCore.handle(input) -> actions`.
 
 It owns the worker FSM state (§31, `fsm.py`), the installed rings with their §32 FSMs (`rings.py`),
-the role and its loads (`roleslot.py`), the device-handle table and the step in flight. Inputs are the wire commands, ring wakes,
-the role loader's events and the outcomes of earlier actions (`messages.py`); actions are events to
-write on stdout and the work only the shell can do (open the backend or a ring, run role code,
-free device objects, load on a thread). After every input the core makes all the progress the rings
+the role and its loads (`roleslot.py`), the device-handle table and the step in flight. Inputs are
+the wire commands, ring wakes, the role loader's events and the outcomes of earlier actions
+(`messages.py`); actions are events to write on stdout and the work only the shell can do (open the
+backend or a ring, run role code, free device objects, load on a thread). After every input the core makes all the progress the rings
 allow (§31: drain readable ingress prefixes, advance egress output), so a wake needs no argument.
 
 Failures that end the process raise `_Fatal` anywhere below and are turned into WorkerFatal in one
@@ -45,6 +45,8 @@ class Step:
 
 
 class WorkerCore:
+    """One compute process's state; `handle` is the only way it changes."""
+
     def __init__(self, arena_bytes: int, log: Any = None) -> None:
         self.arena_bytes = arena_bytes  # SWACTOR_ARENA_BYTES: InitializeWorker.arena_ceiling must agree
         self.state = WorkerState.BOOTING
@@ -58,7 +60,7 @@ class WorkerCore:
         self.handles: dict[int, Any] = {}  # handle id -> device object
         self.step: Step | None = None
         self.shutdown_mode: str | None = None
-        self._init: wire.InitializeWorker | None = None  # waiting for BackendReady
+        self._init: wire.InitializeWorker | None = None  # waiting for RingHelperOpened, then BackendReady
         self._opening: dict[int, wire.InstallRing] = {}  # waiting for RingOpened
         self._next_handle = 1
         self._out: list[m.Action] = []
