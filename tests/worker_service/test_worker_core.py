@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from swactor.common.fsmtable import InvalidTransition
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process import messages as m
 from swactor.worker.process import wire
 from swactor.worker.process.core import WorkerCore
-from swactor.worker.process.fsm import InvalidTransition, WorkerInput, WorkerState, transition
+from swactor.worker.process.fsm import WorkerInput, WorkerState, transition
 from swactor.worker.process.roles import weights_key
 from tests.edgeend.fakes import BytesSource, FakeCodec, FakeRing, HostSink
 
@@ -84,9 +85,20 @@ class Worker:
         assert events(self(m.LoadDone(role_id, role))) == [wire.RoleConfigured(role_id, False)]
         return role
 
+    def stepping(self, egress: int | None = None) -> wire.DeviceHandle:
+        """A role, ingress ring 5 with one object loaded, and step 1 running on it; with `egress` (a
+        capacity) the step writes 16 bytes to egress ring 6. The loaded object's handle."""
+        self.role()
+        self.ring(5, "Ingress")
+        if egress is not None:
+            self.ring(6, "Egress", capacity=egress)
+        h = self.load(5, 0, bytes(16))
+        assert only(self(step(1, h, *([(6, 16)] if egress is not None else []))), m.RunStep)
+        return h
+
     def load(self, ring_id: int, seq: int, payload: bytes) -> wire.DeviceHandle:
         self.rings[ring_id].push(record(seq, payload))
-        (ev,) = events(self(m.Wake()))
+        (ev,) = events(self(m.Signal.WAKE))
         assert isinstance(ev, wire.ObjectLoaded) and ev.sequence == seq, ev
         return ev.device_handle
 
@@ -156,7 +168,7 @@ def test_malformed_line_second_initialize_and_bad_shutdown_mode_are_fatal() -> N
 
 def test_control_closed_exits_without_an_event() -> None:
     w = Worker()
-    assert w(m.ControlClosed()) == [m.Exit(1)]
+    assert w(m.Signal.CONTROL_CLOSED) == [m.Exit(1)]
     assert w.core.state is WorkerState.FATAL
 
 
@@ -229,13 +241,13 @@ def test_ingress_wakes_load_objects_into_handles() -> None:
     assert w.core.waits() == [ring]
     data = record(0, bytes(range(48)))
     ring.push(data[:30])  # half a header: nothing yet
-    assert w(m.Wake()) == []
+    assert w(m.Signal.WAKE) == []
     ring.push(data[30:])
     (loaded,) = events(w(wire.RingReadable(5)))  # a hint is a wake too
     assert loaded == wire.ObjectLoaded(5, 15, 0, 500, 0, 48, wire.DeviceHandle(1, 1))
     assert w.core.handles[1].data == bytes(range(48))
     ring.closed = True
-    assert w(m.Wake()) == []  # closed on an object boundary: orderly, nothing to report
+    assert w(m.Signal.WAKE) == []  # closed on an object boundary: orderly, nothing to report
     assert w.core.waits() == []
 
 
@@ -249,7 +261,7 @@ def test_ingress_object_failures(data: bytes, reason: int) -> None:
     w = Worker()
     ring = w.ring(5, "Ingress", capacity=1024)
     ring.push(data)
-    (ev,) = events(w(m.Wake()))
+    (ev,) = events(w(m.Signal.WAKE))
     assert isinstance(ev, wire.ObjectFailed) and ev.reason == reason
     assert w.core.waits() == []  # a faulted parser is not slept on
 
@@ -258,14 +270,14 @@ def test_broken_ring_is_a_ring_fault() -> None:
     w = Worker()
     ring = w.ring(5, "Ingress")
     ring.broken = pb.RING_FAULT_RING_STATE_INVALID
-    assert events(w(m.Wake())) == [wire.RingFault(5, 15, 0, pb.RING_FAULT_RING_STATE_INVALID, "fake ring faulted")]
+    assert events(w(m.Signal.WAKE)) == [wire.RingFault(5, 15, 0, pb.RING_FAULT_RING_STATE_INVALID, "fake ring faulted")]
 
 
 def test_uninstall_discards_a_partial_object_and_closes_the_end() -> None:
     w = Worker()
     ring = w.ring(5, "Ingress")
     ring.push(record(0, bytes(48))[:H + 16])
-    w(m.Wake())
+    w(m.Signal.WAKE)
     assert len(w.sink.live) == 1
     acts = w(wire.UninstallRing(5, pb.UNINSTALL_EDGE_STOPPED))
     assert acts == [m.CloseRing(ring), m.Emit(wire.RingQuiesced(5))]
@@ -304,7 +316,7 @@ def test_step_success_waits_for_egress_space_then_releases_inputs() -> None:
     assert w(m.StepRan(40, [result])) == []
     assert out in w.core.waits()
     assert out.drain() == record(0, bytes(range(16)), 900)[:H + 8]  # header, then what fits of the payload
-    acts = w(m.Wake())
+    acts = w(m.Signal.WAKE)
     assert events(acts) == [wire.ObjectProduced(6, 16, 0, 900, 0, 16), wire.DeviceObjectReleased(h),
                             wire.StepCompleted(9, 40)]
     assert only(acts, m.FreeDeviceObject) == [m.FreeDeviceObject(result), m.FreeDeviceObject(inp)]
@@ -352,11 +364,7 @@ def test_step_refusals() -> None:
 ])
 def test_step_outputs_that_do_not_match_the_bindings(outputs: list[Any], reason: int) -> None:
     w = Worker()
-    w.role()
-    w.ring(5, "Ingress")
-    w.ring(6, "Egress")
-    h = w.load(5, 0, bytes(16))
-    w(step(1, h, (6, 16)))
+    h = w.stepping(egress=256)
     acts = w(m.StepRan(1, outputs))
     assert events(acts) == [wire.StepFailed(9, 1, reason, events(acts)[0].detail)]
     assert only(acts, m.FreeDeviceObject) == [m.FreeDeviceObject(o) for o in outputs]
@@ -367,10 +375,7 @@ def test_step_outputs_that_do_not_match_the_bindings(outputs: list[Any], reason:
                                     pb.STEP_FAILURE_OUTPUT_COPY_FAILED])
 def test_role_failure_is_a_step_failure(reason: int) -> None:
     w = Worker()
-    w.role()
-    w.ring(5, "Ingress")
-    h = w.load(5, 0, bytes(16))
-    w(step(1, h))
+    w.stepping()
     assert events(w(m.StepRaised(1, reason, "boom"))) == [wire.StepFailed(9, 1, reason, "boom")]
     assert w.core.step is None
     assert events(w(m.StepRan(1, []))) == []  # a late outcome of an ended step is dropped
@@ -378,11 +383,7 @@ def test_role_failure_is_a_step_failure(reason: int) -> None:
 
 def test_output_copy_failure_faults_the_ring_and_the_step() -> None:
     w = Worker()
-    w.role()
-    w.ring(5, "Ingress")
-    w.ring(6, "Egress")
-    h = w.load(5, 0, bytes(16))
-    w(step(1, h, (6, 16)))
+    w.stepping(egress=256)
     bad = BytesSource(bytes(16), fail=True)
     acts = w(m.StepRan(1, [bad]))
     assert [type(e).__name__ for e in events(acts)] == ["RingFault", "StepFailed"]
@@ -393,11 +394,8 @@ def test_output_copy_failure_faults_the_ring_and_the_step() -> None:
 
 def test_uninstalling_an_output_ring_mid_object_fails_the_step() -> None:
     w = Worker()
-    w.role()
-    w.ring(5, "Ingress")
-    out = w.ring(6, "Egress", capacity=H + 8)
-    h = w.load(5, 0, bytes(16))
-    w(step(1, h, (6, 16)))
+    w.stepping(egress=H + 8)  # the output does not fit at once: still mid-object below
+    out = w.rings[6]
     w(m.StepRan(1, [BytesSource(bytes(16))]))
     acts = w(wire.UninstallRing(6, pb.UNINSTALL_EDGE_STOPPED))
     assert [(type(e).__name__, getattr(e, "reason", None)) for e in events(acts)] == [
@@ -461,7 +459,7 @@ def test_graceful_shutdown_finishes_the_step_then_quiesces() -> None:
                         (install(7, "Ingress"), pb.RING_FAULT_WORKER_SHUTTING_DOWN)]:
         assert events(w(cmd))[0].reason == reason
     out.drain()
-    acts = w(m.Wake())
+    acts = w(m.Signal.WAKE)
     assert [type(e).__name__ for e in events(acts)] == [
         "ObjectProduced", "DeviceObjectReleased", "StepCompleted", "RingQuiesced", "RingQuiesced", "WorkerStopped"]
     assert events(acts)[-1] == wire.WorkerStopped(pb.WORKER_STOPPED_GRACEFUL)
@@ -473,10 +471,7 @@ def test_graceful_shutdown_finishes_the_step_then_quiesces() -> None:
 
 def test_abort_in_flight_fails_the_step_and_abandons_a_load() -> None:
     w = Worker()
-    w.role()
-    w.ring(5, "Ingress")
-    h = w.load(5, 0, bytes(16))
-    w(step(1, h))
+    w.stepping()
     other = {"kind": "factory", "factory": "tests.worker_service.roles:other"}
     assert w(wire.ConfigureRole(6, other)) == [m.StartLoad(6, other, None)]  # other weights: a cold load
     acts = w(wire.ShutdownWorker("AbortInFlight"))

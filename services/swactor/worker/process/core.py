@@ -80,8 +80,7 @@ class WorkerCore:
         self._inputs: dict[type, Any] = {
             m.Malformed: lambda i: self._raise(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, i.detail),
             m.HostFailed: lambda i: self._raise(i.reason, i.detail),
-            m.ControlClosed: self._control_closed,
-            m.Wake: lambda _i: None,
+            m.Signal: self._signal,
             m.RingHelperOpened: self._ring_helper_opened,
             m.BackendReady: self._backend_ready,
             m.RingOpened: self._ring_opened,
@@ -216,7 +215,9 @@ class WorkerCore:
                                       else pb.WORKER_STOPPED_ABORT_IN_FLIGHT))
         self._do(m.Exit(0))
 
-    def _control_closed(self, _i: m.ControlClosed) -> None:
+    def _signal(self, signal: m.Signal) -> None:
+        if signal is m.Signal.WAKE:
+            return  # what a wake asks for, progress, follows every input
         self.log.warning("worker_stdin_closed")
         self._transition(WorkerInput.CONTROL_LOST)
         self._do(m.Exit(1))  # nobody reads stdout any more: no WorkerFatal

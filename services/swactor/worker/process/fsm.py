@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 
+from swactor.common.fsmtable import TransitionTable
 from swactor.worker.process import wire
 
 
@@ -47,19 +48,7 @@ _TRANSITIONS: dict[tuple[WorkerState, WorkerInput], WorkerState] = {
 }
 
 
-class InvalidTransition(RuntimeError):
-    def __init__(self, state: WorkerState, event: WorkerInput) -> None:
-        super().__init__(f"worker FSM: {event.value} is not allowed in state {state.value}")
-        self.state = state
-        self.event = event
-
-
-def transition(state: WorkerState, event: WorkerInput) -> WorkerState:
-    """The next state, or InvalidTransition when `event` is not allowed in `state`."""
-    try:
-        return _TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(state, event) from None
+transition: TransitionTable[WorkerState, WorkerInput] = TransitionTable("worker", _TRANSITIONS)
 
 
 class Admission(enum.Enum):

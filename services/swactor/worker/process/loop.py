@@ -95,7 +95,7 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
                 if key.data is _STDIN:
                     chunk = os.read(stdin_fd, 1 << 16)
                     if not chunk:
-                        shell.feed(m.ControlClosed())
+                        shell.feed(m.Signal.CONTROL_CLOSED)
                         break
                     *lines, pending = (pending + chunk).split(b"\n")
                     for line in lines:
@@ -107,7 +107,7 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
                     key.data.ack()
                     woke = True
             if woke and shell.exit_code is None:
-                shell.feed(m.Wake())
+                shell.feed(m.Signal.WAKE)
     except Exception as e:  # a bug in this process: say so on stdout (the ctl reports WorkerFatal), then exit
         shell.log.error("worker_fatal", reason="WORKER_FATAL_UNHANDLED_EXCEPTION", detail=repr(e),
                         tb=traceback.format_exc())

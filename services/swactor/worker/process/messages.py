@@ -5,15 +5,41 @@ an action the shell (`shell.py`) performs, and its outcome comes back as one of 
 Ring ends, device objects, roles and the ingress sink are opaque to the core; it only moves them
 between its tables and the actions (and lets the §32 ring-object FSMs pump ring ends through their
 narrow interfaces).
+
+Messages about one ring, one role or one step list that identity first (the bases below, as in
+`wire`); a failure ends with its reason (a common.proto enum value) and detail.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.edgeend.objects import HeaderCodec, ObjectSink
 from swactor.worker.process import wire
+
+
+@dataclass(frozen=True)
+class _Ring:
+    ring_id: int
+
+
+@dataclass(frozen=True)
+class _Role:
+    role_id: int
+
+
+@dataclass(frozen=True)
+class _Step:
+    step_id: int
+
+
+@dataclass(frozen=True)
+class _Failure:
+    reason: int  # the enum each subclass names
+    detail: str
+
 
 # ---- inputs (besides wire.Command) ----
 
@@ -25,14 +51,11 @@ class Malformed:
     detail: str
 
 
-@dataclass(frozen=True)
-class ControlClosed:
-    """stdin reached its end: the ctl is gone."""
+class Signal(enum.Enum):
+    """Inputs that carry nothing but their kind."""
 
-
-@dataclass(frozen=True)
-class Wake:
-    """An armed ring eventfd fired (already acked), or a ring end said progress is possible now."""
+    WAKE = "wake"  # an armed ring eventfd fired (already acked), or an end said progress is possible now
+    CONTROL_CLOSED = "control_closed"  # stdin reached its end: the ctl is gone
 
 
 @dataclass(frozen=True)
@@ -45,83 +68,68 @@ class RingHelperOpened:
 
 @dataclass(frozen=True)
 class BackendReady:
-    """OpenBackend succeeded: the arena is mapped and the device is up."""
+    """OpenBackend succeeded: the arena is mapped, the device (tinygrad's canonical name) is up, and
+    `sink` lands ingress objects in its memory."""
 
     pid: int
-    device: str  # tinygrad's canonical name
-    sink: ObjectSink  # lands ingress objects in device memory
+    device: str
+    sink: ObjectSink
 
 
 @dataclass(frozen=True)
-class HostFailed:
-    """The shell could not do what an action asked, and the process cannot go on."""
-
-    reason: int  # WorkerFatalReason
-    detail: str
+class HostFailed(_Failure):
+    """The shell could not do what an action asked and the process cannot go on: a WorkerFatalReason."""
 
 
 @dataclass(frozen=True)
-class RingOpened:
-    ring_id: int
+class RingOpened(_Ring):
     end: Any  # ringport.ConsumerEnd (Ingress) | ringport.ProducerEnd (Egress)
 
 
 @dataclass(frozen=True)
-class RingOpenFailed:
-    ring_id: int
-    reason: int  # RingFaultReason
-    detail: str
+class RingOpenFailed(_Failure, _Ring):
+    """The ring end could not be opened: a RingFaultReason."""
 
 
 @dataclass(frozen=True)
-class LoadProgress:
-    role_id: int
+class LoadProgress(_Role):
     done: int
     total: int
 
 
 @dataclass(frozen=True)
-class LoadDone:
-    role_id: int
+class LoadDone(_Role):
     role: Any  # roles.Role
 
 
 @dataclass(frozen=True)
-class LoadFailed:
-    """The load failed."""
-
-    role_id: int
-    reason: int  # RoleFailure
-    detail: str
+class LoadFailed(_Failure, _Role):
+    """The load failed (or was cancelled): a RoleFailure."""
 
 
 @dataclass(frozen=True)
-class RoleReset:
+class RoleReset(_Role):
     """ResetRole's outcome: the resident role starts a new run, or (reason: a RoleFailure) it refused
     the new config and stays resident, unconfigured."""
 
-    role_id: int
-    reason: int | None = None  # RoleFailure
+    reason: int | None = None
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class StepRan:
-    step_id: int
+class StepRan(_Step):
     outputs: list[Any]  # device objects (ObjectSource: extent, read_into)
 
 
 @dataclass(frozen=True)
-class StepRaised:
-    step_id: int
-    reason: int  # StepFailure (failures.STEP_FAILURES)
-    detail: str
+class StepRaised(_Failure, _Step):
+    """Role code raised: a StepFailure (failures.STEP_FAILURES)."""
 
 
 LoadEvent = LoadProgress | LoadDone | LoadFailed
 Input = (
-    wire.Command | Malformed | ControlClosed | Wake | RingHelperOpened | BackendReady | HostFailed | RingOpened | RingOpenFailed
-    | LoadProgress | LoadDone | LoadFailed | RoleReset | StepRan | StepRaised
+    wire.Command | Signal | Malformed | RingHelperOpened | BackendReady | HostFailed | RingOpened
+    | RingOpenFailed | LoadProgress | LoadDone | LoadFailed | RoleReset | StepRan | StepRaised
 )
 
 # ---- actions ----
@@ -141,25 +149,24 @@ class OpenRingHelper:
 
 @dataclass(frozen=True)
 class OpenBackend:
-    """Map the arena, open the tinygrad device -> BackendReady | HostFailed."""
+    """Map the arena, open the tinygrad device (None: its default) -> BackendReady | HostFailed."""
 
     device: str | None
 
 
 @dataclass(frozen=True)
 class OpenRing:
-    """Take the ring's eventfds from the fd socket when announced, open its end -> RingOpened |
+    """Take the ring's eventfds off the fd socket when announced, open its end -> RingOpened |
     RingOpenFailed | HostFailed."""
 
     cmd: wire.InstallRing
 
 
 @dataclass(frozen=True)
-class ShareFds:
-    """Take the eventfds ShareWakeFds announced off the fd socket; reopen `end` on them (None: the ring
-    is not installed, the fds are just closed) -> nothing | HostFailed."""
+class ShareFds(_Ring):
+    """Take the eventfds ShareWakeFds announced off the fd socket and reopen `end` on them (None: the
+    ring is not installed, the fds are just closed) -> nothing | HostFailed."""
 
-    ring_id: int
     end: Any
 
 
@@ -171,38 +178,34 @@ class CloseRing:
 
 
 @dataclass(frozen=True)
-class StartLoad:
-    """Load a role for `config` on a loader thread -> LoadProgress*, then LoadDone | LoadFailed."""
+class StartLoad(_Role):
+    """Load a role on a loader thread -> LoadProgress*, then LoadDone | LoadFailed. threads: CPU cores
+    of the compute kernels (None: auto)."""
 
-    role_id: int
     config: dict[str, Any]
     threads: int | None
 
 
 @dataclass(frozen=True)
-class CancelLoad:
-    """Ask the load of `role_id` to stop at its next layer (its outcome still arrives)."""
-
-    role_id: int
+class CancelLoad(_Role):
+    """Ask the load to stop at its next layer (its outcome still arrives)."""
 
 
 @dataclass(frozen=True)
-class ResetRole:
-    """Reset the resident role's per-run state for `config` -> RoleReset | LoadFailed."""
+class ResetRole(_Role):
+    """Reset the resident role's per-run state for `config` -> RoleReset."""
 
-    role_id: int
     role: Any
     config: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class RunStep:
+class RunStep(_Step):
     """Run role code on the inputs -> StepRan | StepRaised."""
 
-    step_id: int
     role: Any
     inputs: list[Any]
-    runtime: dict[str, Any]
+    runtime: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -215,5 +218,5 @@ class Exit:
     code: int
 
 
-Action = (Emit | OpenRingHelper | OpenBackend | OpenRing | ShareFds | CloseRing | StartLoad | CancelLoad | ResetRole | RunStep
-          | FreeDeviceObject | Exit)
+Action = (Emit | OpenRingHelper | OpenBackend | OpenRing | ShareFds | CloseRing | StartLoad | CancelLoad | ResetRole
+          | RunStep | FreeDeviceObject | Exit)
