@@ -114,7 +114,7 @@ class WorkerCore:
         return out
 
     def waits(self) -> list[Any]:
-        """The ring ends the loop should sleep on (it arms them; a wake is `Wake`)."""
+        """The ring ends the loop should sleep on (it arms them; a wake is `Signal.WAKE`)."""
         return self.rings.waits(self.step.outputs if self.step is not None else ())
 
     def _do(self, action: m.Action) -> None:
