@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.arena.fsm import ArenaInput, ArenaOp, ArenaState, InvalidTransition, accepts, transition
+from swactor.arena.fsm import ArenaInput, ArenaOp, ArenaState, accepts, transition
+from swactor.common.fsmtable import InvalidTransition
 
 ALLOWED = {
     (ArenaState.BOOTING, ArenaInput.BOOT_SUCCEEDED): ArenaState.READY,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tinygrad import dtypes
+from tinygrad.device import Buffer
 
 from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
@@ -22,6 +23,8 @@ class DoublingRole:
         self.seen_start_pos.append(int(runtime.get("start_pos", 0)))
         if runtime.get("fail"):
             raise RuntimeError("role asked to fail")
+        if runtime.get("oom"):  # what the device itself raises for an allocation it cannot make
+            Buffer(self.bridge.device, 1 << 62, dtypes.uint8).allocate()
         t = self.bridge.wrap(x, dtypes.float32, (x.extent // 4,))
         return [self.bridge.from_tensor(t * 2)]
 

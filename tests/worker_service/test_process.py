@@ -167,6 +167,9 @@ def test_step_failures(worker: WorkerProc, arena: Arena) -> None:
     worker.send(wire.ExecuteStep(9, 5, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 16)],
                                  {"fail": True}, False))
     assert worker.expect(wire.StepFailed, step_id=5).reason == pb.STEP_FAILURE_TINYGRAD_ERROR
+    worker.send(wire.ExecuteStep(9, 6, [binding], [wire.OutputBinding(1, lout.ring_id, 1, 0, 16)],
+                                 {"oom": True}, False))
+    assert worker.expect(wire.StepFailed, step_id=6).reason == pb.STEP_FAILURE_DEVICE_OUT_OF_MEMORY
 
 
 def test_uninstall_and_graceful_shutdown(worker: WorkerProc, arena: Arena) -> None:

@@ -4,6 +4,7 @@ GGUF loads, and CancelRole / ShutdownWorker abandon the load at its next layer (
 from __future__ import annotations
 
 import os
+import select
 import time
 from typing import Any
 
@@ -12,7 +13,9 @@ import pytest
 import swactor_ring as sr
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process import wire
-from swactor.worker.process.loop import WorkerProcess, WorkerState
+from swactor.worker.process.core import WorkerCore
+from swactor.worker.process.fsm import WorkerState
+from swactor.worker.process.shell import Shell
 
 from .harness import Arena, WorkerProc, spec
 from .plans import LAYERS, MODEL
@@ -115,15 +118,19 @@ def test_bad_backend_threads_is_fatal_by_name(arena: Arena, threads: object) -> 
 
 
 def test_backend_threads_reach_the_compute_core(arena: Arena) -> None:
-    """In process: InitializeWorker.backend.threads is what StageModel runs its kernels on."""
+    """In process (core + shell, no loop): InitializeWorker.backend.threads is what StageModel runs its kernels on."""
     out: list[Any] = []
-    w = WorkerProcess(out.append, arena.fd, arena.size)
-    w.handle_line(wire.encode(wire.InitializeWorker(1, arena.size, sr.RING_VERSION, {"device": "CPU", "threads": 1})))
-    assert w.state is WorkerState.RUNNING and out[-1].backend == {"device": "CPU", "threads": 1}
-    w.handle_line(wire.encode(wire.ConfigureRole(3, llama(0, 1))))
+    core = WorkerCore(arena.size)
+    shell = Shell(core, out.append, arena.fd, arena.size)
+    shell.command_line(wire.encode(wire.InitializeWorker(1, arena.size, sr.RING_VERSION,
+                                                         {"device": "CPU", "threads": 1})).encode())
+    assert core.state is WorkerState.RUNNING and out[-1].backend == {"device": "CPU", "threads": 1}
+    shell.command_line(wire.encode(wire.ConfigureRole(3, llama(0, 1))).encode())
     deadline = time.monotonic() + 60
-    while w.loading is not None and time.monotonic() < deadline:
-        time.sleep(0.02)
-        w.progress()
+    while core.roles.loading is not None:  # sleep on the loaders' wakeup pipe, as the loop does
+        left = deadline - time.monotonic()
+        assert left > 0, f"the load did not end within 60 s: {out}"
+        select.select([shell.loaders.wakeup.fileno()], [], [], left)
+        shell.loader_woke()
     assert [e for e in out if isinstance(e, wire.RoleConfigured)] == [wire.RoleConfigured(3, False)]
-    assert w.role.model.threads == 1
+    assert core.roles.role.model.threads == 1

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import enum
 
+from swactor.common.fsmtable import TransitionTable
+
 
 class ArenaState(enum.Enum):
     BOOTING = "booting"
@@ -55,19 +57,7 @@ _ACCEPTS: dict[ArenaState, frozenset[ArenaOp]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
-    def __init__(self, state: ArenaState, event: ArenaInput) -> None:
-        super().__init__(f"arena FSM: {event.value} is not allowed in state {state.value}")
-        self.state = state
-        self.event = event
-
-
-def transition(state: ArenaState, event: ArenaInput) -> ArenaState:
-    """The next state, or InvalidTransition when `event` is not allowed in `state`."""
-    try:
-        return _TRANSITIONS[(state, event)]
-    except KeyError:
-        raise InvalidTransition(state, event) from None
+transition: TransitionTable[ArenaState, ArenaInput] = TransitionTable("arena", _TRANSITIONS)
 
 
 def accepts(state: ArenaState, op: ArenaOp) -> bool:

@@ -13,4 +13,5 @@
   ringerrors   what a ring end raises: RingBroken (a §37 RingFaultReason), RingClosed
   gguf         the one GGUF metadata reader (llama hyper-parameters), ModelRefused
   sampling     a run's SamplingPolicy (§10)
+  fsmtable     a state machine's transitions as a table; InvalidTransition (arena §19, compute process §31)
 """

@@ -4,6 +4,10 @@ Objects live in device memory as flat uint8 buffers of exactly `extent` bytes; r
 copied in and out by byte range, so an object may be larger than its ring. Copies are synchronous:
 when `host_to_device` / `device_to_host` return, the host bytes may be released or published.
 `wrap` gives role code a typed tinygrad Tensor over the same allocation, without a copy.
+
+A `DeviceAllocation` is what the compute process's tables hold: the ingress parser writes into it
+(`objects.ObjectBuffer`), roles take and return it, the egress producer reads out of it
+(`objects.ObjectSource`).
 """
 
 from __future__ import annotations
@@ -51,12 +55,21 @@ def _writable_alias(src: memoryview) -> memoryview:
     return memoryview(alias).cast("B")
 
 
-@dataclass
+@dataclass(eq=False)
 class DeviceAllocation:
-    """One device object: a flat byte buffer of `extent` bytes."""
+    """One device object: a flat byte buffer of `extent` bytes on `bridge`'s device."""
 
     buffer: Buffer
     extent: int
+    bridge: DeviceBridge
+
+    def write(self, offset: int, data: memoryview) -> None:
+        """`objects.ObjectBuffer`: an ingress prefix lands at `offset`."""
+        self.bridge.host_to_device(data, self, offset)
+
+    def read_into(self, offset: int, dest: memoryview) -> None:
+        """`objects.ObjectSource`: an egress prefix leaves from `offset`."""
+        self.bridge.device_to_host(self, offset, dest)
 
 
 class DeviceBridge:
@@ -69,8 +82,8 @@ class DeviceBridge:
 
     def alloc(self, extent: int) -> DeviceAllocation:
         try:
-            return DeviceAllocation(Buffer(self.device, extent, dtypes.uint8).allocate(), extent)
-        except (MemoryError, RuntimeError) as e:
+            return DeviceAllocation(Buffer(self.device, extent, dtypes.uint8).allocate(), extent, self)
+        except (MemoryError, RuntimeError, OSError) as e:  # OSError: the CPU backend's mmap (failures.py)
             raise SinkFailed(pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED, f"{extent} bytes on {self.device}: {e}") from None
 
     def free(self, alloc: DeviceAllocation) -> None:
@@ -132,32 +145,8 @@ class DeviceSink:
     def __init__(self, bridge: DeviceBridge) -> None:
         self.bridge = bridge
 
-    def allocate(self, facts: HeaderFacts) -> DeviceObjectWriter:
-        return DeviceObjectWriter(self.bridge, self.bridge.alloc(facts.extent))
+    def allocate(self, facts: HeaderFacts) -> DeviceAllocation:
+        return self.bridge.alloc(facts.extent)
 
-    def discard(self, buffer: DeviceObjectWriter) -> None:
-        self.bridge.free(buffer.alloc)
-
-
-@dataclass
-class DeviceObjectWriter:
-    bridge: DeviceBridge
-    alloc: DeviceAllocation
-
-    def write(self, offset: int, data: memoryview) -> None:
-        self.bridge.host_to_device(data, self.alloc, offset)
-
-
-@dataclass
-class DeviceObjectSource:
-    """`objects.ObjectSource` reading an output object out of device memory."""
-
-    bridge: DeviceBridge
-    alloc: DeviceAllocation
-
-    @property
-    def extent(self) -> int:
-        return self.alloc.extent
-
-    def read_into(self, offset: int, dest: memoryview) -> None:
-        self.bridge.device_to_host(self.alloc, offset, dest)
+    def discard(self, buffer: DeviceAllocation) -> None:
+        self.bridge.free(buffer)

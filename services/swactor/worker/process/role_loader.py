@@ -1,16 +1,15 @@
 """A cold ConfigureRole load on its own thread, so the compute process keeps serving its command loop.
 
 Loading a GGUF range takes seconds (minutes for a big model). While it runs the §31 loop still reads
-stdin (UninstallRing, ShutdownWorker, CancelRole) and pumps rings. The thread only calls
-`roles.load`; everything it has to say (layer progress, the role or the failure) goes through a queue
-and a self-pipe that wakes the loop, so events are written on the loop's thread only.
+stdin (UninstallRing, ShutdownWorker, CancelRole) and pumps rings. The thread only calls the load;
+everything it has to say (layer progress, the role or the failure, `messages.LoadEvent`) goes
+through a queue and a self-pipe that wakes the loop, so the core sees it on the loop's thread only.
 
 Abandoning a load (`cancel`) sets a flag the progress callback checks once the GGUF is parsed and
-after every layer: the load raises `LoadCancelled` there and unwinds, dropping what it had read (the
-parse itself and the final upload to the device have no such point). A load that finishes after a
-cancel is discarded the same way. For CancelRole the loop reports the outcome once the thread has
-ended, so no weights outlive the cancelled role; ShutdownWorker does not wait: the process exits and
-takes the thread with it.
+after every layer: the load raises `roles.LoadCancelled` there and unwinds, dropping what it had
+read (the parse itself and the final upload to the device have no such point). Whether a cancelled
+load's outcome is waited for is the core's decision: CancelRole waits, so no weights outlive the
+cancelled role; ShutdownWorker does not, the process exits and takes the thread with it.
 """
 
 from __future__ import annotations
@@ -21,40 +20,16 @@ import queue
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.v1 import common_pb2 as pb
-from swactor.worker.process import roles
-
-
-class LoadCancelled(Exception):
-    """Raised inside the load (from its progress callback) once the load was cancelled."""
-
-
-@dataclass(frozen=True)
-class LoadProgress:
-    done: int
-    total: int
-
-
-@dataclass(frozen=True)
-class LoadDone:
-    role: Any  # roles.Role
-
-
-@dataclass(frozen=True)
-class LoadFailed:
-    reason: int  # RoleFailure
-    detail: str
-
-
-LoadEvent = LoadProgress | LoadDone | LoadFailed
+from swactor.worker.process import failures
+from swactor.worker.process.messages import LoadDone, LoadEvent, LoadFailed, LoadProgress
+from swactor.worker.process.roles import LoadCancelled
 
 
 class Wakeup:
-    """A self-pipe the loop selects on: the loader thread writes a byte after queueing an event."""
+    """A self-pipe the loop selects on: a loader thread writes a byte after queueing an event."""
 
     def __init__(self) -> None:
         self.r, self.w = os.pipe()
@@ -89,67 +64,77 @@ def loads_running() -> bool:
 
 
 class RoleLoader:
-    """One cold load of `config` for `role_id`; `events()` returns what the thread has reported since."""
+    """One cold load for `role_id`; `events()` returns what its thread has reported since."""
 
-    def __init__(self, role_id: int, config: dict[str, Any], load: Callable[[Callable[[int, int], None]], Any],
-                 wakeup: Wakeup) -> None:
+    def __init__(self, role_id: int, load: Callable[[Callable[[int, int], None]], Any],
+                 events: queue.SimpleQueue[LoadEvent], wakeup: Wakeup) -> None:
         self.role_id = role_id
-        self.config = config
-        self.key = roles.weights_key(config)
         self._load = load
+        self._events = events
         self._wakeup = wakeup
-        self._queue: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
         self._cancel = threading.Event()
-        self.cancel_reason: tuple[int, str] | None = None  # (RoleFailure, detail) once cancelled
-        self.ended = False  # the thread has reported its outcome (LoadDone / LoadFailed)
         self._thread = threading.Thread(target=self._run, name=f"{THREAD_PREFIX}{role_id}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def cancel(self, reason: int, detail: str) -> None:
-        if self.cancel_reason is None:
-            self.cancel_reason = (reason, detail)
+    def cancel(self) -> None:
         self._cancel.set()
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancel.is_set()
+    def join(self) -> None:
+        """After its last event (LoadDone / LoadFailed): returns at once."""
+        self._thread.join()
 
     def _post(self, ev: LoadEvent) -> None:
-        self._queue.put(ev)
+        self._events.put(ev)
         self._wakeup.set()
 
     def _progress(self, done: int, total: int) -> None:
         if self._cancel.is_set():
             raise LoadCancelled(f"load of role {self.role_id} cancelled at {done}/{total} layers")
-        self._post(LoadProgress(done, total))
+        self._post(LoadProgress(self.role_id, done, total))
 
     def _run(self) -> None:
-        outcome: LoadEvent
         try:
-            outcome = LoadDone(self._load(self._progress))
-        except LoadCancelled as e:
-            outcome = LoadFailed(pb.ROLE_FAILURE_LOAD_CANCELLED, str(e))
-        except roles.RoleError as e:
-            outcome = LoadFailed(e.reason, e.detail)
-        except MemoryError as e:
-            outcome = LoadFailed(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"MemoryError: {e}")
-        except Exception as e:  # role code is not ours to trust: name the failure, never kill the worker
-            get_logger(component="worker").error("role_load_failed", role_id=self.role_id, detail=repr(e),
-                                                 tb=traceback.format_exc())
-            outcome = LoadFailed(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{type(e).__name__}: {e}")
+            outcome: LoadEvent = LoadDone(self.role_id, self._load(self._progress))
+        except Exception as e:
+            c = failures.classify(failures.LOAD_FAILURES, e)
+            if not c.known:
+                get_logger(component="worker").error("role_load_failed", role_id=self.role_id, detail=c.detail,
+                                                     tb=traceback.format_exc())
+            outcome = LoadFailed(self.role_id, c.reason, c.detail)
         self._post(outcome)
 
+
+class Loaders:
+    """The load threads of this process and the one queue + wakeup pipe they report through."""
+
+    def __init__(self) -> None:
+        self.wakeup = Wakeup()
+        self._events: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
+        self._running: dict[int, RoleLoader] = {}
+
+    def start(self, role_id: int, load: Callable[[Callable[[int, int], None]], Any]) -> None:
+        loader = RoleLoader(role_id, load, self._events, self.wakeup)
+        self._running[role_id] = loader
+        loader.start()
+
+    def cancel(self, role_id: int) -> None:
+        loader = self._running.get(role_id)
+        if loader is not None:
+            loader.cancel()
+
     def events(self) -> list[LoadEvent]:
+        """Everything reported since the last call; a load that reported its outcome is joined."""
+        self.wakeup.ack()
         out: list[LoadEvent] = []
         while True:
             try:
-                ev = self._queue.get_nowait()
+                ev = self._events.get_nowait()
             except queue.Empty:
-                break
+                return out
             if isinstance(ev, LoadDone | LoadFailed):
-                self._thread.join()  # it has posted its last event: joining is immediate
-                self.ended = True
+                loader = self._running.pop(ev.role_id, None)
+                if loader is not None:
+                    loader.join()
             out.append(ev)
-        return out

@@ -2,9 +2,9 @@
 
 A role turns the device objects of one step's inputs into the device objects of its outputs.
 `load` builds one from ConfigureRole.config (a cold load: seconds to minutes, so the compute process
-runs it on a loader thread, `role_loader`); `reuse` re-uses the resident one instead when the config
-names the same weights (warm reuse across runs: same GGUF, same layer range), resetting its per-run
-state (KV cache). `configure` is both in one call.
+runs it on a loader thread, `role_loader`). A config whose `weights_key` is the resident role's
+re-uses that role instead (warm reuse across runs: same GGUF, same layer range): the core sees the
+key match and the shell calls `Role.reset`, which forgets per-run state (KV cache).
 
 config kinds:
 - {"kind": "llama_stage", ...}: a contiguous layer range of a GGUF llama model (compute core);
@@ -19,17 +19,23 @@ import hashlib
 import importlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from swactor.common.reasons import ReasonError
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.process.device import DeviceAllocation, DeviceBridge
+
+if TYPE_CHECKING:  # the core reads weights_key without importing tinygrad
+    from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
 Progress = Callable[[int, int], None]
 
 
 class RoleError(ReasonError):
     """ConfigureRole failed: reason is a RoleFailure (RoleFailed event)."""
+
+
+class LoadCancelled(Exception):
+    """Raised inside a load (from its progress callback) once the load was cancelled."""
 
 
 class Role(Protocol):
@@ -47,17 +53,9 @@ def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
             config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"))
 
 
-def reuse(current: Role | None, config: dict[str, Any]) -> Role | None:
-    """`current`, reset for a new run, when it already holds the weights `config` names; else None."""
-    if current is not None and current.key == weights_key(config):
-        current.reset(config)
-        return current
-    return None
-
-
 def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, threads: int | None = None) -> Role:
     """A new role for `config` (cold). threads: CPU cores of the compute kernels (None: the compute core's default).
-    `progress` may raise to abandon the load (the exception propagates)."""
+    `progress` may raise (LoadCancelled) to abandon the load: the exception propagates."""
     key = weights_key(config)
     kind = config.get("kind")
     if kind == "llama_stage":
@@ -67,15 +65,6 @@ def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, th
     if kind == "factory":
         return _from_factory(config, bridge, progress, key)
     raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.kind {kind!r} is not llama_stage or factory")
-
-
-def configure(current: Role | None, config: dict[str, Any], bridge: DeviceBridge,
-              progress: Progress, *, threads: int | None = None) -> tuple[Role, bool]:
-    """(role, warm): warm when `current` already holds the weights `config` names."""
-    warm = reuse(current, config)
-    if warm is not None:
-        return warm, True
-    return load(config, bridge, progress, threads=threads), False
 
 
 def _from_factory(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, key: tuple[Any, ...]) -> Role:
