@@ -140,8 +140,8 @@ impl<T: Sync> Dispatch<T> {
 }
 
 /// The side that publishes launches. The protocol has a single caller:
-/// `Dispatch::new` makes exactly one, it is not `Clone`, and publishing takes
-/// `&mut self` (`Pool` keeps it behind a mutex).
+/// `Caller::new` makes a fresh dispatch with exactly one, it is not `Clone`,
+/// and publishing takes `&mut self` (`Pool` keeps it behind a mutex).
 pub(crate) struct Caller<T> {
     shared: Arc<Dispatch<T>>,
     /// The last epoch published; only the caller writes the epoch word.
@@ -173,13 +173,19 @@ impl<T: Sync> Caller<T> {
     /// Run `count` slices of `launch` with the workers; returns when all have
     /// finished, their writes visible to this thread.
     pub(crate) fn run_sliced(&mut self, launch: &T, count: u16, run: impl Fn(&T, u32)) {
-        let e = self.publish(launch, count);
+        // SAFETY: `launch` is borrowed for this whole call, which returns only
+        // after `wait(count)`.
+        let e = unsafe { self.publish(launch, count) };
         self.shared.help(e, &run);
         self.wait(count);
     }
 
-    /// Steps 1 of the protocol; returns the launch's epoch.
-    pub(crate) fn publish(&mut self, launch: &T, count: u16) -> u32 {
+    /// Step 1 of the protocol; returns the launch's epoch.
+    ///
+    /// # Safety
+    /// `launch` stays alive and in place until `wait(count)` has returned:
+    /// workers dereference the pointer stored here until then.
+    pub(crate) unsafe fn publish(&mut self, launch: &T, count: u16) -> u32 {
         let d = &*self.shared;
         let e = self.epoch.wrapping_add(1);
         self.epoch = e;

@@ -139,7 +139,8 @@ fn no_worker_sleeps_through_a_launch() {
         let mut caller = Caller::new();
         let workers = spawn_workers(&caller, 1);
         for l in &launches {
-            caller.publish(&**l, 1);
+            // SAFETY: `l` lives in `launches` until the model ends, after the wait.
+            unsafe { caller.publish(&**l, 1) };
             caller.wait(1);
             retire(l);
         }
