@@ -1,8 +1,10 @@
-"""swactor_ring: shared-memory SPSC byte rings in a memfd arena (spec §17, §20-22).
+"""swactor_ring: shared-memory SPSC byte rings in a memfd arena (spec §17, §20-22), and the compute process's native
+kernel launcher (LaunchTable, LaunchPool; x86-64 and AArch64 builds only).
 
-See docs/ring.md for the ABI, cursor invariants, wake protocol and span rule.
+See docs/ring.md for the ABI, cursor invariants, wake protocol and span rule; docs/compute.md for the launcher.
 """
 
+from collections.abc import Sequence
 from typing import ClassVar, final
 
 from typing_extensions import Buffer
@@ -16,6 +18,7 @@ WAKE_PRODUCER_WAITING: int  # header wake bit 2
 OBJECT_HEADER_LEN: int  # 40
 OBJECT_MAGIC: int  # b"SWOB" as little-endian u32
 OBJECT_VERSION: int  # 1
+LAUNCH_MAX_ARGS: int  # 16: most parameters a launched kernel may have
 
 class RingError(ValueError):
     """Header/layout/cursor/argument error."""
@@ -261,3 +264,35 @@ class ObjectHeader:
     def parse(buf: Buffer, max_extent: int, alignment: int = 1) -> ObjectHeader: ...
     def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
+
+@final
+class LaunchTable:
+    """The kernels of a captured graph in run order, with resolved arguments and bound variables.
+
+    Trusted input: a table calls the C functions at the addresses it is given with the arguments it is given (as ctypes
+    does). Only swactor.worker.compute.replay builds tables, from tinygrad CPU programs whose buffers it keeps alive;
+    the checks here (parameter counts, slots, variable ranges) raise ValueError on mistakes.
+    """
+
+    def __new__(cls) -> LaunchTable: ...
+    def __len__(self) -> int: ...
+    def push(self, kernel: int, args: Sequence[int], core_slot: int | None = None, slices: int = 0) -> int:
+        """Append a launch of the C function at `kernel` with all its parameter values `args` (<= LAUNCH_MAX_ARGS;
+        variable slots are filled at run time); a kernel split into core_id slices names the parameter that takes the
+        slice index in `core_slot`. Returns the launch's index."""
+    def bind(self, name: str, launch: int, slot: int, lo: int, hi: int) -> None:
+        """Parameter `slot` of launch `launch` takes variable `name`, accepted in lo..=hi at run time."""
+    def set_slices(self, launch: int, slices: int) -> None:
+        """Slice count of a sliced launch whose count depends on variables."""
+
+@final
+class LaunchPool:
+    """The calling thread plus threads-1 native workers that run launch tables. Idle workers spin spin_ns, then sleep;
+    when a run ends they sleep at once. Runs from several Python threads queue."""
+
+    def __new__(cls, threads: int, spin_ns: int = 200_000) -> LaunchPool: ...
+    @property
+    def threads(self) -> int: ...
+    def run(self, table: LaunchTable, var_vals: dict[str, int]) -> None:
+        """Give the table's variables their values (ValueError when one is missing or out of its range), then run
+        its launches in order with the GIL released; returns when all have finished."""

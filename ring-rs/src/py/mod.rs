@@ -2,6 +2,8 @@
 
 mod errors;
 mod handles;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod launch;
 mod object;
 
 use pyo3::prelude::*;
@@ -35,6 +37,8 @@ fn swactor_ring(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OBJECT_HEADER_LEN", OBJECT_HEADER_LEN)?;
     m.add("OBJECT_MAGIC", OBJECT_MAGIC)?;
     m.add("OBJECT_VERSION", OBJECT_VERSION)?;
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    launch::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
