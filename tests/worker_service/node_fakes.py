@@ -13,6 +13,10 @@ from swactor.v1 import common_pb2
 from swactor.worker.ctl_fsm import CtlState
 from swactor.worker.process import wire
 
+# The orchestrator's lease window (worker/stage_lease.py) of a StageNode that a test drives without
+# a WatchStage stream: long enough never to expire during the test.
+UNLEASED = 3600.0
+
 
 class FakeArenaPort:
     """Hands out layouts from a real memfd arena (tests.worker_service.harness.Arena) or fake ones."""
@@ -89,6 +93,7 @@ class FakeCtl:
 
     def __init__(self, role_failure: int | None = None) -> None:
         self.state = CtlState.NOT_STARTED
+        self.worker_generation = 0
         self.sent: list[Any] = []
         self.subs: list[Any] = []
         self.role_failure = role_failure
@@ -104,7 +109,8 @@ class FakeCtl:
 
     def start(self) -> None:
         self.state = CtlState.RUNNING
-        self._emit(wire.WorkerReady(1, 1, 1, {}))
+        self.worker_generation += 1
+        self._emit(wire.WorkerReady(1, self.worker_generation, 1, {}))
 
     def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool:
         return False

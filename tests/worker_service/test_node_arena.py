@@ -20,7 +20,7 @@ from swactor.worker.node import StageNode
 from swactor.worker.process import wire
 
 from .harness import start_arena
-from .node_fakes import FakeDriverPort, FakeMembership
+from .node_fakes import UNLEASED, FakeDriverPort, FakeMembership
 from .plans import MODEL, provision
 from .test_node_process import until, wait_for
 
@@ -42,7 +42,8 @@ def test_stage_node_leases_and_releases_real_arena_rings() -> None:
         client = AsyncArenaClient(hold, base / "arena.sock")
         core = CtlCore(hold.arena_len, sr.RING_VERSION, {"device": "CPU"}, init_timeout_s=60)
         ctl = GpuWorkerCtl(core, hold.fd)
-        node = StageNode(3, ctl, ArenaClientPort(client), FakeDriverPort(), FakeMembership())
+        node = StageNode(3, ctl, ArenaClientPort(client), FakeDriverPort(), FakeMembership(),
+                         lease_window_s=UNLEASED)
         await node.start()
         try:
             await wait_for(lambda: node.available)

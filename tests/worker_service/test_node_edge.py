@@ -37,6 +37,7 @@ from swactor.worker.node import StageNode
 from swactor.worker.process import wire
 
 from .harness import start_arena
+from .node_fakes import UNLEASED
 from .plans import MODEL, provision, ring
 from .test_node_process import until, wait_for
 
@@ -145,7 +146,8 @@ async def scenario(h: Host, p: Host) -> None:
     ctl = GpuWorkerCtl(CtlCore(hold.arena_len, sr.RING_VERSION, {"device": "CPU"}, init_timeout_s=60), hold.fd)
     driver = EdgeDriverPort(h.base / "edge.sock", h.base / "edge-wake.sock")
     membership = MembershipClientPort(h.base / "membership.sock")
-    node = StageNode(h.node_id, ctl, ArenaClientPort(client), driver, membership, control_endpoint="127.0.0.1:7441")
+    node = StageNode(h.node_id, ctl, ArenaClientPort(client), driver, membership, control_endpoint="127.0.0.1:7441",
+                     lease_window_s=UNLEASED)
     peer_hold = connect_holder(p.base / "arena-fd.sock")
     peer_arena = peer_hold.map()
     peer_client = AsyncArenaClient(peer_hold, p.base / "arena.sock")

@@ -19,7 +19,7 @@ from swactor.worker.node import StageNode
 from swactor.worker.process import wire
 
 from .harness import Arena
-from .node_fakes import FakeArenaPort, FakeDriverPort, FakeMembership
+from .node_fakes import UNLEASED, FakeArenaPort, FakeDriverPort, FakeMembership
 from .plans import MODEL, provision
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.skipif(not os.path.exists(MODEL), reason="run `make model`")]
@@ -54,7 +54,7 @@ def test_stage_node_with_real_worker_crash_and_restart() -> None:
         seen: list[Any] = []
         ctl.subscribe(seen.append)
         arena_port, driver, membership = FakeArenaPort(arena), FakeDriverPort(), FakeMembership()
-        node = StageNode(3, ctl, arena_port, driver, membership, control_endpoint="h:1")
+        node = StageNode(3, ctl, arena_port, driver, membership, control_endpoint="h:1", lease_window_s=UNLEASED)
         await node.start()
         try:
             await wait_for(lambda: node.available)

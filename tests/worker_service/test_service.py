@@ -25,13 +25,14 @@ NODE, ORCH = 5, 1
 
 
 async def serve(fn: Callable[[Any, StageNode, FakeMembership], Awaitable[None]], *, ctl: FakeCtl | None = None,
-                pinned: int | None = None) -> None:
+                pinned: int | None = None, lease_window_s: float = 5.0) -> None:
     ctl = ctl or FakeCtl()
     membership = FakeMembership()
     node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), membership, control_endpoint="127.0.0.1:1",
-                     orchestrator_node_id=pinned)
+                     orchestrator_node_id=pinned, lease_window_s=lease_window_s)
     server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
-                                    server_credentials=control_tls.server_credentials(SECRET, NODE))
+                                    server_credentials=control_tls.server_credentials(SECRET, NODE),
+                                    options=control_tls.keepalive_options(server=True))
     stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
     await server.start()
     await node.start()

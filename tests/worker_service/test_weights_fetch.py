@@ -23,7 +23,7 @@ from tests.distribution.served import SECRET as SERVER_SECRET
 from tests.distribution.served import serve as serve_model
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
-from .node_fakes import FakeArenaPort, FakeCtl, FakeDriverPort, FakeMembership
+from .node_fakes import UNLEASED, FakeArenaPort, FakeCtl, FakeDriverPort, FakeMembership
 from .plans import provision
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,7 +57,8 @@ def test_a_url_stage_fetches_then_configures_and_lists_its_cache(tmp_path: Path)
         ctx = control_tls.model_client_context(SERVER_SECRET, NODE)
         pool = FetchPool(WeightsCache(tmp_path / "weights"), lambda u, name: Target(u, ctx, name),
                          progress_interval_s=0.0)
-        node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool)
+        node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
+                         lease_window_s=UNLEASED)
         server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
                                         server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE))
         stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)

@@ -93,11 +93,31 @@ def server_credentials(secret: bytes, node_id: int) -> grpc.ServerCredentials:
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
-def channel(secret: bytes, orchestrator_node_id: int, target: str, node_id: int) -> grpc.aio.Channel:
+# HTTP/2 keepalive on the control channel, both ends (issue 12): each side pings every interval and
+# closes the connection when a ping is not answered within two intervals, so a dead or partitioned
+# peer ends the run's WatchStage stream in seconds on both sides -- the orchestrator faults the run,
+# the stage's lease (worker/stage_lease.py) starts counting -- instead of whichever run timer fires
+# first. Pings are allowed without data in flight: a Ready stage's stream is silent between runs' tokens.
+DEFAULT_KEEPALIVE_S = 1.0
+
+
+def keepalive_options(interval_s: float = DEFAULT_KEEPALIVE_S, *, server: bool) -> list[tuple[str, int]]:
+    interval_ms = max(100, int(interval_s * 1000))
+    options = [("grpc.keepalive_time_ms", interval_ms), ("grpc.keepalive_timeout_ms", 2 * interval_ms),
+               ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0)]
+    if server:  # accept the client's pings at that rate instead of answering them with GOAWAY
+        options += [("grpc.http2.min_recv_ping_interval_without_data_ms", interval_ms // 2),
+                    ("grpc.http2.max_ping_strikes", 0)]
+    return options
+
+
+def channel(secret: bytes, orchestrator_node_id: int, target: str, node_id: int, *,
+            keepalive_s: float = DEFAULT_KEEPALIVE_S) -> grpc.aio.Channel:
     """The orchestrator's channel to node `node_id` at `target` (host:port)."""
     ca, key, cert = _leaf(secret, orchestrator_name(orchestrator_node_id), server=False)
     creds = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-    return grpc.aio.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", node_name(node_id))])
+    return grpc.aio.secure_channel(target, creds, options=[("grpc.ssl_target_name_override", node_name(node_id)),
+                                                           *keepalive_options(keepalive_s, server=False)])
 
 
 def peer_orchestrator(auth_context: dict[str, list[bytes]]) -> int | None:

@@ -66,14 +66,16 @@ def create_server(
     service_names: Iterable[str] = (),
     server_credentials: grpc.ServerCredentials | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    options: Sequence[tuple[str, int | str]] = (),
 ) -> tuple[grpc.aio.Server, int | None, health.aio.HealthServicer]:
     """A grpc.aio server with reflection and health, listening where asked.
 
     Returns (server, bound TCP port or None, health servicer). Servicers are added by the caller
     before `await server.start()`; `tcp_address` may use port 0 to let tests pick a free port.
-    `interceptors` see every call, reflection and health included (the orchestrator's token check).
+    `interceptors` see every call, reflection and health included (the orchestrator's token check);
+    `options` are channel arguments (e.g. control_tls.keepalive_options).
     """
-    server = grpc.aio.server(interceptors=list(interceptors) or None)
+    server = grpc.aio.server(interceptors=list(interceptors) or None, options=list(options) or None)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*service_names, reflection.SERVICE_NAME, health.SERVICE_NAME]

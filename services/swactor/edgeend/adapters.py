@@ -100,13 +100,15 @@ class EdgeDriverPort(LocalClient):
         return watch_object_timings(self._stub, edge_ids)
 
     async def wake_fds(self, ring_id: int) -> tuple[int, int] | None:
+        """The pump's eventfds; raises WakeFdError when the driver cannot hand them over (the
+        establisher then fails the edge: its ring host would never be woken)."""
         from swactor.edge.wakefd import WakeFdError, fetch_wake_fds
 
         try:
             return await asyncio.to_thread(fetch_wake_fds, self.wake_socket, ring_id)
         except WakeFdError as e:
             get_logger(ring_id=ring_id).warning("edge_wake_fds_unavailable", detail=str(e))
-            return None
+            raise
 
     async def healthy(self) -> bool:
         try:

@@ -7,7 +7,7 @@ InstallRing/UninstallRing/RingInstalled/RingQuiesced contract).
 
   New -> WaitingForLease -> WaitingForWorkerRing -> WaitingForDriver -> Ready
   any live state -> Stopping: StoppingPump -> StoppingWorkerRing -> ReleasingArena -> Stopped
-  lease rejected -> Failed
+  lease rejected, or still queued after the pressure timeout -> Failed
 
 Teardown (§38) never releases a lease before the pump stopped and the ring quiesced (or the ring
 host process is gone). A lease granted after cancellation is released at once, never installed.
@@ -79,6 +79,24 @@ class RingLeaseRejected:
 
 
 @dataclass(frozen=True)
+class LeaseTimedOut:
+    """The lease was not granted within the shell's pressure timeout (the arena queued it: §36
+    temporary pressure timeout)."""
+
+    request_id: int
+    waited_s: float
+
+
+@dataclass(frozen=True)
+class WakeFdsUnavailable:
+    """The driver accepted the edge but its pump's wake eventfds could not be fetched: the ring host
+    would never be woken (the compute process does not poll), so the edge cannot work."""
+
+    edge_id: int
+    detail: str
+
+
+@dataclass(frozen=True)
 class RingInstalled:
     ring_id: int
 
@@ -135,8 +153,9 @@ class StopEdge:
     edge_id: int
 
 
-Input = (Provision | RingLeased | RingLeaseRejected | RingInstalled | RingFault | RingQuiesced | DriverEdgeReady
-         | StreamFault | StreamClosed | PumpStopped | DriverFailed | Released | StopEdge)
+Input = (Provision | RingLeased | RingLeaseRejected | LeaseTimedOut | RingInstalled | RingFault | RingQuiesced
+         | DriverEdgeReady | StreamFault | StreamClosed | PumpStopped | DriverFailed | WakeFdsUnavailable | Released
+         | StopEdge)
 
 # ---- actions ----
 
@@ -254,6 +273,8 @@ class EdgeEstablisher:
                 return self._leased(request_id, layout)
             case RingLeaseRejected(request_id, reason, detail):
                 return self._rejected(request_id, reason, detail)
+            case LeaseTimedOut(request_id, waited_s):
+                return self._lease_timed_out(request_id, waited_s)
             case StopEdge(edge_id):
                 rec = self.records.get(edge_id)
                 return self._stop(rec, None) if rec else []
@@ -287,6 +308,9 @@ class EdgeEstablisher:
             case StreamFault(_, reason, detail):
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
                                                   f"{name(pb.StreamFaultReason, reason)}: {detail}"))
+            case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
+                                                  pb.COMPONENT_EDGE_DRIVER, f"wake eventfds unavailable: {detail}"))
             case DriverFailed(_, detail):
                 rec.pump_stopped = True  # the driver never (or no longer) runs a pump for it
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
@@ -348,6 +372,18 @@ class EdgeEstablisher:
         rec.failed = failure
         self._transition(rec, EdgeState.FAILED, reason=reason_name)
         return [failure]
+
+    def _lease_timed_out(self, request_id: int, waited_s: float) -> list[Action]:
+        eid = self.by_request.get(request_id)
+        rec = self.records.get(eid) if eid is not None else None
+        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+            return []
+        failure = EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_ARENA_PRESSURE_TIMEOUT, pb.COMPONENT_ARENA,
+                             f"ring lease not granted within {waited_s:g}s: the arena is under pressure")
+        rec.failed = failure
+        self._transition(rec, EdgeState.FAILED, reason="PressureTimeout")
+        # A grant racing the cancel is released as stale (_leased: the record is no longer waiting).
+        return [failure, CancelLease(request_id)]
 
     # ---- teardown (§38) ----
 

@@ -9,6 +9,7 @@ EdgeFailed, EdgeStopped) go to the owner through one callback.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 
 EdgeOutcome = est.EdgeReady | est.EdgeFailed | est.EdgeStopped
+# How long an edge waits for its ring lease before it fails RUN_FAULT_ARENA_PRESSURE_TIMEOUT (§36): long
+# enough for a queued lease to be served when another run's rings are released, far below the
+# run's readiness timeout (600 s) that would otherwise be the only bound.
+DEFAULT_LEASE_TIMEOUT_S = 30.0
 
 
 class RingHost(Protocol):
@@ -47,6 +52,8 @@ class EstablisherShell:
     spawn: Callable[[Awaitable[Any]], None]  # runs a coroutine as a task the owner tracks
     log: Any
     core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
+    # A lease not granted within this long fails the edge RUN_FAULT_ARENA_PRESSURE_TIMEOUT (§36); None = never.
+    lease_timeout_s: float | None = None
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):
@@ -80,12 +87,17 @@ class EstablisherShell:
                 self.handle(ev)
 
     async def _lease(self, a: est.LeaseRing) -> None:
+        timer = None
+        if self.lease_timeout_s is not None:
+            timer = asyncio.get_running_loop().call_later(
+                self.lease_timeout_s, self.handle, est.LeaseTimedOut(a.request_id, self.lease_timeout_s))
         try:
             out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
         except Exception as e:
-            self.handle(est.RingLeaseRejected(a.request_id, arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED,
-                                              f"arena-manager unreachable: {type(e).__name__}: {e}"))
-            return
+            out = Rejected(arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED, f"arena-manager unreachable: {type(e).__name__}: {e}")
+        finally:
+            if timer is not None:
+                timer.cancel()
         match out:
             case Leased(layout):
                 self.handle(est.RingLeased(a.request_id, layout))
@@ -119,7 +131,11 @@ class EstablisherShell:
         except Exception as e:
             self.handle(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
             return
-        fds = await self.driver.wake_fds(a.layout.ring_id)
+        try:
+            fds = await self.driver.wake_fds(a.layout.ring_id)
+        except Exception as e:  # without them the ring host is never woken: the edge cannot work
+            self.handle(est.WakeFdsUnavailable(a.edge_id, f"{type(e).__name__}: {e}"))
+            return
         try:
             self.host.wake_fds(a.edge_id, a.layout.ring_id, fds)
         finally:

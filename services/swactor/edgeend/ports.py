@@ -63,6 +63,7 @@ class DriverPort(Protocol):
     def events(self) -> AsyncIterator[DriverEvent]: ...
 
     async def wake_fds(self, ring_id: int) -> tuple[int, int] | None:
-        """The (readable, writable) eventfds the driver's pump uses for the ring, if it shares them."""
+        """The (readable, writable) eventfds the driver's pump uses for the ring; None from a driver
+        that shares none (test fakes); raises when a driver that shares them cannot hand them over."""
 
     async def healthy(self) -> bool: ...

@@ -65,6 +65,11 @@ class OrchestratorConfig:
     first_token_timeout_s: float = 300.0
     step_timeout_s: float = 60.0
     teardown_timeout_s: float = 30.0
+    # HTTP/2 keepalive on the channels to the nodes' control API (control_tls.keepalive_options): a
+    # dead or partitioned stage host ends its WatchStage stream (and faults the run) within ~3 intervals.
+    control_keepalive_s: float = 1.0
+    # A token ring lease the local arena keeps queued this long faults the run RUN_FAULT_ARENA_PRESSURE_TIMEOUT.
+    arena_pressure_timeout_s: float = 30.0
 
     def model_sources(self) -> dict[str, ModelSource]:
         default = self.model_source or (f"{self.model_path}" if self.model_path is not None else "")

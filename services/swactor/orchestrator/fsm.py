@@ -114,7 +114,10 @@ class EndpointsReady:
 
 @dataclass(frozen=True)
 class EndpointsClosed:
-    """The local token endpoints are torn down (their edges stopped, rings released)."""
+    """The local token endpoints are torn down (their edges stopped, rings released); `left` names
+    what could not be confirmed ("" = everything)."""
+
+    left: str = ""
 
 
 @dataclass(frozen=True)
@@ -228,6 +231,7 @@ class RunFsm:
         self._endpoints_open = False
         self._endpoints_ready = False
         self._endpoints_closing = False  # CloseEndpoints sent, EndpointsClosed not yet seen
+        self._teardown_left: list[str] = []  # parts whose teardown could not be confirmed
         self._provisioned: set[int] = set()
         self._failed: set[int] = set()
         self._awaiting_stop: set[int] = set()
@@ -327,14 +331,15 @@ class RunFsm:
             return
         counters = {"stages_stopped": len(self._provisioned - self._failed) - len(self._awaiting_stop),
                     "stages_unconfirmed": len(self._awaiting_stop)}
-        if self.teardown_timed_out:
+        if self.teardown_timed_out or self._teardown_left:
             pending = sorted(self._awaiting_stop)
             what = [f"no StageStopped from stage(s) {pending}"] if pending else []
             if self._endpoints_closing:
                 what.append("token endpoints not closed")
+            what = [f"{' and '.join(what)} within {self.config.timeouts.teardown_s}s"] if what else []
             out.append(self._ev(K.RUN_TORN_DOWN, reason=reason_name(pb.RUN_FAULT_TEARDOWN_TIMEOUT),
                                 component=pb.COMPONENT_ORCHESTRATOR, counters=counters,
-                                detail=f"{' and '.join(what)} within {self.config.timeouts.teardown_s}s"))
+                                detail="; ".join(what + self._teardown_left)))
         else:
             out.append(self._ev(K.RUN_TORN_DOWN, counters=counters))
         self._deadline = None
@@ -496,8 +501,10 @@ class RunFsm:
                     return
                 self._awaiting_stop.discard(i)
                 out.append(self._stage_ev(K.STAGE_STOPPED, stage))
-            case EndpointsClosed():
+            case EndpointsClosed(left=left):
                 self._endpoints_closing = False
+                if left:
+                    self._teardown_left.append(f"token endpoints: {left}")
             case StageFault(stage_index=i, reason=r, component=c, detail=d):
                 stage = self._stage(i)
                 if stage is not None:

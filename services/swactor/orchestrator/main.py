@@ -24,8 +24,10 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
+from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator import reconcile_shell
 from swactor.orchestrator.api_access import (
     ApiAccess,
     ApiAccessError,
@@ -40,6 +42,7 @@ from swactor.orchestrator.manager import Orchestrator, RunDefaults
 from swactor.orchestrator.membership_client import follow_membership
 from swactor.orchestrator.models import ModelRegistry, ModelUnusable
 from swactor.orchestrator.planner import RunPlan, StagePlan
+from swactor.orchestrator.reconcile import Leftover
 from swactor.orchestrator.runner import wall_us
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
@@ -70,7 +73,6 @@ def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry,
                 distributor: Distributor | None = None) -> StageFleet:
     if cfg.secret_file is None:
         return NoSecretFleet()
-    from swactor.common.secret import read_secret
 
     secret = read_secret(cfg.secret_file)
     if distributor is not None:
@@ -83,7 +85,8 @@ def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry,
         def sources(plan: RunPlan, report: Report) -> Path:
             return node_paths[plan.model.model_id].resolve()
 
-    return StageControlFleet(mtls_channels(secret, node_id), sources, endpoints=RingEndpointFactory(local_ports(cfg)))
+    return StageControlFleet(mtls_channels(secret, node_id, keepalive_s=cfg.control_keepalive_s), sources,
+                             endpoints=RingEndpointFactory(local_ports(cfg), lease_timeout_s=cfg.arena_pressure_timeout_s))
 
 
 def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry):
@@ -91,7 +94,6 @@ def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegis
     if cfg.secret_file is None or not cfg.model_server_address:
         return None, None
     from swactor.common import control_tls
-    from swactor.common.secret import read_secret
     from swactor.distribution.server import FileTable, start_server
 
     files = FileTable()
@@ -196,8 +198,11 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     log = get_logger()
     node_id = load_or_create_node_id(cfg.state_dir)
     store = RunStore.in_state_dir(cfg.state_dir)
+    leftovers = []
     for run in store.recover(wall_us()):
-        log.warning("run_interrupted_by_restart", run_id=run.run_id, reason=run.reason)
+        log.warning("run_interrupted_by_restart", run_id=run.run_id, reason=run.reason, placed=len(run.placement))
+        if run.placement:  # it may still hold stages and token edges: reconcile.py tears them down
+            leftovers.append(Leftover.of(run))
     models = ModelRegistry(cfg.model_sources(), cfg.model_name)
     refused = await judge_models(models)
     if refused is not None:
@@ -241,7 +246,12 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         await server.start()
         await set_serving(health_servicer, [SERVICE_NAME])
     restrict_unix_socket(cfg.socket)
-    watcher = asyncio.create_task(follow_membership(cfg.membership_socket, orch.set_members))
+    on_view, reconciling = reconcile_shell.start(
+        leftovers if cfg.secret_file is not None else [], secret=read_secret(cfg.secret_file) if cfg.secret_file else b"",
+        node_id=node_id, edge_socket=cfg.edge_socket, edge_wake_socket=cfg.edge_wake_socket,
+        arena_socket=cfg.arena_socket, store=store, publish=orch.set_members,
+        confirm_timeout_s=cfg.teardown_timeout_s, keepalive_s=cfg.control_keepalive_s)
+    watcher = asyncio.create_task(follow_membership(cfg.membership_socket, on_view))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
              model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__,
              model_server_port=model_server.port if model_server else None)
@@ -258,6 +268,8 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         notify_stopping("stopping: operator-stopping active runs")
         await orch.shutdown()
         watcher.cancel()
+        if reconciling is not None:
+            reconciling.cancel()
         for server, _ in servers:
             await server.stop(grace=1.0)
         if model_server is not None:

@@ -76,13 +76,10 @@ class RunHandle:
                 except TimeoutError:
                     event = F.Tick()
                 await self._step(event)
-        except Exception as e:  # a bug in the adapter must still end the run, visibly
+        except Exception as e:  # a bug in the adapter must still end the run, visibly, and tear it down
             self.log.exception("run_driver_failed", error=str(e))
             if self.fsm.state is not F.RunState.DONE:
-                self.record.state = opb.RUN_STATE_DONE
-                self.record.outcome = self.record.outcome or opb.RUN_OUTCOME_FAULTED
-                self.record.reason = self.record.reason or pb.RunFaultReason.Name(pb.RUN_FAULT_ORCHESTRATOR_INTERNAL)
-                self.record.detail = f"orchestrator run driver failed: {e}"
+                await self._teardown_after_failure(e)
         finally:
             injector.cancel()
             for t in list(self._tasks):
@@ -168,7 +165,10 @@ class RunHandle:
     def _finalize(self) -> None:
         if self.record.state != opb.RUN_STATE_DONE:
             self.record.state = opb.RUN_STATE_DONE
-        self.store.put(self.record)
+        try:
+            self.store.put(self.record)
+        except Exception as e:  # the watchers still get the final record
+            self.log.error("run_store_write_failed", detail=f"{type(e).__name__}: {e}")
         final = opb.Run()
         final.CopyFrom(self.record)
         self.updates.append(opb.RunUpdate(finished=final))
@@ -244,13 +244,67 @@ class RunHandle:
     async def _close_endpoints(self) -> None:
         if self._opening is not None:
             await asyncio.wait([self._opening])  # never close endpoints that are still being opened
+        left = ""
         try:
             if self._endpoints is not None:
                 await self._endpoints.close()
-        except Exception as e:
-            self.log.warning("token_endpoints_close_failed", error=str(e))
+        except Exception as e:  # e.g. FleetError(RUN_FAULT_TEARDOWN_TIMEOUT) naming the edges left
+            left = e.detail if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            self.log.warning("token_endpoints_close_failed", error=left)
         finally:
-            self.report(F.EndpointsClosed())
+            self.report(F.EndpointsClosed(left))
+
+    # ---- a driver that raised (the FSM can no longer be trusted): tear down without it ----
+
+    async def _teardown_after_failure(self, error: Exception) -> None:
+        """Record ORCHESTRATOR_INTERNAL (unless an outcome was recorded), StopRun every stage whose
+        provisioning was sent, close the token endpoints, and wait up to the teardown timeout for
+        StageStopped / EndpointsClosed; run_torn_down names what was not confirmed."""
+        r, plan = self.record, self.fsm.plan
+        r.state = opb.RUN_STATE_DONE
+        if r.outcome == opb.RUN_OUTCOME_UNSPECIFIED:
+            r.outcome, r.outcome_us = opb.RUN_OUTCOME_FAULTED, wall_us()
+            r.reason = pb.RunFaultReason.Name(pb.RUN_FAULT_ORCHESTRATOR_INTERNAL)
+            r.detail = f"orchestrator run driver failed: {type(error).__name__}: {error}"
+            self._emit_quietly(pb.LifecycleEvent(kind=pb.RUN_FAULTED, reason=r.reason, detail=r.detail,
+                                                 component=pb.COMPONENT_ORCHESTRATOR))
+        stages = {i: plan.stages[i] for i in self._provisioning} if plan is not None else {}
+        for stage in stages.values():
+            self._spawn(self._stop_stage(stage))
+            self._emit_quietly(pb.LifecycleEvent(kind=pb.STOP_RUN_SENT, node_id=stage.node_id,
+                                                 stage_index=stage.stage_index, component=pb.COMPONENT_ORCHESTRATOR))
+        closing = self._opening is not None
+        if closing:
+            self._spawn(self._close_endpoints())
+        left: list[str] = []
+        deadline = self.clock() + self.fsm.config.timeouts.teardown_s
+        while (stages or closing) and (remaining := deadline - self.clock()) > 0:
+            try:
+                event = await asyncio.wait_for(self.inputs.get(), remaining)
+            except TimeoutError:
+                break
+            if isinstance(event, F.StageStopped) and stages.pop(event.stage_index, None) is not None:
+                self._emit_quietly(pb.LifecycleEvent(kind=pb.STAGE_STOPPED, stage_index=event.stage_index))
+            elif isinstance(event, F.EndpointsClosed):
+                closing = False
+                left += [f"token endpoints: {event.left}"] if event.left else []
+        left += [f"no StageStopped from stage {i} on node {s.node_id}" for i, s in sorted(stages.items())]
+        left += ["token endpoints not closed"] if closing else []
+        torn = pb.LifecycleEvent(kind=pb.RUN_TORN_DOWN, component=pb.COMPONENT_ORCHESTRATOR, detail="; ".join(left))
+        if left:
+            torn.reason = pb.RunFaultReason.Name(pb.RUN_FAULT_TEARDOWN_TIMEOUT)
+        self._emit_quietly(torn)
+        r.torn_down_us = wall_us()
+
+    def _emit_quietly(self, ev: pb.LifecycleEvent) -> None:
+        """An event of the failure teardown; the store may be what failed, so it cannot stop the teardown."""
+        ev.run_id, ev.time_us = self.run_id, wall_us()
+        self.updates.append(opb.RunUpdate(event=ev))
+        self._log_event(ev)
+        try:
+            self.store.append(self.run_id, [ev])
+        except Exception as e:
+            self.log.error("run_store_write_failed", detail=f"{type(e).__name__}: {e}")
 
 
 async def replay(store: RunStore, run: opb.Run) -> AsyncIterator[opb.RunUpdate]:

@@ -38,11 +38,14 @@ class EndpointFactory(Protocol):
     async def open(self, plan: RunPlan, report: Report) -> TokenEndpoints: ...
 
 
-def mtls_channels(secret: bytes, orchestrator_node_id: int) -> ChannelFactory:
+def mtls_channels(secret: bytes, orchestrator_node_id: int, *, keepalive_s: float | None = None) -> ChannelFactory:
     from swactor.common import control_tls
 
+    keepalive = control_tls.DEFAULT_KEEPALIVE_S if keepalive_s is None else keepalive_s
+
     def make(stage: StagePlan) -> grpc.aio.Channel:
-        return control_tls.channel(secret, orchestrator_node_id, stage.node.control_endpoint, stage.node_id)
+        return control_tls.channel(secret, orchestrator_node_id, stage.node.control_endpoint, stage.node_id,
+                                   keepalive_s=keepalive)
 
     return make
 

@@ -24,7 +24,7 @@ from swactor.common.ids import new_id
 from swactor.common.reasons import name
 from swactor.common.ringport import open_consumer, open_producer
 from swactor.edgeend import establisher as est
-from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.establisher_shell import DEFAULT_LEASE_TIMEOUT_S, EdgeOutcome, EstablisherShell
 from swactor.edgeend.ports import ArenaPort, DriverPort
 from swactor.edgeend.timings import relay_object_timings
 from swactor.orchestrator import fsm as F
@@ -41,7 +41,7 @@ class RingTokenEndpoints:
     """`TokenEndpoints` of one run over two leased rings and the local edge-driver."""
 
     def __init__(self, plan: RunPlan, report: Report, arena: ArenaPort, driver: DriverPort, arena_map: Any,
-                 *, close_timeout_s: float = 20.0) -> None:
+                 *, close_timeout_s: float = 20.0, lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S) -> None:
         self.plan = plan
         self.report = report
         self.arena_map = arena_map
@@ -71,7 +71,8 @@ class RingTokenEndpoints:
         self._timing_task: asyncio.Task[None] | None = None
         self._committed_us: dict[int, int] = {}  # token-in sequence -> commit stamp, until its timing arrives
         self.log = get_logger(run_id=plan.run_id, component="token_endpoints")
-        self.edges = EstablisherShell(arena, driver, self, self._outcome, self._spawn, self.log)
+        self.edges = EstablisherShell(arena, driver, self, self._outcome, self._spawn, self.log,
+                                      lease_timeout_s=lease_timeout_s)
 
     # ---- lifecycle ----
 
@@ -89,12 +90,19 @@ class RingTokenEndpoints:
             self._committed_us[sequence] = time.time_ns() // 1000
 
     async def close(self) -> None:
+        """§38 for both edges; FleetError(RUN_FAULT_TEARDOWN_TIMEOUT) naming the edges (and their
+        teardown states) not stopped within close_timeout_s -- the runner records it in run_torn_down."""
         for edge_id in self._provisions:
             self._est(est.StopEdge(edge_id))
         try:
             await asyncio.wait_for(self._all_stopped.wait(), self.close_timeout_s)
         except TimeoutError:
-            self.log.warning("token_endpoints_close_timeout", pending=sorted(set(self._provisions) - self._stopped))
+            pending = sorted(set(self._provisions) - self._stopped)
+            self.log.warning("token_endpoints_close_timeout", pending=pending)
+            states = ", ".join(f"{self._name(e)} edge {e} ({getattr(self.edges.core.state(e), 'value', 'unknown')})"
+                               for e in pending)
+            raise FleetError(pb.RUN_FAULT_TEARDOWN_TIMEOUT,
+                             f"{states} not stopped within {self.close_timeout_s:g}s") from None
         finally:
             for task in [self._driver_task, self._timing_task, self._reader_task, *self._tasks]:
                 if task is not None:
@@ -189,8 +197,10 @@ class RingTokenEndpoints:
 class RingEndpointFactory:
     """`EndpointFactory` for StageControlFleet: the local arena-manager and edge-driver, made on first use."""
 
-    def __init__(self, connect: Callable[[], Awaitable[tuple[ArenaPort, DriverPort, Any]]]) -> None:
+    def __init__(self, connect: Callable[[], Awaitable[tuple[ArenaPort, DriverPort, Any]]], *,
+                 lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S) -> None:
         self._connect = connect
+        self.lease_timeout_s = lease_timeout_s
         self._ports: tuple[ArenaPort, DriverPort, Any] | None = None
 
     async def open(self, plan: RunPlan, report: Report) -> RingTokenEndpoints:
@@ -201,6 +211,6 @@ class RingEndpointFactory:
                 raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
                                  f"local arena-manager / edge-driver unreachable: {type(e).__name__}: {e}") from None
         arena, driver, arena_map = self._ports
-        endpoints = RingTokenEndpoints(plan, report, arena, driver, arena_map)
+        endpoints = RingTokenEndpoints(plan, report, arena, driver, arena_map, lease_timeout_s=self.lease_timeout_s)
         await endpoints.start()
         return endpoints

@@ -39,12 +39,23 @@ class WorkerConfig:
     weights_connections: int = 4
     init_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
+    # The orchestrator's hold on a run (worker/stage_lease.py): with no WatchStage stream of the run
+    # for this long the stage faults fail-stop and tears itself down (rings released, node free).
+    control_lease_s: float = 5.0
+    # HTTP/2 keepalive of the control listener: ping every interval, drop a peer silent for two.
+    control_keepalive_s: float = 1.0
+    # A ring lease the arena keeps queued (memory pressure) this long fails the stage
+    # RUN_FAULT_ARENA_PRESSURE_TIMEOUT instead of waiting for the run's readiness timeout.
+    arena_pressure_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.compute_threads < 0:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
         if self.weights_connections < 1:
             raise ConfigError(f"[worker].weights_connections: must be >= 1, got {self.weights_connections}")
+        if self.control_lease_s <= 0 or self.control_keepalive_s <= 0:
+            raise ConfigError(f"[worker].control_lease_s / control_keepalive_s: must be > 0, got "
+                              f"{self.control_lease_s} / {self.control_keepalive_s}")
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 

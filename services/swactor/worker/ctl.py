@@ -59,6 +59,10 @@ class GpuWorkerCtl:
     def state(self) -> CtlState:
         return self.core.state
 
+    @property
+    def worker_generation(self) -> int:
+        return self.core.worker_generation
+
     def subscribe(self, fn: Subscriber) -> None:
         self._subscribers.append(fn)
 

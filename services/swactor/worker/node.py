@@ -4,7 +4,9 @@ This is the asyncio shell around the I/O-free cores (stage_fsm, establisher, ctl
 them events (worker events, arena/driver outcomes, orchestrator calls) and executes the actions
 they return. One run at a time per node (§43: concurrent runs on one stage chain are deferred);
 a later run of the same weights re-uses them (warm ConfigureRole). NodeAvailable (§8) is reported
-only once the arena is mapped, the worker said WorkerReady and the edge-driver answers.
+only once the arena is mapped, the worker said WorkerReady and the edge-driver answers. A run is held
+under the orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` the
+stage faults fail-stop and tears itself down. Every stage event carries the worker's generation.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
-from swactor.edgeend.establisher_shell import EdgeOutcome, EstablisherShell
+from swactor.edgeend.establisher_shell import DEFAULT_LEASE_TIMEOUT_S, EdgeOutcome, EstablisherShell
 from swactor.edgeend.ports import ArenaPort, DriverPort
 from swactor.edgeend.timings import relay_object_timings
 from swactor.v1 import common_pb2, edge_pb2, stage_pb2
@@ -29,6 +31,7 @@ from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
 from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
+from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 MAX_WORKER_RESTARTS = 3
@@ -38,6 +41,9 @@ KEEP_FINISHED_RUNS = 16
 class WorkerCtlLike(Protocol):
     @property
     def state(self) -> CtlState: ...
+
+    @property
+    def worker_generation(self) -> int: ...
 
     def start(self) -> None: ...
 
@@ -82,14 +88,17 @@ def _now_us() -> int:
 class StageNode:
     def __init__(self, node_id: int, ctl: WorkerCtlLike, arena: ArenaPort, driver: DriverPort,
                  membership: MembershipPort | None = None, *, control_endpoint: str = "",
-                 orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None) -> None:
+                 orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None,
+                 lease_window_s: float = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
+                 arena_pressure_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> None:
         self.node_id = node_id
         self.ctl = ctl
         self.membership = membership
         self.control_endpoint = control_endpoint
         self.orchestrator_node_id = orchestrator_node_id
         self._log = get_logger(node_id=node_id, component="stage_node")
-        self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log)
+        self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log,
+                                      lease_timeout_s=arena_pressure_timeout_s)
         self.stage: stage_fsm.StageController | None = None
         self.runs: dict[int, RunLog] = {}
         self.worker_ready = False
@@ -100,6 +109,10 @@ class StageNode:
         self.weights = WeightsShell(weights, self._stage_input)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> relay_object_timings task
+        self.lease_window_s = lease_window_s
+        self.lease: StageLease | None = None  # the orchestrator's hold on the active run
+        self._lease_timer: asyncio.TimerHandle | None = None
+        self._clock = clock
         ctl.subscribe(self._on_worker)
 
     # ---- boot (§8) ----
@@ -154,6 +167,8 @@ class StageNode:
             self._log.error("stage_node_task_failed", detail=repr(task.exception()))
 
     async def close(self) -> None:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
         self.weights.cancel()
         for task in list(self._tasks):
             task.cancel()
@@ -199,6 +214,8 @@ class StageNode:
             self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
             emit=self._relay_timing, log=get_logger(component="stage_node")))
         self._stage(stage_fsm.Provision(plan))
+        self.lease = StageLease.grant(plan.run_id, self.lease_window_s, self._clock())
+        self._arm_lease()
 
     def stop_run(self, run_id: int) -> bool:
         if run_id not in self.runs:
@@ -211,15 +228,46 @@ class StageNode:
         log = self.runs.get(run_id)
         if log is None:
             raise KeyError(run_id)
-        i = 0
-        while True:
-            changed = log.changed
-            while i < len(log.updates):
-                yield log.updates[i]
-                i += 1
-            if log.done:
-                return
-            await changed.wait()
+        lease = self.lease if self.lease is not None and self.lease.run_id == run_id else None
+        if lease is not None:
+            lease.attach(self._clock())
+            self._arm_lease()
+        try:
+            i = 0
+            while True:
+                changed = log.changed
+                while i < len(log.updates):
+                    yield log.updates[i]
+                    i += 1
+                if log.done:
+                    return
+                await changed.wait()
+        finally:  # also when the orchestrator went away: grpc cancels the stream
+            if lease is not None:
+                lease.detach(self._clock())
+                self._arm_lease()
+
+    # ---- the orchestrator's lease (stage_lease.py) ----
+
+    def _arm_lease(self) -> None:
+        if self._lease_timer is not None:
+            self._lease_timer.cancel()
+            self._lease_timer = None
+        deadline = self.lease.deadline() if self.lease is not None else None
+        if deadline is not None:
+            delay = max(0.0, deadline - self._clock())
+            self._lease_timer = asyncio.get_running_loop().call_later(delay, self._lease_tick)
+
+    def _lease_tick(self) -> None:
+        self._lease_timer = None
+        if self.lease is None:
+            return
+        for expired in self.lease.tick(self._clock()):
+            self._log.warning("stage_lease_expired", run_id=expired.run_id, unwatched_s=round(expired.unwatched_s, 3),
+                              detail=expired.detail)
+            self._stage_input(expired.run_id, stage_fsm.ControlLost(expired.detail))
+            self._stage_input(expired.run_id, stage_fsm.StopRun())
+        self._arm_lease()
 
     # ---- StageController ----
 
@@ -246,11 +294,13 @@ class StageNode:
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
         ev.time_us = _now_us()
+        ev.worker_generation = self.ctl.worker_generation  # §40: the generation this stage's worker runs
         log = self.runs.get(ev.run_id)
         self._log.info("lifecycle", kind=common_pb2.LifecycleEventKind.Name(ev.kind), run_id=ev.run_id,
                        stage_index=ev.stage_index, edge_id=ev.edge_id or None, ring_id=ev.ring_id or None,
                        sequence=ev.sequence if ev.HasField("sequence") else None, step_id=ev.step_id or None,
-                       reason=ev.reason or None, component=common_pb2.Component.Name(ev.component))
+                       reason=ev.reason or None, component=common_pb2.Component.Name(ev.component),
+                       worker_generation=ev.worker_generation)
         if log is None:
             return
         up = stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
@@ -265,6 +315,9 @@ class StageNode:
             up.fault.cause = cause
             up.fault.detail = detail
         elif ev.kind == common_pb2.STAGE_STOPPED:
+            if self.lease is not None and self.lease.run_id == ev.run_id:
+                self.lease.end()
+                self._arm_lease()
             self.weights.release(ev.run_id)
             relay = self._timing_relays.pop(ev.run_id, None)
             if relay is not None:

@@ -106,7 +106,14 @@ class WorkerGone:
     detail: str
 
 
-Input = (Provision | StopRun | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
+@dataclass(frozen=True)
+class ControlLost:
+    """The orchestrator's hold on the run expired (stage_lease.py): fault fail-stop; StopRun follows."""
+
+    detail: str
+
+
+Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
          | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
          | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
          | wire.StepCompleted | wire.StepFailed)
@@ -272,6 +279,9 @@ class StageController:
                 return self._maybe_stopped()
             case WorkerGone(reason, detail):
                 return self._faulted(reason, common_pb2.COMPONENT_WORKER_CTL, "", detail)
+            case ControlLost(detail):
+                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_STAGE_CONTROLLER,
+                                     "StageLease.Expired", detail)
             case wire.ObjectLoaded():
                 return self._loaded(inp)
             case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):
