@@ -222,8 +222,8 @@ def test_membership_loss_after_provisioning_faults_and_teardown_skips_lost_node(
     faulted = next(a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_FAULTED)
     assert faulted.reason == "RUN_FAULT_MEMBERSHIP_LOST" and faulted.node_id == 2
     assert faulted.component == pb.COMPONENT_MEMBERSHIP
-    acts = fsm.handle(F.MembershipChanged(pool(1)), 4.1)
-    assert kinds(acts) == ["STAGE_STOPPED"]  # node 2 can no longer confirm
+    assert "STAGE_STOPPED" in kinds(acts)  # node 2 can no longer confirm: not waited for
+    assert kinds(fsm.handle(F.MembershipChanged(pool(1)), 4.1)) == []
     fsm.handle(F.EndpointsClosed(), 4.15)
     acts = fsm.handle(F.StageStopped(0), 4.2)
     assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]

@@ -5,6 +5,7 @@ left with RUN_FAULT_TEARDOWN_TIMEOUT."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError
+from swactor.orchestrator.nodes import NodeState
 from swactor.orchestrator.runner import RunHandle
 from swactor.orchestrator.store import RunStore
 from swactor.v1 import common_pb2 as pb
@@ -105,3 +107,22 @@ def test_a_driver_that_raises_names_what_its_teardown_could_not_confirm(tmp_path
     assert torn.reason == "RUN_FAULT_TEARDOWN_TIMEOUT"
     assert "token endpoints: token-out edge 9 not stopped" in torn.detail
     assert "no StageStopped from stage 0 on node 1" in torn.detail and "stage 1 on node 2" in torn.detail
+
+
+def test_a_node_lost_mid_run_is_not_waited_for_in_the_teardown_it_caused() -> None:
+    fsm = make_fsm()
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    fsm.handle(F.Tick(), 0.0)
+    for i in (0, 1):
+        fsm.handle(F.StageReady(i), 1.0)
+    fsm.handle(F.EndpointsReady(), 1.0)
+    assert fsm.state is F.RunState.RUNNING
+    gone = (pool(1)[0], dataclasses.replace(pool(2)[0], state=NodeState.LEFT))
+    acts = fsm.handle(F.MembershipChanged(gone), 2.0)
+    assert fsm.reason == "RUN_FAULT_MEMBERSHIP_LOST"
+    stopped = [a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.STAGE_STOPPED]
+    assert [(e.stage_index, e.reason) for e in stopped] == [(1, "RUN_FAULT_MEMBERSHIP_LOST")]
+    fsm.handle(F.StageStopped(0), 2.5)
+    acts = fsm.handle(F.EndpointsClosed(), 2.5)
+    (torn,) = [a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_TORN_DOWN]
+    assert torn.reason == "" and fsm.state is F.RunState.DONE  # no teardown timeout waited out

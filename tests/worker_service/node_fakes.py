@@ -80,12 +80,15 @@ class FakeDriverPort:
 class FakeMembership:
     def __init__(self) -> None:
         self.states: list[str] = []
+        self.generations: list[int] = []
 
-    async def set_available(self, control_endpoint: str) -> None:
+    async def set_available(self, control_endpoint: str, worker_generation: int = 0) -> None:
         self.states.append(f"available:{control_endpoint}")
+        self.generations.append(worker_generation)
 
-    async def set_faulted(self, reason: int) -> None:
+    async def set_faulted(self, reason: int, worker_generation: int = 0) -> None:
         self.states.append(f"faulted:{common_pb2.RunFaultReason.Name(reason)}")
+        self.generations.append(worker_generation)
 
 
 class FakeCtl:

@@ -21,6 +21,7 @@ from swactor.cli import render
 from swactor.common.events import configure_logging
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.run import RunResult, follow
+from swactor.localcluster.signals import terminate_on_sigterm
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
@@ -109,8 +110,8 @@ def run_demo(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     spec = ClusterSpec(hosts=hosts, netns=False if getattr(args, "loopback", False) else None,
                        **({"model": args.model} if getattr(args, "model", None) else {}))
-    # SIGTERM tears down like Ctrl-C.
-    prev = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    # SIGTERM tears down like Ctrl-C, even when SIGINT was inherited ignored (localcluster/signals.py).
+    prev = terminate_on_sigterm()
     res: RunResult | None = None
     try:
         with LocalCluster(spec, progress=out.progress) as cluster:

@@ -2,7 +2,7 @@
 
   swactor submit --prompt "Hello" [--watch]    start a run (chat template unless --raw)
   swactor watch RUN_ID                          stream a run's text (and --events) to its end
-  swactor runs | show RUN_ID | events RUN_ID    inspect runs and their lifecycle events
+  swactor runs | show RUN_ID | events [RUN_ID]  inspect runs and their lifecycle events (no RUN_ID: the pool's)
   swactor nodes                                 the membership view and pool readiness
   swactor models                                served models and what each host's weights cache holds
   swactor stop RUN_ID                           operator stop
@@ -151,8 +151,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("run_id", type=run_id_arg)
     g.add_argument("--json", action="store_true")
 
-    e = sub.add_parser("events", help="a run's lifecycle events")
-    e.add_argument("run_id", type=run_id_arg)
+    e = sub.add_parser("events", help="a run's lifecycle events; without RUN_ID the pool's node events "
+                                      "(node_started / node_available / node_faulted)")
+    e.add_argument("run_id", type=run_id_arg, nargs="?", default=0)
     e.add_argument("--json", action="store_true")
 
     n = sub.add_parser("nodes", help="membership view, readiness and GPU inventory")

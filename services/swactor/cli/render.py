@@ -60,6 +60,8 @@ def event_line(ev: pb.LifecycleEvent) -> str:
         parts.append(f"stage={ev.stage_index}")
     if ev.edge_id:
         parts.append(f"edge={ev.edge_id}")
+    if ev.worker_generation:
+        parts.append(f"gen={ev.worker_generation}")
     if ev.HasField("sequence"):
         parts.append(f"seq={ev.sequence}")
     if ev.reason:

@@ -1,16 +1,16 @@
 """`python -m swactor.localcluster [--hosts N] [--keep]`: bring up a local pool, print how to reach
-it, and hold it until Ctrl-C (then tear everything down)."""
+it, and hold it until Ctrl-C or SIGTERM (then tear everything down; exit 130 / 143)."""
 
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from pathlib import Path
 
 from swactor.common.events import configure_logging
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
+from swactor.localcluster.signals import EXIT_TERMINATED, Terminated, terminate_on_sigterm
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, ClusterError) as e:
         print(f"localcluster: {e}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    terminate_on_sigterm()
     try:
         with cluster as c:
             print(f"swactor --address {c.orchestrator_address} nodes", flush=True)
@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as e:
         print(f"localcluster: {e}", file=sys.stderr)
         return 1
+    except Terminated:
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         return 130
     return 0

@@ -79,6 +79,7 @@ def encode_tags(md: pb.NodeMetadata) -> dict[str, str]:
         "ctl": md.control_endpoint,
         "gpu": _encode_gpus(list(md.gpus)),
         "why": md.state_reason,
+        "wg": str(md.worker_generation) if md.worker_generation else "",
     }
     tags.update({k: v for k, v in optional.items() if v})
     size = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in tags.items())
@@ -104,4 +105,6 @@ def decode_tags(tags: dict[str, str] | None, fallback_node_id: int = 0) -> pb.No
         md.node_id = fallback_node_id
     with contextlib.suppress(ValueError):
         md.gpus.extend(_decode_gpus(tags.get("gpu", "")))
+    with contextlib.suppress(ValueError):
+        md.worker_generation = max(0, int(tags.get("wg", "0")))
     return md

@@ -171,6 +171,7 @@ class MembershipNode:
         edge_endpoint: str | None = None,
         edge_cert_fingerprint: str | None = None,
         control_endpoint: str | None = None,
+        worker_generation: int | None = None,
     ) -> MemberRecord:
         """Change this node's gossiped state (and endpoint material); raises ValueError on bad input."""
         if state not in _STATE_EVENTS:
@@ -186,6 +187,8 @@ class MembershipNode:
             md.edge_cert_fingerprint = check_fingerprint(edge_cert_fingerprint)
         if control_endpoint is not None:
             md.control_endpoint = check_endpoint("control_endpoint", control_endpoint)
+        if worker_generation is not None:
+            md.worker_generation = worker_generation
         tags = encode_tags(md)
         async with self._meta_lock:
             if md != self._metadata:

@@ -380,6 +380,7 @@ class RunFsm:
                     self._fault(out, now, pb.RUN_FAULT_MEMBERSHIP_LOST,
                                 f"node {s.node_id} (stage {s.stage_index}) left the pool or faulted",
                                 pb.COMPONENT_MEMBERSHIP, s)
+                    self._on_tearing_down(event, now, out)  # a departed node is not waited for
             case _:
                 return False
         return True

@@ -27,7 +27,7 @@ from swactor.common.ids import load_or_create_node_id
 from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.orchestrator import fsm as F
-from swactor.orchestrator import reconcile_shell
+from swactor.orchestrator import node_events, reconcile_shell
 from swactor.orchestrator.api_access import (
     ApiAccess,
     ApiAccessError,
@@ -251,7 +251,13 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         node_id=node_id, edge_socket=cfg.edge_socket, edge_wake_socket=cfg.edge_wake_socket,
         arena_socket=cfg.arena_socket, store=store, publish=orch.set_members,
         confirm_timeout_s=cfg.teardown_timeout_s, keepalive_s=cfg.control_keepalive_s)
-    watcher = asyncio.create_task(follow_membership(cfg.membership_socket, on_view))
+    tracker = node_events.NodeEventTracker()
+
+    def on_members(view: tuple) -> None:
+        node_events.publish(tracker.observe(view, wall_us()), store, orch.active_runs())
+        on_view(view)
+
+    watcher = asyncio.create_task(follow_membership(cfg.membership_socket, on_members))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
              model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__,
              model_server_port=model_server.port if model_server else None)

@@ -16,6 +16,7 @@ from swactor.orchestrator import fsm as F
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import StageFleet
 from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.orchestrator.pool import PoolGate
 from swactor.orchestrator.runner import RunHandle, replay, wall_us
@@ -180,7 +181,8 @@ class Orchestrator:
         return self.store.list(limit or 50)
 
     def events(self, run_id: int, kind: int = 0):
-        self._known(run_id)
+        if run_id != POOL_EVENTS_RUN_ID:  # run id 0: the pool's own node lifecycle events (node_events.py)
+            self._known(run_id)
         return self.store.events(run_id, kind)
 
     async def stop(self, run_id: int, detail: str) -> opb.Run:

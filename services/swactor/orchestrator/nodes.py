@@ -33,6 +33,8 @@ class NodeInfo:
     hostname: str = ""
     gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
     reason: str = ""
+    epoch: int = 0  # which run of the node's membership process (higher after a restart)
+    worker_generation: int = 0  # §31: its GPU worker's generation (0 = not reported)
 
     @property
     def provisionable(self) -> bool:

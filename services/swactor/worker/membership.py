@@ -14,9 +14,9 @@ from swactor.v1 import common_pb2, membership_pb2
 
 
 class MembershipPort(Protocol):
-    async def set_available(self, control_endpoint: str) -> None: ...
+    async def set_available(self, control_endpoint: str, worker_generation: int) -> None: ...
 
-    async def set_faulted(self, reason: int) -> None:
+    async def set_faulted(self, reason: int, worker_generation: int) -> None:
         """NodeFaulted with a RunFaultReason."""
 
 
@@ -26,8 +26,10 @@ class MembershipClientPort(MembershipClient):
     def __init__(self, socket_path: Path) -> None:
         super().__init__(socket_path, timeout_s=10.0)
 
-    async def set_available(self, control_endpoint: str) -> None:
-        await self.set_local_state(membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint)
+    async def set_available(self, control_endpoint: str, worker_generation: int) -> None:
+        await self.set_local_state(membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint,
+                                   worker_generation=worker_generation)
 
-    async def set_faulted(self, reason: int) -> None:
-        await self.set_local_state(membership_pb2.NODE_STATE_FAULTED, common_pb2.RunFaultReason.Name(reason))
+    async def set_faulted(self, reason: int, worker_generation: int) -> None:
+        await self.set_local_state(membership_pb2.NODE_STATE_FAULTED, common_pb2.RunFaultReason.Name(reason),
+                                   worker_generation=worker_generation)

@@ -149,11 +149,12 @@ class StageNode:
         self._log.info("node_available" if now else "node_unavailable", worker_ready=self.worker_ready,
                        driver_up=self.driver_up)
         if self.membership is not None:
+            generation = self.ctl.worker_generation
             if now:
-                self._spawn(self.membership.set_available(self.control_endpoint))
+                self._spawn(self.membership.set_available(self.control_endpoint, generation))
             else:
                 reason = common_pb2.RUN_FAULT_WORKER_CRASHED if not self.worker_ready else common_pb2.RUN_FAULT_NODE_UNAVAILABLE
-                self._spawn(self.membership.set_faulted(reason))
+                self._spawn(self.membership.set_faulted(reason, generation))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
