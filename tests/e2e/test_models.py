@@ -31,7 +31,7 @@ def float64_reference(path: Path, prompt: list[int], n: int) -> tuple[list[int],
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.RefLlama(str(path)).greedy(prompt, n)
+    return mod.Reference(path).greedy(prompt, n)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from reference import RefLlama
+from reference import Reference
 from test_model import generate
 
 from swactor.worker.compute import StageModel
@@ -31,12 +31,12 @@ def model_file(request: pytest.FixtureRequest) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="module")
-def ref_model(model_file: tuple[str, str]) -> RefLlama:
-  return RefLlama(model_file[1])
+def ref_model(model_file: tuple[str, str]) -> Reference:
+  return Reference(model_file[1])  # KV-cached float64 results, once per (file, prompt), kept under .cache/reference/
 
 
 @pytest.fixture(scope="module")
-def reference(ref_model: RefLlama) -> dict[str, tuple[list[int], list[float]]]:
+def reference(ref_model: Reference) -> dict[str, tuple[list[int], list[float]]]:
   return {k: ref_model.greedy(p, REF_STEPS) for k, p in REF_PROMPTS.items()}
 
 
@@ -62,10 +62,10 @@ def test_greedy_equals_float64_reference(model_file: tuple[str, str], chains: di
   assert compared >= REF_STEPS, f"{model_file[0]}: only {compared} tokens before the reference's near-ties: a weak check"
 
 
-def test_logits_close_to_reference(ref_model: RefLlama, chains: dict[int, list[StageModel]]) -> None:
+def test_logits_close_to_reference(ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
   """The whole last-position logits row after prefill, not only its argmax (a dropped bias or a wrong rotation shows)."""
   prompt = REF_PROMPTS["plain_france"]
-  want = ref_model.logits(ref_model.hidden(prompt)[-1])
+  want = ref_model.prefill_logits(prompt)
   (m,) = chains[1]
   m.reset()
   got = m.step_logits(np.asarray(prompt, np.int32), 0)
