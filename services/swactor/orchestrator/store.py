@@ -34,6 +34,7 @@ ORCHESTRATOR_RESTARTED = common_pb2.RunFaultReason.Name(common_pb2.RUN_FAULT_ORC
 FLUSH_AFTER_S = 0.1
 FLUSH_ROWS = 512
 MAX_HELD_EVENTS = 8 * FLUSH_ROWS
+WAL_KEEP_BYTES = 1 << 20
 _AUTO_VACUUM_INCREMENTAL = 2
 _PUT = ("INSERT INTO runs (run_id, state, outcome, created_us, record) VALUES (?, ?, ?, ?, ?) "
         "ON CONFLICT (run_id) DO UPDATE SET state = excluded.state, outcome = excluded.outcome, record = excluded.record")
@@ -75,6 +76,8 @@ class RunStore:
         self._db.execute("PRAGMA auto_vacuum=INCREMENTAL")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # The write-ahead log is cut back to this after each checkpoint instead of keeping its largest size.
+        self._db.execute(f"PRAGMA journal_size_limit={WAL_KEEP_BYTES}")
         self._db.executescript(_SCHEMA)
         if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != _AUTO_VACUUM_INCREMENTAL:
             self._db.execute("VACUUM")
