@@ -92,4 +92,4 @@ def test_published_under_the_pool_id_and_into_active_runs(tmp_path: Path) -> Non
     assert kinds(store.events(N.POOL_EVENTS_RUN_ID)) == [("NODE_STARTED", 1), ("NODE_AVAILABLE", 1)]
     assert [type(i) for i in h.got] == [F.Relay, F.Relay]
     orch = Orchestrator(models=None, fleet=None, store=store, fsm_config=F.FsmConfig(orchestrator_node_id=1))  # type: ignore[arg-type]
-    assert len(orch.events(0)) == 2 and len(orch.events(0, pb.NODE_AVAILABLE)) == 1
+    assert len(orch.events(0).events) == 2 and len(orch.events(0, pb.NODE_AVAILABLE).events) == 1

@@ -52,7 +52,8 @@ class StageHost:
                                           orchestrator_node_id=ORCH)
         self.server, self.port, _ = create_server(
             tcp_address="127.0.0.1:0", service_names=[worker_service.SERVICE_NAME],
-            server_credentials=control_tls.server_credentials(SECRET, node_id))
+            server_credentials=control_tls.server_credentials(SECRET, node_id),
+            options=control_tls.keepalive_options(server=True))
         stage_pb2_grpc.add_StageControlServicer_to_server(worker_service.StageControlServicer(self.node), self.server)
 
     async def start(self) -> None:

@@ -62,7 +62,8 @@ async def start_nodes(node_ids: list[int]) -> tuple[list[worker_node.StageNode],
                                            control_endpoint="127.0.0.1:1", orchestrator_node_id=ORCH,
                                            lease_window_s=node_fakes.UNLEASED)  # only StopRun may end the run
         server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[worker_service.SERVICE_NAME],
-                                        server_credentials=control_tls.server_credentials(SECRET, node_id))
+                                        server_credentials=control_tls.server_credentials(SECRET, node_id),
+            options=control_tls.keepalive_options(server=True))
         stage_pb2_grpc.add_StageControlServicer_to_server(worker_service.StageControlServicer(stage_node), server)
         await server.start()
         await stage_node.start()

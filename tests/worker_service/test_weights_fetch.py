@@ -60,7 +60,8 @@ def test_a_url_stage_fetches_then_configures_and_lists_its_cache(tmp_path: Path)
         node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
                          lease_window_s=UNLEASED)
         server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
-                                        server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE))
+                                        server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE),
+            options=control_tls.keepalive_options(server=True))
         stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
         await server.start()
         await node.start()
