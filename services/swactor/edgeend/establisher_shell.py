@@ -9,8 +9,9 @@ EdgeFailed, EdgeStopped) go to the owner through one callback.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -47,6 +48,10 @@ class EstablisherShell:
     spawn: Callable[[Awaitable[Any]], None]  # runs a coroutine as a task the owner tracks
     log: Any
     core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
+    # ring_id -> set when its latest ring step (install, uninstall, release) is done: steps of one
+    # ring run in the core's order, so a teardown never overtakes an AttachRing still in flight
+    # (the release's detach would miss the hold that attach adds, and the range stay leased).
+    _ring_steps: dict[int, asyncio.Event] = field(default_factory=dict)
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):
@@ -59,18 +64,48 @@ class EstablisherShell:
             case est.CancelLease(request_id):
                 self.spawn(self.arena.cancel(request_id))
             case est.InstallRing(edge, layout):
-                self.spawn(self._install(edge, layout))
+                self._ring_step(layout.ring_id, self._install(edge, layout))
             case est.UninstallRing(ring_id, reason):
-                if self.host.uninstall(ring_id, reason):
-                    self.handle(est.RingQuiesced(ring_id))
+                if ring_id in self._ring_steps:
+                    self._ring_step(ring_id, self._uninstall(ring_id, reason))
+                else:
+                    self._uninstall_now(ring_id, reason)
             case est.EstablishSend() | est.EstablishRecv():
                 self.spawn(self._establish(a))
             case est.StopPump(edge_id):
                 self.spawn(self._stop_pump(edge_id))
             case est.ReleaseRing(ring_id, never_installed):
-                self.spawn(self._release(ring_id, never_installed))
+                self._ring_step(ring_id, self._release(ring_id, never_installed))
             case est.EdgeReady() | est.EdgeFailed() | est.EdgeStopped():
                 self.outcome(a)
+
+    def _ring_step(self, ring_id: int, step: Coroutine[Any, Any, None]) -> None:
+        """Run `step` once the ring's previous step is done."""
+        before = self._ring_steps.get(ring_id)
+        done = self._ring_steps[ring_id] = asyncio.Event()
+
+        async def in_order() -> None:
+            started = False
+            try:
+                if before is not None:
+                    await before.wait()
+                started = True
+                await step
+            finally:
+                if not started:
+                    step.close()  # cancelled while waiting: the step never runs
+                done.set()
+                if self._ring_steps.get(ring_id) is done:
+                    del self._ring_steps[ring_id]
+
+        self.spawn(in_order())
+
+    def _uninstall_now(self, ring_id: int, reason: int) -> None:
+        if self.host.uninstall(ring_id, reason):
+            self.handle(est.RingQuiesced(ring_id))
+
+    async def _uninstall(self, ring_id: int, reason: int) -> None:
+        self._uninstall_now(ring_id, reason)
 
     async def follow_driver(self, seen: Callable[[DriverEvent], bool] = lambda ev: True) -> None:
         """Feed the driver's events into the core until the stream ends; `seen` sees each one first
