@@ -91,8 +91,15 @@ class RingTokenEndpoints:
     async def close(self) -> None:
         for edge_id in self._provisions:
             self._est(est.StopEdge(edge_id))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.close_timeout_s
         try:
             await asyncio.wait_for(self._all_stopped.wait(), self.close_timeout_s)
+            # An edge stopped while waiting for its lease is Stopped at once, but the arena may have
+            # granted the lease meanwhile: the LeaseRing call still running delivers that grant, which
+            # is then released as never installed. Cancelling it would leave the range leased.
+            while self._tasks and (left := deadline - loop.time()) > 0:
+                await asyncio.wait(set(self._tasks), timeout=left)
         except TimeoutError:
             self.log.warning("token_endpoints_close_timeout", pending=sorted(set(self._provisions) - self._stopped))
         finally:
