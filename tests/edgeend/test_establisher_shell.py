@@ -1,6 +1,8 @@
-"""The establisher shell's order of ring steps (install, uninstall, release) when a teardown arrives
-while AttachRing is still in flight (seen on a local pool: a run refused at provisioning left the
-rings of the stages that were still being set up leased, attached by their worker, forever)."""
+"""The establisher shell's order of steps when a teardown arrives while a call is still in flight:
+AttachRing before the ring's uninstall and release, EstablishSend/Recv before StopEdge at the
+driver. (Seen on a local pool: a run refused at provisioning left the rings of the stages still
+being set up leased: attached by their worker, or pumped by an edge the driver established after it
+had answered StopEdge "unknown".)"""
 
 from __future__ import annotations
 
@@ -97,5 +99,65 @@ def test_stop_while_attach_is_in_flight_detaches_after_the_attach_and_uninstalls
         assert arena.attached == set()
         assert est.EdgeStopped(1) in outcomes
         assert shell.core.state(1) is est.EdgeState.STOPPED
+
+    asyncio.run(main())
+
+
+class SlowEstablishDriver(Driver):
+    """An edge-driver whose EstablishRecv answers only when the test says so; StopEdge of an edge it
+    does not have answers "unknown" (the driver's own rule), else the pump stops."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.establish_may_finish = asyncio.Event()
+        self.edges: set[int] = set()
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def establish_recv(self, edge_id: int, layout: Any) -> None:
+        await self.establish_may_finish.wait()
+        self.edges.add(edge_id)
+        self.calls.append("establish")
+        self.queue.put_nowait(est.DriverEdgeReady(edge_id))
+
+    async def wake_fds(self, ring_id: int) -> None:
+        return None
+
+    async def stop_edge(self, edge_id: int) -> bool:
+        self.calls.append("stop" if edge_id in self.edges else "stop-unknown")
+        if edge_id in self.edges:
+            self.edges.discard(edge_id)
+            self.queue.put_nowait(est.PumpStopped(edge_id))
+            return True
+        return False
+
+    async def events(self) -> AsyncIterator[Any]:
+        while True:
+            yield await self.queue.get()
+
+
+def test_stop_while_establish_is_in_flight_stops_the_edge_the_driver_then_has() -> None:
+    async def main() -> None:
+        arena, driver, host = SlowAttachArena(), SlowEstablishDriver(), Host()
+        arena.attach_may_finish.set()
+        tasks: set[asyncio.Task[Any]] = set()
+        shell = EstablisherShell(arena, driver, host, lambda a: None,  # type: ignore[arg-type]
+                                 lambda c: tasks.add(asyncio.ensure_future(c)), Log())
+        follow = asyncio.ensure_future(shell.follow_driver())
+        edge = est.EdgeProvision(1, "Ingress", 9, 0, None, pb.RingSpec(data_capacity=3840, alignment=64))
+        shell.handle(est.Provision(edge, 11))
+        for _ in range(20):  # leased, attached, installed; EstablishRecv hangs at the driver
+            await asyncio.sleep(0)
+        assert shell.core.state(1) is est.EdgeState.WAITING_FOR_DRIVER
+        shell.handle(est.StopEdge(1))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert driver.calls == []  # StopEdge waits for the EstablishRecv it would overtake
+        driver.establish_may_finish.set()
+        while shell.core.state(1) is not est.EdgeState.STOPPED:
+            await asyncio.wait_for(asyncio.gather(*[t for t in tasks if not t.done()]), 5)
+            await asyncio.sleep(0)
+        assert driver.calls == ["establish", "stop"] and driver.edges == set()
+        assert arena.calls == ["lease", "attach", "detach", "release"]
+        follow.cancel()
 
     asyncio.run(main())

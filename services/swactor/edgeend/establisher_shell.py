@@ -48,10 +48,12 @@ class EstablisherShell:
     spawn: Callable[[Awaitable[Any]], None]  # runs a coroutine as a task the owner tracks
     log: Any
     core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
-    # ring_id -> set when its latest ring step (install, uninstall, release) is done: steps of one
-    # ring run in the core's order, so a teardown never overtakes an AttachRing still in flight
-    # (the release's detach would miss the hold that attach adds, and the range stay leased).
-    _ring_steps: dict[int, asyncio.Event] = field(default_factory=dict)
+    # Steps of one ring (install, uninstall, release) and of one edge at the driver (establish, stop)
+    # run in the core's order: a teardown never overtakes a call still in flight. (Seen on a local
+    # pool: a release whose detach missed the hold an AttachRing still in flight then added, and a
+    # StopEdge the driver answered "unknown" before the EstablishSend it overtook started a pump;
+    # either way the range stayed leased.) key -> set when the key's latest step is done.
+    _steps: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):
@@ -64,25 +66,25 @@ class EstablisherShell:
             case est.CancelLease(request_id):
                 self.spawn(self.arena.cancel(request_id))
             case est.InstallRing(edge, layout):
-                self._ring_step(layout.ring_id, self._install(edge, layout))
+                self._in_order(("ring", layout.ring_id), self._install(edge, layout))
             case est.UninstallRing(ring_id, reason):
-                if ring_id in self._ring_steps:
-                    self._ring_step(ring_id, self._uninstall(ring_id, reason))
+                if ("ring", ring_id) in self._steps:
+                    self._in_order(("ring", ring_id), self._uninstall(ring_id, reason))
                 else:
                     self._uninstall_now(ring_id, reason)
             case est.EstablishSend() | est.EstablishRecv():
-                self.spawn(self._establish(a))
+                self._in_order(("edge", a.edge_id), self._establish(a))
             case est.StopPump(edge_id):
-                self.spawn(self._stop_pump(edge_id))
+                self._in_order(("edge", edge_id), self._stop_pump(edge_id))
             case est.ReleaseRing(ring_id, never_installed):
-                self._ring_step(ring_id, self._release(ring_id, never_installed))
+                self._in_order(("ring", ring_id), self._release(ring_id, never_installed))
             case est.EdgeReady() | est.EdgeFailed() | est.EdgeStopped():
                 self.outcome(a)
 
-    def _ring_step(self, ring_id: int, step: Coroutine[Any, Any, None]) -> None:
-        """Run `step` once the ring's previous step is done."""
-        before = self._ring_steps.get(ring_id)
-        done = self._ring_steps[ring_id] = asyncio.Event()
+    def _in_order(self, key: tuple[str, int], step: Coroutine[Any, Any, None]) -> None:
+        """Run `step` once the previous step of the same ring or edge is done."""
+        before = self._steps.get(key)
+        done = self._steps[key] = asyncio.Event()
 
         async def in_order() -> None:
             started = False
@@ -95,8 +97,8 @@ class EstablisherShell:
                 if not started:
                     step.close()  # cancelled while waiting: the step never runs
                 done.set()
-                if self._ring_steps.get(ring_id) is done:
-                    del self._ring_steps[ring_id]
+                if self._steps.get(key) is done:
+                    del self._steps[key]
 
         self.spawn(in_order())
 
