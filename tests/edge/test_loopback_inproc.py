@@ -288,3 +288,43 @@ def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -
             await stop_nodes([a])
 
     asyncio.run(main())
+
+
+def test_new_edge_to_a_restarted_peer_dials_instead_of_using_the_quiet_connection(tmp_path: Path) -> None:
+    # The peer restarts on its address; before the old connection's idle timeout, this side opens
+    # a new edge to it: that edge must get a new connection, not die with the old one (seen on a
+    # local pool: the next run after a host restart faulted STREAM_FAULT_CONNECTION_LOST).
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path, idle_timeout=30.0, keepalive_interval=0.1)
+        try:
+            a.rings.add(FakeRing(11, 64 << 10))
+            b.rings.add(FakeRing(21, 64 << 10))
+            await b.driver.establish_recv(1, 21, None)
+            await a.driver.establish_send(1, b.node_id, 11, None)
+            await next_event(a, "ready", 1)
+            old = a.driver.endpoint.cached(b.node_id)
+            assert old is not None
+            ep = b.driver.endpoint
+            assert ep.sock is not None
+            port = ep.address[1]  # type: ignore[index]
+            ep.loop.remove_reader(ep.sock.fileno())
+            ep.sock.close()
+            ep.sock = None
+            ep.connections.clear()
+            await until(lambda: ep.loop.time() - old.last_rx > 2 * a.driver.config.keepalive_interval,
+                        "the old connection to go quiet")
+            b2_cfg = dataclasses.replace(b.driver.config, bind=f"127.0.0.1:{port}")
+            b2 = Driver(node_id=b.node_id, config=b2_cfg, identity=b.driver.identity, directory=b.driver.directory, rings=b.rings)
+            b2.start()
+            b.rings.add(FakeRing(22, 64 << 10))
+            a.rings.add(FakeRing(12, 64 << 10))
+            await b2.establish_recv(2, 22, None)
+            await a.driver.establish_send(2, b.node_id, 12, None)
+            await next_event(a, "ready", 2)
+            new = a.driver.endpoint.cached(b.node_id)
+            assert new is not None and new is not old and new.initiated_here and not old.closed
+            await b2.close()
+        finally:
+            await stop_nodes([a])
+
+    asyncio.run(main())

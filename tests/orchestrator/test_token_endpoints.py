@@ -120,6 +120,40 @@ def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
     assert "LEASE_REJECT_EXCEEDS_CEILING" in fault.detail and "token-" in fault.detail
 
 
+class LateGrantArena(node_fakes.FakeArenaPort):
+    """The arena grants each lease only after the test allows it (a grant racing CancelLease)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grant = asyncio.Event()
+
+    async def lease(self, request_id, edge_id, direction, ring_spec):
+        await self.grant.wait()
+        return await super().lease(request_id, edge_id, direction, ring_spec)
+
+    async def release(self, ring_id: int, never_installed: bool) -> None:
+        self.calls.append(("release-never-installed" if never_installed else "release", ring_id))
+
+
+def test_close_while_leases_are_in_flight_releases_the_late_grants() -> None:
+    # Seen on a local pool: a run refused at provisioning closed its endpoints while the arena was
+    # granting their leases; the grants were cancelled away with close()'s tasks and stayed leased.
+    arena = LateGrantArena()
+
+    async def connect():
+        return arena, node_fakes.FakeDriverPort(), None
+
+    async def main():
+        ep = await token_endpoints.RingEndpointFactory(connect).open(make_plan(), lambda inp: None)
+        closing = asyncio.ensure_future(ep.close())
+        await wait_for(lambda: sum(c[0] == "cancel" for c in arena.calls) == 2, "both CancelLease calls")
+        arena.grant.set()  # too late to cancel: the arena answers with the leases
+        await asyncio.wait_for(closing, 5)
+
+    asyncio.run(main())
+    assert sorted(c[0] for c in arena.calls if c[0].startswith("release")) == ["release-never-installed"] * 2
+
+
 def test_unreachable_local_services_refuse_by_name() -> None:
     async def connect():
         raise ConnectionRefusedError("/run/swactor/arena-fd.sock")

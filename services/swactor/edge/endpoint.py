@@ -201,7 +201,7 @@ class Endpoint:
         old = self._cache.get(key)
         # A cached connection that has heard nothing for two keepalive intervals is most likely to a
         # previous instance of the peer (it restarted and now reached us): new edges use the new one.
-        if old is None or old.closed or self.loop.time() - old.last_rx > 2 * self.config.keepalive_interval:
+        if old is None or old.closed or self._quiet(old):
             self._cache[key] = conn
         log.info(
             "edge.connection_established",
@@ -226,6 +226,10 @@ class Endpoint:
         if conn.refused_here():
             self.on_refused(conn.peer_addr or ("?", 0), conn.quic.refused_reason or "")
 
+    def _quiet(self, conn: EdgeConnection) -> bool:
+        """Nothing heard from the peer for two keepalive intervals (its PINGs go unanswered)."""
+        return self.loop.time() - conn.last_rx > 2 * self.config.keepalive_interval
+
     def cached(self, peer_node_id: int) -> EdgeConnection | None:
         conn = self._cache.get((peer_node_id, ALPN))
         return conn if conn is not None and not conn.closed else None
@@ -234,8 +238,10 @@ class Endpoint:
         """The cached connection to the peer, or a new authenticated one (raises PeerUnreachable,
         PeerNotAuthorized)."""
         conn = self.cached(peer_node_id)
-        if conn is not None:
+        if conn is not None and not self._quiet(conn):
             return conn
+        # None, or quiet for two keepalive intervals: the peer most likely restarted and its old
+        # connection only waits for the idle timeout; a new edge dials instead of dying with it.
         task = self._dials.get(peer_node_id)
         if task is None:
             task = asyncio.ensure_future(self._dial(peer_node_id))

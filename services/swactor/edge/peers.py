@@ -169,9 +169,9 @@ class MembershipPeerDirectory:
             ),
             timeout=10,
         )
-        self._task = asyncio.create_task(self._follow(stub))
+        self._task = asyncio.create_task(self._follow(stub, self_endpoint, self_fingerprint))
 
-    async def _follow(self, stub: object) -> None:
+    async def _follow(self, stub: object, self_endpoint: str, self_fingerprint: str) -> None:
         from swactor.v1 import membership_pb2
 
         dead = {membership_pb2.MEMBER_STATUS_DEAD, membership_pb2.MEMBER_STATUS_LEFT}
@@ -180,6 +180,15 @@ class MembershipPeerDirectory:
                 call = stub.WatchMembers(membership_pb2.WatchMembersRequest(include_snapshot=True))  # type: ignore[attr-defined]
                 async for ev in call:
                     md = ev.member.metadata
+                    if ev.member.is_self and (md.edge_endpoint != self_endpoint
+                                              or md.edge_cert_fingerprint != self_fingerprint):
+                        # The membership service restarted and forgot our material: say it again
+                        # (keeping the state the worker set, which it re-says itself).
+                        log.info("edge.membership_material_republished", seen_endpoint=md.edge_endpoint)
+                        await stub.SetLocalState(membership_pb2.SetLocalStateRequest(  # type: ignore[attr-defined]
+                            state=md.state or membership_pb2.NODE_STATE_BOOTING,
+                            reason=md.state_reason if md.state == membership_pb2.NODE_STATE_FAULTED else "",
+                            edge_endpoint=self_endpoint, edge_cert_fingerprint=self_fingerprint), timeout=10)
                     if ev.member.status in dead or not md.edge_endpoint:
                         self._table.remove(md.node_id)
                     else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +54,12 @@ class EstablisherShell:
     core: est.EdgeEstablisher = field(default_factory=est.EdgeEstablisher)
     # A lease not granted within this long fails the edge RUN_FAULT_ARENA_PRESSURE_TIMEOUT (§36); None = never.
     lease_timeout_s: float | None = None
+    # Steps of one ring (install, uninstall, release) and of one edge at the driver (establish, stop)
+    # run in the core's order: a teardown never overtakes a call still in flight. (Seen on a local
+    # pool: a release whose detach missed the hold an AttachRing still in flight then added, and a
+    # StopEdge the driver answered "unknown" before the EstablishSend it overtook started a pump;
+    # either way the range stayed leased.) key -> set when the key's latest step is done.
+    _steps: dict[tuple[str, int], asyncio.Event] = field(default_factory=dict)
 
     def handle(self, inp: est.Input) -> None:
         for action in self.core.handle(inp):
@@ -66,18 +72,48 @@ class EstablisherShell:
             case est.CancelLease(request_id):
                 self.spawn(self.arena.cancel(request_id))
             case est.InstallRing(edge, layout):
-                self.spawn(self._install(edge, layout))
+                self._in_order(("ring", layout.ring_id), self._install(edge, layout))
             case est.UninstallRing(ring_id, reason):
-                if self.host.uninstall(ring_id, reason):
-                    self.handle(est.RingQuiesced(ring_id))
+                if ("ring", ring_id) in self._steps:
+                    self._in_order(("ring", ring_id), self._uninstall(ring_id, reason))
+                else:
+                    self._uninstall_now(ring_id, reason)
             case est.EstablishSend() | est.EstablishRecv():
-                self.spawn(self._establish(a))
+                self._in_order(("edge", a.edge_id), self._establish(a))
             case est.StopPump(edge_id):
-                self.spawn(self._stop_pump(edge_id))
+                self._in_order(("edge", edge_id), self._stop_pump(edge_id))
             case est.ReleaseRing(ring_id, never_installed):
-                self.spawn(self._release(ring_id, never_installed))
+                self._in_order(("ring", ring_id), self._release(ring_id, never_installed))
             case est.EdgeReady() | est.EdgeFailed() | est.EdgeStopped():
                 self.outcome(a)
+
+    def _in_order(self, key: tuple[str, int], step: Coroutine[Any, Any, None]) -> None:
+        """Run `step` once the previous step of the same ring or edge is done."""
+        before = self._steps.get(key)
+        done = self._steps[key] = asyncio.Event()
+
+        async def in_order() -> None:
+            started = False
+            try:
+                if before is not None:
+                    await before.wait()
+                started = True
+                await step
+            finally:
+                if not started:
+                    step.close()  # cancelled while waiting: the step never runs
+                done.set()
+                if self._steps.get(key) is done:
+                    del self._steps[key]
+
+        self.spawn(in_order())
+
+    def _uninstall_now(self, ring_id: int, reason: int) -> None:
+        if self.host.uninstall(ring_id, reason):
+            self.handle(est.RingQuiesced(ring_id))
+
+    async def _uninstall(self, ring_id: int, reason: int) -> None:
+        self._uninstall_now(ring_id, reason)
 
     async def follow_driver(self, seen: Callable[[DriverEvent], bool] = lambda ev: True) -> None:
         """Feed the driver's events into the core until the stream ends; `seen` sees each one first

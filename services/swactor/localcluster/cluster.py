@@ -71,6 +71,8 @@ class ClusterSpec:
     pool_window_s: float = 0.5
     orchestrator: dict[str, object] = field(default_factory=dict)  # extra [orchestrator] keys
     workers: dict[int, dict[str, object]] = field(default_factory=dict)  # extra [worker] keys, by host index
+    # extra keys of other tables on every host, e.g. {"edge": {"rendezvous_timeout": 5.0}}
+    tables: dict[str, dict[str, object]] = field(default_factory=dict)
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 15.0
 
@@ -183,6 +185,8 @@ class LocalCluster:
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
                               orchestrator=orch, compute_threads=self.compute_threads)
             cfg["worker"].update(spec.workers.get(i, {}))
+            for table, extra in spec.tables.items():
+                cfg.setdefault(table, {}).update(extra)
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
@@ -243,6 +247,21 @@ class LocalCluster:
         for h in self.hosts:
             ready.wait_for(f"{h.name}/{name}", lambda h=h: ready.health_serving(sock(h)), timeout_s,
                            check=self.check_alive)
+
+    def restart(self, name: str, *, config: Path | None = None) -> Service:
+        """Start service `name` ("h1/worker") again, as a service manager's Restart= would (stopping it
+        first if it still runs), with its host's config or `config`. Readiness is the caller's to wait for."""
+        old = self.service(name)
+        old.stop(self.spec.stop_timeout_s)
+        host, kind = name.split("/")
+        h = self.hosts[int(host.removeprefix("h"))]
+        argv = self._python(h, f"swactor.{kind}.main")
+        if config is not None:
+            argv[argv.index("--config") + 1] = str(config)
+        svc = Service(name, argv, h.log_dir / f"{kind}.log")
+        svc.start(self._prefix(h))
+        self.services[self.services.index(old)] = svc
+        return svc
 
     def check_alive(self) -> None:
         for svc in self.services:

@@ -94,8 +94,15 @@ class RingTokenEndpoints:
         teardown states) not stopped within close_timeout_s -- the runner records it in run_torn_down."""
         for edge_id in self._provisions:
             self._est(est.StopEdge(edge_id))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.close_timeout_s
         try:
             await asyncio.wait_for(self._all_stopped.wait(), self.close_timeout_s)
+            # An edge stopped while waiting for its lease is Stopped at once, but the arena may have
+            # granted the lease meanwhile: the LeaseRing call still running delivers that grant, which
+            # is then released as never installed. Cancelling it would leave the range leased.
+            while self._tasks and (left := deadline - loop.time()) > 0:
+                await asyncio.wait(set(self._tasks), timeout=left)
         except TimeoutError:
             pending = sorted(set(self._provisions) - self._stopped)
             self.log.warning("token_endpoints_close_timeout", pending=pending)

@@ -90,6 +90,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
     await server.start()
     await node.start()
+    keeper = asyncio.create_task(membership.keep_published())  # re-says our state after a membership restart
     await set_serving(health, [SERVICE_NAME])
     log.info("worker_service_started", node_id=node_id, control_port=port)
     notify_ready(f"node {node_id}: control on port {port}")
@@ -104,6 +105,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=30)
     notify_stopping("shutting down")
+    keeper.cancel()
     from swactor.worker.process import wire
 
     ctl.send(wire.ShutdownWorker("AbortInFlight"))

@@ -1,0 +1,121 @@
+"""Fault injectors for a FaultPool: signals to a named service's process on a named host, a whole
+host killed, nft partitions and port blocks inside a host's network namespace, a delayed link
+(NFQUEUE, tests/harness/nfqueue_delay.py). Each returns the wall-clock time of the injection
+(time.time(), the clock of the services' event stamps) or is a context manager that undoes itself."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tests.faults.pool import FaultPool, pid_alive, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+TABLE = "swfault"
+
+
+def _sigkill_and_reap(pids: list[int]) -> float:
+    t = time.time()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    wait_until("killed processes gone", lambda: _gone(pids), 10)
+    return t
+
+
+def _gone(pids: list[int]) -> None:
+    from tests.faults.pool import NotYet
+
+    alive = [p for p in pids if pid_alive(p)]
+    if alive:
+        raise NotYet(f"still alive: {alive}")
+
+
+def kill_service(pool: FaultPool, name: str) -> float:
+    """SIGKILL one service's main process ("h1/edge"); its children are left as a crash leaves them."""
+    return _sigkill_and_reap([pool.cluster.service(name).pid])
+
+
+def kill_compute(pool: FaultPool, host: int) -> float:
+    return _sigkill_and_reap([pool.compute_pid(host)])
+
+
+def kill_host(pool: FaultPool, host: int) -> float:
+    """SIGKILL every process of every service of the host at once (power lost)."""
+    return _sigkill_and_reap(pool.host_pids(host))
+
+
+# ---- nft inside a host's namespace ----
+
+
+def _nft(pool: FaultPool, host: int, script: str) -> None:
+    subprocess.run(["ip", "netns", "exec", pool.netns(host), "nft", "-f", "-"], input=script, text=True,
+                   check=True, capture_output=True, timeout=10)
+
+
+def _ensure_table(pool: FaultPool, host: int) -> None:
+    _nft(pool, host, f"table inet {TABLE} {{\n"
+                     "  chain input { type filter hook input priority 0; policy accept; }\n"
+                     "  chain output { type filter hook output priority 0; policy accept; }\n"
+                     "}\n")
+
+
+def clear_rules(pool: FaultPool, host: int) -> None:
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _nft(pool, host, f"delete table inet {TABLE}\n")
+
+
+@contextlib.contextmanager
+def partition(pool: FaultPool, host: int, direction: str) -> Iterator[float]:
+    """Cut `host` off the bridge: "in" drops what it receives (one-way), "both" also what it sends."""
+    _ensure_table(pool, host)
+    rules = [f'add rule inet {TABLE} input iifname "eth0" drop']
+    if direction == "both":
+        rules.append(f'add rule inet {TABLE} output oifname "eth0" drop')
+    t = time.time()
+    _nft(pool, host, "\n".join(rules) + "\n")
+    try:
+        yield t
+    finally:
+        clear_rules(pool, host)
+
+
+@contextlib.contextmanager
+def block_udp(pool: FaultPool, host: int, *, sport: int, to_host: int | None = None) -> Iterator[float]:
+    """Drop UDP `host` sends from port `sport` (to `to_host` only, if given)."""
+    _ensure_table(pool, host)
+    dst = f"ip daddr {pool.hosts[to_host].addr} " if to_host is not None else ""
+    t = time.time()
+    _nft(pool, host, f"add rule inet {TABLE} output {dst}udp sport {sport} drop\n")
+    try:
+        yield t
+    finally:
+        clear_rules(pool, host)
+
+
+@contextlib.contextmanager
+def delayed_link(pool: FaultPool, host: int, delay_ms: float, *, sport: int) -> Iterator[float]:
+    """Every UDP packet `host` sends from `sport` is held `delay_ms` (NFQUEUE userspace delayer)."""
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", pool.netns(host), sys.executable, "-m", "tests.harness.nfqueue_delay",
+         "--queue", "7", "--delay-ms", str(delay_ms), "--udp-sport", str(sport)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "ready" once the queue is bound and the rule is in
+        if line.strip() != "ready":
+            raise RuntimeError(f"nfqueue delayer did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+        yield time.time()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
