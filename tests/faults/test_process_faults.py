@@ -131,9 +131,6 @@ def test_sigstop_compute_process(pool: FaultPool, request: pytest.FixtureRequest
     check.next_run(restart=lambda: pool.sigcont(pid))
 
 
-@pytest.mark.xfail(strict=True, reason="needs item 1: orchestrator restart reconciliation (StopRun to every placed "
-                                       "stage of an unfinished run); today the stages keep the run and refuse the "
-                                       "next one")
 def test_sigkill_orchestrator_and_restart(pool: FaultPool, request: pytest.FixtureRequest) -> None:
     check = FaultCheck(pool, "SIGKILL orchestrator, restarted",
                        expect((pb.RUN_FAULT_ORCHESTRATOR_RESTARTED, C.COMPONENT_ORCHESTRATOR)),

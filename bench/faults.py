@@ -1,0 +1,141 @@
+"""Fault table and load with faults (issue 12 items 3-4), on the fault suite's real local pool.
+
+    .venv/bin/python bench/faults.py table      # run tests/faults, print the fault table
+    .venv/bin/python bench/faults.py load [--runs 50]
+
+`table` runs the fault suite (every §36 source it injects, one test each, tests/faults/) and prints
+its table: fault, detected by, reason, seconds from injection to the terminal outcome, arena leases
+left on the surviving hosts after teardown, the next run. It is also written to bench/out/faults.json
+and kept in docs/faults.md.
+
+`load`: `--runs` short runs back to back on a healthy 3-host pool, then as many again while host 1
+is killed (every process, as power loss) and restarted in the middle. Printed before and after
+each phase, per host: open fds and RSS of every service process (the compute process included) and
+the arena's live leases. Aims (not asserted): zero growth in fds and leases, RSS within 10 %;
+runs that touch the dead host fault cleanly, later ones complete. Figures also go to
+bench/out/faults_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from swactor.v1 import orchestrator_pb2 as opb  # noqa: E402
+from tests.faults import inject  # noqa: E402
+from tests.faults.checks import REPORT_PATH, Row, table  # noqa: E402
+from tests.faults.pool import FaultPool, children, fault_pool, fd_count, rss_kib  # noqa: E402
+
+OUT = ROOT / "bench" / "out" / "faults_load.json"
+
+
+def run_table(pytest_args: list[str]) -> int:
+    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/faults", *pytest_args],
+                         cwd=ROOT)
+    if REPORT_PATH.exists():
+        rows = [Row(**r) for r in json.loads(REPORT_PATH.read_text())]
+        print(table(rows))
+    return rc
+
+
+def snapshot(pool: FaultPool) -> dict[str, dict[str, int]]:
+    """Per host: fds and RSS (KiB) summed over its service processes and their children, live leases."""
+    out: dict[str, dict[str, int]] = collections.defaultdict(lambda: {"fds": 0, "rss_kib": 0, "procs": 0})
+    for s in pool.cluster.services:
+        host = s.name.split("/")[0]
+        for pid in [s.pid, *children(s.pid)]:
+            if (n := fd_count(pid)) >= 0:
+                out[host]["fds"] += n
+                out[host]["rss_kib"] += max(rss_kib(pid), 0)
+                out[host]["procs"] += 1
+    for i in range(len(pool.hosts)):
+        try:
+            out[f"h{i}"]["leases"] = len(pool.leases(i))
+        except Exception:  # a host that is down has no arena to ask
+            out[f"h{i}"]["leases"] = -1
+    return dict(out)
+
+
+def show(label: str, snap: dict[str, dict[str, int]]) -> None:
+    print(f"  {label}: " + "; ".join(f"{h} fds {v['fds']} rss {v['rss_kib'] / 1024:.0f} MiB leases {v['leases']}"
+                                      f" ({v['procs']} procs)" for h, v in sorted(snap.items())), flush=True)
+
+
+def runs(pool: FaultPool, n: int, during: threading.Event | None = None) -> collections.Counter[str]:
+    seen: collections.Counter[str] = collections.Counter()
+    for i in range(n):
+        if during is not None and i == n // 2:
+            during.set()
+        try:
+            w = pool.run(max_tokens=4, timeout_s=120)
+            f = w.finished
+            seen["completed" if f and f.outcome == opb.RUN_OUTCOME_COMPLETED else f"faulted {f.reason if f else w.error}"] += 1
+        except Exception as e:  # the orchestrator refused it (e.g. pool not ready while the host is down)
+            seen[f"refused {type(e).__name__}"] += 1
+    return seen
+
+
+def load(n: int) -> int:
+    figures: dict[str, object] = {"loadavg_start": os.getloadavg()}
+    with fault_pool(progress=lambda line: print(line, flush=True)) as pool:
+        pool.run(max_tokens=2, timeout_s=300)  # warm: graphs compiled
+        before = snapshot(pool)
+        show("healthy, before", before)
+        t = time.monotonic()
+        healthy = runs(pool, n)
+        figures["healthy"] = {"runs": dict(healthy), "seconds": time.monotonic() - t}
+        after = snapshot(pool)
+        show("healthy, after ", after)
+        print(f"  {n} runs in {figures['healthy']['seconds']:.1f} s: {dict(healthy)}", flush=True)  # type: ignore[index]
+
+        kill = threading.Event()
+        host_back: dict[str, float] = {}
+
+        def killer() -> None:
+            kill.wait()
+            t0 = time.monotonic()
+            inject.kill_host(pool, 1)
+            pool.restart_host(1)
+            host_back["s"] = time.monotonic() - t0
+
+        thr = threading.Thread(target=killer, daemon=True)
+        thr.start()
+        t = time.monotonic()
+        faulty = runs(pool, n, during=kill)
+        thr.join(300)
+        pool.wait_pool(120)
+        pool.leases_left((0, 1, 2), timeout_s=15)
+        figures["with_host_killed"] = {"runs": dict(faulty), "seconds": time.monotonic() - t,
+                                       "host_restart_s": host_back.get("s")}
+        end = snapshot(pool)
+        show("after the host kill (h1's processes are new ones)", end)
+        print(f"  {n} runs with h1 killed and restarted at run {n // 2} in "
+              f"{figures['with_host_killed']['seconds']:.1f} s: {dict(faulty)}", flush=True)  # type: ignore[index]
+        figures.update(before=before, after=after, end=end, loadavg_end=os.getloadavg())
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(figures, indent=1) + "\n")
+    print(f"loadavg {figures['loadavg_start']} -> {figures['loadavg_end']}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("table").add_argument("pytest_args", nargs="*")
+    sub.add_parser("load").add_argument("--runs", type=int, default=50)
+    args = ap.parse_args()
+    return run_table(args.pytest_args) if args.cmd == "table" else load(args.runs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
