@@ -413,6 +413,8 @@ def pool_spec(base: Path, orchestrator_state: Path) -> ClusterSpec:
         hosts=3, netns=True, base_dir=base, readiness_timeout_s=90.0,
         orchestrator={"pool_timeout_s": 8.0, "step_timeout_s": 5.0, "first_token_timeout_s": 120.0,
                       "teardown_timeout_s": 8.0, "state_dir": str(orchestrator_state)},
+        # A frozen compute process is killed after 4 s; a ring lease queued 3 s faults the run.
+        workers={i: {"stop_timeout_s": 4.0, "arena_pressure_timeout_s": 3.0} for i in range(3)},
         tables={"edge": {"rendezvous_timeout": 5.0}},
     )
 
@@ -445,4 +447,7 @@ def fault_pool(progress: Callable[[str], None] = lambda line: None) -> Iterator[
             with LocalCluster(pool_spec(base, orch_state), progress=progress) as cluster:
                 yield FaultPool(cluster)
     finally:
-        shutil.rmtree(base, ignore_errors=True)
+        if os.environ.get("SWACTOR_FAULTS_KEEP"):  # the services' logs, for a failure's post-mortem
+            progress(f"fault pool kept at {base}")
+        else:
+            shutil.rmtree(base, ignore_errors=True)

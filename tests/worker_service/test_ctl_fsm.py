@@ -164,3 +164,29 @@ def test_commands_when_not_running_are_answered_locally() -> None:
     core.handle(Start(0.0))
     assert core.handle(Send(wire.ShutdownWorker("Graceful"))) == [KillProcess()]
     assert core.state is CtlState.KILLING
+
+
+def test_a_ring_not_quiesced_in_time_kills_the_process_which_is_the_proof() -> None:
+    """A frozen compute process: the stage's UninstallRing is never answered; after stop_timeout_s
+    the ctl kills it and answers RingQuiesced itself, so the stage can release its rings."""
+    core = running()
+    install(core, 7)
+    install(core, 8)
+    uninstall = wire.UninstallRing(7, pb.UNINSTALL_RING_FAULTED)
+    assert core.handle(Send(uninstall, 10.0)) == [WriteCommand(uninstall)]
+    assert core.deadline == 12.0
+    assert core.handle(Tick(11.9)) == []
+    actions = core.handle(Tick(12.0))
+    assert actions[0] == KillProcess()
+    events = delivered(actions)
+    assert isinstance(events[0], WorkerCrashed) and "[7] not quiesced" in events[0].detail
+    assert events[-1] == wire.RingQuiesced(7)
+    assert core.state is CtlState.FAILED and 7 not in core.rings and 8 in core.rings
+
+
+def test_quiesced_in_time_clears_the_deadline() -> None:
+    core = running()
+    install(core, 7)
+    core.handle(Send(wire.UninstallRing(7, pb.UNINSTALL_RING_FAULTED), 10.0))
+    assert delivered(core.handle(FromWorker(wire.RingQuiesced(7)))) == [wire.RingQuiesced(7)]
+    assert core.deadline is None and core.handle(Tick(20.0)) == [] and core.state is CtlState.RUNNING

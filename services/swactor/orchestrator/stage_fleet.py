@@ -118,7 +118,7 @@ class StageControlFleet:
         self._endpoints = endpoints or NoEndpoints()
         self._timeout = call_timeout_s
         self._open: dict[tuple[int, int], grpc.aio.Channel] = {}
-        self._watches: set[asyncio.Task[None]] = set()
+        self._watches: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.log = get_logger()
 
     def _channel(self, plan: RunPlan, stage: StagePlan) -> grpc.aio.Channel:
@@ -139,9 +139,9 @@ class StageControlFleet:
             reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
             raise FleetError(reason, f"ProvisionStage on node {stage.node_id} ({stage.node.control_endpoint}): "
                                      f"{e.code().name}: {e.details()}") from None
-        task = asyncio.create_task(self._watch(plan, stage, stub, report))
-        self._watches.add(task)
-        task.add_done_callback(self._watches.discard)
+        key = (plan.run_id, stage.stage_index)
+        task = self._watches[key] = asyncio.create_task(self._watch(plan, stage, stub, report))
+        task.add_done_callback(lambda t: self._watches.pop(key) if self._watches.get(key) is t else None)
 
     async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
                      report: Report) -> None:
@@ -169,6 +169,15 @@ class StageControlFleet:
         try:
             stub = stage_pb2_grpc.StageControlStub(channel)
             await stub.StopRun(stage_pb2.StopStageRunRequest(run_id=plan.run_id), timeout=self._timeout)
+        except BaseException:
+            # Not confirmed (the stage is frozen or unreachable, or the teardown gave up on it): let go
+            # of its WatchStage stream and channel too. A watch kept open keeps the stage's lease
+            # (worker/stage_lease.py) held, so a stage that comes back would keep the run forever;
+            # with the stream gone it gives the run up itself once its lease window passes.
+            watch = self._watches.get((plan.run_id, stage.stage_index))
+            if watch is not None:
+                watch.cancel()
+            raise
         finally:
             if temporary:
                 await channel.close()

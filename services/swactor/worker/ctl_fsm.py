@@ -162,6 +162,11 @@ class CtlCore:
     step_in_flight: tuple[int, int] | None = None  # (role_id, step_id)
     deadline: float | None = None
     shutdown_mode: str = "Graceful"
+    # Rings sent UninstallRing and not yet RingQuiesced. A process that does not quiesce them within
+    # stop_timeout_s (frozen, wedged) is killed: a SIGKILLed process never runs user code again, so
+    # it can write no ring byte and the kill is the quiescence proof (else the stage waits forever
+    # and its rings stay leased).
+    quiescing: set[int] = field(default_factory=set)
 
     def _transition(self, new: CtlState, **facts: Any) -> None:
         old, self.state = self.state, new
@@ -198,6 +203,7 @@ class CtlCore:
         self.worker_generation += 1  # Restarting: a new generation invalidates all old handles
         self.rings.clear()
         self.handles.clear()
+        self.quiescing.clear()
         self.step_in_flight = None
         self.deadline = now + self.init_timeout_s
         self._transition(CtlState.SPAWNING)
@@ -228,6 +234,13 @@ class CtlCore:
             self.deadline = None
             self._transition(CtlState.KILLING, reason="StopTimeout")
             return [KillProcess()]
+        if self.state is CtlState.RUNNING and self.quiescing:
+            rings, self.quiescing = sorted(self.quiescing), set()
+            self.deadline = None
+            actions = self._process_broken(f"ring(s) {rings} not quiesced within {self.stop_timeout_s}s", kill=True)
+            for rid in rings:
+                self.rings.pop(rid, None)
+            return actions + [Deliver(wire.RingQuiesced(rid)) for rid in rings]
         return []
 
     def _exited(self, rc: int) -> list[Action]:
@@ -293,6 +306,9 @@ class CtlCore:
                 self.rings[rid].acked = True
             case wire.RingQuiesced(ring_id=rid):
                 self.rings.pop(rid, None)
+                self.quiescing.discard(rid)
+                if not self.quiescing and self.state is CtlState.RUNNING:
+                    self.deadline = None
             case wire.ObjectLoaded(device_handle=h):
                 self.handles.add(h.id)
             case wire.DeviceObjectReleased(device_handle=h):
@@ -335,6 +351,9 @@ class CtlCore:
                 self.rings[rid] = InstalledRing(eid, pid, d)
             case wire.UninstallRing(ring_id=rid) if rid not in self.rings:
                 return [Deliver(wire.RingQuiesced(rid))]  # never installed here: nothing to quiesce
+            case wire.UninstallRing(ring_id=rid):
+                self.quiescing.add(rid)
+                self.deadline = self.deadline if self.deadline is not None else now + self.stop_timeout_s
             case wire.ExecuteStep(role_id=role_id, step_id=step_id, inputs=inputs):
                 if self.step_in_flight is not None:
                     return self._reject(cmd, pb.STEP_FAILURE_ROLE_UNAVAILABLE, pb.RING_FAULT_REASON_UNSPECIFIED,
