@@ -1,6 +1,6 @@
 """Arena faults on the interior stage's host, each checked end to end (tests/faults/checks.py):
 lease pressure (the arena's free space held by another holder, so the stage's ring leases stay
-queued past the worker's arena_pressure_timeout_s)."""
+queued past the worker's arena_pressure_timeout_s) and a ring larger than the arena's ceiling."""
 
 from __future__ import annotations
 
@@ -55,3 +55,20 @@ def test_lease_pressure_timeout(pool: FaultPool, request: pytest.FixtureRequest)
     check.no_leases((0, 1, 2))
     check.survivors_alive()
     check.next_run()
+
+
+def test_ring_over_the_arena_ceiling(pool: FaultPool, request: pytest.FixtureRequest) -> None:
+    """The interior host rebooted with an arena ceiling under the smallest ring (64 KiB)."""
+    check = FaultCheck(pool, "oversized ring (interior arena ceiling 32 KiB)",
+                       expect((pb.RUN_FAULT_RING_REQUEST_OVERSIZED, C.COMPONENT_ARENA)),
+                       killed=tuple(f"h{INTERIOR}/{k}" for k in ("arena", "membership", "edge", "worker")),
+                       test=request.node.nodeid)
+    small = pool.host_config(INTERIOR, "small-arena", arena={"ceiling_bytes": 32 << 10})
+    pool.restart_host(INTERIOR, configs={"arena": small})
+    pool.wait_pool()
+    t = time.time()
+    run = pool.submit(max_tokens=4)
+    check.outcome(run, t)
+    check.no_leases((0, 1, 2))
+    check.survivors_alive()
+    check.next_run(restart=lambda: pool.restart_host(INTERIOR))
