@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.common import gguf
+from swactor.modelfile.memory import MemoryProfile
 from swactor.v1 import common_pb2
 
 
@@ -51,6 +52,8 @@ class ModelFacts:
     dtype_width_bytes: int = 4
     eos_token_id: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Device memory by part, from the header's tensor table (None: unknown; placement then ignores memory).
+    memory: MemoryProfile | None = None
 
 
 def read_tokenizer(reader: Any) -> TokenizerData:

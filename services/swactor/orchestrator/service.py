@@ -23,6 +23,7 @@ def node_proto(n: NodeInfo) -> opb.Node:
     return opb.Node(
         node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
         edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
+        stage_memory_bytes=n.memory_bytes,
         gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
     )
 
@@ -41,6 +42,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             return self.o.submit(request)
         except RequestError as e:
             await self._refuse(context, "SubmitRun", e)
+
+    async def Plan(self, request, context):
+        try:
+            return self.o.plan(request)
+        except RequestError as e:
+            await self._refuse(context, "Plan", e)
 
     async def WatchRun(self, request, context) -> AsyncIterator[opb.RunUpdate]:
         try:
