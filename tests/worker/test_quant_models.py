@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType
-from reference import RefLlama
+from reference import Reference
 from structlog.testing import capture_logs
 from test_model import generate
 
@@ -42,8 +42,8 @@ def requantized(request: pytest.FixtureRequest, model_path: str) -> Requantized:
   path = build(mix)
   assert FIXTURE["builder_version"] == BUILDER_VERSION and sha256(path) == rec["sha256"], \
     f"{path} is not the file llama.cpp ran: re-record tests/fixtures/llamacpp_quant_greedy.json (packaging/record_quant_fixture.py)"
-  ref = RefLlama(str(path))
-  reference = [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"]), kv_cache=True) for c in rec["cases"]]
+  ref = Reference(path)  # KV-cached float64 greedy, once per (file, prompt), kept under .cache/reference/
+  reference = [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"])) for c in rec["cases"]]
   return Requantized(mix, GGUFModel(path), rec["cases"], reference)
 
 
@@ -133,6 +133,6 @@ def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) 
     est = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0]).stage(0, 2, 32, rows=1)
   assert (est.weights - m.embd.nbytes, est.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes)
   prompt = [5, 17, 260, 3]
-  want, gaps = RefLlama(str(path)).greedy(prompt, 8)
+  want, gaps = Reference(path).greedy(prompt, 8)
   cut = first_below(gaps, REF_TIE)
   assert cut > 0 and generate([m], prompt, 8)[:cut] == want[:cut]
