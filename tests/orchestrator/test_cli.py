@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,9 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
 
     async def main():
         async with serving(tmp_path, FakeFleet([2]), members) as s:
-            await asyncio.sleep(0.06)
+            deadline = time.monotonic() + 5
+            while not s.orch.pool_status(2).ready and time.monotonic() < deadline:  # the gate's window
+                await asyncio.sleep(0.01)
             fits = await cli(s.socket, "submit", "--prompt", "Hello", "--stages", "2", "--dry-run")
             as_json = await cli(s.socket, "submit", "--prompt", "Hello", "--node", "2", "--node", "1", "--dry-run", "--json")
             short = await cli(s.socket, "submit", "--prompt", "Hello", "--stages", "3", "--dry-run")

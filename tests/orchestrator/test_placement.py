@@ -65,8 +65,8 @@ def test_a_node_too_small_is_refused_naming_the_shortfall() -> None:
     msg = str(e.value)
     over = e.value.placement
     assert over.over() == [1] and over.ranges[1] == (31, 32)  # even one block and the head do not fit
-    assert "stage 1 (blocks 31..32) on node 2 needs" in msg and "the node offers 0.50 GiB" in msg
-    assert f"runtime {RUNTIME_BYTES / GiB:.2f} GiB" in msg and "stage 0" not in msg
+    assert "stage 1 (blocks 31..32) on node 2 needs" in msg and "the node offers 512.0 MiB" in msg
+    assert f"runtime {RUNTIME_BYTES / 2**20:.1f} MiB" in msg and "stage 0" not in msg
 
 
 def test_too_little_memory_altogether_names_every_stage_over() -> None:

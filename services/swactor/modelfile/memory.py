@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from swactor.modelfile.header import GgufHeader, TensorInfo
-from swactor.modelfile.support import ARCHITECTURES
+from swactor.modelfile.support import ARCHITECTURES, PACKED_TYPES
 
-# Device bytes per block of each type the compute core keeps packed (linear.py's table: codes as in the file, d/m
+# Device bytes per block of each type the compute core keeps packed (support.PACKED_TYPES; codes as in the file, d/m
 # scales as float32, K-quant sub-block scales as bytes); every other type is expanded to float32 at load.
-DEVICE_BLOCK_BYTES: dict[str, int] = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28,
-                                      "Q4_K": 152, "Q5_K": 184, "Q6_K": 212}
+_BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_K": 152, "Q5_K": 184, "Q6_K": 212}
+# A packed type declared in support without its device size here fails at import.
+DEVICE_BLOCK_BYTES: dict[str, int] = {name: _BLOCK_BYTES[name] for name in PACKED_TYPES}
 FLOAT32 = 4
 # Rows of one prefill chunk the estimate leaves room for (KV cache padding, scratch of the chunk's graphs).
 PREFILL_ROWS = 64

@@ -71,7 +71,8 @@ class Shortfall(PlanError):
 
 
 def gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """A memory size for people: MiB below a GiB (a small model's parts), GiB above."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def balanced_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
