@@ -2,10 +2,11 @@
 stage memory, `swactor submit --dry-run`, a shortfall refused at submit, and a run that completes while a node it does
 not need is stuck Booting.
 
-Order matters: the last test takes host 2's worker away for good."""
+Order matters: the last two tests take host 2's worker away for good, then freeze its membership."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -107,3 +108,31 @@ def test_a_run_completes_while_a_node_it_does_not_need_is_stuck_booting(cluster:
     assert pinned.finished.reason == "RUN_FAULT_NODE_UNAVAILABLE" and f"pinned node {h2} is booting" in pinned.finished.detail
     waiting = [e.detail for e in pinned.events if e.kind == pb.POOL_WAITING]
     assert waiting == [f"waiting for pinned node {h2} to be Available (it is booting)"]
+
+
+def test_a_run_completes_while_a_node_it_does_not_need_is_suspected(cluster: LocalCluster) -> None:
+    h0, h1, h2 = cluster.node_ids
+    frozen = cluster.service("h2/membership")
+    frozen.signal(signal.SIGSTOP)  # host 2 stops answering probes: its peers suspect it (then declare it dead)
+    try:
+        def h2_suspected() -> None:
+            with cluster.channel() as ch:
+                nodes = orchestrator_pb2_grpc.OrchestratorStub(ch).ListNodes(opb.ListNodesRequest(), timeout=5).nodes
+            states = {n.node_id: n.readiness for n in nodes}
+            if states.get(h2) == opb.NODE_READINESS_BOOTING:
+                raise NotReady(f"node {h2} is still booting")
+
+        wait_for("host 2 suspected in the orchestrator's view", h2_suspected, 60)
+        with cluster.channel() as ch:
+            res = follow(orchestrator_pb2_grpc.OrchestratorStub(ch),
+                         opb.SubmitRunRequest(prompt="What is the capital of France?", stages=2, max_tokens=4),
+                         timeout_s=120)
+    finally:
+        frozen.signal(signal.SIGCONT)
+    assert res.finished is not None
+    assert res.finished.outcome == opb.RUN_OUTCOME_COMPLETED, (res.finished.reason, res.finished.detail)
+    assert sorted(p.node_id for p in res.finished.placement) == sorted((h0, h1))
+    [ready] = [e for e in res.events if e.kind == pb.POOL_READY]
+    assert f"not candidates: {h2} is " in ready.detail  # suspect, or left once the suspicion timed out
+    assert not [e for e in res.events if e.kind == pb.POOL_WAITING and str(h2) in e.detail]
+    print(f"pool_ready with node {h2} frozen: {ready.detail}")
