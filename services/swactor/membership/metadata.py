@@ -80,6 +80,7 @@ def encode_tags(md: pb.NodeMetadata) -> dict[str, str]:
         "gpu": _encode_gpus(list(md.gpus)),
         "why": md.state_reason,
         "wg": str(md.worker_generation) if md.worker_generation else "",
+        "mem": str(md.stage_memory_bytes) if md.stage_memory_bytes else "",
     }
     tags.update({k: v for k, v in optional.items() if v})
     size = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in tags.items())
@@ -107,4 +108,5 @@ def decode_tags(tags: dict[str, str] | None, fallback_node_id: int = 0) -> pb.No
         md.gpus.extend(_decode_gpus(tags.get("gpu", "")))
     with contextlib.suppress(ValueError):
         md.worker_generation = max(0, int(tags.get("wg", "0")))
+        md.stage_memory_bytes = max(0, min(int(tags.get("mem", 0)), 2**64 - 1))
     return md

@@ -103,6 +103,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 ),
                 control_endpoint=request.control_endpoint if request.HasField("control_endpoint") else None,
                 worker_generation=request.worker_generation if request.HasField("worker_generation") else None,
+                stage_memory_bytes=request.stage_memory_bytes if request.HasField("stage_memory_bytes") else None,
             )
         except (ValueError, MetadataError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

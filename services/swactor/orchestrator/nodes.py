@@ -35,6 +35,8 @@ class NodeInfo:
     reason: str = ""
     epoch: int = 0  # which run of the node's membership process (higher after a restart)
     worker_generation: int = 0  # §31: its GPU worker's generation (0 = not reported)
+    # Device memory a stage may use there, as its worker advertised it with NodeAvailable; 0 = not advertised.
+    memory_bytes: int = 0
 
     @property
     def provisionable(self) -> bool:

@@ -29,6 +29,10 @@ class WorkerConfig:
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
     # process may use, at most 8. Set it when several workers share one machine.
     compute_threads: int = 0
+    # Device memory stages may use on this node, advertised to the orchestrator's planner with
+    # NodeAvailable; 0 = measured (worker/stage_memory.py: the GPU's free memory, or 80 % of
+    # MemAvailable on a CPU device). Set it when several workers share one machine.
+    memory_bytes: int = 0
     # The weights cache (docs/distribution.md): where fetched GGUF ranges are kept (None =
     # <state_dir>/weights), its size limit in bytes (0 = no limit but the disk), and how long a fetch
     # from the orchestrator's model server may receive nothing before it fails.
@@ -56,6 +60,8 @@ class WorkerConfig:
         if self.control_lease_s <= 0 or self.control_keepalive_s <= 0:
             raise ConfigError(f"[worker].control_lease_s / control_keepalive_s: must be > 0, got "
                               f"{self.control_lease_s} / {self.control_keepalive_s}")
+        if self.memory_bytes < 0:
+            raise ConfigError(f"[worker].memory_bytes: must be >= 0 (0 = measured), got {self.memory_bytes}")
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 

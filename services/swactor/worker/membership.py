@@ -12,6 +12,7 @@ restarted, and by the PoolReady policy held every run).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -30,15 +31,20 @@ class MembershipPort(Protocol):
 
 
 class MembershipClientPort(MembershipClient):
-    """MembershipPort over the local membership service's SetLocalState (swactor.membership.client)."""
+    """MembershipPort over the local membership service's SetLocalState (swactor.membership.client).
 
-    def __init__(self, socket_path: Path) -> None:
+    NodeAvailable carries the stage memory `stage_memory()` measures at that moment (worker/stage_memory.py)."""
+
+    def __init__(self, socket_path: Path, stage_memory: Callable[[], int] = lambda: 0) -> None:
         super().__init__(socket_path, timeout_s=10.0)
+        self._stage_memory = stage_memory
         self._wanted: membership_pb2.SetLocalStateRequest | None = None
         self._control_endpoint: str | None = None
+        self._memory: int | None = None  # the stage memory last measured (said again with every state)
 
     async def set_available(self, control_endpoint: str, worker_generation: int) -> None:
         self._control_endpoint = control_endpoint
+        self._memory = await asyncio.to_thread(self._stage_memory)  # nvidia-smi may take a moment
         await self._publish(membership_pb2.NODE_STATE_AVAILABLE, worker_generation=worker_generation)
 
     async def set_faulted(self, reason: int, worker_generation: int) -> None:
@@ -47,9 +53,11 @@ class MembershipClientPort(MembershipClient):
 
     async def _publish(self, state: membership_pb2.NodeState.ValueType, reason: str = "", *,
                        worker_generation: int) -> None:
+        """Say the state (kept, to say it again after a membership restart)."""
         self._wanted = membership_pb2.SetLocalStateRequest(state=state, reason=reason,
                                                            control_endpoint=self._control_endpoint,
-                                                           worker_generation=worker_generation)
+                                                           worker_generation=worker_generation,
+                                                           stage_memory_bytes=self._memory)
         await self._stub.SetLocalState(self._wanted, timeout=self._timeout)
 
     def _forgotten(self, md: membership_pb2.NodeMetadata) -> bool:
