@@ -18,9 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import grpc
+
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
-from tests.faults.pool import OUTCOME_KINDS, FaultPool, RunWatch
+from tests.faults.pool import OUTCOME_KINDS, FaultPool, NotYet, RunWatch, wait_until
 
 OUTCOME_DEADLINE_S = 10.0
 RUN_END_TIMEOUT_S = 60.0  # outcome + teardown (teardown_timeout_s is 8 s in the fault pool)
@@ -153,7 +155,16 @@ class FaultCheck:
         self.row.next_run = "not ready"
         restart()
         self.pool.wait_pool(pool_timeout_s)
-        run = self.pool.run(hosts, max_tokens=4)
+
+        def accepted() -> RunWatch:
+            try:
+                return self.pool.run(hosts, max_tokens=4)
+            except grpc.RpcError as e:  # a node still coming back after the pool looked ready: refused by name
+                if e.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                    raise
+                raise NotYet(str(e.details())) from None  # type: ignore[attr-defined]
+
+        run = wait_until("the next run accepted", accepted, pool_timeout_s, poll_s=0.5)
         took = time.monotonic() - t0
         ok = run.finished is not None and run.finished.outcome == opb.RUN_OUTCOME_COMPLETED
         self.row.next_run = f"completed ({took:.1f} s)" if ok else f"{run.describe()}"[:120]

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
+from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
 from tests.faults.checks import C, FaultCheck, expect
-from tests.faults.pool import FaultPool, RunWatch
+from tests.faults.pool import FaultPool, NotYet, RunWatch, wait_until
 
 INTERIOR = 1
 
@@ -125,7 +126,16 @@ def test_sigstop_compute_process(pool: FaultPool, request: pytest.FixtureRequest
     # Still frozen: its ctl kills it when it does not quiesce the rings in time (worker stop_timeout_s).
     check.no_leases((0, 1, 2), timeout_s=20.0)
     check.survivors_alive()
-    check.next_run(restart=lambda: pool.sigcont(pid))
+    # The worker replaces the killed process (a new generation); the orchestrator must have seen the
+    # node Available again after that (a pool event), not just still Available from before.
+    check.next_run(restart=lambda: wait_until("node available again", lambda: available_since(pool, t), 90))
+
+
+def available_since(pool: FaultPool, t: float) -> None:
+    node = pool.node_id(INTERIOR)
+    events = pool.get_events(POOL_EVENTS_RUN_ID)
+    if not any(e.kind == pb.NODE_AVAILABLE and e.node_id == node and e.time_us / 1e6 > t for e in events):
+        raise NotYet(f"no NODE_AVAILABLE of node {node} since the fault")
 
 
 def test_sigkill_orchestrator_and_restart(pool: FaultPool, request: pytest.FixtureRequest) -> None:

@@ -119,6 +119,7 @@ class StageControlFleet:
         self._timeout = call_timeout_s
         self._open: dict[tuple[int, int], grpc.aio.Channel] = {}
         self._watches: dict[tuple[int, int], asyncio.Task[None]] = {}
+        self._stops: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.log = get_logger()
 
     def _channel(self, plan: RunPlan, stage: StagePlan) -> grpc.aio.Channel:
@@ -163,24 +164,64 @@ class StageControlFleet:
                 await channel.close()
 
     async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
-        channel = self._open.get((plan.run_id, stage.stage_index))
+        """StopRun to the stage. The call belongs to the fleet, not to the run: it outlives a teardown
+        that stopped waiting for it (a lost or partitioned node; the run ends without it), and an
+        unreachable stage is called again until the call timeout, so a partition that heals within
+        that time still gets its stage stopped instead of leaving it holding the run."""
+        key = (plan.run_id, stage.stage_index)
+        call = self._stops.get(key)
+        if call is None:
+            call = self._stops[key] = asyncio.create_task(self._stop_run(plan, stage))
+            call.add_done_callback(lambda t: (self._stops.pop(key, None), t.cancelled() or t.exception()))
+        await asyncio.shield(call)
+
+    async def _stop_run(self, plan: RunPlan, stage: StagePlan) -> None:
+        try:
+            await self._stop_call(plan, stage, self._open.get((plan.run_id, stage.stage_index)), self._timeout)
+            return
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+        except BaseException:
+            self._let_go(plan, stage)
+            raise
+        # Unreachable now (partitioned, restarting): again on a fresh channel each second (a fresh
+        # channel dials at once, a failed one waits out its reconnect backoff) until the call timeout.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        try:
+            while True:
+                try:
+                    await self._stop_call(plan, stage, None, min(1.0, max(deadline - loop.time(), 0.1)))
+                    return
+                except grpc.aio.AioRpcError as e:
+                    if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) \
+                            or loop.time() >= deadline:
+                        raise
+        except BaseException:
+            self._let_go(plan, stage)
+            raise
+
+    async def _stop_call(self, plan: RunPlan, stage: StagePlan, channel: grpc.aio.Channel | None,
+                         timeout_s: float) -> None:
         temporary = channel is None  # the watch already ended (node lost): a channel just for StopRun
         channel = channel or self._channels(stage)
         try:
             stub = stage_pb2_grpc.StageControlStub(channel)
-            await stub.StopRun(stage_pb2.StopStageRunRequest(run_id=plan.run_id), timeout=self._timeout)
-        except BaseException:
-            # Not confirmed (the stage is frozen or unreachable, or the teardown gave up on it): let go
-            # of its WatchStage stream and channel too. A watch kept open keeps the stage's lease
-            # (worker/stage_lease.py) held, so a stage that comes back would keep the run forever;
-            # with the stream gone it gives the run up itself once its lease window passes.
-            watch = self._watches.get((plan.run_id, stage.stage_index))
-            if watch is not None:
-                watch.cancel()
-            raise
+            await stub.StopRun(stage_pb2.StopStageRunRequest(run_id=plan.run_id), timeout=timeout_s,
+                               wait_for_ready=temporary)
         finally:
             if temporary:
                 await channel.close()
+
+    def _let_go(self, plan: RunPlan, stage: StagePlan) -> None:
+        """StopRun not confirmed (the stage is frozen or unreachable): let go of its WatchStage stream
+        and channel too. A watch kept open keeps the stage's lease (worker/stage_lease.py) held, so a
+        stage that comes back would keep the run forever; with the stream gone it gives the run up
+        itself once its lease window passes."""
+        watch = self._watches.get((plan.run_id, stage.stage_index))
+        if watch is not None:
+            watch.cancel()
 
     async def open_endpoints(self, plan: RunPlan, report: Report) -> TokenEndpoints:
         return await self._endpoints.open(plan, report)
