@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -31,10 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import grpc  # noqa: E402
+
+from swactor.localcluster import ready as cready  # noqa: E402
 from swactor.v1 import orchestrator_pb2 as opb  # noqa: E402
 from tests.faults import inject  # noqa: E402
 from tests.faults.checks import REPORT_PATH, Row, table  # noqa: E402
-from tests.faults.pool import FaultPool, children, fault_pool, fd_count, rss_kib  # noqa: E402
+from tests.faults.pool import FaultPool, NotYet, children, fault_pool, fd_count, rss_kib, wait_until  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "faults_load.json"
 
@@ -71,6 +75,14 @@ def show(label: str, snap: dict[str, dict[str, int]]) -> None:
                                       f" ({v['procs']} procs)" for h, v in sorted(snap.items())), flush=True)
 
 
+def pool_ready(pool: FaultPool) -> None:
+    """The orchestrator judges the pool ready with every node (dead services are being restarted)."""
+    try:
+        cready.pool_ready(pool.stub, set(pool.cluster.node_ids))
+    except cready.NotReady as e:
+        raise NotYet(str(e)) from None
+
+
 def runs(pool: FaultPool, n: int, during: threading.Event | None = None) -> collections.Counter[str]:
     seen: collections.Counter[str] = collections.Counter()
     for i in range(n):
@@ -80,8 +92,10 @@ def runs(pool: FaultPool, n: int, during: threading.Event | None = None) -> coll
             w = pool.run(max_tokens=4, timeout_s=120)
             f = w.finished
             seen["completed" if f and f.outcome == opb.RUN_OUTCOME_COMPLETED else f"faulted {f.reason if f else w.error}"] += 1
-        except Exception as e:  # the orchestrator refused it (e.g. pool not ready while the host is down)
-            seen[f"refused {type(e).__name__}"] += 1
+        except grpc.RpcError as e:  # refused at once (a pool shortfall while the host is down): wait for it
+            seen[f"refused {e.code().name}"] += 1  # type: ignore[attr-defined]
+            with contextlib.suppress(TimeoutError):
+                wait_until("pool ready", lambda: pool_ready(pool), 180)
     return seen
 
 
@@ -120,7 +134,8 @@ def load(n: int) -> int:
         end = snapshot(pool)
         show("after the host kill (h1's processes are new ones)", end)
         print(f"  {n} runs with h1 killed and restarted at run {n // 2} in "
-              f"{figures['with_host_killed']['seconds']:.1f} s: {dict(faulty)}", flush=True)  # type: ignore[index]
+              f"{figures['with_host_killed']['seconds']:.1f} s (host back in {host_back.get('s', -1):.1f} s): "
+              f"{dict(faulty)}", flush=True)  # type: ignore[index]
         figures.update(before=before, after=after, end=end, loadavg_end=os.getloadavg())
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(figures, indent=1) + "\n")
