@@ -122,8 +122,9 @@ def main() -> int:
     print(f"driver: refused {last['refused']}, Retry sent {last['retries_sent']}, "
           f"handshakes admitted {last['handshakes_admitted']}")
     if certs:
-        print(f"wrong-certificate handshakes: {certs.get('attempts', 0)} tried, {certs.get('refused', 0)} refused, "
-              f"{certs.get('accepted', 0)} accepted, {certs.get('timeouts', 0)} timed out")
+        print(f"wrong-certificate handshakes: {certs.get('attempts', 0)} tried, {certs.get('refused', 0)} refused in TLS, "
+              f"{certs.get('accepted', 0)} accepted, {certs.get('unanswered', 0)} unanswered (filter / Retry budget), "
+              f"{certs.get('closed', 0) + certs.get('timeouts', 0)} other")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps({"unflooded_tok_s": plain, "flooded_tok_s": flooded, "ratio": fl / up,

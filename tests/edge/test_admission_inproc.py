@@ -21,19 +21,7 @@ from swactor.edge.config import ALPN
 from swactor.edge.identity import create_identity
 from tests.edge.fakering import FakeRing
 from tests.edge.inproc import Node, next_event, start_nodes, stop_nodes, until
-
-
-def junk_initial(dcid: bytes | None = None, token: bytes = b"", size: int = 1200) -> bytes:
-    """A datagram shaped like a client Initial (long header, version 1) whose payload is noise."""
-    dcid = dcid or os.urandom(8)
-    head = bytes([0xC3]) + (1).to_bytes(4, "big") + bytes([len(dcid)]) + dcid + bytes([8]) + os.urandom(8)
-    head += _varint(len(token)) + token
-    rest = size - len(head) - 2
-    return head + (0x4000 | rest).to_bytes(2, "big") + os.urandom(rest)
-
-
-def _varint(n: int) -> bytes:
-    return bytes([n]) if n < 64 else (0x4000 | n).to_bytes(2, "big")
+from tests.harness.udp_flood import junk_initial
 
 
 def udp() -> socket.socket:
@@ -209,6 +197,8 @@ def test_a_flood_of_strangers_is_filtered_in_the_kernel_while_it_lasts(tmp_path:
         a, b = await start_nodes(tmp_path, retry_rate=50.0, retry_burst=50, flood_hold=0.5)
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.bind(("127.0.0.2", 0))  # a loopback address no member has: a stranger
+        member = udp()  # 127.0.0.1: the members' address
+        loop = asyncio.get_running_loop()
         adm, guard = b.driver.endpoint.admission, b.driver.endpoint.guard
 
         def seen() -> int:
@@ -216,16 +206,21 @@ def test_a_flood_of_strangers_is_filtered_in_the_kernel_while_it_lasts(tmp_path:
 
         try:
             with capture_logs() as logs:
+                deadline = loop.time() + 10
                 while not adm.filtering:  # about 1000/s until admission judges it a flood
+                    assert loop.time() < deadline, "admission never judged 1000 Initials/s a flood"
                     for _ in range(20):
                         s.sendto(junk_initial(), addr(b))
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(0.02)  # pacing the sender, not waiting for an outcome
                 await until(lambda: guard.filter_members is not None, "the kernel filter on")
-                before = seen()
+                before, markers = seen(), counts(b)[Refusal.NOT_INITIAL]
                 for _ in range(1600):
                     s.sendto(junk_initial(), addr(b))
-                await asyncio.sleep(0.3)
-                got = seen() - before
+                # a member's short-header datagram after them: once it is counted, so is every
+                # junk Initial the filter let through (one socket queue, in order)
+                member.sendto(b"\x40" + os.urandom(40), addr(b))
+                await until(lambda: counts(b)[Refusal.NOT_INITIAL] > markers, "the marker after the junk")
+                got = seen() - before - 1
                 assert 40 < got < 400, got  # about 1 in 16 reached the driver
                 await edge_works(a, b, 4)  # members pass the filter
                 await until(lambda: guard.filter_members is None, "the filter off once the flood stopped", timeout=10)
@@ -235,6 +230,7 @@ def test_a_flood_of_strangers_is_filtered_in_the_kernel_while_it_lasts(tmp_path:
             await until(lambda: seen() > before + got, "strangers reach admission again")
         finally:
             s.close()
+            member.close()
             await stop_nodes([a, b])
 
     asyncio.run(main())

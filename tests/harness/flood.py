@@ -4,6 +4,8 @@
         ...                                      # junk Initials + wrong-certificate handshakes
     flood.reports                                # {"junk": {...}, "bad_certs": {...}}
 
+or `flood.start("bad_certs")`, later `flood.start("junk")`, then `flood.stop()` (the reports).
+
 The outsider is one more namespace on the bridge (`Netns.add_host`): not a member, no services.
 From it run two processes: `udp_flood.py` (junk Initials at the rate one sender process achieves)
 and `bad_handshakes.py` (repeated aioquic handshakes with a certificate nobody knows). Helpers read
@@ -50,7 +52,8 @@ class Flood:
     def target_addr(self) -> str:
         return self.cluster.hosts[self.target].addr
 
-    def start(self) -> None:
+    def start(self, *kinds: str) -> None:
+        """Start the senders of `kinds` (default: all this flood was made with) not running yet."""
         netns = self.cluster.netns
         assert netns is not None
         if self.outsider is None:
@@ -59,7 +62,11 @@ class Flood:
         scripts = {"junk": [str(HERE / "udp_flood.py"), self.target_addr, str(self.junk_port)],
                    "bad_certs": [str(HERE / "bad_handshakes.py"), self.target_addr, str(EDGE_PORT),
                                  "--concurrency", str(self.concurrency)]}
-        for kind in self.kinds:
+        for kind in kinds or self.kinds:
+            if kind not in self.kinds:
+                raise ValueError(f"this flood has no {kind!r} sender (it has {self.kinds})")
+            if kind in self.procs:
+                continue
             self.procs[kind] = subprocess.Popen([*prefix, sys.executable, *scripts[kind]], stdout=subprocess.PIPE,
                                                 stderr=subprocess.DEVNULL, text=True, start_new_session=True)
 
