@@ -19,8 +19,8 @@ from swactor.common.ids import new_id
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, plan_run
-from swactor.orchestrator.pool import PoolGate
+from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, memory_need, plan_run
+from swactor.orchestrator.pool import Demand, PoolGate
 from swactor.v1 import common_pb2 as pb
 
 K = pb.LifecycleEventKind
@@ -230,6 +230,10 @@ class RunFsm:
         # pool_view: the orchestrator's gate, which has watched the pool before this run: a pool that has been stable
         # for the window is ready at once instead of the window being waited again by every run
         self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
+        self._demand = Demand(request.stages, request.node_ids, request.model.num_layers,
+                              memory_need(request.model, config.max_seq_len_cap))
+        self._pool_ready_at: float | None = None  # when the gate's chosen nodes will have been stable
+        self._waiting_for = ""  # what the closed gate waits for, as last recorded (POOL_WAITING)
         self._pool_deadline = now + config.timeouts.pool_s
         self._deadline: float | None = self._pool_deadline
         self._ready: set[int] = set()
@@ -252,8 +256,8 @@ class RunFsm:
     def deadline(self) -> float | None:
         """When the adapter must deliver Tick (None: no timer pending)."""
         if self.state is RunState.WAITING_POOL:
-            stable = self._gate.stable_at()
-            if stable is None or stable <= self._now:  # window already passed: only the pool timeout
+            stable = self._pool_ready_at
+            if stable is None or stable <= self._now:  # no placement yet, or its window passed: only the pool timeout
                 return self._pool_deadline
             return min(self._pool_deadline, stable)
         return self._deadline
@@ -404,8 +408,12 @@ class RunFsm:
                 return
             case _:
                 pass
-        status = self._gate.check(now, self.request.stages)
+        status = self._gate.check(now, self._demand)
+        self._pool_ready_at = status.ready_at
         if not status.ready:
+            if status.waiting_for != self._waiting_for:
+                self._waiting_for = status.waiting_for
+                out.append(self._ev(K.POOL_WAITING, detail=f"waiting for {status.waiting_for}"))
             if now >= self._pool_deadline:
                 self._fault(out, now, pb.RUN_FAULT_NODE_UNAVAILABLE,
                             f"pool not ready after {self.config.timeouts.pool_s}s: {status.detail}")
@@ -418,6 +426,7 @@ class RunFsm:
                 max_tokens=req.max_tokens, prompt_tokens=len(req.prompt_ids), sampling=req.sampling,
                 orchestrator_node_id=cfg.orchestrator_node_id, max_seq_len_cap=cfg.max_seq_len_cap,
                 ring_ceiling_bytes=cfg.ring_ceiling_bytes, node_ids=req.node_ids, id_source=self._id_source,
+                placement=status.placement,
             )
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")
@@ -429,8 +438,7 @@ class RunFsm:
         out.append(OpenEndpoints(plan))
         self._endpoints_open = True
         for stage in plan.stages:
-            out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage,
-                                      counters={"layer_start": stage.layer_start, "layer_end": stage.layer_end_exclusive}))
+            out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage, counters=stage.counters()))
             out.append(Provision(plan, stage))
             self._provisioned.add(stage.stage_index)
         self._deadline = now + cfg.timeouts.readiness_s
