@@ -296,6 +296,25 @@ def test_flood_of_strangers_turns_the_kernel_filter_on_then_off() -> None:
     assert a.flood_tick(11.0) is False and not a.filtering
 
 
+def test_a_flood_is_suspected_as_soon_as_a_seconds_retry_budget_of_strangers_came() -> None:
+    a = admission(retry_rate=100.0, retry_burst=100)
+    strangers(a, 100, 0.01)
+    assert not a.flood_suspected  # within the budget
+    strangers(a, 1, 0.02)
+    assert a.flood_suspected  # 101 in 20 ms: the shell judges now, not at the tick
+    assert a.flood_tick(0.02) is True and a.flood_rate > 100 * 50
+    assert not a.flood_suspected  # filtering already
+    b = admission(retry_rate=100.0, kernel_filter=False)
+    strangers(b, 200, 0.01)
+    assert not b.flood_suspected  # no filter to turn on
+
+
+def test_a_slow_trickle_judged_early_is_no_flood() -> None:
+    a = admission(retry_rate=100.0, retry_burst=100)
+    strangers(a, 101, 30.0)  # a shell that never ticked for 30 s (it ticks within 1 s of the first)
+    assert a.flood_suspected and a.flood_tick(30.0) is None and not a.filtering  # ~3.4/s
+
+
 def test_flood_filter_can_be_turned_off_and_can_fail() -> None:
     a = admission(retry_rate=10.0, kernel_filter=False)
     strangers(a, 100, 0.5)

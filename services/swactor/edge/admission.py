@@ -23,9 +23,9 @@ The policy, in order:
 4. Handshake rate limits (token buckets): `member_handshake_rate` for members' unvalidated
    handshakes, `handshake_rate` for everyone else's, so strangers cannot starve members.
 
-5. Flood mode: `flood_tick` (about once a second) estimates how many Initials without a token
-   unvalidated strangers send; above `retry_rate` (more than we would answer) it asks the shell
-   to filter them in the kernel (sockfilter.py: all but 1 in 2**FILTER_SAMPLE_SHIFT dropped before
+5. Flood mode: `flood_tick` (about once a second, or at once when `flood_suspected`) estimates
+   how many Initials without a token unvalidated strangers send; above `retry_rate` (more than we
+   would answer) it asks the shell to filter them in the kernel (sockfilter.py: all but 1 in 2**FILTER_SAMPLE_SHIFT dropped before
    they are queued), and to lift the filter after `flood_hold` seconds below half that rate.
 
 Who the peer is gets decided later, in the TLS handshake (certificate pinning, quic_conn.py); what
@@ -289,6 +289,13 @@ class ConnectionAdmission:
             self.filtering = False
             return False
         return None
+
+    @property
+    def flood_suspected(self) -> bool:
+        """More strangers' token-less Initials since the last flood_tick than `retry_rate` (a second's
+        Retry budget), with the filter off: judge now, not at the next tick, so a flood saturates
+        the event loop for milliseconds rather than a whole tick."""
+        return not self.filtering and self.limits.kernel_filter and self.stranger_initials > self.limits.retry_rate
 
     def filter_failed(self) -> None:
         """The shell could not attach the filter (IPv6 socket, kernel refused): userspace only."""

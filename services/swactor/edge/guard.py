@@ -3,7 +3,8 @@
 * Refusals are counted, never logged one by one: `noted()` logs one `edge.admission_refused`
   summary now if the last one is a `refusal_log_interval` old, else arms one for when it is, so a
   flood gives one line per interval (with counts, sources and the top source), never one per packet.
-* Flood mode: about once a second while strangers send Initials (or while the filter is on),
+* Flood mode: about once a second while strangers send Initials (or while the filter is on), and
+  at once when more than a second's Retry budget of them came since the last judgement,
   `ConnectionAdmission.flood_tick` judges their rate; when it says so, the kernel socket filter
   (sockfilter.py) goes on or off (`edge.flood_filter`), and while on it follows the membership view.
 """
@@ -42,7 +43,11 @@ class AdmissionGuard:
         adm = self.admission
         if adm.has_refusals and self._summary_timer is None:
             self.noted()
-        if (adm.stranger_initials or adm.filtering) and self._flood_timer is None:
+        if adm.flood_suspected:  # a second's worth of strangers already: judge now
+            if self._flood_timer is not None:
+                self._flood_timer.cancel()
+            self._flood_tick()
+        elif (adm.stranger_initials or adm.filtering) and self._flood_timer is None:
             self._flood_timer = self.loop.call_later(FLOOD_TICK, self._flood_tick)
 
     # ---- refusal summaries ----
