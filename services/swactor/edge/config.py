@@ -7,12 +7,15 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR
+from swactor.edge.admission import AdmissionLimits
 
 ALPN = "swactor/edge/1"
 
 
 @dataclass(frozen=True)
-class EdgeConfig:
+class EdgeConfig(AdmissionLimits):
+    """The `[edge]` table; the admission keys (admission.AdmissionLimits, docs/edge.md "Hostile traffic") come first."""
+
     # UDP address of the host's one QUIC endpoint.
     bind: str = "0.0.0.0:7400"
     socket: Path = sockets.EDGE
@@ -51,6 +54,10 @@ class EdgeConfig:
     # A stream that carries no locally established edge for this long is stopped with a fault.
     rendezvous_timeout: float = 30.0
     congestion_control: str = "reno"
+    # An accepted connection whose handshake is not done by then is dropped.
+    handshake_timeout: float = 5.0
+    # Refusals are logged as one `edge.admission_refused` summary per interval (with counts).
+    refusal_log_interval: float = 10.0
     # Per-object pump timings (objtap.py) for WatchEdges(object_timings); flushed at most this often.
     object_timing: bool = True
     object_timing_flush_s: float = 0.02
