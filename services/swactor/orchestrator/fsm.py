@@ -11,11 +11,13 @@ on the way into TEARING_DOWN.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from swactor.common.ids import new_id
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo, NodeState
@@ -61,6 +63,7 @@ class RunRequest:
     eog_ids: frozenset[int]
     node_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # an end-of-generation token does not end the run
+    trace_objects: bool = False  # stages report per-object events (diagnostics)
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class FsmConfig:
     pool_window_s: float = 2.0
     max_seq_len_cap: int = 4096
     ring_ceiling_bytes: int = 4 << 20
+    prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
 
 
 # ---- inputs ----
@@ -130,6 +134,13 @@ class TokenReceived:
 
 
 @dataclass(frozen=True)
+class PromptChunkDone:
+    """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
+
+    sequence: int
+
+
+@dataclass(frozen=True)
 class OperatorStop:
     detail: str = ""
 
@@ -142,13 +153,20 @@ class Relay:
 
 
 @dataclass(frozen=True)
+class RelayBatch:
+    """Several node events at once (a traced run's per-object events of one sequence): recorded as they are."""
+
+    events: tuple[pb.LifecycleEvent, ...]
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | OperatorStop | Relay | Tick
+    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | Relay | RelayBatch | Tick
 )
 
 # ---- actions ----
@@ -169,6 +187,7 @@ class Provision:
 class InjectTokens:
     sequence: int
     token_ids: tuple[int, ...]
+    flags: int = 0  # the object header's flags (PROMPT_CONTINUES on a prompt chunk before the last)
 
 
 @dataclass(frozen=True)
@@ -232,6 +251,7 @@ class RunFsm:
         self._failed: set[int] = set()
         self._awaiting_stop: set[int] = set()
         self._expected_seq = 0
+        self._prompt_objects = 1  # the prompt's chunk objects: sequences 0..n-1, the first token comes with n-1
         self.teardown_timed_out = False
         self._now = now
 
@@ -253,12 +273,13 @@ class RunFsm:
     def handle(self, event: Input, now: float) -> list[Action]:
         out: list[Action] = []
         self._now = max(self._now, now)
-        if isinstance(event, Relay):
+        if isinstance(event, Relay | RelayBatch):
             if self.state is not RunState.DONE:
-                ev = pb.LifecycleEvent()
-                ev.CopyFrom(event.event)
-                ev.run_id = self.run_id
-                out.append(Emit(ev))
+                for relayed in (event.events if isinstance(event, RelayBatch) else (event.event,)):
+                    ev = pb.LifecycleEvent()
+                    ev.CopyFrom(relayed)
+                    ev.run_id = self.run_id
+                    out.append(Emit(ev))
             return out
         handler = {
             RunState.WAITING_POOL: self._on_waiting_pool,
@@ -409,7 +430,7 @@ class RunFsm:
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")
             return
-        self.plan = plan
+        self.plan = plan = dataclasses.replace(plan, prefill_chunk=cfg.prefill_chunk, trace_objects=req.trace_objects)
         out.append(self._ev(K.RUN_PLANNED, counters={"stages": len(plan.stages), "edges": len(plan.edges),
                                                       "layers": plan.model.num_layers, "max_seq_len": plan.max_seq_len}))
         self._set_state(RunState.PROVISIONING)
@@ -449,19 +470,30 @@ class RunFsm:
             out.append(self._ev(K.READINESS_BARRIER_PASSED, counters={"stages": len(self._ready)}))
             self._set_state(RunState.RUNNING)
             prompt = self.request.prompt_ids
-            out.append(InjectTokens(0, prompt))
-            out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt)}))
-            self._expected_seq = 0
+            size = self.plan.prefill_chunk or len(prompt)
+            chunks = [prompt[i:i + size] for i in range(0, len(prompt), size)]
+            for i, ids in enumerate(chunks):  # all at once: the stages pipeline them (§16 "Prefill chunks" in the docs)
+                out.append(InjectTokens(i, ids, PROMPT_CONTINUES if i < len(chunks) - 1 else 0))
+            out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt), "chunks": len(chunks)}))
+            self._expected_seq, self._prompt_objects = 0, len(chunks)
             self._deadline = now + self.config.timeouts.first_token_s
 
     def _on_running(self, event: Input, now: float, out: list[Action]) -> None:
         if self._common(event, now, out):
             return
         match event:
-            case TokenReceived(sequence=seq, token_id=tid):
-                if seq != self._expected_seq:
+            case PromptChunkDone(sequence=seq):
+                if seq != self._expected_seq or seq >= self._prompt_objects - 1:
                     self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
-                                f"token-out delivered sequence {seq}, expected {self._expected_seq}")
+                                f"token-out delivered no token for sequence {seq}; expected sequence {self._expected_seq}, "
+                                f"the prompt's last chunk is {self._prompt_objects - 1}")
+                    return
+                self._expected_seq = seq + 1  # the first-token deadline covers the whole prompt
+            case TokenReceived(sequence=seq, token_id=tid):
+                if seq != self._expected_seq or seq < self._prompt_objects - 1:
+                    self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
+                                f"token-out delivered a token for sequence {seq}, expected sequence {self._expected_seq}"
+                                f"{' (a prompt chunk: no token)' if seq < self._prompt_objects - 1 else ''}")
                     return
                 self.tokens.append(tid)
                 eog = tid in self.request.eog_ids

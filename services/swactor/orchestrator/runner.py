@@ -98,7 +98,7 @@ class RunHandle:
             self._perform(action, emitted)
         if emitted:
             self.store.append(self.run_id, emitted)
-        if not isinstance(event, F.Relay):  # a relayed node event never changes the run record
+        if not isinstance(event, F.Relay | F.RelayBatch):  # a relayed node event never changes the run record
             self._sync_record()
             self.store.put(self.record)
         if actions:
@@ -223,7 +223,7 @@ class RunHandle:
             await self._endpoints_ready.wait()
             assert self._endpoints is not None
             try:
-                await self._endpoints.inject(action.sequence, action.token_ids)
+                await self._endpoints.inject(action.sequence, action.token_ids, action.flags)
             except FleetError as e:
                 self.report(F.EndpointFault(e.reason, e.detail))
             except Exception as e:
