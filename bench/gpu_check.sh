@@ -78,7 +78,7 @@ PY
     done
     echo "$pyver" > "$DIR/wheels/PYTHON_VERSION"
     say "small model"
-    (cd "$ROOT" && "$venv" -c "import sys; from tests.fixtures.gguf_repack import build_small; build_small(sys.argv[1])" "$DIR/model.gguf.new")
+    (cd "$ROOT" && "$venv" -c "import sys; from tests.fixtures.gguf_fixtures import build_small; build_small(sys.argv[1])" "$DIR/model.gguf.new")
     mv "$DIR/model.gguf.new" "$MODEL"
     say "the CPU run the device is compared with"
     GPU_CHECK_PYTHON="$venv" GPU_CHECK_DEVICE=CPU OUT="$DIR/cpu" bash "$ROOT/bench/gpu_check.sh"

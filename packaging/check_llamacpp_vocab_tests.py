@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from swactor.common.gguf import ModelRefused, open_gguf
+from swactor.modelfile.params import ModelRefused, open_header
 from swactor.orchestrator.gguf_model import read_tokenizer
 from swactor.orchestrator.tokenizer import Tokenizer, TokenizerError
 
@@ -22,7 +22,7 @@ SEPARATOR = "\n__ggml_vocab_test__\n"
 def check(models: Path, name: str) -> bool:
   path = models / f"ggml-vocab-{name}.gguf"
   try:
-    data = read_tokenizer(open_gguf(path))
+    data = read_tokenizer(open_header(path))
     tok = Tokenizer(data)
   except (ModelRefused, TokenizerError) as e:
     print(f"{name}: refused: {e}")

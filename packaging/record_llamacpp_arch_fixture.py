@@ -1,8 +1,8 @@
 """Record llama.cpp greedy tokens for the re-packed architecture fixtures -> tests/fixtures/llamacpp_arch_greedy.json.
 
-The files (qwen2, qwen2 + YaRN, Llama 3 rope_freqs, linear scaling: tests/fixtures/gguf_repack.py) are built by this
+The files (qwen2, qwen2 + YaRN, Llama 3 rope_freqs, linear scaling: tests/fixtures/gguf_fixtures.py) are built by this
 project's venv; llama.cpp runs under a separate venv holding llama-cpp-python (see record_llamacpp_fixture.py):
-  .venv/bin/python -m tests.fixtures.gguf_repack            # build them (cached under .cache/fixtures/)
+  .venv/bin/python -m tests.fixtures.gguf_fixtures            # build them (cached under .cache/fixtures/gguf-v1/)
   /tmp/llama-venv/bin/python packaging/record_llamacpp_arch_fixture.py [out.json]
 Each file's sha256 is stored with its tokens: the test checks that it runs on the same bytes. Greedy = argmax of
 llama.cpp's logits, STEPS steps, no stop at EOS, prompts given as token ids (SmolLM2's vocabulary in every file).
@@ -51,7 +51,7 @@ def sha256(path: pathlib.Path) -> str:
 
 def main() -> None:
   dest = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ROOT / "tests/fixtures/llamacpp_arch_greedy.json")
-  listing = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "tests.fixtures.gguf_repack"], cwd=ROOT, check=True,
+  listing = subprocess.run([str(ROOT / ".venv/bin/python"), "-m", "tests.fixtures.gguf_fixtures"], cwd=ROOT, check=True,
                            capture_output=True, text=True).stdout  # "name path sha256" per llama.cpp-loadable file
   files = {}
   for line in listing.splitlines():

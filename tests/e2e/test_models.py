@@ -1,5 +1,5 @@
 """Other model files through the whole pipeline: a 2-host local cluster serving SmolLM2 re-packed as `qwen2`
-(tests/fixtures/gguf_repack.py: Q/K/V biases, NeoX rotation) at S = 2, tokens equal to the float64 reference; a
+(tests/fixtures/gguf_fixtures.py: Q/K/V biases, NeoX rotation) at S = 2, tokens equal to the float64 reference; a
 file the workers would refuse is refused by `swactor demo --model` / `python -m swactor.localcluster --model`
 before anything starts, naming what is missing."""
 
@@ -18,7 +18,7 @@ from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.run import follow
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
-from tests.fixtures import gguf_repack
+from tests.fixtures import gguf_fixtures
 
 from .conftest import assert_torn_down, needs_model
 
@@ -31,14 +31,14 @@ def float64_reference(path: Path, prompt: list[int], n: int) -> tuple[list[int],
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.RefLlama(str(path)).greedy(prompt, n)
+    return mod.Reference(path).greedy(prompt, n)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @needs_model
 def test_qwen2_file_runs_end_to_end_at_s2() -> None:
-    path = gguf_repack.build_qwen2()
+    path = gguf_fixtures.build_qwen2()
     want, gaps = float64_reference(path, PROMPT, STEPS)
     cut = next((i for i, g in enumerate(gaps) if g < 0.02), STEPS)
     assert cut >= STEPS // 2, f"reference near-tie at step {cut}"

@@ -24,8 +24,8 @@ def test_architecture_tokenizer_quant_and_tensors_are_named(tmp_path: Path) -> N
     assert r.startswith("UnsupportedArchitecture: architecture 'gemma3'")
     [r] = judged(write_gguf(tmp_path / "t.gguf", tokenizer_model="bert"))
     assert r.startswith("UnsupportedTokenizer") and "'bert'" in r
-    [r] = judged(write_gguf(tmp_path / "q.gguf", qtype="Q2_K"))
-    assert r.startswith("UnsupportedQuantType") and "Q2_K" in r and "token_embd.weight" in r
+    [r] = judged(write_gguf(tmp_path / "q.gguf", qtype="Q8_K"))  # no dequantizer: not declared
+    assert r.startswith("UnsupportedQuantType") and "Q8_K" in r and "token_embd.weight" in r
     [r] = judged(write_gguf(tmp_path / "m.gguf", drop=("blk.1.ffn_up.weight",)))
     assert r == "MissingTensor: 1 tensor(s) missing: blk.1.ffn_up.weight"
     [r] = judged(write_gguf(tmp_path / "x.gguf", extra=(("blk.0.attn_q_norm.weight", (256,), "F32"),)))

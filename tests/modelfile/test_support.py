@@ -1,24 +1,55 @@
-"""The support declaration and the compute core agree (the declaration is what the orchestrator judges by)."""
+"""The support declaration and the compute core agree (the declaration is what the orchestrator judges
+by and what the compute core loads by)."""
 
 from __future__ import annotations
 
-from gguf import GGMLQuantizationType
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf.constants import GGML_QUANT_SIZES
 
 from swactor.modelfile import support
-from swactor.worker.compute import gguf_weights, quant
+from swactor.orchestrator.gguf_model import TokenizerData
+from swactor.orchestrator.tokenizer import Tokenizer
+from swactor.worker.compute import gguf_weights, linear, quant
 
 
 def test_quant_types_are_what_the_compute_core_loads() -> None:
     assert {q.name for q in quant.BLOCK} == set(support.QUANT_TYPES)
-    assert set(support.QUANT_TYPES) <= set(GGMLQuantizationType.__members__)
+    assert set(support.QUANT_TYPES) <= set(QT.__members__)
+    assert len(support.QUANT_TYPES) == len(support.FLOAT_TYPES + support.PACKED_TYPES + support.EXPANDED_TYPES)
+    assert {q.name for q in linear.PACKED} == set(support.PACKED_TYPES)
+    for name in sorted(support.QUANT_TYPES):  # each declared type dequantizes, with our code or gguf's
+        n, nb = GGML_QUANT_SIZES[QT[name]]
+        out = quant.dequantize(np.zeros((2, nb), np.uint8), QT[name], n, f"t.{name}")
+        assert out.shape == (2, n) and out.dtype == np.float32, name
+
+
+@pytest.mark.parametrize("qtype", sorted((q for q in QT if q.name not in support.QUANT_TYPES), key=lambda q: q.name))
+def test_undeclared_types_are_refused_by_the_compute_core(qtype: QT) -> None:
+    with pytest.raises(quant.UnsupportedQuant) as e:
+        quant.row_bytes(qtype, 256, "blk.0.attn_q.weight")
+    assert e.value.reason == "UnsupportedQuantType" and qtype.name in str(e.value)
 
 
 def test_architectures_are_what_the_compute_core_implements() -> None:
-    compute = set(getattr(gguf_weights, "ARCHITECTURES", {"llama": None}))  # the core names only llama today
-    assert compute == set(support.ARCHITECTURES)
+    assert set(support.ARCHITECTURES) == {"llama", "qwen2"}
     layer = {f"{t}.weight" for t in gguf_weights.LAYER_TENSORS}
     for arch in support.ARCHITECTURES.values():
         assert set(arch.layer_tensors) == layer
+    assert support.ARCHITECTURES["qwen2"].rope_neox and not support.ARCHITECTURES["llama"].rope_neox
+    assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
+
+
+@pytest.mark.parametrize("model", sorted(support.TOKENIZER_MODELS))
+def test_tokenizer_models_are_what_the_tokenizer_implements(model: str) -> None:
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "a", "b", "ab", "\u0120", "\u2581"]
+    data = TokenizerData(model=model, pre="default", tokens=tokens, token_types=[2, 3, 3] + [6] * 256 + [1] * 5,
+                         merges=["a b"], bos_id=1, eos_id=2, eot_id=None, eom_id=None, pad_id=None, add_bos=False,
+                         add_eos=False, chat_template=None, scores=[0.0] * len(tokens), unk_id=0,
+                         add_space_prefix=False)
+    tok = Tokenizer(data)
+    assert tok.kind == model and tok.decode(tok.encode("ab", add_special=False)) == "ab"
 
 
 def test_the_orchestrator_judges_without_the_worker() -> None:

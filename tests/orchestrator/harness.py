@@ -16,7 +16,7 @@ from swactor.orchestrator import fsm as F
 from swactor.orchestrator.api_access import ApiAccess
 from swactor.orchestrator.config import DEFAULT_MODEL_NAME, OrchestratorConfig
 from swactor.orchestrator.main import listeners
-from swactor.orchestrator.manager import Orchestrator
+from swactor.orchestrator.manager import Limits, Orchestrator
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.store import RunStore
@@ -49,11 +49,11 @@ class Served:
 @contextlib.asynccontextmanager
 async def serving(tmp_path: Path, fleet, members=(), timeouts: F.Timeouts | None = None,
                   store: RunStore | None = None, max_seq_len_cap: int = 4096,
-                  access: ApiAccess | None = None) -> AsyncIterator[Served]:
+                  access: ApiAccess | None = None, limits: Limits | None = None) -> AsyncIterator[Served]:
     store = store or RunStore.in_state_dir(tmp_path / "state")
     cfg = F.FsmConfig(orchestrator_node_id=900, pool_window_s=0.05, timeouts=timeouts or F.Timeouts(teardown_s=2.0),
                       max_seq_len_cap=max_seq_len_cap)
-    orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg)
+    orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg, limits=limits or Limits())
     orch.set_members(tuple(members))
     sock = tmp_path / "orchestrator.sock"
     cfg = OrchestratorConfig(socket=sock, tcp_address="127.0.0.1:0" if access else "")

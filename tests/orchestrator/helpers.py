@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import GpuInfo, NodeInfo, NodeState
@@ -24,3 +31,29 @@ def node(node_id: int, state: NodeState = NodeState.AVAILABLE) -> NodeInfo:
 
 def pool(*ids: int, state: NodeState = NodeState.AVAILABLE) -> tuple[NodeInfo, ...]:
     return tuple(node(i, state) for i in ids)
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `path` (root only; skips otherwise), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file in `directory` until its file system has no space left; returns it (unlink to free)."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+    return filler

@@ -85,6 +85,39 @@ def test_stopped_run_exit_code_and_json_stream(tmp_path: Path) -> None:
     assert [m["token"]["token_id"] for m in lines if "token" in m] == [100]
 
 
+def test_queued_runs_in_runs_show_and_watch_and_events_over_pages(tmp_path: Path) -> None:
+    fleet = FakeFleet([100 + k % 50 for k in range(1100)] + [2], hold_after=1)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            first = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=2000))
+            while len(fleet.injected) < 2:
+                await asyncio.sleep(0.01)
+            watched = asyncio.create_task(cli(s.socket, "submit", "--prompt", "y", "--raw", "--max-tokens", "1",
+                                              "--watch"))
+            while not s.orch.queued():
+                await asyncio.sleep(0.01)
+            queued = s.orch.live_run_ids()[1]
+            runs = await cli(s.socket, "runs")
+            show = await cli(s.socket, "show", str(queued))
+            fleet.release.set()
+            watch = await watched
+            events = await cli(s.socket, "events", str(first.run_id))
+            return queued, runs, show, watch, events
+
+    queued, runs, show, watch, events = asyncio.run(main())
+    line = next(x for x in runs[1].splitlines() if x.startswith(str(queued)))
+    assert "queued #1" in line and "running" in runs[1]
+    assert show[0] == 0 and "queued #1" in show[1] and "  queue position: 1 (1 = next)" in show[1]
+    rc, _, err = watch
+    assert rc == 0, err
+    assert f"run {queued} (" in err and ", queued at position 1)" in err
+    assert "queued: position 1 of 1 waiting" in err and "starting after " in err and "s in the queue" in err
+    kinds = [x.split()[2] for x in events[1].splitlines()]
+    assert kinds.count("token_received") == 1101 and kinds[-1] == "run_torn_down"  # more than one page
+
+
 def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         cli_main(["--version"])

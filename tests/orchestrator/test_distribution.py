@@ -78,7 +78,7 @@ def test_submit_refuses_a_model_that_changed_into_an_unsupported_one(tmp_path: P
     path = write_gguf(tmp_path / "m.gguf", SHAPE)
     reg = ModelRegistry({"m": path}, "m")
     assert reg.get("m").facts.num_layers == SHAPE.layers
-    write_gguf(path, SHAPE, qtype="Q2_K")  # replaced on disk after start
+    write_gguf(path, SHAPE, qtype="Q8_K")  # replaced on disk after start (Q8_K: no dequantizer)
     with pytest.raises(RequestError) as e:
         reg.get("m")
     assert e.value.message.startswith("RUN_FAULT_MODEL_REFUSED: model 'm': UnsupportedQuantType")
@@ -217,7 +217,7 @@ def test_a_url_whose_file_changed_into_an_unsupported_one_is_refused_on_its_copy
                                                                                 http: HttpSource) -> None:
     reg = ModelRegistry({"m": ModelSource("m", http.url())}, "m")
     reg.get("m")  # judged at start: fine
-    http.path = write_gguf(tmp_path / "q2k.gguf", SHAPE, qtype="Q2_K")  # the hub's file changed since
+    http.path = write_gguf(tmp_path / "q8k.gguf", SHAPE, qtype="Q8_K")  # the hub's file changed since
     d, files = distributor(tmp_path, reg)
 
     async def go():

@@ -72,6 +72,13 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown key(s) pool_windw_s" in r.stderr
+    for line, needle in [("queue_depth = -1", "[orchestrator].queue_depth must be >= 0, got -1"),
+                         ("max_request_bytes = 0", "[orchestrator].max_request_bytes must be positive, got 0"),
+                         ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0")]:
+        cfg.write_text(f"[orchestrator]\n{line}\n")
+        r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and needle in r.stderr, r.stderr
     r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(tmp_path / "s.sock"),
                         "--tcp", "", "--state-dir", str(tmp_path), "--model", str(tmp_path / "missing.gguf")],
                        capture_output=True, text=True, timeout=30)

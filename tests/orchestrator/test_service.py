@@ -180,22 +180,18 @@ def test_operator_stop_mid_decode(tmp_path: Path) -> None:
             watch = asyncio.create_task(collect(s.stub, resp.run_id))
             while len(fleet.injected) < 3:
                 await asyncio.sleep(0.01)
-            with pytest.raises(grpc.aio.AioRpcError) as err:  # one active run at a time
-                await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="again", max_tokens=5))
-            busy = err.value
             stopped = await s.stub.StopRun(opb.StopRunRequest(run_id=resp.run_id, detail="operator said so"))
             fleet.release.set()
             updates = await watch
-            return stopped.run, updates, busy
+            return stopped.run, updates
 
-    stopped, updates, busy = run(main())
+    stopped, updates = run(main())
     assert stopped.outcome == opb.RUN_OUTCOME_STOPPED and stopped.detail == "operator said so"
     final = updates[-1].finished
     assert final.outcome == opb.RUN_OUTCOME_STOPPED and list(final.token_ids) == [100, 101]
     kinds = events_of(updates)
     assert "RUN_STOPPED" in kinds and kinds[-1] == "RUN_TORN_DOWN" and "RUN_COMPLETED" not in kinds
     assert fleet.stopped == [0] and [seq for seq, _ in fleet.injected] == [0, 1, 2]
-    assert busy.code() == grpc.StatusCode.FAILED_PRECONDITION and f"run {final.run_id} is still active" in busy.details()
 
 
 @pytest.mark.parametrize(("fleet_kw", "reason"), [

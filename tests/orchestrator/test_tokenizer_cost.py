@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from swactor.orchestrator.manager import Limits
 from swactor.orchestrator.tokenizer import PromptTooLong, Tokenizer, TokenizerError
 from swactor.orchestrator.tokenizer.bounds import MAX_WORD_CHARS, WORD_BOUND_CHARS
 from swactor.orchestrator.tokenizer.merge import merge_pairs
@@ -115,12 +116,18 @@ def test_submit_refuses_a_four_mib_prompt(tmp_path: Path, smol: Tokenizer) -> No
     prompt = "x" * (FOUR_MIB - 1024)  # what fits in gRPC's default 4 MiB message
 
     async def main():
-        async with serving(tmp_path, FakeFleet([2]), pool(11)) as s:
+        # The byte limit raised past it: the tokenizer refuses it (by default, its size does, before parsing).
+        async with serving(tmp_path, FakeFleet([2]), pool(11), limits=Limits(max_request_bytes=8 << 20)) as s:
             for req in (opb.SubmitRunRequest(prompt=prompt, raw=True, max_tokens=5),
                         opb.SubmitRunRequest(prompt=prompt, max_tokens=5)):
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await s.stub.SubmitRun(req)
                 assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
                 assert "prompt does not fit" in err.value.details() and "the context holds 4096" in err.value.details()
+        async with serving(tmp_path / "default", FakeFleet([2]), pool(11)) as s:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await s.stub.SubmitRun(opb.SubmitRunRequest(prompt=prompt, raw=True, max_tokens=5))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "takes at most 1048576 ([orchestrator].max_request_bytes)" in err.value.details()
 
     asyncio.run(asyncio.wait_for(main(), 30))

@@ -1,18 +1,31 @@
 """Float64 numpy llama / qwen2 forward: the correctness oracle for the tinygrad stage compute.
 
 Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
-dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix, and computes each
-rotation angle one pair at a time the way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's
-ramp and magnitude), rotating adjacent pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for
-qwen2 (NeoX). Llama 3's frequency rule is written here after Hugging Face's wavelength formulation.
+dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix (or, with a KV
+cache, over the cached keys and values of it), and computes each rotation angle one pair at a time the
+way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's ramp and magnitude), rotating adjacent
+pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2 (NeoX). Llama 3's frequency rule
+is written here after Hugging Face's wavelength formulation.
+
+`Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
+and kept under .cache/reference/, keyed by the file's sha256 and this module's source, so a test suite
+computes each (file, prompt) once whatever the stage count, and later runs not at all.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import pathlib
+from functools import cache
 
 import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
+
+CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
+CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]  # any change here recomputes
 
 NEOX = {"llama": False, "qwen2": True}
 
@@ -135,3 +148,62 @@ class RefLlama:
       gaps.append(float(top[1] - top[0]))
       toks.append(out[-1])
     return out, gaps
+
+
+@cache
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    while chunk := f.read(1 << 22):
+      h.update(chunk)
+  return h.hexdigest()
+
+
+def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_bytes(data)
+  os.replace(tmp, path)
+
+
+class Reference:
+  """RefLlama's results for one file, cached on disk; the float64 model is built only on a cache miss."""
+
+  def __init__(self, path: str | os.PathLike[str]):
+    self.path = str(path)
+    st = os.stat(self.path)
+    self.dir = CACHE / f"{_file_sha256(self.path, st.st_size, st.st_mtime_ns)}-{CODE_VERSION}"
+    self._model: RefLlama | None = None
+
+  @property
+  def model(self) -> RefLlama:
+    if self._model is None:
+      self._model = RefLlama(self.path)
+    return self._model
+
+  @staticmethod
+  def _key(prompt: list[int]) -> str: return hashlib.sha256(json.dumps(list(map(int, prompt))).encode()).hexdigest()[:16]
+
+  def greedy(self, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """RefLlama.greedy(prompt, n, kv_cache=True); a longer run cached for the same prompt serves a shorter one
+    (greedy steps do not depend on how many follow)."""
+    path = self.dir / f"greedy-{self._key(prompt)}.json"
+    if path.exists():
+      got = json.loads(path.read_text())
+      if len(got["tokens"]) >= n:
+        return got["tokens"][:n], got["gaps"][:n]
+    tokens, gaps = self.model.greedy(prompt, n, kv_cache=True)
+    _write_atomic(path, json.dumps({"prompt": list(map(int, prompt)), "tokens": tokens, "gaps": gaps}).encode())
+    return tokens, gaps
+
+  def prefill_logits(self, prompt: list[int]) -> np.ndarray:
+    """The logits row of the prompt's last position."""
+    path = self.dir / f"logits-{self._key(prompt)}.npy"
+    if path.exists():
+      return np.load(path)
+    logits = self.model.logits(self.model.hidden(prompt)[-1])
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.npy")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(tmp, logits)
+    os.replace(tmp, path)
+    return logits

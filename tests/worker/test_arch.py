@@ -1,5 +1,5 @@
 """qwen2 (biases, NeoX rotation, YaRN) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the
-stage compute on SmolLM2 re-packed (tests/fixtures/gguf_repack.py) against the float64 reference and llama.cpp's
+stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the float64 reference and llama.cpp's
 recorded greedy tokens, at S = 1..3 chained stages."""
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import pathlib
 
 import numpy as np
 import pytest
-from reference import RefLlama
+from reference import Reference
 from test_model import generate
 
 from swactor.worker.compute import StageModel
-from tests.fixtures import gguf_repack
+from tests.fixtures import gguf_fixtures
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
 LLAMACPP = json.loads(FIXTURE.read_text())
-FILES = gguf_repack.BUILDERS
+FILES = gguf_fixtures.ARCH_FILES
 SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12
@@ -25,18 +25,18 @@ REF_NEAR_TIE, LLAMACPP_NEAR_TIE = 0.02, 0.2  # top-2 logit gaps below which a pi
 
 @pytest.fixture(scope="module", params=list(FILES))
 def model_file(request: pytest.FixtureRequest) -> tuple[str, str]:
-  if not gguf_repack.SOURCE.exists():
-    pytest.skip(f"{gguf_repack.SOURCE} missing (run `make model`)")
+  if not gguf_fixtures.SOURCE.exists():
+    pytest.skip(f"{gguf_fixtures.SOURCE} missing (run `make model`)")
   return request.param, str(FILES[request.param]())
 
 
 @pytest.fixture(scope="module")
-def ref_model(model_file: tuple[str, str]) -> RefLlama:
-  return RefLlama(model_file[1])
+def ref_model(model_file: tuple[str, str]) -> Reference:
+  return Reference(model_file[1])  # KV-cached float64 results, once per (file, prompt), kept under .cache/reference/
 
 
 @pytest.fixture(scope="module")
-def reference(ref_model: RefLlama) -> dict[str, tuple[list[int], list[float]]]:
+def reference(ref_model: Reference) -> dict[str, tuple[list[int], list[float]]]:
   return {k: ref_model.greedy(p, REF_STEPS) for k, p in REF_PROMPTS.items()}
 
 
@@ -62,10 +62,10 @@ def test_greedy_equals_float64_reference(model_file: tuple[str, str], chains: di
   assert compared >= REF_STEPS, f"{model_file[0]}: only {compared} tokens before the reference's near-ties: a weak check"
 
 
-def test_logits_close_to_reference(ref_model: RefLlama, chains: dict[int, list[StageModel]]) -> None:
+def test_logits_close_to_reference(ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
   """The whole last-position logits row after prefill, not only its argmax (a dropped bias or a wrong rotation shows)."""
   prompt = REF_PROMPTS["plain_france"]
-  want = ref_model.logits(ref_model.hidden(prompt)[-1])
+  want = ref_model.prefill_logits(prompt)
   (m,) = chains[1]
   m.reset()
   got = m.step_logits(np.asarray(prompt, np.int32), 0)
@@ -78,7 +78,7 @@ def test_greedy_matches_llamacpp_until_near_tie(model_file: tuple[str, str], cha
   if name not in LLAMACPP["files"]:
     pytest.skip(f"llama.cpp cannot load {name} (no recorded tokens)")
   rec = LLAMACPP["files"][name]
-  assert gguf_repack.sha256(path) == rec["sha256"], \
+  assert gguf_fixtures.sha256(path) == rec["sha256"], \
     f"{path} differs from the file llama.cpp ran: rebuild it (delete it) or re-record with packaging/record_llamacpp_arch_fixture.py"
   compared = 0
   for c in rec["cases"]:
@@ -94,9 +94,9 @@ def test_llama3_rule_from_metadata_equals_the_tensor() -> None:
   """A file carrying Llama 3's rule as rope.scaling.* metadata turns Q/K exactly as the one carrying rope_freqs.weight."""
   from swactor.worker.compute import GGUFModel
   from swactor.worker.compute.rope import rope_tables
-  if not gguf_repack.SOURCE.exists():
-    pytest.skip(f"{gguf_repack.SOURCE} missing (run `make model`)")
-  meta, tensor = GGUFModel(gguf_repack.build_llama3_meta()), GGUFModel(gguf_repack.build_llama3())
+  if not gguf_fixtures.SOURCE.exists():
+    pytest.skip(f"{gguf_fixtures.SOURCE} missing (run `make model`)")
+  meta, tensor = GGUFModel(gguf_fixtures.build_llama3_meta()), GGUFModel(gguf_fixtures.build_llama3())
   assert meta.params.rope_scaling.kind == "llama3" and "rope_freqs.weight" not in meta.tensors
   freqs = tensor.tensor("rope_freqs.weight").dequantize()
   for a, b in zip(rope_tables(meta.params, None, 600), rope_tables(tensor.params, freqs, 600), strict=True):

@@ -120,7 +120,7 @@ def test_type_without_dequantizer_refused_naming_type_and_tensor(tmp_path: pathl
 
 
 def test_qwen2_params_and_biases(tmp_path: pathlib.Path) -> None:
-  from tests.fixtures.gguf_repack import SOURCE, build_qwen2
+  from tests.fixtures.gguf_fixtures import SOURCE, build_qwen2
   if not SOURCE.exists():
     pytest.skip(f"{SOURCE} missing (run `make model`)")
   m = GGUFModel(build_qwen2())

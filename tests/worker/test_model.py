@@ -6,7 +6,7 @@ import pathlib
 
 import numpy as np
 import pytest
-from reference import RefLlama
+from reference import Reference
 
 from swactor.common.sampling import SamplingPolicy
 from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
@@ -22,7 +22,7 @@ SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)], 
 
 @pytest.fixture(scope="module")
 def reference(model_path: str) -> dict[str, list[int]]:
-  ref = RefLlama(model_path)
+  ref = Reference(model_path)
   return {k: ref.greedy(p, N_STEPS)[0] for k, p in PROMPTS.items()}
 
 

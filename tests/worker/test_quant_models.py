@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType
-from reference import RefLlama
+from reference import Reference
 from structlog.testing import capture_logs
 from test_model import generate
 
@@ -40,8 +40,8 @@ def requantized(request: pytest.FixtureRequest, model_path: str) -> Requantized:
   path = build(mix)
   assert FIXTURE["builder_version"] == BUILDER_VERSION and sha256(path) == rec["sha256"], \
     f"{path} is not the file llama.cpp ran: re-record tests/fixtures/llamacpp_quant_greedy.json (packaging/record_quant_fixture.py)"
-  ref = RefLlama(str(path))
-  reference = [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"]), kv_cache=True) for c in rec["cases"]]
+  ref = Reference(path)  # KV-cached float64 greedy, once per (file, prompt), kept under .cache/reference/
+  reference = [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"])) for c in rec["cases"]]
   return Requantized(mix, GGUFModel(path), rec["cases"], reference)
 
 
@@ -128,6 +128,6 @@ def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) 
   assert ev["float32_bytes"] == sum(4 * r * c for r, c in expanded.values())
   assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * DIM
   prompt = [5, 17, 260, 3]
-  want, gaps = RefLlama(str(path)).greedy(prompt, 8)
+  want, gaps = Reference(path).greedy(prompt, 8)
   cut = first_below(gaps, REF_TIE)
   assert cut > 0 and generate([m], prompt, 8)[:cut] == want[:cut]

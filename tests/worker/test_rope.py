@@ -10,7 +10,7 @@ import pytest
 from reference import RefLlama, llama3_divisors, rope_angles
 from tinygrad import Tensor
 
-from swactor.common.gguf import LlamaParams, ModelRefused, RopeScaling, read_rope_scaling
+from swactor.modelfile.params import LlamaParams, ModelRefused, RopeScaling, read_rope_scaling
 from swactor.worker.compute.rope import freq_factors, llama3_factors, rope, rope_tables
 
 BASE = LlamaParams(n_layers=1, dim=64, ffn_dim=1, n_heads=1, n_kv_heads=1, head_dim=64, rope_base=100000.0, rope_dim=64,

@@ -1,6 +1,6 @@
 """swactor: operate a swactor pool through its orchestrator.
 
-  swactor submit --prompt "Hello" [--watch]    start a run (chat template unless --raw)
+  swactor submit --prompt "Hello" [--watch]    start a run, or queue it (chat template unless --raw)
   swactor watch RUN_ID                          stream a run's text (and --events) to its end
   swactor runs | show RUN_ID | events RUN_ID    inspect runs and their lifecycle events
   swactor nodes                                 the membership view and pool readiness
@@ -31,6 +31,7 @@ import grpc
 
 from swactor import __version__
 from swactor.cli import render
+from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
@@ -246,8 +247,8 @@ def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
             out.flush()
         elif u.HasField("event") and events:
             print(render.event_line(u.event), file=sys.stderr, flush=True)
-        elif u.HasField("event") and (line := render.download_line(u.event)) is not None:
-            print(line, file=sys.stderr, flush=True)  # weights download progress, one line per stage update
+        elif u.HasField("event") and (line := render.download_line(u.event) or render.queue_line(u.event)):
+            print(line, file=sys.stderr, flush=True)  # queue position, weights download progress
         if u.HasField("finished"):
             final = u.finished
     if final is None:
@@ -258,6 +259,15 @@ def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
         if final.detail:
             print(f"  detail: {final.detail}", file=sys.stderr)
     return {opb.RUN_OUTCOME_COMPLETED: EXIT_OK, opb.RUN_OUTCOME_STOPPED: EXIT_STOPPED}.get(final.outcome, EXIT_RUN_FAILED)
+
+
+def all_events(stub, run_id: int, timeout: float) -> Iterator[pb.LifecycleEvent]:
+    """Every event of a run, a GetEvents page at a time."""
+    token = None
+    while token != "":
+        page = stub.GetEvents(opb.GetEventsRequest(run_id=run_id, page_token=token or ""), timeout=timeout)
+        yield from page.events
+        token = page.next_page_token
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -279,7 +289,8 @@ def dispatch(args: argparse.Namespace) -> int:
                 elif not args.watch:
                     print(resp.run_id)
                 else:
-                    print(f"run {resp.run_id} ({resp.prompt_tokens} prompt tokens)", file=sys.stderr)
+                    queued = f", queued at position {resp.queue_position}" if resp.queue_position else ""
+                    print(f"run {resp.run_id} ({resp.prompt_tokens} prompt tokens{queued})", file=sys.stderr)
                     return stream(stub, resp.run_id, events=args.events, as_json=args.json)
             case "watch":
                 return stream(stub, args.run_id, events=args.events, as_json=args.json)
@@ -291,8 +302,7 @@ def dispatch(args: argparse.Namespace) -> int:
                 r = stub.GetRun(opb.GetRunRequest(run_id=args.run_id), timeout=t)
                 print(json.dumps(render.as_json(r)) if args.json else render.run_detail(r))
             case "events":
-                evs = stub.GetEvents(opb.GetEventsRequest(run_id=args.run_id), timeout=t).events
-                for ev in evs:
+                for ev in all_events(stub, args.run_id, t):
                     print(json.dumps(render.as_json(ev)) if args.json else render.event_line(ev))
             case "nodes":
                 resp = stub.ListNodes(opb.ListNodesRequest(), timeout=t)

@@ -26,6 +26,8 @@ def when(us: int) -> str:
 
 def run_line(run: opb.Run) -> str:
     state = _short(opb.RunState.Name(run.state), "RUN_STATE_")
+    if run.state == opb.RUN_STATE_QUEUED:
+        state = f"queued #{run.queue_position}"
     outcome = _short(opb.RunOutcome.Name(run.outcome), "RUN_OUTCOME_") if run.outcome else "-"
     reason = f" ({run.reason})" if run.reason else ""
     return (f"{run.run_id:<20} {when(run.created_us)}  {run.model:<24} stages={run.stages} "
@@ -34,6 +36,8 @@ def run_line(run: opb.Run) -> str:
 
 def run_detail(run: opb.Run) -> str:
     lines = [run_line(run)]
+    if run.state == opb.RUN_STATE_QUEUED:
+        lines.append(f"  queue position: {run.queue_position} (1 = next)")
     if run.detail:
         lines.append(f"  detail: {run.detail}")
     for p in run.placement:
@@ -68,6 +72,17 @@ def event_line(ev: pb.LifecycleEvent) -> str:
     if ev.detail:
         parts.append(f"- {ev.detail}")
     return " ".join(parts)
+
+
+def queue_line(ev: pb.LifecycleEvent) -> str | None:
+    """One line for a run queue event (the run's position while it waits), else None."""
+    c = ev.counters
+    if ev.kind in (pb.RUN_QUEUED, pb.RUN_QUEUE_MOVED):
+        verb = "queued" if ev.kind == pb.RUN_QUEUED else "moved up"
+        return f"{verb}: position {c.get('position', 0)} of {c.get('queued', 0)} waiting"
+    if ev.kind == pb.RUN_DEQUEUED:
+        return f"starting after {c.get('waited_ms', 0) / 1000:.1f} s in the queue"
+    return None
 
 
 DOWNLOAD_KINDS = frozenset({pb.WEIGHTS_DOWNLOAD_STARTED, pb.WEIGHTS_DOWNLOAD_PROGRESS, pb.WEIGHTS_DOWNLOADED})

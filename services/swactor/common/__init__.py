@@ -11,7 +11,7 @@
   layout       the §18 ring layout value (and its proto spelling)
   ringport     ring ends over ring-rs (swactor_ring): the one adapter of every ring user
   ringerrors   what a ring end raises: RingBroken (a §37 RingFaultReason), RingClosed
-  gguf         the one GGUF metadata reader (llama hyper-parameters), ModelRefused
   sampling     a run's SamplingPolicy (§10)
   fsmtable     a state machine's transitions as a table; InvalidTransition (arena §19, compute process §31)
+(GGUF model files — the header parser, hyper-parameters, what the workers support — are swactor.modelfile.)
 """

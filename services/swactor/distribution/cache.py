@@ -2,7 +2,7 @@
 
 Per file (keyed by its SHA-256) in the cache directory:
 - `<sha256>.gguf`: the file's full size, laid out like the original, holes where nothing is held,
-  so the loader (gguf.GGUFReader) maps it unchanged;
+  so the compute core's loader maps it unchanged;
 - `<sha256>.manifest`: the manifest it is checked against;
 - `<sha256>.ranges`: the sidecar record of verified pieces (JSON lines: a head line naming file and
   manifest, then `{"add": [...]}` / `{"drop": [...]}` lines). A piece is appended only after its

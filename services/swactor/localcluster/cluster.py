@@ -98,13 +98,17 @@ def _loopback_block(n: int) -> list[str]:
 
 
 def check_model(path: Path) -> None:
-    """Refuse a GGUF the workers would refuse (architecture, RoPE scaling, tensors) before anything starts."""
-    from swactor.worker.compute.gguf_weights import GGUFModel, ModelRefused
+    """Refuse a GGUF the workers would refuse (architecture, RoPE scaling, tensors, quant types, tokenizer)
+    before anything starts: the orchestrator's judgement of its header."""
+    from swactor.modelfile.judge import judge
+    from swactor.modelfile.params import ModelRefused, open_header
 
     try:
-        GGUFModel(path)
+        refusals = [str(r) for r in judge(open_header(path), path.stat().st_size)]
     except ModelRefused as e:
-        raise ClusterError(f"model {path} cannot be served: {e}") from None
+        refusals = [str(e)]
+    if refusals:
+        raise ClusterError(f"model {path} cannot be served: {'; '.join(refusals)}")
 
 
 class LocalCluster:

@@ -4,7 +4,8 @@ Model distribution judges a model and plans byte ranges from the header alone, w
 file is all it has: `parse_header(prefix)` either returns the header or raises `NeedMoreBytes`
 saying how long a prefix to try next (`read_header` drives that loop over any range reader).
 Values come out as plain Python values (lists for arrays), as `GGUFReader.fields[k].contents()`
-gives them; `HeaderFields` lets code written against a GGUFReader read this header instead.
+gives them. It is the project's one GGUF header parser: the orchestrator judges and plans from it,
+stage hosts fetch by it, the compute core memory-maps tensors at the offsets it gives.
 """
 
 from __future__ import annotations
@@ -66,23 +67,6 @@ class GgufHeader:
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
-
-
-class _Field:
-    __slots__ = ("_value",)
-
-    def __init__(self, value: Any) -> None:
-        self._value = value
-
-    def contents(self) -> Any:
-        return self._value
-
-
-class HeaderFields:
-    """`.fields[key].contents()` over a parsed header, for code written against gguf.GGUFReader."""
-
-    def __init__(self, header: GgufHeader) -> None:
-        self.fields = {k: _Field(v) for k, v in header.metadata.items()}
 
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

@@ -1,15 +1,19 @@
 """Judge a model from its GGUF header against what the workers can run (support.py).
 
 Pure: a parsed header in, the refusals out (each a stable reason name and a detail naming the key,
-tensor or type). The orchestrator calls it at start and at SubmitRun, before any host fetches a
+tensor or type). The hyper-parameters are checked by reading them (params.read_params, what the
+compute core reads too); which tensors an architecture has, by `unknown_tensors` (the compute
+core's check too). The orchestrator calls it at start and at SubmitRun, before any host fetches a
 byte; the stage count is checked against the layer count separately (`check_stages`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from swactor.modelfile.header import GgufHeader
+from swactor.modelfile.params import LlamaParams, ModelRefused, read_params
 from swactor.modelfile.support import ARCHITECTURES, QUANT_TYPES, TOKENIZER_MODELS, Architecture
 
 MAX_LISTED = 4
@@ -17,8 +21,8 @@ MAX_LISTED = 4
 
 @dataclass(frozen=True)
 class Refusal:
-    # Stable name: UnsupportedArchitecture | MissingMetadata | UnsupportedTokenizer | UnsupportedQuantType
-    # | MissingTensor | MalformedGGUF | TooManyStages
+    # Stable name: UnsupportedArchitecture | MissingMetadata | UnsupportedRopeScaling | UnsupportedTokenizer
+    # | UnsupportedQuantType | MissingTensor | MalformedGGUF | TooManyStages
     reason: str
     detail: str
 
@@ -35,16 +39,36 @@ def architecture(header: GgufHeader) -> Architecture | None:
     return ARCHITECTURES.get(str(header.get("general.architecture", "")))
 
 
+def unknown_tensors(arch: Architecture, names: Iterable[str], n_layers: int) -> list[str]:
+    """Tensors of the file nothing reads: a variant of the architecture the compute does not implement."""
+    layer_known, global_known = arch.known_layer_tensors(), arch.known_global_tensors()
+    unknown = []
+    for name in sorted(names):
+        if name.startswith("blk."):
+            parts = name.split(".", 2)
+            if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= n_layers or parts[2] not in layer_known:
+                unknown.append(name)
+        elif name not in global_known:
+            unknown.append(name)
+    return unknown
+
+
+def unknown_tensors_refusal(arch: Architecture, names: Iterable[str], n_layers: int) -> Refusal | None:
+    unknown = unknown_tensors(arch, names, n_layers)
+    if not unknown:
+        return None
+    return Refusal("UnsupportedArchitecture",
+                   f"{arch.name} file has tensor(s) the compute does not implement: {_listed(unknown)}")
+
+
 def judge(header: GgufHeader, file_size: int | None = None) -> list[Refusal]:
     """Every reason the workers (and the orchestrator's tokenizer) cannot run this model; [] = runnable."""
     out: list[Refusal] = []
-    arch_name = header.get("general.architecture")
-    arch = architecture(header)
-    if arch_name is None:
-        out.append(Refusal("MissingMetadata", "GGUF key 'general.architecture' is missing"))
-    elif arch is None:
-        out.append(Refusal("UnsupportedArchitecture",
-                           f"architecture {arch_name!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})"))
+    try:
+        params: LlamaParams | None = read_params(header)  # architecture, hyper-parameters, RoPE scaling
+    except ModelRefused as e:
+        params = None
+        out.append(Refusal(e.reason, e.detail))
     tok = header.get("tokenizer.ggml.model")
     if tok is None or header.get("tokenizer.ggml.tokens") is None:
         out.append(Refusal("UnsupportedTokenizer", "the GGUF has no tokenizer (tokenizer.ggml.model / tokens missing)"))
@@ -63,21 +87,13 @@ def judge(header: GgufHeader, file_size: int | None = None) -> list[Refusal]:
         beyond = [t.name for t in header.tensors if t.nbytes >= 0 and header.data_offset + t.offset + t.nbytes > file_size]
         if beyond:
             out.append(Refusal("MalformedGGUF", f"tensor(s) {_listed(beyond)} end beyond the file's {file_size} bytes"))
-    if arch is not None:
-        out += _judge_layout(header, arch)
+    if params is not None:
+        out += _judge_layout(header, ARCHITECTURES[params.arch], params.n_layers)
     return out
 
 
-def _judge_layout(header: GgufHeader, arch: Architecture) -> list[Refusal]:
+def _judge_layout(header: GgufHeader, arch: Architecture, n: int) -> list[Refusal]:
     out: list[Refusal] = []
-    missing_keys = [k for k in arch.required_keys if f"{arch.name}.{k}" not in header.metadata]
-    if missing_keys:
-        out.append(Refusal("MissingMetadata", f"GGUF key(s) {_listed([f'{arch.name}.{k}' for k in missing_keys])} missing"))
-        return out
-    n = int(header.metadata[f"{arch.name}.block_count"])
-    if n <= 0:
-        out.append(Refusal("MalformedGGUF", f"{arch.name}.block_count is {n}"))
-        return out
     names = {t.name for t in header.tensors}
     missing = [f"blk.{i}.{t}" for i in range(n) for t in arch.layer_tensors if f"blk.{i}.{t}" not in names]
     missing += [t for t in (*arch.first_stage, *arch.last_stage) if t not in names]
@@ -85,22 +101,9 @@ def _judge_layout(header: GgufHeader, arch: Architecture) -> list[Refusal]:
         missing.append(arch.head)
     if missing:
         out.append(Refusal("MissingTensor", f"{len(missing)} tensor(s) missing: {_listed(missing)}"))
-    for group in arch.optional_layer_groups:
-        have = [f"blk.{i}.{t}" in names for i in range(n) for t in group]
-        if any(have) and not all(have):
-            out.append(Refusal("UnsupportedArchitecture", f"some blocks have {', '.join(group)} and some do not"))
-    layer_known, global_known = arch.known_layer_tensors(), arch.known_global_tensors()
-    unknown = []
-    for name in sorted(names):
-        if name.startswith("blk."):
-            parts = name.split(".", 2)
-            if len(parts) < 3 or not parts[1].isdigit() or int(parts[1]) >= n or parts[2] not in layer_known:
-                unknown.append(name)
-        elif name not in global_known:
-            unknown.append(name)
-    if unknown:
-        out.append(Refusal("UnsupportedArchitecture",
-                           f"{arch.name} file has tensor(s) the compute does not implement: {_listed(unknown)}"))
+    unknown = unknown_tensors_refusal(arch, names, n)
+    if unknown is not None:
+        out.append(unknown)
     return out
 
 

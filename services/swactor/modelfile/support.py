@@ -1,15 +1,18 @@
-"""What the workers can run: the ONE declaration the orchestrator judges a model against.
+"""What the workers can run: the ONE declaration the orchestrator judges a model against and the
+compute core loads by.
 
 Data only (no import of swactor.worker or swactor.orchestrator), so the orchestrator can refuse a
 model at start and at SubmitRun from its header alone, before any host fetches a byte, and a stage
-host can tell which tensors its layer range needs. To support a new architecture, tokenizer model or
-quant type, extend the tables here (and the compute/tokenizer code that implements it);
-tests/modelfile/test_support.py checks that the compute core agrees with these tables.
+host can tell which tensors its layer range needs. The compute core takes its architectures (and
+their rotation), the tensors it reads and the quant types it loads (packed or expanded) from here.
+To support a new architecture, tokenizer model or quant type, extend the tables here and the
+compute/tokenizer code that implements it; tests/modelfile/test_support.py checks that the compute
+core and the tokenizer implement every entry.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -31,10 +34,8 @@ class Architecture:
     tied_head: str = "token_embd.weight"
     # Global tensors every stage reads when the file has them (llama3-style rope frequency divisors).
     every_stage_optional: tuple[str, ...] = ("rope_freqs.weight",)
-    # Metadata keys (after the `<name>.` prefix) the compute core cannot run without.
-    required_keys: tuple[str, ...] = field(default=(
-        "block_count", "embedding_length", "context_length", "feed_forward_length", "attention.head_count",
-        "attention.layer_norm_rms_epsilon"))
+    # Q/K rotate as NeoX does (x[i], x[i + rope_dim/2]) rather than llama.cpp's adjacent pairs.
+    rope_neox: bool = False
 
     def known_layer_tensors(self) -> frozenset[str]:
         return frozenset(self.layer_tensors) | {t for g in self.optional_layer_groups for t in g}
@@ -46,17 +47,30 @@ class Architecture:
 _LLAMA_LAYER = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                 "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 
+# Q/K/V biases: a qwen2 file has all three in every block (or, for the compute, none at all).
+QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+
+# Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _LLAMA_LAYER),
-    # When the compute core gains qwen2 (Q/K/V biases, NeoX rope), add:
-    # Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(("attn_q.bias", "attn_k.bias", "attn_v.bias"),)),
+    Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(QKV_BIAS,), rope_neox=True),
 )}
 
-# `tokenizer.ggml.model` values the orchestrator's tokenizer implements.
+# `{arch}.rope.scaling.type` values the compute core applies (worker/compute/rope.py).
+ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "llama3")
+
+# `tokenizer.ggml.model` values the orchestrator's tokenizer implements: byte-level BPE, SentencePiece.
 TOKENIZER_MODELS: frozenset[str] = frozenset({"gpt2", "llama"})
 
-# GGML tensor types (gguf.GGMLQuantizationType names) the compute core loads.
-QUANT_TYPES: frozenset[str] = frozenset({"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"})
+# GGML tensor types (gguf.GGMLQuantizationType names) the compute core loads:
+# float types, read as float32;
+FLOAT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
+# block types kept packed on the device and dequantized inside the matvec (worker/compute/linear.py);
+PACKED_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# block types the `gguf` package dequantizes, expanded to float32 at load (4-16x their file bytes).
+EXPANDED_TYPES: tuple[str, ...] = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
+                                   "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+QUANT_TYPES: frozenset[str] = frozenset(FLOAT_TYPES + PACKED_TYPES + EXPANDED_TYPES)
 
 
 def stage_tensors(arch: Architecture, tensor_names: frozenset[str] | set[str], layer_start: int, layer_end: int,

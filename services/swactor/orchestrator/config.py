@@ -69,6 +69,14 @@ class OrchestratorConfig:
     first_token_timeout_s: float = 300.0
     step_timeout_s: float = 60.0
     teardown_timeout_s: float = 30.0
+    # Bounds (docs/orchestrator.md#bounds): runs waiting behind the active one (a full queue refuses
+    # SubmitRun with RESOURCE_EXHAUSTED); the largest SubmitRun accepted, in bytes, checked before
+    # parsing or tokenizing; finished runs the run store keeps (the newest runs_max, none older than
+    # runs_max_age_s; 0 turns a limit off), their space given back to the file system.
+    queue_depth: int = 16
+    max_request_bytes: int = 1 << 20
+    runs_max: int = 1000
+    runs_max_age_s: float = 30 * 86400.0
 
     def model_sources(self) -> dict[str, ModelSource]:
         default = self.model_source or (f"{self.model_path}" if self.model_path is not None else "")

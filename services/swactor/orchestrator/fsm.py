@@ -146,6 +146,14 @@ class OperatorStop:
 
 
 @dataclass(frozen=True)
+class OrchestratorFault:
+    """The orchestrator cannot carry the run on (its run store cannot be written): fault and tear down."""
+
+    reason: int  # RunFaultReason
+    detail: str
+
+
+@dataclass(frozen=True)
 class Relay:
     """A lifecycle event a node emitted for this run (weights_loaded, edge_ready, ...): recorded as is."""
 
@@ -166,7 +174,8 @@ class Tick:
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | Relay | RelayBatch | Tick
+    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
+    | RelayBatch | Tick
 )
 
 # ---- actions ----
@@ -389,6 +398,8 @@ class RunFsm:
                 self._fault(out, now, r, f"provisioning stage {i} on node {stage.node_id} failed: {d}", stage=stage)
             case EndpointFault(reason=r, detail=d):
                 self._fault(out, now, r, f"orchestrator token endpoint: {d}")
+            case OrchestratorFault(reason=r, detail=d):
+                self._fault(out, now, r, d)
             case MembershipChanged(members=members):
                 lost = self._lost_nodes(members)
                 if lost:
@@ -409,6 +420,9 @@ class RunFsm:
             case OperatorStop(detail=detail):
                 self._finish(out, now, Outcome.STOPPED, "operator_stop", detail,
                              self._ev(K.RUN_STOPPED, component=pb.COMPONENT_ORCHESTRATOR, detail=detail))
+                return
+            case OrchestratorFault(reason=r, detail=d):
+                self._fault(out, now, r, d)
                 return
             case _:
                 pass

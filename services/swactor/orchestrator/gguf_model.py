@@ -1,6 +1,6 @@
-"""Model facts and tokenizer vocabulary from a GGUF file's metadata (spec §11 GgufModelPlan), through
-the one GGUF metadata reader (swactor.common.gguf) the compute core uses too: the orchestrator
-refuses a model the stages could not load, before planning."""
+"""Model facts and tokenizer vocabulary from a GGUF file's header (spec §11 GgufModelPlan): the
+hyper-parameters through swactor.modelfile.params, the reader the compute core uses too, so the
+orchestrator refuses a model the stages could not load, before planning."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swactor.common import gguf
+from swactor.modelfile.header import GgufHeader
+from swactor.modelfile.params import field as metadata
+from swactor.modelfile.params import open_header, read_params
 from swactor.v1 import common_pb2
 
 
@@ -53,36 +55,35 @@ class ModelFacts:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def read_tokenizer(reader: Any) -> TokenizerData:
-    """The `tokenizer.ggml.*` keys of an opened GGUF (swactor.common.gguf.open_gguf)."""
-    tokens = gguf.field(reader, "tokenizer.ggml.tokens")
+def read_tokenizer(header: GgufHeader) -> TokenizerData:
+    """The `tokenizer.ggml.*` keys of a GGUF header (swactor.modelfile.params.open_header for a file)."""
+    tokens = metadata(header, "tokenizer.ggml.tokens")
     return TokenizerData(
-        model=gguf.field(reader, "tokenizer.ggml.model"),
-        pre=gguf.field(reader, "tokenizer.ggml.pre", None) or "default",
+        model=metadata(header, "tokenizer.ggml.model"),
+        pre=metadata(header, "tokenizer.ggml.pre", None) or "default",
         tokens=list(tokens),
-        token_types=list(gguf.field(reader, "tokenizer.ggml.token_type", None) or [1] * len(tokens)),
-        merges=list(gguf.field(reader, "tokenizer.ggml.merges", None) or []),
-        bos_id=gguf.field(reader, "tokenizer.ggml.bos_token_id", None),
-        eos_id=gguf.field(reader, "tokenizer.ggml.eos_token_id", None),
-        eot_id=gguf.field(reader, "tokenizer.ggml.eot_token_id", None),
-        eom_id=gguf.field(reader, "tokenizer.ggml.eom_token_id", None),
-        pad_id=gguf.field(reader, "tokenizer.ggml.padding_token_id", None),
-        add_bos=gguf.field(reader, "tokenizer.ggml.add_bos_token", None),
-        add_eos=gguf.field(reader, "tokenizer.ggml.add_eos_token", None),
-        chat_template=gguf.field(reader, "tokenizer.chat_template", None),
-        scores=list(gguf.field(reader, "tokenizer.ggml.scores", None) or []),
-        unk_id=gguf.field(reader, "tokenizer.ggml.unknown_token_id", None),
-        add_space_prefix=gguf.field(reader, "tokenizer.ggml.add_space_prefix", None),
+        token_types=list(metadata(header, "tokenizer.ggml.token_type", None) or [1] * len(tokens)),
+        merges=list(metadata(header, "tokenizer.ggml.merges", None) or []),
+        bos_id=metadata(header, "tokenizer.ggml.bos_token_id", None),
+        eos_id=metadata(header, "tokenizer.ggml.eos_token_id", None),
+        eot_id=metadata(header, "tokenizer.ggml.eot_token_id", None),
+        eom_id=metadata(header, "tokenizer.ggml.eom_token_id", None),
+        pad_id=metadata(header, "tokenizer.ggml.padding_token_id", None),
+        add_bos=metadata(header, "tokenizer.ggml.add_bos_token", None),
+        add_eos=metadata(header, "tokenizer.ggml.add_eos_token", None),
+        chat_template=metadata(header, "tokenizer.chat_template", None),
+        scores=list(metadata(header, "tokenizer.ggml.scores", None) or []),
+        unk_id=metadata(header, "tokenizer.ggml.unknown_token_id", None),
+        add_space_prefix=metadata(header, "tokenizer.ggml.add_space_prefix", None),
     )
 
 
-def read_model(path: Path, model_id: str | None = None, reader: Any = None) -> tuple[ModelFacts, TokenizerData]:
-    """The model's facts and tokenizer vocabulary; ModelRefused (swactor.common.gguf) names what is wrong.
-    `reader`: anything with GGUFReader's `.fields[key].contents()` (modelfile.header.HeaderFields
-    for a header read without the file); None = open `path`."""
-    reader = reader if reader is not None else gguf.open_gguf(path)
-    params = gguf.read_params(reader)
-    tok = read_tokenizer(reader)
+def read_model(path: Path, model_id: str | None = None, header: GgufHeader | None = None) -> tuple[ModelFacts, TokenizerData]:
+    """The model's facts and tokenizer vocabulary; ModelRefused (swactor.modelfile.params) names what is
+    wrong. `header`: the file's header when it was read already (a URL source's); None = read `path`'s."""
+    header = header if header is not None else open_header(path)
+    params = read_params(header)
+    tok = read_tokenizer(header)
     facts = ModelFacts(
         model_id=model_id or path.stem,
         path=path,

@@ -36,16 +36,17 @@ from swactor.orchestrator.api_access import (
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.distributor import Distributor
 from swactor.orchestrator.fleet import FleetError, Report, StageFleet, TokenEndpoints
-from swactor.orchestrator.manager import Orchestrator, RunDefaults
+from swactor.orchestrator.manager import Limits, Orchestrator, RunDefaults
 from swactor.orchestrator.membership_client import follow_membership
 from swactor.orchestrator.models import ModelRegistry, ModelUnusable
 from swactor.orchestrator.planner import RunPlan, StagePlan
+from swactor.orchestrator.retention import RetentionPolicy
 from swactor.orchestrator.runner import wall_us
-from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
+from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer, add_to_server
 from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.store import RunStore
 from swactor.orchestrator.token_endpoints import RingEndpointFactory
-from swactor.v1 import common_pb2, orchestrator_pb2_grpc
+from swactor.v1 import common_pb2
 
 EXIT_USAGE = 2
 NO_SECRET = ("no cluster secret configured ([orchestrator].secret_file / --secret-file): the node control "
@@ -174,6 +175,17 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     )
 
 
+def limits(cfg: OrchestratorConfig) -> Limits:
+    for key in ("queue_depth", "max_request_bytes", "runs_max"):
+        if getattr(cfg, key) < (1 if key == "max_request_bytes" else 0):
+            raise ConfigError(f"[orchestrator].{key} must be {'positive' if key == 'max_request_bytes' else '>= 0'}, "
+                              f"got {getattr(cfg, key)}")
+    if cfg.runs_max_age_s < 0:
+        raise ConfigError(f"[orchestrator].runs_max_age_s must be >= 0 (0 = no age limit), got {cfg.runs_max_age_s}")
+    return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
+                  retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
+
+
 def listeners(cfg: OrchestratorConfig, access: ApiAccess | None, servicer: OrchestratorServicer,
               ) -> tuple[list[tuple[grpc.aio.Server, health.aio.HealthServicer]], int | None]:
     """The Unix-socket server, plus (when `access` is given) the TCP one with TLS and the token
@@ -188,7 +200,7 @@ def listeners(cfg: OrchestratorConfig, access: ApiAccess | None, servicer: Orche
                                               interceptors=[BearerTokenInterceptor(access.token)])
         servers.append((tcp, tcp_health))
     for server, _ in servers:
-        orchestrator_pb2_grpc.add_OrchestratorServicer_to_server(servicer, server)
+        add_to_server(servicer, server)
     return servers, port
 
 
@@ -227,7 +239,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
             return await list_models(models, distributor, members, node_channel)
 
     orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
-                        defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister)
+                        defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister, limits=limits(cfg))
     if distributor is not None:
         distributor.members = lambda: orch.members
         for name in models.sources:  # manifests (and URL copies) are made before the first run needs them
@@ -251,9 +263,10 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 5.0)
+            orch.maintain()
             ready = orch.pool_status(1)
             notify_status(f"{len(orch.members)} member(s); pool {'ready' if ready.ready else 'not ready'}; "
-                          f"{len(orch.active_runs())} active run(s)")
+                          f"{len(orch.active_runs())} active run(s), {orch.queued()} queued")
     finally:
         notify_stopping("stopping: operator-stopping active runs")
         await orch.shutdown()
@@ -273,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = build_config(args)
         cfg.model_sources()
+        limits(cfg)
         if args.init_api_access:
             print(json.dumps(init_access(cfg.tls_cert, cfg.tls_key, cfg.token_file, args.api_name)))
             return 0

@@ -1,5 +1,8 @@
 """The orchestrator's domain API (what the gRPC servicer delegates to): submit, stop, inspect runs,
-and the membership view. One active run at a time (spec §43 defers concurrent runs on a chain)."""
+and the membership view. One active run at a time (spec §43 defers concurrent runs on a chain); runs
+submitted meanwhile wait in a bounded FIFO queue (queue.py) and start one after another. A run's
+memory is dropped when it finishes: reads of finished runs come from the run store, whose retention
+(retention.py) bounds what it keeps."""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import grpc
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
@@ -18,16 +23,20 @@ from swactor.orchestrator.fleet import StageFleet
 from swactor.orchestrator.models import ModelRegistry
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.orchestrator.pool import PoolGate
+from swactor.orchestrator.prompting import PromptPreparer
+from swactor.orchestrator.queue import QueueFull, RunLobby
+from swactor.orchestrator.retention import RetentionPolicy, RetentionSchedule
 from swactor.orchestrator.runner import RunHandle, replay, wall_us
-from swactor.orchestrator.store import RunStore
-from swactor.orchestrator.tokenizer import (
-    ChatTemplateError,
-    Message,
-    PromptTooLong,
-    TokenizerError,
-    chat_prompt,
-)
+from swactor.orchestrator.store import RunStore, StoreWriteError
+from swactor.orchestrator.tokenizer import Tokenizer
+from swactor.orchestrator.validation import MAX_REQUEST_BYTES, check_fields, check_max_tokens
 from swactor.v1 import orchestrator_pb2 as opb
+
+LIST_MAX_RUNS = 1000
+LIST_MAX_BYTES = 3 << 20  # under gRPC's 4 MiB message limit
+EVENTS_PAGE = 1000
+EVENTS_PAGE_MAX = 10000
+EVENTS_PAGE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -35,21 +44,45 @@ class RunDefaults:
     stages: int = 1
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the orchestrator's memory and store ([orchestrator] queue_depth, max_request_bytes,
+    runs_max, runs_max_age_s)."""
+
+    queue_depth: int = 16
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, tokenized submission: what starting it needs."""
+
+    request: F.RunRequest
+    tokenizer: Tokenizer
+
+
 class Orchestrator:
     def __init__(self, *, models: ModelRegistry, fleet: StageFleet, store: RunStore, fsm_config: F.FsmConfig,
                  defaults: RunDefaults = RunDefaults(), clock: Callable[[], float] = time.monotonic,
-                 model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None) -> None:
+                 model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None,
+                 limits: Limits = Limits()) -> None:
         self.models = models
         self._model_lister = model_lister
         self.fleet = fleet
         self.store = store
         self.fsm_config = fsm_config
         self.defaults = defaults
+        self.limits = limits
         self.clock = clock
         self.members: tuple[NodeInfo, ...] = ()
         self._gate = PoolGate(fsm_config.pool_window_s)
-        self._runs: dict[int, RunHandle] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._prompts = PromptPreparer(models, fsm_config.max_seq_len_cap)
+        self._lobby = RunLobby(limits.queue_depth, store, clock)
+        self._retention = RetentionSchedule(limits.retention, clock())
+        self._active: RunHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.log = get_logger()
 
     # ---- membership ----
@@ -74,58 +107,23 @@ class Orchestrator:
     # ---- runs ----
 
     def active_runs(self) -> list[RunHandle]:
-        return [h for h in self._runs.values() if not h.done.is_set()]
+        return [self._active] if self._active is not None and not self._active.done.is_set() else []
 
-    def _prompt_ids(self, req: opb.SubmitRunRequest, model) -> list[int]:
-        tok = model.tokenizer
-        which = req.WhichOneof("input")
-        if which is None:
-            raise RequestError.invalid("the request has neither `prompt`, `messages` nor `prompt_ids`")
-        if which == "prompt_ids":
-            ids = list(req.prompt_ids.ids)
-            if not ids:
-                raise RequestError.invalid("prompt_ids is empty")
-            vocab = model.facts.vocab_size
-            bad = next((i for i, t in enumerate(ids) if t >= vocab), None)
-            if bad is not None:
-                raise RequestError.invalid(f"prompt_ids[{bad}] = {ids[bad]} is not below the vocab size {vocab}")
-            return ids
-        if which == "prompt":
-            if not req.prompt.strip():
-                raise RequestError.invalid("prompt is empty")
-            if req.raw:
-                return self._encode(tok, req.prompt, model)
-            messages = [Message("user", req.prompt)]
-        else:
-            if not req.messages.messages:
-                raise RequestError.invalid("messages is empty")
-            messages = [Message(m.role, m.content) for m in req.messages.messages]
-            if not any(m.content.strip() for m in messages):
-                raise RequestError.invalid("every message is empty")
-        try:
-            text = chat_prompt(tok, messages)
-        except ChatTemplateError as e:
-            raise RequestError.invalid(f"{e} (set raw to send the prompt without a template)") from None
-        return self._encode(tok, text, model)
+    def queued(self) -> int:
+        return len(self._lobby)
 
-    def _encode(self, tok, text: str, model) -> list[int]:
-        # A prompt that cannot fit is refused by its length before the merging, whose cost grows with it.
-        context = min(model.facts.max_seq_len, self.fsm_config.max_seq_len_cap)
-        try:
-            return tok.encode(text, max_tokens=context - 1)
-        except PromptTooLong as e:
-            raise RequestError.invalid(f"prompt does not fit: {e}; the context holds {context}") from None
-        except TokenizerError as e:
-            raise RequestError.invalid(f"prompt cannot be tokenized: {e}") from None
+    def live_run_ids(self) -> list[int]:
+        """The runs this process holds in memory: the active one and the queued ones."""
+        active = [self._active.run_id] if self._active is not None else []
+        return active + list(self._lobby.waiting)
 
-    def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
-        if req.max_tokens <= 0:
-            raise RequestError.invalid(f"max_tokens must be positive, got {req.max_tokens}")
-        s = req.sampling
-        if s.temperature < 0 or not 0 <= s.top_p <= 1:
-            raise RequestError.invalid(f"sampling out of range: temperature {s.temperature} (>= 0), top_p {s.top_p} (0..1)")
-        model = self.models.get(req.model)
-        prompt_ids = self._prompt_ids(req, model)
+    async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
+        self._check_open()
+        check_fields(req)
+        self._check_queue_room()  # before the tokenizer's work; again once it is done
+        model, prompt_ids = await self._prompts.prepare(req)
+        context = self._prompts.context(model)
+        check_max_tokens(req, context)
         stages = req.stages or self.defaults.stages
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
@@ -136,38 +134,91 @@ class Orchestrator:
             raise RequestError.precondition(
                 f"{stages} stage(s) need {stages} Available node(s); the pool has {len(provisionable)} "
                 f"(of {len(self.members)} known)")
-        context = min(model.facts.max_seq_len, self.fsm_config.max_seq_len_cap)
         if len(prompt_ids) >= context:
             field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
             raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; the context holds {context}")
-        active = self.active_runs()
-        if active:
-            raise RequestError.precondition(f"run {active[0].run_id} is still active; one run at a time")
+        self._check_open()
 
         run_id = new_id()
+        s = req.sampling
         sampling = SamplingPolicy(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, seed=s.seed)
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
                                trace_objects=req.trace_objects)
-        fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
                          sampling=opb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=sampling.top_p, seed=s.seed))
-        self.store.put(record)
-        handle = RunHandle(fsm, record, model.tokenizer, self.fleet, self.store, self.clock)
-        self._runs[run_id] = handle
-        handle.report(F.MembershipChanged(self.members))
-        self._tasks[run_id] = asyncio.create_task(handle.drive(), name=f"run-{run_id}")
+        prepared = Prepared(request, model.tokenizer)
+        position = 0
+        try:
+            if self._active is None and not len(self._lobby):
+                self.store.put(record)
+                self._start(record, prepared)
+            else:
+                position = self._lobby.enqueue(record, prepared)
+        except QueueFull as e:
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+        except StoreWriteError as e:
+            self.store.discard(run_id)
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"the run store cannot be written: {e}") from None
         self.log.info("run_submitted", run_id=run_id, model=model.name, stages=stages, max_tokens=req.max_tokens,
-                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos)
-        return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids))
+                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos, queue_position=position)
+        return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids), queue_position=position)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the orchestrator is shutting down")
+
+    def _check_queue_room(self) -> None:
+        if self._active is not None or len(self._lobby):
+            try:
+                self._lobby.check_room()
+            except QueueFull as e:
+                raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+
+    def _start(self, record: opb.Run, prepared: Prepared) -> RunHandle:
+        fsm = F.RunFsm(prepared.request, self.fsm_config, self.clock(), pool_view=self._gate)
+        record.state = opb.RUN_STATE_WAITING_POOL
+        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock)
+        self._active = handle
+        handle.report(F.MembershipChanged(self.members))
+        self._task = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
+        self._task.add_done_callback(lambda _: self._finished(handle))
+        return handle
+
+    def _finished(self, handle: RunHandle) -> None:
+        """The active run is done: drop it from memory (the store has it) and start the next one."""
+        if self._active is handle:
+            self._active, self._task = None, None
+        self.store.release(handle.run_id)
+        self._retention.run_finished(self.clock())
+        if not self._closing:
+            queued = self._lobby.take_next()
+            if queued is not None:
+                queued.started(self._start(queued.record, queued.start))
+        self.maintain()
+
+    def maintain(self) -> None:
+        """Retention: delete the finished runs the policy no longer keeps, when a pass is due."""
+        now = self.clock()
+        if not self._retention.due(now):
+            return
+        try:
+            victims = self.limits.retention.victims(self.store.finished_runs(), wall_us())
+            self.store.delete_runs(victims)
+        except StoreWriteError as e:
+            self.log.error("run_store_retention_failed", error=str(e))
+            victims = []
+        self._retention.passed(now, len(victims))
+        if victims:
+            self.log.info("run_store_pruned", runs_deleted=len(victims), store_bytes=self.store.size_bytes())
 
     def _known(self, run_id: int) -> opb.Run:
-        handle = self._runs.get(run_id)
-        if handle is not None:
+        live = self._active if self._active is not None and self._active.run_id == run_id else self._lobby.get(run_id)
+        if live is not None:
             run = opb.Run()
-            run.CopyFrom(handle.record)
+            run.CopyFrom(live.record)
             return run
         run = self.store.get(run_id)
         if run is None:
@@ -178,17 +229,29 @@ class Orchestrator:
         return self._known(run_id)
 
     def list(self, limit: int) -> list[opb.Run]:
-        return self.store.list(limit or 50)
+        return self.store.list(min(limit or 50, LIST_MAX_RUNS), LIST_MAX_BYTES)
 
-    def events(self, run_id: int, kind: int = 0):
+    def events(self, run_id: int, kind: int = 0, page_size: int = 0, page_token: str = "") -> opb.GetEventsResponse:
+        """One page of a run's events and the token for the next ("" = last page)."""
         self._known(run_id)
-        return self.store.events(run_id, kind)
+        try:
+            start = int(page_token) if page_token else 0
+        except ValueError:
+            start = -1
+        if start < 0:
+            raise RequestError.invalid(f"page_token {page_token!r} is not one this orchestrator gave")
+        size = min(page_size or EVENTS_PAGE, EVENTS_PAGE_MAX)
+        events, after = self.store.events_page(run_id, kind, start, size, EVENTS_PAGE_BYTES)
+        return opb.GetEventsResponse(events=events, next_page_token="" if after is None else str(after))
 
     async def stop(self, run_id: int, detail: str) -> opb.Run:
         run = self._known(run_id)
-        handle = self._runs.get(run_id)
-        if handle is not None and not handle.done.is_set():
-            handle.report(F.OperatorStop(detail or "operator stop"))
+        detail = detail or "operator stop"
+        if self._lobby.get(run_id) is not None:
+            return self._lobby.stop(run_id, detail)
+        handle = self._active
+        if handle is not None and handle.run_id == run_id and not handle.done.is_set():
+            handle.report(F.OperatorStop(detail))
             # The reply carries the recorded outcome; teardown continues after it.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(handle.outcome_recorded.wait(), 5.0)
@@ -197,22 +260,23 @@ class Orchestrator:
 
     def watch(self, run_id: int) -> AsyncIterator[opb.RunUpdate]:
         run = self._known(run_id)
-        handle = self._runs.get(run_id)
-        if handle is not None:
-            return handle.watch()
-        return replay(self.store, run)
-
-    async def wait(self, run_id: int) -> None:
-        task = self._tasks.get(run_id)
-        if task is not None:
-            await asyncio.shield(task)
+        queued = self._lobby.get(run_id)
+        if queued is not None:
+            return queued.watch()
+        if self._active is not None and self._active.run_id == run_id:
+            return self._active.watch()
+        model = self.models.loaded(run.model)
+        return replay(self.store, run, model.tokenizer if model is not None else None)
 
     async def shutdown(self) -> None:
-        """Operator-stop every active run and give teardown a bounded time."""
+        """Operator-stop the active run and give teardown a bounded time. Queued runs stay queued in the
+        store: the next start records them faulted RUN_FAULT_ORCHESTRATOR_RESTARTED."""
+        self._closing = True
         for handle in self.active_runs():
             handle.report(F.OperatorStop("orchestrator shutting down"))
-        tasks = [t for t in self._tasks.values() if not t.done()]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.fsm_config.timeouts.teardown_s + 1)
+        task = self._task
+        if task is not None and not task.done():
+            _, pending = await asyncio.wait([task], timeout=self.fsm_config.timeouts.teardown_s + 1)
             for t in pending:
                 t.cancel()
+        self._prompts.close()

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from swactor.common.gguf import ModelRefused
-from swactor.modelfile.header import GgufFormatError, GgufHeader, HeaderFields
+from swactor.modelfile.header import GgufFormatError, GgufHeader
 from swactor.modelfile.judge import judge
+from swactor.modelfile.params import ModelRefused
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.gguf_model import ModelFacts, read_model
 from swactor.orchestrator.sources import ModelSource, SourceError
@@ -60,7 +60,7 @@ def load_model(source: ModelSource) -> LoadedModel:
         raise ModelUnusable(f"{REFUSED}: model {source.name!r}: " + "; ".join(str(r) for r in refusals))
     path = source.path if not source.is_url else Path(source.location.rsplit("/", 1)[-1])
     try:
-        facts, data = read_model(path, model_id=source.name, reader=HeaderFields(header))
+        facts, data = read_model(path, model_id=source.name, header=header)
         tokenizer = Tokenizer(data)
     except (ModelRefused, TokenizerError) as e:
         raise ModelUnusable(f"{REFUSED}: model {source.name!r}: {e}") from None

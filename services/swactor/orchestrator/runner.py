@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from swactor.common.events import get_logger
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, StageFleet, TokenEndpoints
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokenizer import StreamDecoder, Tokenizer
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
@@ -54,6 +54,7 @@ class RunHandle:
         self.log = get_logger(run_id=fsm.run_id)
         self.done = asyncio.Event()
         self.outcome_recorded = asyncio.Event()
+        self._store_fault_reported = False
 
     @property
     def run_id(self) -> int:
@@ -96,11 +97,16 @@ class RunHandle:
         emitted: list[pb.LifecycleEvent] = []
         for action in actions:
             self._perform(action, emitted)
-        if emitted:
-            self.store.append(self.run_id, emitted)
-        if not isinstance(event, F.Relay | F.RelayBatch):  # a relayed node event never changes the run record
+        relayed = isinstance(event, F.Relay | F.RelayBatch)  # a relayed node event never changes the run record
+        if not relayed:
             self._sync_record()
-            self.store.put(self.record)
+        try:
+            if emitted:
+                self.store.append(self.run_id, emitted)
+            if not relayed:
+                self.store.put(self.record)
+        except StoreWriteError as e:
+            self._store_failed(e)
         if actions:
             await self._notify()
 
@@ -165,10 +171,20 @@ class RunHandle:
             r.text += tail
             r.torn_down_us = wall_us()
 
+    def _store_failed(self, e: StoreWriteError) -> None:
+        """A run the store cannot record is faulted and torn down (once), not carried on unrecorded."""
+        self.log.error("run_store_write_failed", error=str(e))
+        if not self._store_fault_reported:
+            self._store_fault_reported = True
+            self.report(F.OrchestratorFault(pb.RUN_FAULT_STORE_WRITE_FAILED, f"the run store cannot be written: {e}"))
+
     def _finalize(self) -> None:
         if self.record.state != opb.RUN_STATE_DONE:
             self.record.state = opb.RUN_STATE_DONE
-        self.store.put(self.record)
+        try:
+            self.store.put(self.record)
+        except StoreWriteError as e:  # held by the store, which serves it to reads and retries the write
+            self.log.error("run_store_write_failed", error=str(e), during="finalize")
         final = opb.Run()
         final.CopyFrom(self.record)
         self.updates.append(opb.RunUpdate(finished=final))
@@ -253,9 +269,17 @@ class RunHandle:
             self.report(F.EndpointsClosed())
 
 
-async def replay(store: RunStore, run: opb.Run) -> AsyncIterator[opb.RunUpdate]:
-    """WatchRun for a run this process no longer holds: stored events, then the record."""
-    for ev in store.events(run.run_id):
+async def replay(store: RunStore, run: opb.Run, tokenizer: Tokenizer | None = None) -> AsyncIterator[opb.RunUpdate]:
+    """WatchRun for a run this process no longer holds: stored events (a page at a time), each
+    TOKEN_RECEIVED followed by its token delta as it was streamed (text when the model's tokenizer is
+    at hand), then the record."""
+    decoder = StreamDecoder(tokenizer) if tokenizer is not None else None
+    for ev in store.iter_events(run.run_id):
         yield opb.RunUpdate(event=ev)
+        if ev.kind == pb.TOKEN_RECEIVED:
+            tid = ev.counters["token_id"]
+            eog = tokenizer is not None and tid in tokenizer.eog_ids
+            text = "" if eog or decoder is None else decoder.push(tid)
+            yield opb.RunUpdate(token=opb.TokenDelta(sequence=ev.sequence, token_id=tid, text=text,
+                                                     end_of_generation=eog))
     yield opb.RunUpdate(finished=run)
-

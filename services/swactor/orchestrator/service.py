@@ -1,15 +1,18 @@
-"""The gRPC servicer: thin; every method delegates to `Orchestrator` and maps RequestError to a status."""
+"""The gRPC servicer: thin; every method delegates to `Orchestrator` and maps RequestError to a status.
+`add_to_server` registers it with SubmitRun's lenient deserializer (validation.SubmitDeserializer)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf import message_factory
 
 from swactor.common.events import get_logger
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.manager import Orchestrator
 from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.orchestrator.validation import RefusedRequest, SubmitDeserializer
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
@@ -38,7 +41,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     async def SubmitRun(self, request, context):
         try:
-            return self.o.submit(request)
+            if isinstance(request, RefusedRequest):
+                raise RequestError.invalid(request.message)
+            return await self.o.submit(request)
         except RequestError as e:
             await self._refuse(context, "SubmitRun", e)
 
@@ -76,6 +81,22 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
     async def GetEvents(self, request, context):
         try:
-            return opb.GetEventsResponse(events=self.o.events(request.run_id, request.kind))
+            return self.o.events(request.run_id, request.kind, request.page_size, request.page_token)
         except RequestError as e:
             await self._refuse(context, "GetEvents", e)
+
+
+def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> None:
+    """What `add_OrchestratorServicer_to_server` does, built from the service descriptor, with
+    SubmitRun's request bytes size-checked before parsing and UTF-8 errors named by field."""
+    handlers = {}
+    for method in opb.DESCRIPTOR.services_by_name["Orchestrator"].methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        deserializer = (SubmitDeserializer(servicer.o.limits.max_request_bytes) if method.name == "SubmitRun"
+                        else request.FromString)
+        make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=deserializer,
+                                     response_serializer=response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)

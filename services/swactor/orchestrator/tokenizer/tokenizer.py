@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from swactor.common.gguf import ModelRefused, open_gguf
+from swactor.modelfile.params import ModelRefused, open_header
 from swactor.orchestrator.gguf_model import TokenizerData, read_tokenizer
 from swactor.orchestrator.tokenizer.bounds import MAX_WORD_CHARS, WORD_BOUND_CHARS, CostBound
 from swactor.orchestrator.tokenizer.bpe import ByteLevelBpe
@@ -86,7 +86,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: Path) -> Tokenizer:
         try:
-            data = read_tokenizer(open_gguf(path))
+            data = read_tokenizer(open_header(path))
         except ModelRefused as e:
             raise TokenizerError(str(e)) from None
         return cls(data)

@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFReader
-from gguf.gguf_reader import ReaderField
 
-from swactor.common.gguf import QKV_BIAS, LlamaParams, ModelRefused, open_gguf, read_params
+from swactor.modelfile.judge import unknown_tensors_refusal
+from swactor.modelfile.params import LlamaParams, ModelRefused, open_header, read_params
+from swactor.modelfile.support import ARCHITECTURES, QKV_BIAS
 
 from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 
+# The per-layer matrices and norms the forward (model.py) reads, by their names after `blk.<i>.`
+# without `.weight`; tests/modelfile/test_support.py checks them against support.ARCHITECTURES.
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight")
 
 
 @dataclass(frozen=True)
@@ -73,31 +74,31 @@ class StageWeights:
   def is_last(self) -> bool: return self.layer_end == self.params.n_layers
 
 
-class _Reader(GGUFReader):
-  def _build_tensors(self, start_offs: int, fields: list[ReaderField]) -> None:
-    """GGUFReader fails on a type id outside GGMLQuantizationType with a bare ValueError; name the tensor instead."""
-    known = {int(q) for q in QT}
-    for f in fields:  # parts: name length, name, n_dims, dims, type, offset
-      if int(f.parts[4][0]) not in known:
-        raise UnsupportedQuant(int(f.parts[4][0]), bytes(f.parts[1]).decode("utf-8", "replace"))
-    super()._build_tensors(start_offs, fields)
-
-
 class GGUFModel:
-  """An opened GGUF: metadata parsed, tensor data memory-mapped, nothing read yet."""
+  """An opened GGUF: header parsed (modelfile.params), tensor data memory-mapped, nothing read yet.
+
+  Architectures, their tensors and the quant types come from the support declaration: a tensor nothing reads is
+  refused naming it, a type id that is no GGML type at open, a type the core cannot load when its tensor is used."""
   def __init__(self, path: str | os.PathLike[str]):
-    self.reader = open_gguf(path, _Reader)
-    self.path, self.params = str(path), read_params(self.reader, {t.name for t in self.reader.tensors})
+    header = open_header(path)
+    self.path, self.params = str(path), read_params(header)
+    self.arch = ARCHITECTURES[self.params.arch]
+    unknown = unknown_tensors_refusal(self.arch, (t.name for t in header.tensors), self.params.n_layers)
+    if unknown is not None:
+      raise ModelRefused(unknown.reason, unknown.detail)
+    for t in header.tensors:
+      if t.nbytes < 0:
+        raise UnsupportedQuant(t.qtype, t.name)
+    file = np.memmap(path, dtype=np.uint8, mode="r") if header.tensors else np.zeros(0, np.uint8)
     self.tensors: dict[str, RawTensor] = {}
-    for t in self.reader.tensors:
-      qt, shape = QT(t.tensor_type), tuple(int(s) for s in reversed(t.shape.tolist()))
+    for t in header.tensors:
+      start = header.data_offset + t.offset
+      if start + t.nbytes > file.size:
+        raise ModelRefused("MalformedGGUF", f"tensor {t.name!r} ends at byte {start + t.nbytes}, beyond the file's {file.size}")
+      shape = tuple(reversed(t.dims))  # numpy order
       rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-      data = t.data.reshape(-1).view(np.uint8).reshape(rows, -1) if qt in BLOCK else t.data
-      self.tensors[t.name] = RawTensor(t.name, qt, shape if len(shape) > 1 else (shape[0],), data)
-    known = {f"{t}.weight" for t in LAYER_TENSORS} | {f"{t}.bias" for t in QKV_BIAS}
-    for name in self.tensors:  # a tensor nothing reads means a variant of the architecture this compute lacks
-      if (name.split(".", 2)[-1] not in known) if name.startswith("blk.") else (name not in GLOBAL_TENSORS):
-        raise ModelRefused("UnsupportedArchitecture", f"{self.params.arch} file has tensor {name!r}, which this compute does not implement")
+      data = file[start:start + t.nbytes].reshape(rows, -1)
+      self.tensors[t.name] = RawTensor(t.name, QT(t.qtype), shape if len(shape) > 1 else (shape[0],), data)
 
   def tensor(self, name: str) -> RawTensor:
     if name not in self.tensors:
@@ -113,7 +114,7 @@ class GGUFModel:
     n = self.params.n_layers
     if not (0 <= layer_start < layer_end <= n):
       raise ModelRefused("InvalidLayerRange", f"layer range [{layer_start}, {layer_end}) is not within 0 <= start < end <= {n}")
-    bias = {f"{t}_bias": f"{t}.bias" for t in QKV_BIAS} if self.params.qkv_bias else {}
+    bias = {t.replace(".", "_"): t for t in QKV_BIAS} if self.params.qkv_bias else {}  # attn_q_bias: "attn_q.bias"
     names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias}
     layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
     extra: dict[str, RawTensor] = {}

@@ -24,13 +24,17 @@ from gguf import GGMLQuantizationType as QT
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import _from_np_dtype
 
+from swactor.modelfile.support import PACKED_TYPES
+
 from .cpu_matvec import XSUM_BLOCK, block_matvec, scale_group
 from .gguf_weights import RawTensor
 from .quant import BLOCK, k_scales
 
 Weight = tuple[str, list[Tensor]]
-PACKED: dict[QT, str] = {QT.Q8_0: "q8_0", QT.Q4_0: "q4", QT.Q4_1: "q4", QT.Q5_0: "q5_0", QT.Q5_1: "q5_1",
-                         QT.Q4_K: "q4_k", QT.Q5_K: "q5_k", QT.Q6_K: "q6_k"}
+# The device layout (kernel kind) of each packed type; which types are packed is support.PACKED_TYPES' choice (a type
+# declared there without a layout here fails at import).
+_KIND = {"Q8_0": "q8_0", "Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
+PACKED: dict[QT, str] = {QT[name]: _KIND[name] for name in PACKED_TYPES}
 N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3, "q5_0": 3, "q5_1": 4, "q4_k": 3, "q5_k": 4, "q6_k": 4}
 DEVICE_BLOCK_BYTES = {"q8_0": 36, "q4": 24, "q5_0": 24, "q5_1": 28, "q4_k": 152, "q5_k": 184, "q6_k": 212}
 

@@ -2,8 +2,9 @@
 
 Each dequantiser maps raw bytes [rows, row_bytes] (uint8) to float32 [rows, cols]. The formats the device keeps packed
 (linear.py) have our own dequantisers here, written from ggml's block structs (their layouts are what the matvec kernels
-read, and the tests check them against `gguf.quants`); every other type the `gguf` package can dequantize (Q2_K, Q3_K,
-IQ*, TQ*, MXFP4, ...) goes through `gguf.quants.dequantize` and is expanded to float32 at load.
+read, and the tests check them against `gguf.quants`); every other type swactor.modelfile.support declares (its
+EXPANDED_TYPES: Q2_K, Q3_K, IQ*, TQ*, MXFP4, ...) goes through `gguf.quants.dequantize` and is expanded to float32 at
+load.
 """
 from __future__ import annotations
 
@@ -14,20 +15,12 @@ from gguf import GGMLQuantizationType as QT
 from gguf import quants as gguf_quants
 from gguf.constants import GGML_QUANT_SIZES
 
-from swactor.common.gguf import ModelRefused
+from swactor.modelfile.params import ModelRefused
+from swactor.modelfile.support import QUANT_TYPES
 
-
-def _gguf_dequantizes(qt: QT) -> bool:
-  try:
-    gguf_quants.dequantize(np.zeros((1, GGML_QUANT_SIZES[qt][1]), np.uint8), qt)
-  except NotImplementedError:
-    return False
-  return True
-
-
-# qtype -> (elements per block, bytes per block), for every type that can be dequantized; the rest (Q8_1, Q8_K, the
-# integer types, F64, ...) is refused by name
-BLOCK: dict[QT, tuple[int, int]] = {q: GGML_QUANT_SIZES[q] for q in QT if _gguf_dequantizes(q)}
+# qtype -> (elements per block, bytes per block) of every type the support declaration says the core loads; the rest
+# (Q8_1, Q8_K, the integer types, F64, ...) is refused by name
+BLOCK: dict[QT, tuple[int, int]] = {q: GGML_QUANT_SIZES[q] for q in QT if q.name in QUANT_TYPES}
 
 
 class UnsupportedQuant(ModelRefused):

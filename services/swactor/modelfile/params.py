@@ -1,0 +1,150 @@
+"""A model's hyper-parameters from its GGUF header: the one reader of them, for the orchestrator's
+planner and judge (model facts) and the worker's compute core (a stage's weights).
+
+Works on a parsed header (modelfile.header), so the same code reads a local file (`open_header`)
+and the prefix of a remote one. The architectures, their rotation and optional tensors come from
+the support declaration. Every refusal is a `ModelRefused` with a stable `reason` (MissingFile,
+MalformedGGUF, MissingMetadata, UnsupportedArchitecture, UnsupportedRopeScaling; the compute core
+adds MissingTensor, InvalidLayerRange, UnsupportedQuantType) and a detail naming the key or value.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from swactor.modelfile.header import GgufFormatError, GgufHeader, read_header
+from swactor.modelfile.support import ARCHITECTURES, QKV_BIAS, ROPE_SCALING_TYPES
+
+_REQUIRED: Any = object()
+
+
+class ModelRefused(ValueError):
+    """The GGUF cannot serve this model or stage; str() is "reason: detail"."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    kind: str = "none"  # one of support.ROPE_SCALING_TYPES (worker/compute/rope.py applies them)
+    factor: float = 1.0
+    original_context: int = 0  # yarn, llama3: the context the model was trained on before scaling
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+
+
+@dataclass(frozen=True)
+class LlamaParams:
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    rope_base: float
+    rope_dim: int
+    rope_scaling: RopeScaling
+    norm_eps: float
+    context_length: int
+    vocab_size: int
+    bos_token_id: int | None
+    eos_token_id: int | None
+    arch: str = "llama"
+    rope_neox: bool = False  # qwen2: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
+    qkv_bias: bool = False  # Q/K/V have biases (qwen2)
+
+
+def open_header(path: str | os.PathLike[str]) -> GgufHeader:
+    """The header of a local GGUF file (only the header's bytes are read)."""
+    if not Path(path).is_file():
+        raise ModelRefused("MissingFile", f"model file {path} does not exist")
+    try:
+        with open(path, "rb") as f:
+            return read_header(lambda n: (f.seek(0), f.read(n))[1])[0]
+    except (GgufFormatError, OSError) as e:
+        raise ModelRefused("MalformedGGUF", f"{path}: not a readable GGUF file: {e}") from None
+
+
+def field(header: GgufHeader, key: str, default: Any = _REQUIRED) -> Any:
+    """The value of metadata `key`; `default` when it is absent, MissingMetadata when there is none."""
+    if key not in header.metadata:
+        if default is _REQUIRED:
+            raise ModelRefused("MissingMetadata", f"GGUF key {key!r} is missing")
+        return default
+    return header.metadata[key]
+
+
+def read_rope_scaling(k: Callable[..., Any], context_length: int) -> RopeScaling:
+    """`{arch}.rope.scaling.*` as llama.cpp reads them (`k(key[, default])` looks one up): no type but
+    a factor means linear; `llama3` (the rule that computes rope_freqs, for files that carry its
+    parameters instead of the tensor) takes HF's parameter names."""
+    factor = float(k("rope.scaling.factor", k("rope.scale_linear", 0.0)) or 1.0)
+    kind = str(k("rope.scaling.type", "linear" if factor != 1.0 else "none"))
+    if kind not in ROPE_SCALING_TYPES:
+        raise ModelRefused("UnsupportedRopeScaling",
+                           f"rope scaling type {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})")
+    if float(k("rope.scaling.attn_factor", 1.0)) != 1.0:
+        raise ModelRefused("UnsupportedRopeScaling",
+                           f"rope.scaling.attn_factor {k('rope.scaling.attn_factor')} is not supported (only 1.0)")
+    if kind == "none":
+        return RopeScaling()
+    if factor <= 0:
+        raise ModelRefused("UnsupportedRopeScaling", f"rope scaling factor {factor} must be > 0")
+    orig = int(k("rope.scaling.original_context_length", context_length))
+    if kind == "llama3":
+        return RopeScaling(kind, factor, orig, float(k("rope.scaling.low_freq_factor", 1.0)),
+                           float(k("rope.scaling.high_freq_factor", 4.0)))
+    return RopeScaling(kind, factor, orig)
+
+
+def bias_refusal(arch: str, tensor_names: Iterable[str], n_layers: int) -> ModelRefused | None:
+    """A group of optional per-layer tensors (qwen2's Q/K/V biases) some blocks have and others lack."""
+    names = set(tensor_names)
+    for group in ARCHITECTURES[arch].optional_layer_groups:
+        have = [f"blk.{i}.{t}" in names for i in range(n_layers) for t in group]
+        if any(have) and not all(have):
+            return ModelRefused("UnsupportedArchitecture", f"some blocks have {', '.join(group)} and some do not "
+                                                           f"(supported: all of them in every block, or none)")
+    return None
+
+
+def read_params(header: GgufHeader) -> LlamaParams:
+    """The hyper-parameters of a llama-family file (support.ARCHITECTURES)."""
+    arch = field(header, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelRefused("UnsupportedArchitecture",
+                           f"architecture {arch!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")
+
+    def k(key: str, default: Any = _REQUIRED) -> Any:
+        return field(header, f"{arch}.{key}", default)
+
+    dim, n_heads = int(k("embedding_length")), int(k("attention.head_count"))
+    if dim <= 0 or n_heads <= 0:
+        raise ModelRefused("MalformedGGUF", f"{arch}.embedding_length and attention.head_count must be positive")
+    head_dim = int(k("attention.key_length", dim // n_heads))
+    if k("attention.value_length", head_dim) != head_dim:
+        raise ModelRefused("UnsupportedArchitecture", "key_length != value_length")
+    n_layers, ctx = int(k("block_count")), int(k("context_length"))
+    if n_layers <= 0 or ctx <= 0:
+        raise ModelRefused("MalformedGGUF", f"{arch}.block_count and context_length must be positive")
+    names = {t.name for t in header.tensors}
+    bad = bias_refusal(arch, names, n_layers)
+    if bad is not None:
+        raise bad
+    return LlamaParams(
+        n_layers=n_layers, dim=dim, ffn_dim=int(k("feed_forward_length")), n_heads=n_heads,
+        n_kv_heads=int(k("attention.head_count_kv", n_heads)), head_dim=head_dim,
+        rope_base=float(k("rope.freq_base", 10000.0)), rope_dim=int(k("rope.dimension_count", head_dim)),
+        rope_scaling=read_rope_scaling(k, ctx),
+        norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=ctx,
+        vocab_size=int(k("vocab_size", len(field(header, "tokenizer.ggml.tokens", ())))),
+        bos_token_id=field(header, "tokenizer.ggml.bos_token_id", None),
+        eos_token_id=field(header, "tokenizer.ggml.eos_token_id", None),
+        arch=arch, rope_neox=ARCHITECTURES[arch].rope_neox,
+        qkv_bias=QKV_BIAS in ARCHITECTURES[arch].optional_layer_groups and all(f"blk.0.{t}" in names for t in QKV_BIAS))
