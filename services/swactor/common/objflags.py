@@ -8,3 +8,6 @@ orchestrator counts the chunk as consumed instead of reading a token.
 
 PROMPT_CONTINUES = 1 << 0
 NO_TOKEN = -1
+# Rows of one prefill chunk at most: a stage compiles graphs holding chunk x max_seq_len attention scores
+# ([orchestrator].prefill_chunk is checked against it, and so is StageRuntimeFacts.prefill_chunk by the worker).
+MAX_PREFILL_CHUNK = 1024

@@ -216,9 +216,9 @@ class Emit:
 
 @dataclass(frozen=True)
 class Deliver:
-    """A generated token, in sequence order, for the output stream."""
+    """A generated token, in order, for the output stream."""
 
-    sequence: int
+    sequence: int  # the token's index in the answer (0 = first); its object's sequence is later with prefill chunks
     token_id: int
     end_of_generation: bool
 
@@ -512,7 +512,7 @@ class RunFsm:
                 self.tokens.append(tid)
                 eog = tid in self.request.eog_ids
                 out.append(self._ev(K.TOKEN_RECEIVED, sequence=seq, counters={"token_id": tid}))
-                out.append(Deliver(seq, tid, eog))
+                out.append(Deliver(len(self.tokens) - 1, tid, eog))  # the answer's token index, not the object's sequence
                 assert self.plan is not None
                 done = (
                     "eos" if eog and not self.request.ignore_eos

@@ -24,6 +24,7 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
+from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.api_access import (
@@ -182,6 +183,9 @@ def limits(cfg: OrchestratorConfig) -> Limits:
                               f"got {getattr(cfg, key)}")
     if cfg.runs_max_age_s < 0:
         raise ConfigError(f"[orchestrator].runs_max_age_s must be >= 0 (0 = no age limit), got {cfg.runs_max_age_s}")
+    if not 0 <= cfg.prefill_chunk <= MAX_PREFILL_CHUNK:
+        raise ConfigError(f"[orchestrator].prefill_chunk must be 0..{MAX_PREFILL_CHUNK} (0 = the prompt in one object), "
+                          f"got {cfg.prefill_chunk}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
 

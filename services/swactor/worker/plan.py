@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.common.control_tls import orchestrator_name
+from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.edgeend.objects import ObjSpec
@@ -21,7 +22,6 @@ _KIND = {common_pb2.OBJECT_KIND_TOKENS: "Tokens", common_pb2.OBJECT_KIND_ACTIVAT
 _FAMILY = {common_pb2.DTYPE_FAMILY_FLOAT: "Float", common_pb2.DTYPE_FAMILY_INT: "Int",
            common_pb2.DTYPE_FAMILY_UINT: "Uint", common_pb2.DTYPE_FAMILY_BFLOAT: "Bfloat"}
 TOKEN_BYTES = 4
-MAX_PREFILL_CHUNK = 1024  # rows of one prefill step: its graphs hold attention scores of chunk x max_seq_len floats
 
 
 class PlanRejected(ValueError):

@@ -116,6 +116,31 @@ class _Unpickler(pickle.Unpickler):
       raise pickle.UnpicklingError(f"the entry reads model buffer {pid!r}, which this model does not have") from None
 
 
+_kernel_cache = threading.local()
+
+
+def kernel_cache_per_thread() -> None:
+  """Give each thread its own connection to tinygrad's kernel cache (cache.db). tinygrad keeps one module-wide
+  sqlite connection, usable only by the thread that opened it; a stage compiles in its loader thread
+  (role_loader.py) and steps, which may still compile, in the main thread. Idempotent."""
+  from tinygrad import helpers
+  if getattr(helpers.db_connection, "_per_thread", False):
+    return
+  shared, lock = helpers.db_connection, threading.Lock()
+
+  def db_connection() -> Any:
+    conn = getattr(_kernel_cache, "conn", None)
+    if conn is None:
+      with lock:  # the shared opener makes (and configures) a fresh connection for this thread
+        helpers._db_connection = None
+        conn = _kernel_cache.conn = shared()
+        helpers._db_connection = None
+    return conn
+
+  db_connection._per_thread = True  # type: ignore[attr-defined]
+  helpers.db_connection = db_connection
+
+
 def _deep(fn: Callable[[], T]) -> T:
   """Run `fn` on a thread with a big stack and a high recursion limit (pickle recurses in C, once per nesting level)."""
   out: dict[str, Any] = {}

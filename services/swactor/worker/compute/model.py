@@ -345,6 +345,8 @@ class StageModel:
         y = self._rows(zeros, 0, tick)
         if self.head is not None:
           self._head_logits(y, w, w - 1, tick)
+    if on_progress is not None and done < total:
+      on_progress(total, total)  # every graph is ready (a graph of one layer parity may need fewer calls)
     if cache is not None:
       for _, key, _, jit, ext, _ in todo:
         if jit.captured is not None:
