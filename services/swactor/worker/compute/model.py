@@ -22,6 +22,7 @@ from tinygrad.engine.jit import CapturedJit
 from tinygrad.helpers import NUM_CPU_THREADS
 
 from swactor.common.events import get_logger
+from swactor.common.objflags import NO_TOKEN  # the last stage's output for a prompt chunk it does not sample
 from swactor.common.sampling import SamplingPolicy
 
 from .cpu_matvec import SLICES_PER_THREAD
@@ -40,7 +41,6 @@ class StageTimings:
   upload_s: float    # host -> device copies
 
 
-NO_TOKEN = -1  # the last stage's output for a prompt chunk it does not sample (step(sample=False))
 
 
 @dataclass(frozen=True)
