@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from swactor.common.secret import SecretError, gossip_key, read_secret
-from swactor.membership.gpus import detect_nvidia, parse_gpu
+from swactor.membership.gpus import detect_nvidia, host_memory_available, nvidia_memory, parse_gpu
 from swactor.membership.metadata import (
     MetadataError,
     check_endpoint,
@@ -29,6 +29,7 @@ def full() -> pb.NodeMetadata:
         + [pb.GpuDevice(kind="CPU", name="host", memory_bytes=0)],
         state=pb.NODE_STATE_FAULTED,
         state_reason="RUN_FAULT_WORKER_CRASHED",
+        stage_memory_bytes=141 * 2**30,
     )
 
 
@@ -57,8 +58,9 @@ def test_separator_characters_in_gpu_names_are_refused() -> None:
 
 
 def test_malformed_peer_tags_are_left_empty_not_trusted() -> None:
-    md = decode_tags({"id": "x", "gpu": "garbage", "st": "weird"}, fallback_node_id=9)
+    md = decode_tags({"id": "x", "gpu": "garbage", "st": "weird", "mem": "lots"}, fallback_node_id=9)
     assert md.node_id == 9 and list(md.gpus) == [] and md.state == pb.NODE_STATE_UNSPECIFIED
+    assert md.stage_memory_bytes == 0 and decode_tags({"mem": "-5"}).stage_memory_bytes == 0
 
 
 @pytest.mark.parametrize("bad", ["nohost", "host:", "host:99999", "a b:1"])
@@ -110,6 +112,20 @@ def test_nvidia_smi_inventory_is_parsed(tmp_path: Path, monkeypatch: pytest.Monk
     assert detect_nvidia() == [pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=143771 * 2**20)] * 2
     fake.write_text("#!/bin/sh\nexit 9\n")
     assert detect_nvidia() == []
+
+
+def test_device_memory_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ncase \"$1\" in --query-gpu=index,memory.total,memory.free) "
+                    "printf '0, 143771, 100000\\n1, 143771, 5000\\n' ;; *) exit 3 ;; esac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nvidia_memory(1) == (143771 * 2**20, 5000 * 2**20) and nvidia_memory(0)[1] == 100000 * 2**20
+    assert nvidia_memory(2) is None
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:          100 kB\nMemAvailable:   12000000 kB\n")
+    assert host_memory_available(meminfo) == 12000000 * 1024
+    assert host_memory_available(tmp_path / "none") == 0 and host_memory_available(Path("/proc/meminfo")) > 0
 
 
 def test_edge_certificate_fingerprint_is_sha256_of_the_der(tmp_path: Path) -> None:

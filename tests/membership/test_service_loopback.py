@@ -227,7 +227,8 @@ def test_client_sets_available_and_the_peer_sees_it(pair: tuple[Proc, Proc]) -> 
 
     async def body() -> None:
         async with MembershipClient(a.socket) as client:
-            me = await client.set_local_state(pb.NODE_STATE_AVAILABLE, control_endpoint="127.0.0.1:7001")
+            me = await client.set_local_state(pb.NODE_STATE_AVAILABLE, control_endpoint="127.0.0.1:7001",
+                                              stage_memory_bytes=5 << 30)
             assert me.is_self and me.metadata.state == pb.NODE_STATE_AVAILABLE
             assert (await client.get_self()).self.metadata.control_endpoint == "127.0.0.1:7001"
             assert len(await client.list_members(include_departed=True)) >= 1
@@ -238,6 +239,7 @@ def test_client_sets_available_and_the_peer_sees_it(pair: tuple[Proc, Proc]) -> 
     def b_sees_available() -> bool:
         members = b.stub.ListMembers(pb.ListMembersRequest(), timeout=2).members
         return any(m.metadata.node_id == node_id and m.metadata.state == pb.NODE_STATE_AVAILABLE
-                   and m.metadata.control_endpoint == "127.0.0.1:7001" for m in members)
+                   and m.metadata.control_endpoint == "127.0.0.1:7001" and m.metadata.stage_memory_bytes == 5 << 30
+                   for m in members)
 
     wait_until(b_sees_available, 10, "the peer to see AVAILABLE")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,39 @@ def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
     assert stop_done[0] == 0 and "completed (eos)" in stop_done[1]  # stopping a finished run changes nothing
     assert bad[0] == 2 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
     assert missing[0] == 2 and "NOT_FOUND: unknown run_id 12345" in missing[2]
+
+
+def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) -> None:
+    members = tuple(dataclasses.replace(n, memory_bytes=m) for n, m in zip(pool(1, 2, 3), (3 << 30, 1 << 30, 300 << 20),
+                                                                              strict=True))
+
+    async def main():
+        async with serving(tmp_path, FakeFleet([2]), members) as s:
+            deadline = time.monotonic() + 5
+            while not s.orch.pool_status(2).ready and time.monotonic() < deadline:  # the gate's window
+                await asyncio.sleep(0.01)
+            fits = await cli(s.socket, "submit", "--prompt", "Hello", "--stages", "2", "--dry-run")
+            as_json = await cli(s.socket, "submit", "--prompt", "Hello", "--node", "2", "--node", "1", "--dry-run", "--json")
+            short = await cli(s.socket, "submit", "--prompt", "Hello", "--stages", "3", "--dry-run")
+            runs = await cli(s.socket, "runs")
+            return fits, as_json, short, runs
+
+    fits, as_json, short, runs = asyncio.run(main())
+    rc, out, err = fits
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert "2 stage(s)" in lines[0] and "context 4096" in lines[0] and "in proportion to the nodes' memory" in lines[0]
+    # the two nodes with the most memory, blocks 3:1 by memory (one each, the other 28 split 21:7)
+    assert lines[1].startswith("  stage 0: node 1 blocks 0..22 needs ") and "weights " in lines[1] and "of 3.00 GiB" in lines[1]
+    assert lines[2].startswith("  stage 1: node 2 blocks 22..30 needs ") and "KV cache " in lines[2]
+    assert lines[-2].startswith("pool ready: node(s) 1, 2 Available") and lines[-1] == "SubmitRun would accept it"
+    plan = json.loads(as_json[1])
+    assert as_json[0] == 0 and [p["node_id"] for p in plan["placement"]] == ["2", "1"]
+    assert all(int(p["total_bytes"]) > 0 and p["fits"] for p in plan["placement"])
+    rc, out, err = short
+    assert rc == 2 and "stage 2: node 3 blocks" in out and "DOES NOT FIT" in out.splitlines()[3]
+    assert "would be refused: RUN_FAULT_DEVICE_OUT_OF_MEMORY: the model does not fit the nodes' memory: stage 2" in out
+    assert runs == (0, "", "")  # nothing was started
 
 
 def test_stopped_run_exit_code_and_json_stream(tmp_path: Path) -> None:

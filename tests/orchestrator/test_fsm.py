@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -60,7 +61,8 @@ def teardown(fsm: F.RunFsm, now: float = 50.0) -> list[F.Action]:
 
 def test_happy_path_prefill_decode_eos_and_teardown() -> None:
     fsm = make(stages=2, max_tokens=10)
-    assert fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0) == []
+    waiting = fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    assert kinds(waiting) == ["POOL_WAITING"] and "node(s) 1, 2 to stay unchanged for 1.0s" in waiting[0].event.detail
     assert fsm.deadline() == 1.0  # the stability window
     acts = fsm.handle(F.Tick(), 1.0)
     assert kinds(acts) == ["POOL_READY", "RUN_PLANNED", "STAGE_PROVISION_STARTED", "STAGE_PROVISION_STARTED"]
@@ -213,11 +215,10 @@ def test_timeouts_fault_the_run(phase: str, reason: str) -> None:
 def test_node_lost_before_pool_ready_waits_then_refuses_with_reason() -> None:
     fsm = make(stages=2, timeouts=F.Timeouts(pool_s=10))
     fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
-    fsm.handle(F.MembershipChanged(pool(1)), 0.5)  # node 2 gone before the window closed
-    assert fsm.handle(F.Tick(), 1.0) == [] and fsm.state is F.RunState.WAITING_POOL
-    assert fsm.deadline() == 1.5
-    fsm.handle(F.Tick(), 1.5)
-    assert fsm.state is F.RunState.WAITING_POOL and fsm.deadline() == 10.0  # stable, still too small: no busy timer
+    acts = fsm.handle(F.MembershipChanged(pool(1)), 0.5)  # node 2 gone before the window closed
+    assert kinds(acts) == ["POOL_WAITING"] and "2 stage(s) need 2 Available node(s), the pool has 1" in acts[0].event.detail
+    assert fsm.handle(F.Tick(), 1.0) == [] and fsm.state is F.RunState.WAITING_POOL  # said once, not per tick
+    assert fsm.deadline() == 10.0  # nothing to place: no stability timer, only the pool timeout
     acts = fsm.handle(F.Tick(), 10.0)
     assert kinds(acts) == ["RUN_FAULTED", "RUN_TORN_DOWN"]
     assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and "2 stage(s) need 2 Available node(s), the pool has 1" in fsm.detail
@@ -267,11 +268,34 @@ def test_provision_failure_is_not_awaited_in_teardown() -> None:
 
 
 def test_planning_refusal_faults_before_provisioning() -> None:
-    fsm = make(stages=2, node_ids=(1, 9))
+    fsm = make(stages=2, prompt=tuple(range(5000)))
     fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
     acts = fsm.handle(F.Tick(), 1.0)
     assert kinds(acts) == ["POOL_READY", "RUN_FAULTED", "RUN_TORN_DOWN"]
-    assert "requested node(s) [9]" in fsm.detail and of(acts, F.Provision) == []
+    assert "context holds 4096" in fsm.detail and of(acts, F.Provision) == []
+
+
+def test_a_pinned_node_is_waited_for_and_the_others_do_not_matter() -> None:
+    fsm = make(stages=2, node_ids=(3, 1), timeouts=F.Timeouts(pool_s=10))
+    acts = fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    assert [a.event.detail for a in of(acts, F.Emit)] == ["waiting for pinned node 3 to join the pool"]
+    acts = fsm.handle(F.MembershipChanged((*pool(1, 2), node(3, NodeState.BOOTING))), 1.0)
+    assert [a.event.detail for a in of(acts, F.Emit)] == ["waiting for pinned node 3 to be Available (it is booting)"]
+    # node 2 (not pinned) turning suspect neither holds the run nor restarts its window
+    fsm.handle(F.MembershipChanged((node(1), node(2, NodeState.SUSPECT), node(3))), 2.0)
+    assert fsm.deadline() == 3.0
+    acts = fsm.handle(F.MembershipChanged((node(1), node(2, NodeState.BOOTING), node(3))), 2.5)
+    assert kinds(acts) == [] and fsm.deadline() == 3.0
+    acts = fsm.handle(F.Tick(), 3.0)
+    assert "POOL_READY" in kinds(acts) and [s.node_id for s in fsm.plan.stages] == [3, 1]
+
+
+def test_a_pinned_node_that_never_comes_faults_the_run_naming_it() -> None:
+    fsm = make(stages=2, node_ids=(1, 9), timeouts=F.Timeouts(pool_s=5))
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+    acts = fsm.handle(F.Tick(), 5.0)
+    assert kinds(acts) == ["RUN_FAULTED", "RUN_TORN_DOWN"] and fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE"
+    assert "pinned node 9 is not a member" in fsm.detail and of(acts, F.Provision) == []
 
 
 def test_operator_stop_while_waiting_for_pool_ends_without_teardown_work() -> None:
@@ -353,7 +377,10 @@ def test_a_pool_the_orchestrator_has_seen_stable_is_ready_at_once() -> None:
     seen.observe(pool(1, 2), 0.0)
     fsm = F.RunFsm(req, cfg, now=5.0, id_source=lambda: next(counter), pool_view=seen)
     assert kinds(fsm.handle(F.MembershipChanged(pool(1, 2)), 5.0))[:2] == ["POOL_READY", "RUN_PLANNED"]
-    # a view that changed just before the run still waits out the window, and the orchestrator's own gate is untouched
+    # a member joining outside the placement changes nothing; one of the chosen nodes changing waits out the window
     fsm = F.RunFsm(req, cfg, now=5.0, id_source=lambda: next(counter), pool_view=seen)
-    assert fsm.handle(F.MembershipChanged(pool(1, 2, 3)), 5.0) == [] and fsm.deadline() == 6.0
-    assert seen.check(5.0, 2).ready
+    assert kinds(fsm.handle(F.MembershipChanged(pool(1, 2, 3)), 5.0))[:2] == ["POOL_READY", "RUN_PLANNED"]
+    fsm = F.RunFsm(req, cfg, now=5.0, id_source=lambda: next(counter), pool_view=seen)
+    moved = (node(1), dataclasses.replace(node(2), edge_endpoint="10.0.0.9:7000"))
+    assert kinds(fsm.handle(F.MembershipChanged(moved), 5.0)) == ["POOL_WAITING"] and fsm.deadline() == 6.0
+    assert seen.check(5.0, 2).ready  # the orchestrator's own gate is untouched

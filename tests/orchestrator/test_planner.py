@@ -10,10 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swactor.orchestrator.nodes import NodeState
+from swactor.orchestrator.placement import balanced_ranges
 from swactor.orchestrator.planner import (
     PlanError,
     SamplingPolicy,
-    balanced_ranges,
     plan_run,
     validate_plan,
 )
@@ -66,7 +66,7 @@ def test_three_stage_plan_edges_and_specs() -> None:
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        (dict(stages=4), "4 stages requested but only 3 Available"),
+        (dict(stages=4), r"4 stage\(s\) need 4 Available node\(s\), the pool has 3"),
         (dict(stages=31, nodes=tuple(range(1, 40))), "only 30 blocks"),
         (dict(stages=0), "at least 1"),
         (dict(max_tokens=0), "max_tokens must be positive"),
@@ -85,7 +85,7 @@ def test_only_provisionable_nodes_are_placed() -> None:
     plan = plan_run(run_id=1, model=model_facts(), pool=members, stages=2, max_tokens=1, prompt_tokens=1,
                     sampling=SamplingPolicy(), orchestrator_node_id=100)
     assert [s.node_id for s in plan.stages] == [1, 3]
-    with pytest.raises(PlanError, match="only 2 Available"):
+    with pytest.raises(PlanError, match="the pool has 2"):
         plan_run(run_id=1, model=model_facts(), pool=members, stages=3, max_tokens=1, prompt_tokens=1,
                  sampling=SamplingPolicy(), orchestrator_node_id=100)
 

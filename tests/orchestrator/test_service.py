@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import grpc
@@ -230,21 +231,54 @@ def test_teardown_timeout_is_bounded(tmp_path: Path) -> None:
     assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED
 
 
-def test_pool_never_ready_refuses_with_reason(tmp_path: Path) -> None:
+def test_a_booting_node_holds_only_the_run_pinned_to_it(tmp_path: Path) -> None:
     async def main():
         members = (node(1), node(2, NodeState.BOOTING))
-        async with serving(tmp_path, FakeFleet([2]), members, timeouts=F.Timeouts(pool_s=0.3)) as s:
-            resp = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+        async with serving(tmp_path, FakeFleet([2]), members, timeouts=F.Timeouts(pool_s=0.3, teardown_s=2.0)) as s:
+            free = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+            free_updates = await collect(s.stub, free.run_id)
+            pinned = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3, node_ids=[2]))
             nodes = await s.stub.ListNodes(opb.ListNodesRequest())
-            return await collect(s.stub, resp.run_id), nodes
+            return free_updates, await collect(s.stub, pinned.run_id), nodes
 
-    updates, nodes = run(main())
-    final = updates[-1].finished
+    free, pinned, nodes = run(main())
+    assert free[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED  # node 2 is not needed: it does not hold the run
+    [ready] = [u.event for u in free if u.HasField("event") and u.event.kind == pb.POOL_READY]
+    assert "not candidates: 2 is booting" in ready.detail
+    final = pinned[-1].finished
     assert final.outcome == opb.RUN_OUTCOME_FAULTED and final.reason == "RUN_FAULT_NODE_UNAVAILABLE"
-    assert "2 is booting" in final.detail
+    assert "pinned node 2 is booting" in final.detail
+    waiting = [u.event.detail for u in pinned if u.HasField("event") and u.event.kind == pb.POOL_WAITING]
+    assert waiting == ["waiting for pinned node 2 to be Available (it is booting)"]
     assert [(n.node_id, n.readiness, n.provisionable) for n in nodes.nodes] == [
         (1, opb.NODE_READINESS_AVAILABLE, True), (2, opb.NODE_READINESS_BOOTING, False)]
-    assert nodes.nodes[0].gpus[0].name == "H100" and not nodes.pool_ready
+    assert nodes.nodes[0].gpus[0].name == "H100" and nodes.pool_ready
+
+
+def test_plan_dry_run_and_a_shortfall_refused_at_submit(tmp_path: Path) -> None:
+    big, small = (dataclasses.replace(node(i), memory_bytes=m) for i, m in ((1, 8 << 30), (2, 200 << 20)))
+
+    async def main():
+        async with serving(tmp_path, FakeFleet([2]), (big, small)) as s:
+            ok = await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3, stages=1))
+            short = await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3, stages=2))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3, stages=2))
+            with pytest.raises(grpc.aio.AioRpcError) as bad:
+                await s.stub.Plan(opb.SubmitRunRequest(prompt="", max_tokens=3))
+            return ok, short, refused.value, bad.value, await s.stub.ListRuns(opb.ListRunsRequest())
+
+    ok, short, refused, bad, runs = run(main())
+    assert not ok.refusal and ok.memory_known and ok.split == "memory" and ok.max_seq_len == 4096
+    [stage] = ok.placement
+    assert (stage.node_id, stage.layer_start, stage.layer_end_exclusive, stage.fits) == (1, 0, 30, True)
+    assert stage.total_bytes == stage.weights_bytes + stage.kv_cache_bytes + stage.scratch_bytes + stage.runtime_bytes
+    assert 0 < stage.total_bytes < stage.node_memory_bytes == 8 << 30
+    assert short.refusal.startswith("RUN_FAULT_DEVICE_OUT_OF_MEMORY: the model does not fit the nodes' memory: stage 1")
+    assert [p.fits for p in short.placement] == [True, False] and short.split == "fitted"
+    assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and refused.details() == short.refusal
+    assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert not runs.runs  # nothing was started
 
 
 def test_finished_runs_replay_from_the_store_after_restart(tmp_path: Path) -> None:

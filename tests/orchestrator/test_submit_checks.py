@@ -34,11 +34,11 @@ async def refusal(call, req) -> tuple[grpc.StatusCode, str]:
     return err.value.code(), err.value.details()
 
 
-def raw_submit(sock: Path):
-    """SubmitRun sending bytes as given (a client that does not check UTF-8)."""
+def raw_submit(sock: Path, method: str = "SubmitRun"):
+    """SubmitRun (or Plan, which takes the same request) sending bytes as given (a client that does not check UTF-8)."""
     channel = grpc.aio.insecure_channel(unix_target(sock))
-    return channel, channel.unary_unary("/swactor.v1.Orchestrator/SubmitRun", request_serializer=None,
-                                        response_deserializer=opb.SubmitRunResponse.FromString)
+    return channel, channel.unary_unary(f"/swactor.v1.Orchestrator/{method}", request_serializer=None,
+                                        response_deserializer=lambda data: data)
 
 
 def with_bad_utf8(req: opb.SubmitRunRequest, marker: str) -> bytes:
@@ -100,16 +100,18 @@ def test_invalid_utf8_is_named_by_field_and_an_oversized_request_refused_before_
 
     async def main():
         async with serving(tmp_path, FakeFleet([2]), pool(1), limits=Limits(max_request_bytes=4096)) as s:
-            channel, submit = raw_submit(s.socket)
-            try:
-                seen = [await refusal(submit, data) for data, _ in cases]
-                listed = await s.stub.ListRuns(opb.ListRunsRequest())
-            finally:
-                await channel.close()
+            seen = []
+            for method in ("SubmitRun", "Plan"):  # the dry run reads its request as SubmitRun does
+                channel, submit = raw_submit(s.socket, method)
+                try:
+                    seen += [await refusal(submit, data) for data, _ in cases]
+                finally:
+                    await channel.close()
+            listed = await s.stub.ListRuns(opb.ListRunsRequest())
             return seen, listed
 
     seen, listed = run(main())
-    for (_, needle), (code, details) in zip(cases, seen, strict=True):
+    for (_, needle), (code, details) in zip(cases * 2, seen, strict=True):
         assert code == grpc.StatusCode.INVALID_ARGUMENT and needle in details, details
     assert list(listed.runs) == []
 

@@ -9,6 +9,8 @@ import pytest
 from reference import Reference
 
 from swactor.common.sampling import SamplingPolicy
+from swactor.modelfile.header import read_header
+from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
 from swactor.worker.compute.graphcache import GraphCache
 from swactor.worker.compute.model import NO_TOKEN
@@ -92,6 +94,19 @@ def test_quantized_chunked_prefill_any_thread_count(gguf_model: GGUFModel, refer
   assert generate([m], PROMPTS["chat_france"], N_STEPS) == reference["chat_france"]
   with pytest.raises(ValueError, match="threads"):
     StageModel(gguf_model, 0, 1, threads=0)
+
+
+def test_planner_memory_estimate_equals_the_loaded_stages(stages: dict[int, list[StageModel]], model_path: str) -> None:
+  """The orchestrator plans by modelfile.memory from the header alone: its weights and KV cache bytes are what each
+  loaded stage holds (the first stage's embedding stays on the host, at the file's bytes)."""
+  with open(model_path, "rb") as f:
+    profile = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0])
+  for n_stages, ranges in SPLITS.items():
+    for (a, b), m in zip(ranges, stages[n_stages], strict=True):
+      want = profile.stage(a, b, 128, rows=1)
+      host = m.embd.nbytes if m.is_first else 0
+      assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (a, b)
+      assert host == (profile.embedding if a == 0 else 0)
 
 
 def test_reset_reuses_weights_and_sampling_is_seeded(stages: dict[int, list[StageModel]]) -> None:

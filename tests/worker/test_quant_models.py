@@ -15,6 +15,8 @@ from reference import Reference
 from structlog.testing import capture_logs
 from test_model import generate
 
+from swactor.modelfile.header import read_header
+from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED, device_nbytes
 from swactor.worker.compute.quant import BLOCK
@@ -127,6 +129,9 @@ def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) 
   assert set(ev["types"]) == {TYPES[n].name for n in expanded} and ev["tensors"] == len(expanded)
   assert ev["float32_bytes"] == sum(4 * r * c for r, c in expanded.values())
   assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * DIM
+  with open(path, "rb") as f:  # the planner's estimate from the header alone (modelfile.memory) agrees
+    est = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0]).stage(0, 2, 32, rows=1)
+  assert (est.weights - m.embd.nbytes, est.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes)
   prompt = [5, 17, 260, 3]
   want, gaps = Reference(path).greedy(prompt, 8)
   cut = first_below(gaps, REF_TIE)

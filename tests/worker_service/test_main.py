@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from swactor.common import control_tls
+from swactor.membership.gpus import host_memory_available
 from swactor.v1 import membership_pb2, membership_pb2_grpc, stage_pb2, stage_pb2_grpc
 
 from .plans import provision
@@ -61,6 +62,7 @@ def test_service_boots_reports_available_and_serves_control() -> None:
                     await asyncio.sleep(0.1)
                 assert me.state == membership_pb2.NODE_STATE_AVAILABLE
                 assert me.control_endpoint == f"127.0.0.1:{control_port}"
+                assert 0 < me.stage_memory_bytes < host_memory_available()  # a CPU device: a share of MemAvailable
             async with control_tls.channel(secret.read_bytes().strip(), 1, me.control_endpoint, host.node_id) as ch:
                 s = stage_pb2_grpc.StageControlStub(ch)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -101,3 +103,31 @@ def test_compute_threads_is_validated_by_name_and_reaches_the_backend(tmp_path: 
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "[worker].compute_threads: must be >= 0" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("device", "budget", "gpus", "want"),
+    [
+        ("CUDA", 5 << 30, {0: (80 << 30, 70 << 30)}, 5 << 30),  # a budget wins over what is measured
+        ("CUDA", 0, {0: (80 << 30, 70 << 30)}, 70 << 30),  # the GPU's free memory
+        ("NV:1", 0, {0: (80 << 30, 70 << 30), 1: (80 << 30, 9 << 30)}, 9 << 30),
+        ("", 0, {0: (24 << 30, 20 << 30)}, 20 << 30),  # tinygrad's default device on a GPU host is the GPU
+        ("", 0, {}, int((16 << 30) * 0.8)),  # ... and on a host without one the CPU
+        ("CPU", 0, {0: (80 << 30, 70 << 30)}, int((16 << 30) * 0.8)),
+        ("CUDA:3", 0, {0: (80 << 30, 70 << 30)}, 0),  # no such GPU: not advertised
+        ("METAL", 0, {}, 0),
+    ],
+)
+def test_advertised_stage_memory(device: str, budget: int, gpus: dict, want: int) -> None:
+    from swactor.worker.stage_memory import advertised_memory
+
+    assert advertised_memory(device, budget, gpu_memory=gpus.get, host_available=lambda: 16 << 30) == want
+
+
+def test_memory_bytes_is_validated_by_name() -> None:
+    from swactor.common.config import ConfigError, load_section
+    from swactor.worker.config import WorkerConfig
+
+    assert load_section({"worker": {"memory_bytes": 1 << 30}}, "worker", WorkerConfig).memory_bytes == 1 << 30
+    with pytest.raises(ConfigError, match=r"\[worker\]\.memory_bytes: must be >= 0"):
+        load_section({"worker": {"memory_bytes": -1}}, "worker", WorkerConfig)

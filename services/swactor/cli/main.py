@@ -1,6 +1,7 @@
 """swactor: operate a swactor pool through its orchestrator.
 
   swactor submit --prompt "Hello" [--watch]    start a run, or queue it (chat template unless --raw)
+  swactor submit ... --dry-run                  where it would run and the memory per stage; starts nothing
   swactor watch RUN_ID                          stream a run's text (and --events) to its end
   swactor runs | show RUN_ID | events RUN_ID    inspect runs and their lifecycle events
   swactor nodes                                 the membership view and pool readiness
@@ -135,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--node", action="append", type=int, default=[], metavar="NODE_ID",
                    help="place stage k on the k-th --node (repeatable)")
     add_sampling(s)
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the placement (nodes, blocks, estimated memory per stage) and start nothing")
     s.add_argument("--watch", action="store_true", help="stream the run after submitting")
     s.add_argument("--events", action="store_true", help="with --watch: print lifecycle events to stderr")
     s.add_argument("--json", action="store_true", help="JSON output")
@@ -284,6 +287,10 @@ def dispatch(args: argparse.Namespace) -> int:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         t = args.timeout
         match args.command:
+            case "submit" if args.dry_run:
+                plan = stub.Plan(submit_request(args), timeout=t)
+                print(json.dumps(render.as_json(plan)) if args.json else "\n".join(render.plan_lines(plan)))
+                return EXIT_ERROR if plan.refusal else EXIT_OK
             case "submit":
                 resp = stub.SubmitRun(submit_request(args), timeout=t)
                 if args.json and not args.watch:

@@ -53,7 +53,30 @@ def node_line(n: opb.Node) -> str:
     state = _short(opb.NodeReadiness.Name(n.readiness), "NODE_READINESS_")
     mark = "ready" if n.provisionable else "-"
     reason = f" ({n.reason})" if n.reason else ""
-    return f"{n.node_id:<20} {state:<10}{reason} {mark:<6} edge={n.edge_endpoint or '-'} control={n.control_endpoint or '-'} [{gpus}]"
+    memory = f"stage memory {gib(n.stage_memory_bytes)}" if n.stage_memory_bytes else "stage memory not advertised"
+    return (f"{n.node_id:<20} {state:<10}{reason} {mark:<6} edge={n.edge_endpoint or '-'} control={n.control_endpoint or '-'} "
+            f"[{gpus}] {memory}")
+
+
+SPLITS = {"memory": "blocks in proportion to the nodes' memory", "fitted": "blocks fitted to the nodes' memory",
+          "balanced": "blocks balanced"}
+
+
+def plan_lines(p: opb.PlanResponse) -> list[str]:
+    """`swactor submit --dry-run`: the placement with per-stage bytes, the refusal SubmitRun would give, the gate."""
+    lines = [f"model {p.model}: {p.stages} stage(s), {p.prompt_tokens} prompt tokens, context {p.max_seq_len}"
+             + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
+    for s in p.placement:
+        offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"
+        need = (f"needs {gib(s.total_bytes)} (weights {gib(s.weights_bytes)}, KV cache {gib(s.kv_cache_bytes)}, "
+                f"scratch {gib(s.scratch_bytes)}, runtime {gib(s.runtime_bytes)})" if p.memory_known else "needs ?")
+        lines.append(f"  stage {s.stage_index}: node {s.node_id} blocks {s.layer_start}..{s.layer_end_exclusive} "
+                     f"{need} of {offer}{'' if s.fits else '  DOES NOT FIT'}")
+    if p.placement_detail:
+        lines.append(f"  no placement: {p.placement_detail}")
+    lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
+    lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it")
+    return lines
 
 
 def event_line(ev: pb.LifecycleEvent) -> str:
@@ -94,6 +117,11 @@ def size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
+
+
+def gib(n: int) -> str:
+    """Memory sizes as the orchestrator's placement refusals give them (orchestrator/placement.py's gib)."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def download_line(ev: pb.LifecycleEvent) -> str | None:

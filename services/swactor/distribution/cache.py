@@ -175,10 +175,7 @@ class WeightsCache:
             return
         os.fdatasync(fd)
         with entry.lock:
-            with open(entry.sidecar, "a") as f:
-                f.write(json.dumps({"add": sorted(pieces)}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            _append_durably(entry.sidecar, {"add": sorted(pieces)})
             entry.verified.update(pieces)
             entry.claimed.difference_update(pieces)
             if entry.sidecar.stat().st_size > COMPACT_SIDECAR_BYTES:
@@ -195,10 +192,7 @@ class WeightsCache:
             p = entry.manifest.pieces[i]
             punch_hole(fd, p.offset, p.length)
         with entry.lock:
-            with open(entry.sidecar, "a") as f:
-                f.write(json.dumps({"drop": sorted(pieces)}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            _append_durably(entry.sidecar, {"drop": sorted(pieces)})
             entry.verified.difference_update(pieces)
             entry.claimed.difference_update(pieces)
 
@@ -265,3 +259,11 @@ class WeightsCache:
 
 def is_disk_full(e: OSError) -> bool:
     return e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _append_durably(sidecar: Path, record: dict[str, list[int]]) -> None:
+    """One line more in the cache entry's record, on disk before the caller trusts it."""
+    with open(sidecar, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -195,9 +195,10 @@ class RangeClient:
         self.total_size = int(m.group(3))
         return self.total_size
 
-    def _drain(self, resp: http.client.HTTPResponse) -> bytes:
+    def _drain(self, resp: http.client.HTTPResponse, limit: int | None = None) -> bytes:
+        """The body (at most `limit` bytes); a stall or a broken connection closes it and says which."""
         try:
-            return resp.read()
+            return resp.read(limit)
         except TimeoutError:
             self.close()
             raise FetchError(STALLED, f"{self.url}: no byte for {self.stall_timeout_s:g} s") from None
@@ -273,14 +274,7 @@ class RangeClient:
         if length is not None and int(length) > limit:
             self.close()
             raise FetchError(PROTOCOL, f"{self.url}: {length} bytes is more than {limit}")
-        try:
-            data = resp.read(limit + 1)
-        except TimeoutError:
-            self.close()
-            raise FetchError(STALLED, f"{self.url}: no byte for {self.stall_timeout_s:g} s") from None
-        except (OSError, http.client.HTTPException) as e:
-            self.close()
-            raise FetchError(TRUNCATED, f"{self.url}: {_os_detail(e)}") from None
+        data = self._drain(resp, limit + 1)
         if length is not None and len(data) != int(length):
             self.close()
             raise FetchError(TRUNCATED, f"{self.url}: got {len(data)} of {length} bytes")

@@ -43,6 +43,7 @@ from swactor.localcluster.layout import (
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
 from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
+from swactor.worker.stage_memory import advertised_memory
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = get_logger(component="localcluster")
@@ -165,6 +166,9 @@ class LocalCluster:
             addrs = self.netns.addrs
         else:
             addrs = _loopback_block(spec.hosts)
+        # The simulated hosts share this machine's memory (or its GPU): each worker advertises an equal share, so that
+        # the planner splits blocks evenly (and refuses a model the machine cannot hold)
+        share = advertised_memory(spec.device, 0) // spec.hosts
         secret_file = self.root / "cluster.secret"
         secret_file.write_text(secrets.token_hex(32) + "\n")
         secret_file.chmod(0o600)
@@ -181,7 +185,7 @@ class LocalCluster:
             seed = None if i == 0 else addrs[0] + f":{MEMBERSHIP_PORT}"
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
-                              orchestrator=orch, compute_threads=self.compute_threads)
+                              orchestrator=orch, compute_threads=self.compute_threads, memory_bytes=share)
             cfg["worker"].update(spec.workers.get(i, {}))
             h.config_path.write_text(to_toml(cfg))
             self.hosts.append(h)

@@ -54,8 +54,10 @@ class HostLayout:
 
 
 def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: str, ceiling_bytes: int, gpu: str,
-                orchestrator: dict[str, Any] | None, compute_threads: int = 0) -> dict[str, dict[str, Any]]:
-    """One host's swactor.toml as tables (every service reads its own table)."""
+                orchestrator: dict[str, Any] | None, compute_threads: int = 0,
+                memory_bytes: int = 0) -> dict[str, dict[str, Any]]:
+    """One host's swactor.toml as tables (every service reads its own table). `memory_bytes`: the stage memory
+    its worker advertises (0 = measured)."""
     common = {"arena_socket": str(h.sock("arena")), "arena_fd_socket": str(h.sock("arena-fd"))}
     cfg: dict[str, dict[str, Any]] = {
         "arena": {"socket": str(h.sock("arena")), "fd_socket": str(h.sock("arena-fd")),
@@ -76,7 +78,7 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
         "worker": {**common, "control_address": h.endpoint(CONTROL_PORT), "secret_file": str(secret_file),
                    "state_dir": str(h.state_dir), "edge_socket": str(h.sock("edge")),
                    "edge_wake_socket": str(h.sock("edge-wake")), "membership_socket": str(h.sock("membership")),
-                   "device": device, "compute_threads": compute_threads},
+                   "device": device, "compute_threads": compute_threads, "memory_bytes": memory_bytes},
     }
     if orchestrator is not None:
         cfg["orchestrator"] = {

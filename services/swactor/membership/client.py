@@ -38,10 +38,12 @@ class MembershipClient(LocalClient):
         edge_endpoint: str | None = None,
         edge_cert_fingerprint: str | None = None,
         control_endpoint: str | None = None,
+        stage_memory_bytes: int | None = None,
     ) -> pb.Member:
         """Gossip this node's state (AVAILABLE once arena, worker and transport are ready, §8)."""
         request = pb.SetLocalStateRequest(
             state=state, reason=reason, edge_endpoint=edge_endpoint,
             edge_cert_fingerprint=edge_cert_fingerprint, control_endpoint=control_endpoint,
+            stage_memory_bytes=stage_memory_bytes,
         )
         return (await self._stub.SetLocalState(request, timeout=self._timeout)).self

@@ -79,6 +79,7 @@ def encode_tags(md: pb.NodeMetadata) -> dict[str, str]:
         "ctl": md.control_endpoint,
         "gpu": _encode_gpus(list(md.gpus)),
         "why": md.state_reason,
+        "mem": str(md.stage_memory_bytes) if md.stage_memory_bytes else "",
     }
     tags.update({k: v for k, v in optional.items() if v})
     size = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in tags.items())
@@ -104,4 +105,6 @@ def decode_tags(tags: dict[str, str] | None, fallback_node_id: int = 0) -> pb.No
         md.node_id = fallback_node_id
     with contextlib.suppress(ValueError):
         md.gpus.extend(_decode_gpus(tags.get("gpu", "")))
+    with contextlib.suppress(ValueError):
+        md.stage_memory_bytes = max(0, min(int(tags.get("mem", 0)), 2**64 - 1))
     return md

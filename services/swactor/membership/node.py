@@ -171,8 +171,9 @@ class MembershipNode:
         edge_endpoint: str | None = None,
         edge_cert_fingerprint: str | None = None,
         control_endpoint: str | None = None,
+        stage_memory_bytes: int | None = None,
     ) -> MemberRecord:
-        """Change this node's gossiped state (and endpoint material); raises ValueError on bad input."""
+        """Change this node's gossiped state (endpoint material, stage memory); raises ValueError on bad input."""
         if state not in _STATE_EVENTS:
             raise ValueError(f"state must be BOOTING, AVAILABLE or FAULTED, got {pb.NodeState.Name(state)}")
         if state != pb.NODE_STATE_FAULTED and reason:
@@ -186,6 +187,8 @@ class MembershipNode:
             md.edge_cert_fingerprint = check_fingerprint(edge_cert_fingerprint)
         if control_endpoint is not None:
             md.control_endpoint = check_endpoint("control_endpoint", control_endpoint)
+        if stage_memory_bytes is not None:
+            md.stage_memory_bytes = stage_memory_bytes
         tags = encode_tags(md)
         async with self._meta_lock:
             if md != self._metadata:

@@ -102,6 +102,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     request.edge_cert_fingerprint if request.HasField("edge_cert_fingerprint") else None
                 ),
                 control_endpoint=request.control_endpoint if request.HasField("control_endpoint") else None,
+                stage_memory_bytes=request.stage_memory_bytes if request.HasField("stage_memory_bytes") else None,
             )
         except (ValueError, MetadataError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

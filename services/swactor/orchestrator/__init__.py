@@ -6,6 +6,7 @@
   tokenizer/     GGUF BPE tokenizer + chat templates
   nodes, membership_client, pool   the membership view and the PoolReady gate (§9)
   planner        RunPlan (§11)       fsm  the run FSM core, I/O-free     runner  its asyncio adapter
+  run_messages   the run FSM's request, config, inputs and actions
   store          SQLite run store + lifecycle events          errors  request errors -> gRPC status
   fleet          the Protocols toward the node services (StageFleet, TokenEndpoints)
   stage_fleet    StageFleet over the node control API (stage.proto, mutual TLS)

@@ -14,15 +14,43 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from swactor.common.ids import new_id
 from swactor.common.objflags import PROMPT_CONTINUES
-from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, plan_run
-from swactor.orchestrator.pool import PoolGate
+from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, memory_need, plan_run
+from swactor.orchestrator.pool import Demand, PoolGate
+
+# the FSM's vocabulary lives in run_messages; importers may take it from here too
+from swactor.orchestrator.run_messages import (  # noqa: F401
+    Action,
+    CloseEndpoints,
+    Deliver,
+    Emit,
+    EndpointFault,
+    EndpointsClosed,
+    EndpointsReady,
+    FsmConfig,
+    InjectTokens,
+    Input,
+    MembershipChanged,
+    OpenEndpoints,
+    OperatorStop,
+    OrchestratorFault,
+    PromptChunkDone,
+    Provision,
+    ProvisionFailed,
+    Relay,
+    RelayBatch,
+    RunRequest,
+    StageFault,
+    StageReady,
+    StageStopped,
+    StopStage,
+    Tick,
+    Timeouts,
+    TokenReceived,
+)
 from swactor.v1 import common_pb2 as pb
 
 K = pb.LifecycleEventKind
@@ -42,188 +70,6 @@ class Outcome(enum.Enum):
     FAULTED = 2
     STOPPED = 3
 
-
-@dataclass(frozen=True)
-class Timeouts:
-    pool_s: float = 60.0
-    readiness_s: float = 600.0  # weights download + load on every stage
-    first_token_s: float = 300.0  # prefill through every stage
-    step_s: float = 60.0  # one decode step through every stage
-    teardown_s: float = 30.0
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    run_id: int
-    model: ModelFacts
-    prompt_ids: tuple[int, ...]
-    stages: int
-    max_tokens: int
-    sampling: SamplingPolicy
-    eog_ids: frozenset[int]
-    node_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False  # an end-of-generation token does not end the run
-    trace_objects: bool = False  # stages report per-object events (diagnostics)
-
-
-@dataclass(frozen=True)
-class FsmConfig:
-    orchestrator_node_id: int
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    pool_window_s: float = 2.0
-    max_seq_len_cap: int = 4096
-    ring_ceiling_bytes: int = 4 << 20
-    prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
-
-
-# ---- inputs ----
-
-
-@dataclass(frozen=True)
-class MembershipChanged:
-    members: tuple[NodeInfo, ...]
-
-
-@dataclass(frozen=True)
-class ProvisionFailed:
-    """The ProvisionStage call itself failed (rejected or the node was unreachable)."""
-
-    stage_index: int
-    reason: int  # RunFaultReason
-    detail: str
-
-
-@dataclass(frozen=True)
-class StageReady:
-    stage_index: int
-
-
-@dataclass(frozen=True)
-class StageFault:
-    stage_index: int
-    reason: int  # RunFaultReason
-    component: int  # Component
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class StageStopped:
-    stage_index: int
-
-
-@dataclass(frozen=True)
-class EndpointsReady:
-    """The local token-in producer and token-out consumer are established."""
-
-
-@dataclass(frozen=True)
-class EndpointsClosed:
-    """The local token endpoints are torn down (their edges stopped, rings released)."""
-
-
-@dataclass(frozen=True)
-class EndpointFault:
-    reason: int
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class TokenReceived:
-    sequence: int
-    token_id: int
-
-
-@dataclass(frozen=True)
-class PromptChunkDone:
-    """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
-
-    sequence: int
-
-
-@dataclass(frozen=True)
-class OperatorStop:
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class OrchestratorFault:
-    """The orchestrator cannot carry the run on (its run store cannot be written): fault and tear down."""
-
-    reason: int  # RunFaultReason
-    detail: str
-
-
-@dataclass(frozen=True)
-class Relay:
-    """A lifecycle event a node emitted for this run (weights_loaded, edge_ready, ...): recorded as is."""
-
-    event: pb.LifecycleEvent
-
-
-@dataclass(frozen=True)
-class RelayBatch:
-    """Several node events at once (a traced run's per-object events of one sequence): recorded as they are."""
-
-    events: tuple[pb.LifecycleEvent, ...]
-
-
-@dataclass(frozen=True)
-class Tick:
-    pass
-
-
-Input = (
-    MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
-    | RelayBatch | Tick
-)
-
-# ---- actions ----
-
-
-@dataclass(frozen=True)
-class OpenEndpoints:
-    plan: RunPlan
-
-
-@dataclass(frozen=True)
-class Provision:
-    plan: RunPlan
-    stage: StagePlan
-
-
-@dataclass(frozen=True)
-class InjectTokens:
-    sequence: int
-    token_ids: tuple[int, ...]
-    flags: int = 0  # the object header's flags (PROMPT_CONTINUES on a prompt chunk before the last)
-
-
-@dataclass(frozen=True)
-class StopStage:
-    stage: StagePlan
-
-
-@dataclass(frozen=True)
-class CloseEndpoints:
-    pass
-
-
-@dataclass(frozen=True)
-class Emit:
-    event: pb.LifecycleEvent
-
-
-@dataclass(frozen=True)
-class Deliver:
-    """A generated token, in order, for the output stream."""
-
-    sequence: int  # the token's index in the answer (0 = first); its object's sequence is later with prefill chunks
-    token_id: int
-    end_of_generation: bool
-
-
-Action = OpenEndpoints | Provision | InjectTokens | StopStage | CloseEndpoints | Emit | Deliver
 
 _LOST = (NodeState.FAULTED, NodeState.LEFT)
 
@@ -250,6 +96,10 @@ class RunFsm:
         # pool_view: the orchestrator's gate, which has watched the pool before this run: a pool that has been stable
         # for the window is ready at once instead of the window being waited again by every run
         self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
+        self._demand = Demand(request.stages, request.node_ids, request.model.num_layers,
+                              memory_need(request.model, config.max_seq_len_cap))
+        self._pool_ready_at: float | None = None  # when the gate's chosen nodes will have been stable
+        self._waiting_for = ""  # what the closed gate waits for, as last recorded (POOL_WAITING)
         self._pool_deadline = now + config.timeouts.pool_s
         self._deadline: float | None = self._pool_deadline
         self._ready: set[int] = set()
@@ -273,8 +123,8 @@ class RunFsm:
     def deadline(self) -> float | None:
         """When the adapter must deliver Tick (None: no timer pending)."""
         if self.state is RunState.WAITING_POOL:
-            stable = self._gate.stable_at()
-            if stable is None or stable <= self._now:  # window already passed: only the pool timeout
+            stable = self._pool_ready_at
+            if stable is None or stable <= self._now:  # no placement yet, or its window passed: only the pool timeout
                 return self._pool_deadline
             return min(self._pool_deadline, stable)
         return self._deadline
@@ -426,8 +276,12 @@ class RunFsm:
                 return
             case _:
                 pass
-        status = self._gate.check(now, self.request.stages)
+        status = self._gate.check(now, self._demand)
+        self._pool_ready_at = status.ready_at
         if not status.ready:
+            if status.waiting_for != self._waiting_for:
+                self._waiting_for = status.waiting_for
+                out.append(self._ev(K.POOL_WAITING, detail=f"waiting for {status.waiting_for}"))
             if now >= self._pool_deadline:
                 self._fault(out, now, pb.RUN_FAULT_NODE_UNAVAILABLE,
                             f"pool not ready after {self.config.timeouts.pool_s}s: {status.detail}")
@@ -440,6 +294,7 @@ class RunFsm:
                 max_tokens=req.max_tokens, prompt_tokens=len(req.prompt_ids), sampling=req.sampling,
                 orchestrator_node_id=cfg.orchestrator_node_id, max_seq_len_cap=cfg.max_seq_len_cap,
                 ring_ceiling_bytes=cfg.ring_ceiling_bytes, node_ids=req.node_ids, id_source=self._id_source,
+                placement=status.placement,
             )
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")
@@ -451,8 +306,7 @@ class RunFsm:
         out.append(OpenEndpoints(plan))
         self._endpoints_open = True
         for stage in plan.stages:
-            out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage,
-                                      counters={"layer_start": stage.layer_start, "layer_end": stage.layer_end_exclusive}))
+            out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage, counters=stage.counters()))
             out.append(Provision(plan, stage))
             self._provisioned.add(stage.stage_index)
         self._deadline = now + cfg.timeouts.readiness_s

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.modelfile.header import GgufHeader
+from swactor.modelfile.memory import MemoryProfile
 from swactor.modelfile.params import field as metadata
 from swactor.modelfile.params import open_header, read_params
 from swactor.v1 import common_pb2
@@ -53,6 +54,8 @@ class ModelFacts:
     dtype_width_bytes: int = 4
     eos_token_id: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # Device memory by part, from the header's tensor table (None: unknown; placement then ignores memory).
+    memory: MemoryProfile | None = None
 
 
 def read_tokenizer(header: GgufHeader) -> TokenizerData:

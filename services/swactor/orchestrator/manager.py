@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -17,12 +17,14 @@ import grpc
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.common.sampling import SamplingPolicy
+from swactor.orchestrator import dry_run
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import StageFleet
-from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.nodes import NodeInfo
-from swactor.orchestrator.pool import PoolGate
+from swactor.orchestrator.planner import memory_need, run_max_seq_len
+from swactor.orchestrator.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.prompting import PromptPreparer
 from swactor.orchestrator.queue import QueueFull, RunLobby
 from swactor.orchestrator.retention import RetentionPolicy, RetentionSchedule
@@ -93,8 +95,8 @@ class Orchestrator:
         for handle in self.active_runs():
             handle.report(F.MembershipChanged(self.members))
 
-    def pool_status(self, stages: int = 1):
-        return self._gate.check(self.clock(), stages)
+    def pool_status(self, stages: int = 1) -> PoolStatus:
+        return self._gate.check(self.clock(), Demand(stages))
 
     async def list_models(self) -> opb.ListModelsResponse:
         """Served models and every node's weights cache (models only when no lister is wired)."""
@@ -117,26 +119,42 @@ class Orchestrator:
         active = [self._active.run_id] if self._active is not None else []
         return active + list(self._lobby.waiting)
 
-    async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
-        self._check_open()
+    async def _admit(self, req: opb.SubmitRunRequest) -> tuple[LoadedModel, list[int], int]:
+        """The request checked against the model as SubmitRun takes it: (model, prompt ids, stages)."""
         check_fields(req)
-        self._check_queue_room()  # before the tokenizer's work; again once it is done
         model, prompt_ids = await self._prompts.prepare(req)
         context = self._prompts.context(model)
         check_max_tokens(req, context)
-        stages = req.stages or self.defaults.stages
+        stages = req.stages or len(req.node_ids) or self.defaults.stages  # pinned nodes say how many stages
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
         if len(set(req.node_ids)) != len(req.node_ids) or (req.node_ids and len(req.node_ids) != stages):
             raise RequestError.invalid(f"node_ids must name {stages} distinct node(s), one per stage; got {list(req.node_ids)}")
-        provisionable = [m for m in self.members if m.provisionable]
-        if stages > len(provisionable):
-            raise RequestError.precondition(
-                f"{stages} stage(s) need {stages} Available node(s); the pool has {len(provisionable)} "
-                f"(of {len(self.members)} known)")
         if len(prompt_ids) >= context:
             field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
             raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; the context holds {context}")
+        return model, prompt_ids, stages
+
+    def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
+        return Demand(stages, tuple(node_ids), model.facts.num_layers,
+                      memory_need(model.facts, self.fsm_config.max_seq_len_cap))
+
+    async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
+        """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
+        self._check_open()
+        model, prompt_ids, stages = await self._admit(req)
+        demand = self._demand(model, stages, req.node_ids)
+        return dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
+                                     prompt_tokens=len(prompt_ids),
+                                     max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap))
+
+    async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
+        self._check_open()
+        self._check_queue_room()  # before the tokenizer's work; again once it is done
+        model, prompt_ids, stages = await self._admit(req)
+        refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids))
+        if refusal:
+            raise RequestError.precondition(refusal)
         self._check_open()
 
         run_id = new_id()

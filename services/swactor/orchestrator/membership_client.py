@@ -39,6 +39,7 @@ def node_info(member: mpb.Member) -> NodeInfo:
         node_id=md.node_id, state=state, edge_endpoint=md.edge_endpoint, control_endpoint=md.control_endpoint,
         edge_cert_fingerprint=md.edge_cert_fingerprint, hostname=host, reason=md.state_reason,
         gpus=tuple(GpuInfo(i, g.kind, g.name, g.memory_bytes) for i, g in enumerate(md.gpus)),
+        memory_bytes=md.stage_memory_bytes,
     )
 
 

@@ -8,12 +8,14 @@ byte. The facts and the tokenizer come from the same header (no tensor byte is r
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from swactor.modelfile.header import GgufFormatError, GgufHeader
 from swactor.modelfile.judge import judge
+from swactor.modelfile.memory import memory_profile
 from swactor.modelfile.params import ModelRefused
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.gguf_model import ModelFacts, read_model
@@ -61,8 +63,9 @@ def load_model(source: ModelSource) -> LoadedModel:
     path = source.path if not source.is_url else Path(source.location.rsplit("/", 1)[-1])
     try:
         facts, data = read_model(path, model_id=source.name, header=header)
+        facts = dataclasses.replace(facts, memory=memory_profile(header))
         tokenizer = Tokenizer(data)
-    except (ModelRefused, TokenizerError) as e:
+    except (ModelRefused, TokenizerError, ValueError) as e:
         raise ModelUnusable(f"{REFUSED}: model {source.name!r}: {e}") from None
     try:
         chat_prompt(tokenizer, [Message("user", "ping")])  # the GGUF's template, or a built-in fallback

@@ -33,6 +33,8 @@ class NodeInfo:
     hostname: str = ""
     gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
     reason: str = ""
+    # Device memory a stage may use there, as its worker advertised it with NodeAvailable; 0 = not advertised.
+    memory_bytes: int = 0
 
     @property
     def provisionable(self) -> bool:

@@ -1,7 +1,8 @@
 """Run planning (spec §11): one RunPlan from model facts, the ready pool and the requested stages.
 
-Pure functions: `plan_run` builds the plan and `validate_plan` checks every §11 guarantee before
-anything is provisioned; both raise PlanError with a reason a person can act on.
+Pure functions: `plan_run` builds the plan on a placement (placement.py: nodes, block ranges, memory fit) and
+`validate_plan` checks every §11 guarantee before anything is provisioned; both raise PlanError with a reason a
+person can act on.
 """
 
 from __future__ import annotations
@@ -11,22 +12,16 @@ from dataclasses import dataclass
 
 from swactor.common.ids import new_id
 from swactor.common.sampling import SamplingPolicy
+from swactor.modelfile.memory import StageBytes
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo
+from swactor.orchestrator.placement import MemoryNeed, Placement, PlanError, place
 from swactor.v1 import common_pb2
 
 OBJECT_ALIGNMENT = 64
 RING_ALIGNMENT = 64
 TOKEN_BYTES = 4  # token ids travel as int32
 OBJECT_HEADER_BYTES = 64  # room for one §17 ObjectHeader (40 bytes) rounded to the alignment
-
-
-class PlanError(ValueError):
-    """The request cannot become a valid plan on this pool; `reason` is a RunFaultReason value."""
-
-    def __init__(self, message: str, reason: int = common_pb2.RUN_FAULT_NODE_UNAVAILABLE) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -65,10 +60,18 @@ class StagePlan:
     inbound_edge: int
     outbound_edge: int
     role_id: int
+    memory: StageBytes | None = None  # the estimate the placement checked (None: the model's memory is unknown)
 
     @property
     def node_id(self) -> int:
         return self.node.node_id
+
+    def counters(self) -> dict[str, int]:
+        """Its blocks, and the memory the placement estimated against what its node advertised (provisioning event)."""
+        out = {"layer_start": self.layer_start, "layer_end": self.layer_end_exclusive}
+        if self.memory is not None:
+            out |= {"memory_bytes": self.memory.total, "node_memory_bytes": self.node.memory_bytes}
+        return out
 
 
 @dataclass(frozen=True)
@@ -101,22 +104,13 @@ class RunPlan:
         return self.edge(self.stages[-1].outbound_edge)
 
 
-def balanced_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, end) ranges covering 0..num_layers; earlier stages take the remainder."""
-    if stages < 1:
-        raise PlanError(f"stage count must be at least 1, got {stages}", common_pb2.RUN_FAULT_MODEL_REFUSED)
-    if stages > num_layers:
-        raise PlanError(
-            f"{stages} stages requested but the model has only {num_layers} blocks",
-            common_pb2.RUN_FAULT_MODEL_REFUSED,
-        )
-    base, extra = divmod(num_layers, stages)
-    out, start = [], 0
-    for k in range(stages):
-        end = start + base + (1 if k < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
+def run_max_seq_len(model: ModelFacts, cap: int) -> int:
+    return min(model.max_seq_len, cap)
+
+
+def memory_need(model: ModelFacts, max_seq_len_cap: int) -> MemoryNeed | None:
+    """What placement checks stages against: the model's memory profile at the run's context (None: unknown)."""
+    return MemoryNeed(model.memory, run_max_seq_len(model, max_seq_len_cap)) if model.memory is not None else None
 
 
 def _round_up(n: int, to: int) -> int:
@@ -168,11 +162,13 @@ def plan_run(
     ring_ceiling_bytes: int = 4 << 20,
     node_ids: Sequence[int] = (),
     id_source: Callable[[], int] = new_id,
+    placement: Placement | None = None,
 ) -> RunPlan:
-    """Place `stages` stages on the ready pool (in `node_ids` order when given, else by node id)."""
+    """The plan on `placement` (the PoolReady gate's), else on a placement made here from the ready pool
+    (`node_ids` pinned in their order)."""
     if max_tokens <= 0:
         raise PlanError(f"max_tokens must be positive, got {max_tokens}", common_pb2.RUN_FAULT_MODEL_REFUSED)
-    max_seq_len = min(model.max_seq_len, max_seq_len_cap)
+    max_seq_len = run_max_seq_len(model, max_seq_len_cap)
     if prompt_tokens <= 0:
         raise PlanError("the prompt has no tokens", common_pb2.RUN_FAULT_MODEL_REFUSED)
     if prompt_tokens >= max_seq_len:
@@ -180,18 +176,11 @@ def plan_run(
             f"prompt is {prompt_tokens} tokens; the run's context holds {max_seq_len}",
             common_pb2.RUN_FAULT_MODEL_REFUSED,
         )
-    ranges = balanced_ranges(model.num_layers, stages)
-    ready = {n.node_id: n for n in pool if n.provisionable}
-    if node_ids:
-        missing = [n for n in node_ids if n not in ready]
-        if missing:
-            raise PlanError(f"requested node(s) {missing} are not Available in the pool")
-        chosen = [ready[n] for n in node_ids]
-    else:
-        chosen = [ready[n] for n in sorted(ready)]
-    if len(chosen) < stages:
-        raise PlanError(f"{stages} stages requested but only {len(chosen)} Available node(s) in the pool")
-    chosen = chosen[:stages]
+    if placement is None:
+        placement = place(pool, stages, model.num_layers, node_ids, memory_need(model, max_seq_len_cap))
+    chosen, ranges = placement.nodes, placement.ranges
+    if len(chosen) != stages or len(ranges) != stages:
+        raise PlanError(f"the placement has {len(chosen)} node(s) and {len(ranges)} range(s) for {stages} stage(s)")
 
     orch = Endpoint(orchestrator_node_id, None)
     tokens_in = token_spec(max_seq_len)
@@ -209,7 +198,8 @@ def plan_run(
         cons = orch if k == stages else Endpoint(chosen[k].node_id, k)
         edges.append(EdgePlan(edge_ids[k], kind, prod, cons, spec, ring_capacity(spec, ring_ceiling_bytes)))
     stage_plans = tuple(
-        StagePlan(k, stages, chosen[k], lo, hi, edge_ids[k], edge_ids[k + 1], id_source())
+        StagePlan(k, stages, chosen[k], lo, hi, edge_ids[k], edge_ids[k + 1], id_source(),
+                  placement.needs[k] if placement.needs else None)
         for k, (lo, hi) in enumerate(ranges)
     )
     plan = RunPlan(

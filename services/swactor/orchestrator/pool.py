@@ -1,8 +1,11 @@
-"""The PoolReady gate (spec §9): plan only on a pool view that is ready and has stopped changing.
+"""The PoolReady gate (spec §9), judged on the candidates a run needs.
 
-Policy: Booting and Suspect members block (they are in transition and may become Available);
-Faulted and Left members are outside the candidate pool. Ready when the view has been unchanged
-for `window_s`, no candidate is in transition, and enough candidates are provisionable.
+A run's intended candidate pool is the nodes its placement would use (placement.py): its `--node` pins, else
+enough Available nodes with edge and control endpoints, chosen among the healthy ones (by memory when the model's is
+known). PoolReady = every such node Available and unchanged (state, endpoints, advertised memory) for `window_s`.
+A member outside the placement (Booting, Suspect, Faulted, Left, or simply not chosen) neither holds the run nor
+restarts its window; a pinned node that is not Available yet is waited for. `waiting_for` says what a closed gate
+waits for in words that change only when that changes (the run records it as a POOL_WAITING event).
 """
 
 from __future__ import annotations
@@ -12,57 +15,90 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.orchestrator.placement import MemoryNeed, Placement, PlanError, place
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a run needs from the pool."""
+
+    stages: int
+    node_ids: tuple[int, ...] = ()
+    num_layers: int = 0  # 0: choose the nodes only (no model to split: ListNodes' gate)
+    memory: MemoryNeed | None = None
 
 
 @dataclass(frozen=True)
 class PoolStatus:
     ready: bool
     detail: str
-    candidates: tuple[NodeInfo, ...]
+    # What a closed gate waits for, free of timings ("" when ready).
+    waiting_for: str = ""
+    placement: Placement | None = None
+    # When the placement's nodes will have been unchanged for the window (None: no placement).
+    ready_at: float | None = None
+
+    @property
+    def candidates(self) -> tuple[NodeInfo, ...]:
+        return self.placement.nodes if self.placement is not None else ()
 
 
-def _key(members: Sequence[NodeInfo]) -> tuple:
-    return tuple(sorted((m.node_id, m.state.value, m.edge_endpoint, m.control_endpoint) for m in members))
+def _key(m: NodeInfo) -> tuple:
+    return (m.state, m.edge_endpoint, m.control_endpoint, m.edge_cert_fingerprint, m.memory_bytes)
+
+
+def _closed(why: str, detail: str) -> PoolStatus:
+    return PoolStatus(False, detail, waiting_for=why)
 
 
 class PoolGate:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
-        self._key: tuple | None = None
-        self._since = 0.0
         self.members: tuple[NodeInfo, ...] = ()
+        self._seen = False
+        # node id -> (what the gate judges of it, since when it has been so)
+        self._since: dict[int, tuple[tuple, float]] = {}
 
     def observe(self, members: Sequence[NodeInfo], now: float) -> None:
-        """A new membership view; the stability window restarts only if it differs."""
-        key = _key(members)
-        if key != self._key:
-            self._key, self._since = key, now
-        self.members = tuple(members)
+        """A new membership view; a node's stability restarts only when what is judged of it changed."""
+        since: dict[int, tuple[tuple, float]] = {}
+        for m in members:
+            old = self._since.get(m.node_id)
+            since[m.node_id] = old if old is not None and old[0] == _key(m) else (_key(m), now)
+        self._since, self.members, self._seen = since, tuple(members), True
 
     def snapshot(self) -> PoolGate:
         """A copy that goes on observing on its own (a run's gate, seeded with the view history so far)."""
-        return copy.copy(self)
+        return copy.copy(self)  # observe() replaces the dict, never mutates it
 
-    def stable_at(self) -> float | None:
-        """When the current view will have been stable for the window (None before any view)."""
-        return None if self._key is None else self._since + self.window_s
+    def check(self, now: float, demand: Demand | int) -> PoolStatus:
+        demand = demand if isinstance(demand, Demand) else Demand(demand)
+        if not self._seen:
+            return _closed("a membership view", "no membership view yet")
+        view = {m.node_id: m for m in self.members}
+        for node_id in demand.node_ids:
+            m = view.get(node_id)
+            if m is None:
+                return _closed(f"pinned node {node_id} to join the pool", f"pinned node {node_id} is not a member")
+            if not m.provisionable:
+                what = "Available without edge/control endpoints" if m.state is NodeState.AVAILABLE else m.state.value
+                return _closed(f"pinned node {node_id} to be Available (it is {what})", f"pinned node {node_id} is {what}")
+        try:
+            placement = place(self.members, demand.stages, demand.num_layers, demand.node_ids, demand.memory)
+        except PlanError as e:
+            return _closed(f"a placement: {e}{self._outside(())}", f"{e}{self._outside(())}")
+        since = max(self._since[n.node_id][1] for n in placement.nodes)
+        ready_at = since + self.window_s
+        names = ", ".join(str(n.node_id) for n in placement.nodes)
+        if now < ready_at:
+            why = f"node(s) {names} to stay unchanged for {self.window_s:.1f}s"
+            return PoolStatus(False, f"{why} (so far {now - since:.1f}s)", why, placement, ready_at)
+        detail = f"node(s) {names} Available, unchanged for {now - since:.1f}s{self._outside(placement.nodes)}"
+        return PoolStatus(True, detail, "", placement, ready_at)
 
-    def check(self, now: float, stages: int) -> PoolStatus:
-        if self._key is None:
-            return PoolStatus(False, "no membership view yet", ())
-        transit = [m for m in self.members if m.state in (NodeState.BOOTING, NodeState.SUSPECT)]
-        candidates = tuple(m for m in self.members if m.state not in (NodeState.FAULTED, NodeState.LEFT))
-        ready = tuple(m for m in candidates if m.provisionable)
-        if transit:
-            names = ", ".join(f"{m.node_id} is {m.state.value}" for m in transit)
-            return PoolStatus(False, f"waiting for candidate nodes: {names}", ready)
-        unready = [m for m in candidates if not m.provisionable]
-        if unready:
-            names = ", ".join(str(m.node_id) for m in unready)
-            return PoolStatus(False, f"Available node(s) {names} lack edge/control endpoints", ready)
-        if len(ready) < stages:
-            return PoolStatus(False, f"{stages} stage(s) need {stages} Available node(s), the pool has {len(ready)}", ready)
-        stable_for = now - self._since
-        if stable_for < self.window_s:
-            return PoolStatus(False, f"pool view stable for {stable_for:.1f}s of {self.window_s:.1f}s", ready)
-        return PoolStatus(True, f"{len(ready)} Available node(s), view stable for {stable_for:.1f}s", ready)
+    def _outside(self, chosen: Sequence[NodeInfo]) -> str:
+        """The members left out because they are not Available (they do not hold the run)."""
+        ids = {n.node_id for n in chosen}
+        sick = [f"{m.node_id} is {m.state.value}" for m in sorted(self.members, key=lambda m: m.node_id)
+                if m.node_id not in ids and not m.provisionable]
+        return f" (not candidates: {', '.join(sick)})" if sick else ""

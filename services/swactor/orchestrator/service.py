@@ -26,6 +26,7 @@ def node_proto(n: NodeInfo) -> opb.Node:
     return opb.Node(
         node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
         edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
+        stage_memory_bytes=n.memory_bytes,
         gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
     )
 
@@ -46,6 +47,14 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             return await self.o.submit(request)
         except RequestError as e:
             await self._refuse(context, "SubmitRun", e)
+
+    async def Plan(self, request, context):
+        try:
+            if isinstance(request, RefusedRequest):
+                raise RequestError.invalid(request.message)
+            return await self.o.plan(request)
+        except RequestError as e:
+            await self._refuse(context, "Plan", e)
 
     async def WatchRun(self, request, context) -> AsyncIterator[opb.RunUpdate]:
         try:
@@ -88,12 +97,12 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
 
 def add_to_server(servicer: OrchestratorServicer, server: grpc.aio.Server) -> None:
     """What `add_OrchestratorServicer_to_server` does, built from the service descriptor, with
-    SubmitRun's request bytes size-checked before parsing and UTF-8 errors named by field."""
+    SubmitRun's (and Plan's) request bytes size-checked before parsing and UTF-8 errors named by field."""
     handlers = {}
     for method in opb.DESCRIPTOR.services_by_name["Orchestrator"].methods:
         request = message_factory.GetMessageClass(method.input_type)
         response = message_factory.GetMessageClass(method.output_type)
-        deserializer = (SubmitDeserializer(servicer.o.limits.max_request_bytes) if method.name == "SubmitRun"
+        deserializer = (SubmitDeserializer(servicer.o.limits.max_request_bytes) if method.name in ("SubmitRun", "Plan")
                         else request.FromString)
         make = grpc.unary_stream_rpc_method_handler if method.server_streaming else grpc.unary_unary_rpc_method_handler
         handlers[method.name] = make(getattr(servicer, method.name), request_deserializer=deserializer,

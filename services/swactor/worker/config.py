@@ -30,6 +30,10 @@ class WorkerConfig:
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
     # process may use, at most 8. Set it when several workers share one machine.
     compute_threads: int = 0
+    # Device memory stages may use on this node, advertised to the orchestrator's planner with
+    # NodeAvailable; 0 = measured (worker/stage_memory.py: the GPU's free memory, or 80 % of
+    # MemAvailable on a CPU device). Set it when several workers share one machine.
+    memory_bytes: int = 0
     # The weights cache (docs/distribution.md): where fetched GGUF ranges are kept (None =
     # <state_dir>/weights), its size limit in bytes (0 = no limit but the disk), and how long a fetch
     # from the orchestrator's model server may receive nothing before it fails.
@@ -51,6 +55,8 @@ class WorkerConfig:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
         if self.weights_connections < 1:
             raise ConfigError(f"[worker].weights_connections: must be >= 1, got {self.weights_connections}")
+        if self.memory_bytes < 0:
+            raise ConfigError(f"[worker].memory_bytes: must be >= 0 (0 = measured), got {self.memory_bytes}")
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -67,6 +68,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     from swactor.worker.membership import MembershipClientPort
     from swactor.worker.node import StageNode
     from swactor.worker.service import SERVICE_NAME, StageControlServicer
+    from swactor.worker.stage_memory import advertised_memory
 
     log = get_logger(component="worker")
     hold = local.enter_context(connect_holder(cfg.arena_fd_socket))
@@ -78,7 +80,8 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     # holder alive while the child still touches its rings, even if this service dies first.
     ctl = GpuWorkerCtl(core, hold.fd, extra_fds=(hold.connection_fileno(),))
     driver = await local.enter_async_context(EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket))
-    membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket))
+    stage_memory = functools.partial(advertised_memory, cfg.device, cfg.memory_bytes)
+    membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket, stage_memory))
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
                      control_endpoint=cfg.advertise_control or cfg.control_address,
                      orchestrator_node_id=cfg.orchestrator_node_id or None,

@@ -6,6 +6,8 @@ service's own client (SetLocalState on its Unix socket). Node tests plug in an i
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -21,13 +23,18 @@ class MembershipPort(Protocol):
 
 
 class MembershipClientPort(MembershipClient):
-    """MembershipPort over the local membership service's SetLocalState (swactor.membership.client)."""
+    """MembershipPort over the local membership service's SetLocalState (swactor.membership.client).
 
-    def __init__(self, socket_path: Path) -> None:
+    NodeAvailable carries the stage memory `stage_memory()` measures at that moment (worker/stage_memory.py)."""
+
+    def __init__(self, socket_path: Path, stage_memory: Callable[[], int] = lambda: 0) -> None:
         super().__init__(socket_path, timeout_s=10.0)
+        self._stage_memory = stage_memory
 
     async def set_available(self, control_endpoint: str) -> None:
-        await self.set_local_state(membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint)
+        memory = await asyncio.to_thread(self._stage_memory)  # nvidia-smi may take a moment
+        await self.set_local_state(membership_pb2.NODE_STATE_AVAILABLE, control_endpoint=control_endpoint,
+                                   stage_memory_bytes=memory)
 
     async def set_faulted(self, reason: int) -> None:
         await self.set_local_state(membership_pb2.NODE_STATE_FAULTED, common_pb2.RunFaultReason.Name(reason))

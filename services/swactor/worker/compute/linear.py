@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as QT
 from tinygrad import Tensor, dtypes
 from tinygrad.dtype import _from_np_dtype
 
+from swactor.modelfile import memory
 from swactor.modelfile.support import PACKED_TYPES
 
 from .cpu_matvec import XSUM_BLOCK, block_matvec, scale_group
@@ -36,14 +37,12 @@ Weight = tuple[str, list[Tensor]]
 _KIND = {"Q8_0": "q8_0", "Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
 PACKED: dict[QT, str] = {QT[name]: _KIND[name] for name in PACKED_TYPES}
 N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3, "q5_0": 3, "q5_1": 4, "q4_k": 3, "q5_k": 4, "q6_k": 4}
-DEVICE_BLOCK_BYTES = {"q8_0": 36, "q4": 24, "q5_0": 24, "q5_1": 28, "q4_k": 152, "q5_k": 184, "q6_k": 212}
 
 
 def device_nbytes(qtype: QT, rows: int, cols: int) -> int:
-  """Device bytes of a [rows, cols] matrix of this type as upload() lays it out (float32 for unpacked types)."""
-  if qtype not in PACKED:
-    return rows * cols * 4
-  return rows * cols // BLOCK[qtype][0] * DEVICE_BLOCK_BYTES[PACKED[qtype]]
+  """Device bytes of a [rows, cols] matrix of this type as upload() lays it out (float32 for unpacked types): the
+  model-file package's count, which the orchestrator's planner uses too (tests check it against upload())."""
+  return memory.device_nbytes(qtype.name if qtype in PACKED else "F32", rows, cols)
 
 
 def to_device(a: np.ndarray, device: str) -> Tensor:

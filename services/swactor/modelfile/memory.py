@@ -1,0 +1,150 @@
+"""Device memory of a stage, estimated from the GGUF header alone (the orchestrator plans by it).
+
+The weights are counted as the compute core lays them out (worker/compute/linear.py, model.py): a matrix of a packed
+type keeps the file's codes with its scales widened (DEVICE_BLOCK_BYTES per block), any other matrix and every
+vector (norms, biases) is float32. Per stage of blocks [start, end):
+  weights   its blocks' tensors; the first stage also the token embedding (kept as the file's bytes on the host,
+            only the rows of a step's tokens are dequantized), the last the final norm and the head (`output.weight`,
+            or the embedding again, in device form, when the head is tied to it)
+  kv_cache  K and V of every block for max_seq_len positions plus one prefill chunk of padding room, float32
+  scratch   the jitted graphs' buffers for a decode row and a prefill chunk (residual stream, QKV, attention scores,
+            FFN), the RoPE tables and the last stage's logits row
+  runtime   a fixed allowance for the compute process's own runtime (a CUDA context; tinygrad and Python on CPU)
+Nothing here imports the worker or the orchestrator: both use it (the worker's `device_nbytes`, the planner).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from swactor.modelfile.header import GgufHeader, TensorInfo
+from swactor.modelfile.support import ARCHITECTURES, PACKED_TYPES
+
+# Device bytes per block of each type the compute core keeps packed (support.PACKED_TYPES; codes as in the file, d/m
+# scales as float32, K-quant sub-block scales as bytes); every other type is expanded to float32 at load.
+_BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_K": 152, "Q5_K": 184, "Q6_K": 212}
+# A packed type declared in support without its device size here fails at import.
+DEVICE_BLOCK_BYTES: dict[str, int] = {name: _BLOCK_BYTES[name] for name in PACKED_TYPES}
+FLOAT32 = 4
+# Rows of one prefill chunk the estimate leaves room for (KV cache padding, scratch of the chunk's graphs).
+PREFILL_ROWS = 64
+RUNTIME_BYTES = 256 << 20
+
+
+def device_nbytes(type_name: str, rows: int, cols: int) -> int:
+    """Device bytes of a [rows, cols] matrix of this GGML type as the compute core uploads it."""
+    per_block = DEVICE_BLOCK_BYTES.get(type_name)
+    if per_block is None:
+        return rows * cols * FLOAT32
+    block = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][0]
+    return rows * cols // block * per_block
+
+
+def tensor_device_bytes(t: TensorInfo) -> int:
+    """A matrix per device_nbytes, a vector as float32 (GGUF dims are ne0 first: columns, then rows)."""
+    cols, rows = t.dims[0], 1
+    for d in t.dims[1:]:
+        rows *= d
+    if len(t.dims) == 1:
+        return cols * FLOAT32
+    return device_nbytes(t.type_name, rows, cols)
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    weights: int
+    kv_cache: int
+    scratch: int
+    runtime: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.scratch + self.runtime
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """A model's device memory by part; `stage()` adds up what one stage needs."""
+
+    layer_weights: tuple[int, ...]  # device bytes of block i's tensors
+    embedding: int  # the first stage's token embedding (file bytes, host side)
+    head: int  # the last stage's final norm and head matrix, device form
+    kv_width: int  # K plus V values per position per block
+    hidden: int
+    q_width: int
+    ffn: int
+    n_heads: int
+    rope_dim: int
+    vocab: int
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_weights)
+
+    @functools.cached_property
+    def _prefix(self) -> tuple[int, ...]:
+        """Cumulative block weights, so that a stage's sum costs O(1) (the planner tries many splits)."""
+        return (0, *itertools.accumulate(self.layer_weights))
+
+    def stage(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> StageBytes:
+        """What a stage of blocks [start, end) needs for a run of max_seq_len positions."""
+        if not 0 <= start < end <= self.num_layers:
+            raise ValueError(f"blocks [{start}, {end}) are not within the model's {self.num_layers}")
+        positions = max_seq_len + rows
+        weights = self._prefix[end] - self._prefix[start]
+        weights += self.embedding if start == 0 else 0
+        weights += self.head if end == self.num_layers else 0
+        kv = (end - start) * self.kv_width * positions * FLOAT32
+        scratch = sum(self._graph_scratch(t, positions) for t in {1, rows}) + positions * self.rope_dim * FLOAT32
+        scratch += self.vocab * FLOAT32 if end == self.num_layers else 0
+        return StageBytes(weights, kv, scratch, RUNTIME_BYTES)
+
+    def _graph_scratch(self, t: int, positions: int) -> int:
+        """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the
+        attention scores and their softmax over every position, the attention output, gate/up and the activation."""
+        rows = 3 * self.hidden + self.q_width + self.kv_width + self.q_width + 3 * self.ffn
+        return (t * rows + 2 * self.n_heads * t * positions) * FLOAT32
+
+
+def _first_int(value: object, default: int) -> int:
+    """A hyper-parameter that may be stored per block (an array): its largest value."""
+    if isinstance(value, list):
+        return max((int(v) for v in value), default=default)
+    return int(value) if value is not None else default
+
+
+def memory_profile(header: GgufHeader) -> MemoryProfile:
+    """The profile of a model the judge accepted (modelfile.judge); ValueError names what it lacks."""
+    arch = ARCHITECTURES.get(str(header.get("general.architecture", "")))
+    if arch is None:
+        raise ValueError(f"architecture {header.get('general.architecture')!r} is not supported")
+    tensors = header.tensor_map()
+    n = int(header.get(f"{arch.name}.block_count", 0))
+    layers = [0] * n
+    for t in header.tensors:
+        if t.name.startswith("blk."):
+            index = t.name.split(".", 2)[1]
+            if index.isdigit() and int(index) < n:
+                layers[int(index)] += tensor_device_bytes(t)
+
+    def need(name: str) -> TensorInfo:
+        if name not in tensors:
+            raise ValueError(f"tensor {name!r} is missing")
+        return tensors[name]
+
+    embd = need(arch.tied_head)
+    head = need(arch.head) if arch.head in tensors else embd
+    head_bytes = sum(tensor_device_bytes(need(t)) for t in arch.last_stage) + tensor_device_bytes(head)
+    first = sum(need(t).nbytes for t in arch.first_stage)
+    q, k, v, up = (need(f"blk.0.{t}.weight") for t in ("attn_q", "attn_k", "attn_v", "ffn_up"))
+    n_heads = _first_int(header.get(f"{arch.name}.attention.head_count"), 1)
+    rope_dim = _first_int(header.get(f"{arch.name}.rope.dimension_count"), q.dims[1] // max(1, n_heads))
+    return MemoryProfile(
+        layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=k.dims[1] + v.dims[1],
+        hidden=embd.dims[0], q_width=q.dims[1], ffn=up.dims[1], n_heads=n_heads, rope_dim=rope_dim,
+        vocab=embd.dims[1],
+    )

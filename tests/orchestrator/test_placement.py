@@ -1,0 +1,158 @@
+"""Memory-aware placement (issue 15 item 6): tables of memberships and models, pure, no sockets."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from swactor.modelfile.memory import RUNTIME_BYTES, MemoryProfile
+from swactor.orchestrator.nodes import NodeState
+from swactor.orchestrator.placement import (
+    MemoryNeed,
+    PlanError,
+    Shortfall,
+    balanced_ranges,
+    fitted_ranges,
+    place,
+    proportional_ranges,
+)
+from swactor.v1 import common_pb2 as pb
+
+from .helpers import node
+
+GiB = 1 << 30
+# SmolLM2-135M Q4_1 as modelfile.memory reads its header; an 8B Q4_K_M-shaped model (Llama 3.1: 32 blocks, GQA 8x128,
+# Q4_K embedding, Q6_K head)
+SMOL = MemoryProfile(layer_weights=(2658816,) * 30, embedding=30081024, head=31852800, kv_width=384, hidden=576,
+                     q_width=576, ffn=1536, n_heads=9, rope_dim=64, vocab=49152)
+LLAMA8B = MemoryProfile(layer_weights=(142_000_000,) * 32, embedding=288_000_000, head=431_000_000, kv_width=2048,
+                        hidden=4096, q_width=4096, ffn=14336, n_heads=32, rope_dim=128, vocab=128256)
+
+
+def nodes(*memory: int, first_id: int = 1):
+    return tuple(dataclasses.replace(node(first_id + i), memory_bytes=m) for i, m in enumerate(memory))
+
+
+def need(profile: MemoryProfile = LLAMA8B, max_seq_len: int = 4096) -> MemoryNeed:
+    return MemoryNeed(profile, max_seq_len)
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5, 7])
+@pytest.mark.parametrize("profile", [SMOL, LLAMA8B], ids=["smol", "8b"])
+def test_equal_memory_gets_the_balanced_split(profile: MemoryProfile, stages: int) -> None:
+    p = place(nodes(*[64 * GiB] * stages), stages, profile.num_layers, memory=need(profile))
+    assert list(p.ranges) == balanced_ranges(profile.num_layers, stages) and p.split == "memory"
+    assert [n.node_id for n in p.nodes] == list(range(1, stages + 1)) and not p.over()
+    assert p.needs[0].weights > p.needs[-1].weights - LLAMA8B.head  # the first stage holds the embedding
+
+
+def test_layers_follow_memory() -> None:
+    p = place(nodes(8 * GiB, 24 * GiB), 2, 32, memory=need())
+    assert p.ranges == ((0, 9), (9, 32)) and p.split == "memory"  # 1 + 30/4 rounded, 1 + 3 x 30/4
+    p = place(nodes(40 * GiB, 20 * GiB, 20 * GiB), 3, 32, memory=need())
+    assert p.ranges == ((0, 16), (16, 24), (24, 32))
+    assert all(n.total <= m.memory_bytes for n, m in zip(p.needs, p.nodes, strict=True))
+
+
+def test_a_node_too_small_is_refused_naming_the_shortfall() -> None:
+    with pytest.raises(Shortfall) as e:
+        place(nodes(24 * GiB, GiB // 2), 2, 32, memory=need())
+    assert e.value.reason == pb.RUN_FAULT_DEVICE_OUT_OF_MEMORY
+    msg = str(e.value)
+    over = e.value.placement
+    assert over.over() == [1] and over.ranges[1] == (31, 32)  # even one block and the head do not fit
+    assert "stage 1 (blocks 31..32) on node 2 needs" in msg and "the node offers 512.0 MiB" in msg
+    assert f"runtime {RUNTIME_BYTES / 2**20:.1f} MiB" in msg and "stage 0" not in msg
+
+
+def test_too_little_memory_altogether_names_every_stage_over() -> None:
+    with pytest.raises(Shortfall) as e:
+        place(nodes(2 * GiB, 2 * GiB), 2, 32, memory=need())
+    assert e.value.placement.over() == [0, 1] and "stage 0" in str(e.value) and "stage 1" in str(e.value)
+
+
+def test_when_the_proportional_split_does_not_fit_the_fitted_one_is_used() -> None:
+    # Equal memory, but the last stage also holds a big head: the balanced split overflows it by a little.
+    profile = dataclasses.replace(SMOL, head=100 << 20)
+    m = need(profile, 1024)
+    even = [m.stage(lo, hi).total for lo, hi in balanced_ranges(30, 2)]
+    block = m.stage(0, 2).total - m.stage(0, 1).total
+    budget = (even[0] + even[1]) // 2 + block  # a block above the mean, well below the last stage's balanced need
+    assert even[1] > budget
+    p = place(nodes(budget, budget), 2, 30, memory=m)
+    assert p.split == "fitted" and not p.over() and p.ranges[1][1] - p.ranges[1][0] < 15
+
+
+def test_pins_are_honoured_in_their_order() -> None:
+    pool = nodes(8 * GiB, 80 * GiB, 24 * GiB)
+    p = place(pool, 2, 32, node_ids=(3, 1), memory=need())
+    assert [n.node_id for n in p.nodes] == [3, 1] and p.ranges == ((0, 24), (24, 32))
+    with pytest.raises(PlanError, match=r"requested node\(s\) \[9\]"):
+        place(pool, 2, 32, node_ids=(3, 9), memory=need())
+
+
+def test_the_nodes_with_the_most_memory_are_chosen_in_node_id_order() -> None:
+    pool = nodes(8 * GiB, 80 * GiB, 24 * GiB, 80 * GiB)
+    assert [n.node_id for n in place(pool, 2, 32, memory=need()).nodes] == [2, 4]
+    assert [n.node_id for n in place(pool, 3, 32, memory=need()).nodes] == [2, 3, 4]
+    # without the model's memory: node-id order, as before memory was known
+    assert [n.node_id for n in place(pool, 2, 32).nodes] == [1, 2]
+
+
+def test_a_node_without_advertised_memory_gets_the_balanced_split_and_the_others_are_still_checked() -> None:
+    p = place(nodes(0, 24 * GiB), 2, 32, memory=need())
+    assert p.ranges == ((0, 16), (16, 32)) and p.split == "balanced" and not p.over()
+    with pytest.raises(Shortfall, match="stage 1"):
+        place(nodes(0, 2 * GiB), 2, 32, memory=need())
+
+
+def test_only_provisionable_nodes_are_candidates() -> None:
+    pool = (*nodes(80 * GiB), dataclasses.replace(node(2, NodeState.BOOTING), memory_bytes=200 * GiB),
+            dataclasses.replace(node(3, NodeState.SUSPECT), memory_bytes=200 * GiB), *nodes(8 * GiB, first_id=4))
+    assert [n.node_id for n in place(pool, 2, 32, memory=need()).nodes] == [1, 4]
+    with pytest.raises(PlanError, match=r"3 stage\(s\) need 3 Available node\(s\), the pool has 2"):
+        place(pool, 3, 32, memory=need())
+
+
+def test_stage_bytes_parts() -> None:
+    m = need(SMOL, 4096)
+    first, last = m.stage(0, 15), m.stage(15, 30)
+    assert first.kv_cache == last.kv_cache == 15 * 384 * (4096 + 64) * 4
+    assert first.weights == 15 * 2658816 + SMOL.embedding and last.weights == 15 * 2658816 + SMOL.head
+    assert last.scratch - first.scratch == SMOL.vocab * 4 and first.runtime == RUNTIME_BYTES
+
+
+@given(st.integers(1, 80), st.lists(st.integers(1, 1 << 40), min_size=1, max_size=8))
+def test_proportional_ranges_are_contiguous_cover_and_follow_memory(layers: int, memory: list[int]) -> None:
+    if len(memory) > layers:
+        with pytest.raises(PlanError, match="only"):
+            proportional_ranges(layers, memory)
+        return
+    r = proportional_ranges(layers, memory)
+    assert r[0][0] == 0 and r[-1][1] == layers and all(a[1] == b[0] for a, b in itertools.pairwise(r))
+    sizes = [hi - lo for lo, hi in r]
+    assert min(sizes) >= 1
+    for (sa, ma), (sb, mb) in itertools.combinations(zip(sizes, memory, strict=True), 2):
+        if ma > mb:
+            assert sa >= sb - 1  # more memory, never fewer blocks (but for the one a larger remainder may give)
+
+
+@given(st.integers(2, 9), st.lists(st.integers(1, 12), min_size=1, max_size=3), st.integers(0, 6))
+def test_fitted_ranges_minimise_the_largest_share(layers: int, memory_gib: list[int], head_blocks: int) -> None:
+    stages = len(memory_gib)
+    if stages > layers:
+        return
+    profile = dataclasses.replace(LLAMA8B, layer_weights=(LLAMA8B.layer_weights[0],) * layers,
+                                  head=head_blocks * LLAMA8B.layer_weights[0])
+    pool, m = nodes(*(g * GiB for g in memory_gib)), need(profile, 2048)
+
+    def worst(ranges) -> float:
+        return max(m.stage(lo, hi).total / n.memory_bytes for (lo, hi), n in zip(ranges, pool, strict=True))
+
+    best = min(worst(list(itertools.pairwise((0, *cuts, layers))))
+               for cuts in itertools.combinations(range(1, layers), stages - 1))
+    assert worst(fitted_ranges(pool, layers, m)) <= best * (1 + 1e-9)

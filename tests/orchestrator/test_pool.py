@@ -1,0 +1,82 @@
+"""The PoolReady gate (spec §9) judges the candidates a run needs: tables of views, a scripted clock."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.orchestrator.placement import MemoryNeed
+from swactor.orchestrator.pool import Demand, PoolGate
+
+from .helpers import node
+from .test_placement import LLAMA8B, GiB
+
+B, A, S, F, L = NodeState.BOOTING, NodeState.AVAILABLE, NodeState.SUSPECT, NodeState.FAULTED, NodeState.LEFT
+
+
+def view(*states: NodeState, memory: tuple[int, ...] = ()) -> tuple[NodeInfo, ...]:
+    return tuple(dataclasses.replace(node(i + 1, s), memory_bytes=memory[i] if memory else 0)
+                 for i, s in enumerate(states))
+
+
+def gate(members: tuple[NodeInfo, ...], at: float = 0.0) -> PoolGate:
+    g = PoolGate(2.0)
+    g.observe(members, at)
+    return g
+
+
+@pytest.mark.parametrize(
+    ("states", "demand", "ready", "nodes", "says"),
+    [
+        ((A, A, B), Demand(2), True, [1, 2], "not candidates: 3 is booting"),
+        ((A, S, A), Demand(2), True, [1, 3], "not candidates: 2 is suspect"),
+        ((B, A, A, F, L), Demand(2), True, [2, 3], "1 is booting, 4 is faulted, 5 is left"),
+        ((A, B, S), Demand(2), False, [], "2 stage(s) need 2 Available node(s), the pool has 1 (not candidates: 2 is booting, 3 is suspect)"),
+        ((A, A, B), Demand(2, node_ids=(3, 1)), False, [], "pinned node 3 is booting"),
+        ((A, A), Demand(2, node_ids=(2, 7)), False, [], "pinned node 7 is not a member"),
+        ((A, S, A), Demand(2, node_ids=(3, 1)), True, [3, 1], "not candidates: 2 is suspect"),
+    ],
+)
+def test_the_gate_judges_only_the_nodes_the_run_needs(states, demand: Demand, ready: bool, nodes: list[int], says: str) -> None:
+    status = gate(view(*states)).check(10.0, demand)
+    assert status.ready is ready and [n.node_id for n in status.candidates] == nodes
+    assert says in status.detail
+    assert (status.waiting_for == "") is ready
+
+
+def test_no_view_yet() -> None:
+    status = PoolGate(2.0).check(0.0, Demand(1))
+    assert not status.ready and status.waiting_for == "a membership view"
+
+
+def test_a_change_outside_the_placement_does_not_restart_the_window() -> None:
+    g = gate(view(A, A, A))
+    g.observe(view(A, A, S), 1.5)  # node 3 is not chosen for two stages
+    assert g.check(2.0, Demand(2)).ready
+    g.observe((*view(A), dataclasses.replace(node(2), control_endpoint="10.0.0.2:9999"), node(3, S)), 2.5)
+    status = g.check(3.0, Demand(2))  # node 2 moved its control endpoint: it is judged again from 2.5
+    assert not status.ready and status.ready_at == 4.5 and status.waiting_for == "node(s) 1, 2 to stay unchanged for 2.0s"
+    assert g.check(4.5, Demand(2)).ready
+
+
+def test_memory_chooses_the_candidates_and_a_shortfall_is_waited_for() -> None:
+    need = MemoryNeed(LLAMA8B, 4096)
+    g = gate(view(A, A, A, memory=(8 * GiB, 40 * GiB, 40 * GiB)))
+    status = g.check(5.0, Demand(2, num_layers=32, memory=need))
+    assert status.ready and [n.node_id for n in status.candidates] == [2, 3]
+    assert status.placement is not None and status.placement.ranges == ((0, 16), (16, 32))
+    status = gate(view(A, A, memory=(2 * GiB, 2 * GiB))).check(5.0, Demand(2, num_layers=32, memory=need))
+    assert not status.ready and status.waiting_for.startswith("a placement: the model does not fit the nodes' memory: stage 0")
+    # a bigger node joining is chosen, and waited for until it has been unchanged for the window
+    g.observe(view(A, A, A, A, memory=(8 * GiB, 40 * GiB, 40 * GiB, 80 * GiB)), 6.0)
+    status = g.check(6.5, Demand(2, num_layers=32, memory=need))
+    assert not status.ready and [n.node_id for n in status.candidates] == [2, 4] and status.ready_at == 8.0
+
+
+def test_a_snapshot_observes_on_its_own() -> None:
+    g = gate(view(A, A))
+    run = g.snapshot()
+    run.observe(view(A, B), 1.0)
+    assert not run.check(5.0, Demand(2)).ready and g.check(5.0, Demand(2)).ready
