@@ -6,6 +6,8 @@ Figures, each next to raw TCP over the same path (127.0.0.1) in the same run, wi
   * bulk MB/s with 1 MiB objects (producer ring -> QUIC -> consumer ring, 4 MiB rings);
   * one-way latency from producer commit to consumer-readable for 2 KiB and 8 KiB objects
     (one object in flight; p50/p99 over --rounds objects).
+  * QUIC handshake time between members (a fresh connection dialled --handshakes times, two drivers
+    in this process on 127.0.0.1; p50/p99), the path issue 13's admission control must keep fast.
 Aims (docs/edge.md): one-way 2 KiB <= 0.3 ms; bulk >= 0.1x TCP. --profile runs both drivers under
 cProfile and prints where their time goes.
 """
@@ -35,7 +37,7 @@ EGRESS, INGRESS = common_pb2.RING_DIRECTION_EGRESS, common_pb2.RING_DIRECTION_IN
 
 def edge(a: EdgeHost, b: EdgeHost, edge_id: int, capacity: int) -> tuple[sr.Producer, sr.Consumer]:
     lt, lr = a.lease(edge_id, capacity, EGRESS), b.lease(edge_id, capacity, INGRESS)
-    b.stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=edge_id, ring_id=lr.ring_id, ring_layout=lr))  # type: ignore[union-attr]
+    b.stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=edge_id, ring_id=lr.ring_id, ring_layout=lr, tx_node_id=a.node_id))  # type: ignore[union-attr]
     a.stub.EstablishSend(  # type: ignore[union-attr]
         edge_pb2.EstablishSendRequest(edge_id=edge_id, rx_node_id=b.node_id, ring_id=lt.ring_id, ring_layout=lt)
     )
@@ -134,6 +136,26 @@ def latency_tcp(size: int, rounds: int) -> list[float]:
     return out
 
 
+async def handshake_times(n: int, tmp: Path, **cfg: object) -> list[float]:
+    """Milliseconds per fresh member-to-member dial (each connection closed and forgotten before the next)."""
+    from tests.edge.inproc import start_nodes, stop_nodes, until
+
+    nodes = await start_nodes(tmp, 2, **cfg)
+    a, b = nodes
+    out = []
+    try:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            conn = await a.driver.endpoint.connection_to(b.node_id)
+            out.append((time.perf_counter() - t0) * 1e3)
+            conn.close()
+            await until(lambda: not a.driver.endpoint.connections and not b.driver.endpoint.connections,
+                        "both drivers forgot the connection")
+    finally:
+        await stop_nodes(nodes)
+    return out
+
+
 def pct(xs: list[float], q: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(q * len(xs)))]
 
@@ -145,7 +167,17 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="run both drivers under cProfile and print the top")
     p.add_argument("--max-datagram-size", type=int, default=0)
     p.add_argument("--uvloop", action="store_true", help="run both drivers on uvloop")
+    p.add_argument("--handshakes", type=int, default=50, help="fresh member dials to time (0: skip)")
     args = p.parse_args()
+    if args.handshakes:
+        import asyncio
+        import logging
+
+        from swactor.common.events import configure_logging
+
+        configure_logging("edge-bench", level=logging.WARNING)  # the in-process drivers' events: quiet
+        hs = asyncio.run(handshake_times(args.handshakes, Path(tempfile.mkdtemp(prefix="edgebench-hs"))))
+        print(f"handshake (members, loopback): p50 {pct(hs, 0.5):.2f} ms p99 {pct(hs, 0.99):.2f} ms over {len(hs)}")
     root = Path(tempfile.mkdtemp(prefix="edgebench"))
     hosts = [EdgeHost(f"h{i}", root / f"h{i}", port=7460 + i) for i in range(2)]
     for h in hosts:
@@ -163,10 +195,12 @@ def main() -> int:
         prod, cons = edge(a, b, 1, 4 << 20)
         tap.wait("ready", 1)
         total = args.bulk_mib << 20
-        bulk_edge(prod, cons, 16 << 20)  # warm-up: connection, congestion window, allocator
-        edge_bulk = bulk_edge(prod, cons, total)
-        tcp_bulk = bulk_tcp(total)
-        print(f"bulk 1 MiB objects: edge {edge_bulk:8.1f} MB/s   tcp {tcp_bulk:8.1f} MB/s   ratio {edge_bulk / tcp_bulk:.3f}")
+        if total:
+            bulk_edge(prod, cons, 16 << 20)  # warm-up: connection, congestion window, allocator
+            edge_bulk = bulk_edge(prod, cons, total)
+            tcp_bulk = bulk_tcp(total)
+            print(f"bulk 1 MiB objects: edge {edge_bulk:8.1f} MB/s   tcp {tcp_bulk:8.1f} MB/s   "
+                  f"ratio {edge_bulk / tcp_bulk:.3f}")
         for size in (2048, 8192):
             latency_edge(prod, cons, size, 200)  # warm-up
             e = latency_edge(prod, cons, size, args.rounds)

@@ -1,11 +1,11 @@
-"""Pure cores: credit policy, preamble codec, rendezvous (both orders, timeout, duplicates)."""
+"""Pure cores: credit policy, preamble codec, rendezvous (both orders, timeout, duplicates, planned producers)."""
 
 from __future__ import annotations
 
 import pytest
 
 from swactor.edge import credit, preamble
-from swactor.edge.rendezvous import RejectStream, Rendezvous, StartRecvPump
+from swactor.edge.rendezvous import ProducerMissing, RejectStream, Rendezvous, StartRecvPump
 from swactor.v1 import common_pb2
 
 
@@ -42,40 +42,89 @@ def test_preamble_roundtrip_and_errors() -> None:
         preamble.encode(0)
 
 
+P, Q, R = 10, 20, 30  # node ids: P is the edges' planned producer, Q and R are not
+
+
 def test_rendezvous_spec_first() -> None:
     rv: Rendezvous[str, str] = Rendezvous(timeout=5)
-    assert rv.establish_recv(1, "spec") is None
-    act = rv.stream_arrived(1, "stream", now=0.0, initial=b"ab")
+    assert rv.establish_recv(1, P, "spec", now=0.0) == []
+    act = rv.stream_arrived(1, P, "stream", now=0.0, initial=b"ab")
     assert act == StartRecvPump(1, "spec", "stream", b"ab")
     assert rv.next_deadline() is None
 
 
 def test_rendezvous_stream_first_keeps_bytes() -> None:
     rv: Rendezvous[str, str] = Rendezvous(timeout=5)
-    assert rv.stream_arrived(1, "stream", now=10.0, initial=b"ab") is None
-    assert rv.parked_data(1, b"cd")
+    assert rv.stream_arrived(1, P, "stream", now=10.0, initial=b"ab") is None
+    assert rv.parked_data(1, P, b"cd")
+    assert not rv.parked_data(1, Q, b"xx")
     assert rv.next_deadline() == 15.0
-    assert rv.establish_recv(1, "spec") == StartRecvPump(1, "spec", "stream", b"abcd")
+    assert rv.establish_recv(1, P, "spec", now=11.0) == [StartRecvPump(1, "spec", "stream", b"abcd")]
     with pytest.raises(ValueError):
-        rv.establish_recv(1, "again")
+        rv.establish_recv(1, P, "again", now=11.0)
 
 
 def test_rendezvous_timeout_and_duplicates() -> None:
     rv: Rendezvous[str, str] = Rendezvous(timeout=5)
-    rv.stream_arrived(1, "s1", now=0.0)
-    dup = rv.stream_arrived(1, "s2", now=1.0)
+    rv.stream_arrived(1, P, "s1", now=0.0)
+    dup = rv.stream_arrived(1, P, "s2", now=1.0)
     assert isinstance(dup, RejectStream) and dup.reason == common_pb2.STREAM_FAULT_UNKNOWN_EDGE
     assert rv.expire(4.9) == []
     (rej,) = rv.expire(5.0)
+    assert isinstance(rej, RejectStream)
     assert rej.edge_id == 1 and rej.stream == "s1" and rej.reason == common_pb2.STREAM_FAULT_RENDEZVOUS_TIMEOUT
-    assert rv.pending_streams == {}
+    assert rv.pending_streams == {} and rv.parked == 0
 
 
-def test_rendezvous_stop_returns_parked_stream() -> None:
+def test_rendezvous_stop_returns_parked_streams() -> None:
     rv: Rendezvous[str, str] = Rendezvous(timeout=5)
-    rv.stream_arrived(2, "s", now=0.0)
-    assert rv.stop(2) == "s"
-    assert rv.stop(2) is None
+    rv.stream_arrived(2, P, "s", now=0.0)
+    rv.stream_arrived(2, Q, "t", now=0.0)
+    assert sorted(rv.stop(2)) == ["s", "t"]
+    assert rv.stop(2) == [] and rv.parked == 0
+
+
+# ---- the producer check (spec §4, §39) ----
+
+
+def test_stream_from_another_node_is_refused_while_the_spec_waits() -> None:
+    rv: Rendezvous[str, str] = Rendezvous(timeout=5)
+    rv.establish_recv(1, P, "spec", now=0.0)
+    rej = rv.stream_arrived(1, Q, "foreign", now=1.0)
+    assert isinstance(rej, RejectStream)
+    assert (rej.reason, rej.stream, rej.node_id) == (common_pb2.STREAM_FAULT_WRONG_PRODUCER, "foreign", Q)
+    assert f"node {P}" in rej.detail
+    assert rv.next_deadline() == 6.0  # the planned producer has one rendezvous timeout to come
+    assert rv.stream_arrived(1, P, "mine", now=2.0) == StartRecvPump(1, "spec", "mine", b"")
+    assert rv.next_deadline() is None and rv.expire(100.0) == []
+    late = rv.stream_arrived(1, R, "late", now=3.0)  # after the match: still not the producer
+    assert isinstance(late, RejectStream) and late.reason == common_pb2.STREAM_FAULT_WRONG_PRODUCER
+
+
+def test_a_foreign_stream_parked_first_cannot_take_the_edge() -> None:
+    rv: Rendezvous[str, str] = Rendezvous(timeout=5)
+    assert rv.stream_arrived(1, Q, "foreign", now=0.0) is None  # nobody knows the producer yet
+    assert rv.stream_arrived(1, P, "mine", now=0.5, initial=b"x") is None  # parks beside it
+    assert rv.parked == 2
+    out = rv.establish_recv(1, P, "spec", now=1.0)
+    assert StartRecvPump(1, "spec", "mine", b"x") in out
+    (rej,) = [a for a in out if isinstance(a, RejectStream)]
+    assert (rej.stream, rej.reason) == ("foreign", common_pb2.STREAM_FAULT_WRONG_PRODUCER)
+    assert rv.parked == 0 and rv.next_deadline() is None
+
+
+def test_planned_producer_that_never_comes_faults_the_edge() -> None:
+    rv: Rendezvous[str, str] = Rendezvous(timeout=5)
+    rv.stream_arrived(1, Q, "foreign", now=0.0)
+    (rej,) = rv.establish_recv(1, P, "spec", now=2.0)
+    assert isinstance(rej, RejectStream) and rej.reason == common_pb2.STREAM_FAULT_WRONG_PRODUCER
+    assert rv.next_deadline() == 7.0
+    assert rv.expire(6.9) == []
+    (missing,) = rv.expire(7.0)
+    assert isinstance(missing, ProducerMissing)
+    assert (missing.edge_id, missing.spec, missing.reason) == (1, "spec", common_pb2.STREAM_FAULT_WRONG_PRODUCER)
+    assert f"node {Q}" in missing.detail and f"node {P}" in missing.detail
+    assert rv.recv_specs == {} and rv.next_deadline() is None
 
 
 def test_datagram_size_follows_route_and_limits() -> None:

@@ -50,7 +50,7 @@ def test_edge_over_membership_gossiped_fingerprints(tmp_path: Path) -> None:
             tap = EventTap(b.stub)  # type: ignore[arg-type]
             lt = a.lease(1, 64 << 10, common_pb2.RING_DIRECTION_EGRESS)
             lr = b.lease(1, 64 << 10, common_pb2.RING_DIRECTION_INGRESS)
-            b.stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=lr.ring_id, ring_layout=lr))  # type: ignore[union-attr]
+            b.stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=lr.ring_id, ring_layout=lr, tx_node_id=a.node_id))  # type: ignore[union-attr]
             a.stub.EstablishSend(  # type: ignore[union-attr]
                 edge_pb2.EstablishSendRequest(edge_id=1, rx_node_id=b.node_id, ring_id=lt.ring_id, ring_layout=lt)
             )

@@ -31,7 +31,7 @@ def _edge(a: EdgeHost, b: EdgeHost, edge_id: int, capacity: int, *, recv_first: 
     lr = b.lease(edge_id, capacity, INGRESS)
     assert a.stub is not None and b.stub is not None
     send = edge_pb2.EstablishSendRequest(edge_id=edge_id, rx_node_id=b.node_id, ring_id=lt.ring_id, ring_layout=lt)
-    recv = edge_pb2.EstablishRecvRequest(edge_id=edge_id, ring_id=lr.ring_id, ring_layout=lr)
+    recv = edge_pb2.EstablishRecvRequest(edge_id=edge_id, ring_id=lr.ring_id, ring_layout=lr, tx_node_id=a.node_id)
     if recv_first:
         b.stub.EstablishRecv(recv)
         a.stub.EstablishSend(send)
@@ -230,9 +230,15 @@ def test_client_without_member_certificate_is_refused(netns_pair: Pair) -> None:
     cluster, (_, b), _ = netns_pair
     out = cluster.hosts[0].run([sys.executable, "-c", REFUSED_CLIENT, b.addr, str(b.port)], timeout=30)
     assert out.startswith("refused 0x12a"), out  # CRYPTO_ERROR + TLS alert bad_certificate (42)
-    events = [json.loads(line) for line in (b.root / "edge.log").read_text().splitlines() if line.startswith("{")]
-    refused = [e for e in events if e.get("event") == "edge.peer_refused"]
-    assert refused and refused[-1]["reason"] == "STREAM_FAULT_PEER_NOT_AUTHORIZED"
+    status = b.stub.GetStatus(edge_pb2.GetStatusRequest())  # type: ignore[union-attr]
+    assert status.admission.refused["peer_not_authorized"] >= 1 and status.admission.half_open == 0
+
+    def summaries() -> list[dict]:
+        lines = (b.root / "edge.log").read_text().splitlines()
+        return [e for e in map(json.loads, filter(lambda x: x.startswith("{"), lines))
+                if e.get("event") == "edge.admission_refused" and "peer_not_authorized" in e["refused"]]
+
+    wait_until(lambda: summaries(), "the refusal in an edge.admission_refused summary", timeout=15)
 
 
 @pytest.mark.parametrize("victim", ["receiver", "sender"])

@@ -47,7 +47,8 @@ class Pair:
         self.recv: EdgeRecord | None = self.establish_recv() if recv else None
 
     def establish_recv(self) -> EdgeRecord:
-        self.recv = self.b.add_recv(self.edge_id, 21, FakeProducerEnd(self.rx), self.recv_tap, self.clock.now_us)
+        self.recv = self.b.add_recv(self.edge_id, 21, 1, FakeProducerEnd(self.rx), self.recv_tap, self.clock.now,
+                                    self.clock.now_us)
         return self.recv
 
     def move(self, data: bytes, *, close: bool = False, expect: int | None = None) -> bytes:
@@ -203,7 +204,7 @@ def test_second_stream_for_an_edge_faults_its_sender_unknown_edge() -> None:
     p = Pair()
     p.move(b"first")
     other = table()
-    dup_link = Link(other, p.b, p.clock, tx_node=3)
+    dup_link = Link(other, p.b, p.clock, tx_node=1)  # the producer again, on a second connection
     dup_ring = FakeRing(12, 4096, eventfds=False)
     dup = other.add_send(7, 12, 2, FakeConsumerEnd(dup_ring), None)
     other.connected(dup, dup_link.conn_tx, p.clock.now_us)
@@ -212,6 +213,72 @@ def test_second_stream_for_an_edge_faults_its_sender_unknown_edge() -> None:
     assert events(other) == [("ready", 7, ""), ("fault", 7, "STREAM_FAULT_UNKNOWN_EDGE")]
     assert p.move(b" and more") == b" and more"  # the first stream is untouched
     assert events(p.b) == [("ready", 7, "")]
+
+
+def intruder(p: Pair, node: int = 3) -> tuple[EdgeTable, Link]:
+    """Host `node` (not edge 7's planned producer, node 1) sends edge 7 to B too."""
+    other = table()
+    link = Link(other, p.b, p.clock, tx_node=node)
+    ring = FakeRing(13, 4096, eventfds=False)
+    rec = other.add_send(7, 13, 2, FakeConsumerEnd(ring), None)
+    other.connected(rec, link.conn_tx, p.clock.now_us)
+    ring.write(b"take this instead")
+    link.run()
+    return other, link
+
+
+def test_stream_from_a_node_other_than_the_planned_producer_is_refused(logs: list[dict]) -> None:
+    p = Pair()
+    p.move(b"first")
+    other, _ = intruder(p)
+    assert events(other) == [("ready", 7, ""), ("fault", 7, "STREAM_FAULT_WRONG_PRODUCER")]
+    assert p.move(b" and more") == b" and more"  # the producer's stream is untouched
+    assert p.rx.read(100) == b""  # and not one intruder byte reached the ring
+    assert events(p.b) == [("ready", 7, "")]
+    assert p.b.streams_wrong_producer == 1
+    (refused,) = [e for e in logs if e["event"] == "edge.stream_refused"]
+    assert refused["reason"] == "STREAM_FAULT_WRONG_PRODUCER" and refused["peer_node_id"] == 3
+    assert refused["edge_id"] == 7 and refused["log_level"] == "warning"
+
+
+def test_refused_intruder_then_the_planned_producer_streams() -> None:
+    p = Pair()
+    intruder(p)  # first, while B waits for node 1
+    assert p.b.next_deadline() == p.clock.now + 5.0
+    got = p.move(b"the real bytes")
+    assert got == b"the real bytes"
+    assert p.b.next_deadline() is None
+    p.clock.advance(10.0)
+    p.b.expire(p.clock.now)
+    assert events(p.b) == [("ready", 7, "")]
+
+
+def test_intruder_parked_before_establish_recv_is_refused_then() -> None:
+    p = Pair(recv=False)
+    other, link = intruder(p)
+    assert p.b.parked_streams == 1 and events(other) == [("ready", 7, "")]
+    p.establish_recv()
+    link.run()
+    assert p.b.parked_streams == 0
+    assert events(other) == [("fault", 7, "STREAM_FAULT_WRONG_PRODUCER")]
+    assert p.move(b"mine") == b"mine"
+    assert events(p.b) == [("ready", 7, "")]
+
+
+def test_planned_producer_that_never_comes_faults_the_edge_with_a_reason() -> None:
+    p = Pair()
+    p.send.pump.stop()  # node 1 never sends (its edge was stopped before it had bytes)
+    intruder(p)
+    p.clock.advance(4.9)
+    p.b.expire(p.clock.now)
+    assert events(p.b) == [("ready", 7, "")]
+    p.clock.advance(0.1)
+    p.b.expire(p.clock.now)
+    out = p.b.outbox[:]
+    assert events(p.b) == [("fault", 7, "STREAM_FAULT_WRONG_PRODUCER")]
+    detail = out[0][0].fault.detail
+    assert "node 3" in detail and "node 1" in detail and "did not open" in detail
+    assert p.recv.pump.state is RecvState.FAULTED  # type: ignore[union-attr]
 
 
 def test_stream_for_an_unknown_edge_parks_then_times_out() -> None:

@@ -37,7 +37,7 @@ def test_bytes_cross_intact_recv_first(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 256 << 10))
             rx = b.rings.add(FakeRing(21, 128 << 10))
-            await b.driver.establish_recv(7, 21, None)
+            await b.driver.establish_recv(7, 21, a.node_id, None)
             await a.driver.establish_send(7, b.node_id, 11, None)
             await next_event(a, "ready", 7)
             data = os.urandom(8 << 20)
@@ -66,7 +66,7 @@ def test_stream_first_rendezvous_and_shared_connection(tmp_path: Path) -> None:
             await until(lambda: b.driver.table.parked_streams == 4, "4 parked streams")  # no EstablishRecv yet
             for e in range(1, 5):
                 rx = b.rings.add(FakeRing(20 + e, 64 << 10))
-                await b.driver.establish_recv(e, 20 + e, None)
+                await b.driver.establish_recv(e, 20 + e, a.node_id, None)
                 await until(lambda rx=rx: rx.avail() >= 7, f"edge {e}'s bytes")
                 assert rx.read(100) == b"hello %d" % e
             conns_a = [c for c in a.driver.endpoint.connections if not c.closed]
@@ -110,7 +110,7 @@ def test_malformed_preamble_faults_and_driver_survives(tmp_path: Path) -> None:
             # the same connection still carries a good edge
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 64 << 10))
-            await b.driver.establish_recv(5, 21, None)
+            await b.driver.establish_recv(5, 21, a.node_id, None)
             await a.driver.establish_send(5, b.node_id, 11, None)
             await next_event(a, "ready", 5)
             tx.write(b"ok")
@@ -129,7 +129,7 @@ def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 16 << 10))
-            await b.driver.establish_recv(3, 21, None)
+            await b.driver.establish_recv(3, 21, a.node_id, None)
             await a.driver.establish_send(3, b.node_id, 11, None)
             await next_event(a, "ready", 3)
             tx.write(b"a" * (32 << 10))
@@ -153,7 +153,7 @@ def test_keepalive_holds_a_quiet_connection_open(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 64 << 10))
-            await b.driver.establish_recv(1, 21, None)
+            await b.driver.establish_recv(1, 21, a.node_id, None)
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             tx.write(b"first")
@@ -179,7 +179,7 @@ def test_stalled_consumer_bounds_queues_and_credit(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 256 << 10))
             rx = b.rings.add(FakeRing(21, 128 << 10))
-            await b.driver.establish_recv(1, 21, None)
+            await b.driver.establish_recv(1, 21, a.node_id, None)
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             data = os.urandom(16 << 20)
@@ -215,7 +215,7 @@ def test_stop_edge_send_side_closes_stream_and_recv_side_faults_sender(tmp_path:
             for e in (1, 2):
                 a.rings.add(FakeRing(10 + e, 64 << 10)).write(b"x" * 100)
                 b.rings.add(FakeRing(20 + e, 64 << 10))
-                await b.driver.establish_recv(e, 20 + e, None)
+                await b.driver.establish_recv(e, 20 + e, a.node_id, None)
                 await a.driver.establish_send(e, b.node_id, 10 + e, None)
             await until(lambda: all(b.rings.rings[20 + e].avail() == 100 for e in (1, 2)), "both edges' bytes")
             assert a.driver.stop_edge(1)
@@ -244,7 +244,7 @@ def test_unknown_peer_faults_edge_unreachable(tmp_path: Path) -> None:
             with pytest.raises(EdgeError, match="already established"):
                 await a.driver.establish_send(1, 424242, 11, None)
             with pytest.raises(EdgeError, match="cannot open"):
-                await a.driver.establish_recv(2, 999, None)
+                await a.driver.establish_recv(2, 999, 7, None)
         finally:
             await stop_nodes([a])
 
@@ -257,7 +257,7 @@ def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -
         try:
             a.rings.add(FakeRing(11, 64 << 10))
             b.rings.add(FakeRing(21, 64 << 10))
-            await b.driver.establish_recv(1, 21, None)
+            await b.driver.establish_recv(1, 21, a.node_id, None)
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             old = a.driver.endpoint.cached(b.node_id)
@@ -278,7 +278,7 @@ def test_restarted_peer_gets_new_edges_not_the_dead_connection(tmp_path: Path) -
             b2.start()
             b.rings.add(FakeRing(22, 64 << 10))
             a.rings.add(FakeRing(12, 64 << 10))
-            await a.driver.establish_recv(2, 12, None)
+            await a.driver.establish_recv(2, 12, b.node_id, None)
             await b2.establish_send(2, a.node_id, 22, None)
             await until(lambda: a.driver.endpoint.cached(b.node_id) is not old, "the new connection in a's cache")
             new = a.driver.endpoint.cached(b.node_id)

@@ -101,7 +101,7 @@ def test_drivers_report_object_timings_for_each_record(tmp_path: Path) -> None:
         try:
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = b.rings.add(FakeRing(21, 16 << 10))
-            await b.driver.establish_recv(5, 21, None)
+            await b.driver.establish_recv(5, 21, a.node_id, None)
             await a.driver.establish_send(5, b.node_id, 11, None)
             await next_event(a, "ready", 5)
             extents = [4, 2304, 9000, 40000, 2304]  # decode-sized, and larger than the recv ring

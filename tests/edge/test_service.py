@@ -26,18 +26,18 @@ def test_service_codes_replay_and_self_edge(tmp_path: Path) -> None:
         stub = edge_pb2_grpc.EdgeDriverStub(channel)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=0, ring_id=1))
+                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=0, ring_id=1, tx_node_id=a.node_id))
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=77))
+                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=77, tx_node_id=a.node_id))
             assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "ring 77" in (err.value.details() or "")
             # an edge from this host to itself (e.g. a token endpoint next to stage 0)
             tx = a.rings.add(FakeRing(11, 64 << 10))
             rx = a.rings.add(FakeRing(21, 64 << 10))
-            await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=21))
+            await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=21, tx_node_id=a.node_id))
             await stub.EstablishSend(edge_pb2.EstablishSendRequest(edge_id=2, rx_node_id=a.node_id, ring_id=11))
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=21))
+                await stub.EstablishRecv(edge_pb2.EstablishRecvRequest(edge_id=1, ring_id=21, tx_node_id=a.node_id))
             assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
             watch = stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True, edge_ids=[1]))
             first = await asyncio.wait_for(watch.read(), 5)

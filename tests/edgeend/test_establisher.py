@@ -27,7 +27,7 @@ def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
     assert est.state(5) is e.EdgeState.WAITING_FOR_LEASE
     assert est.handle(e.RingLeased(11, layout())) == [e.InstallRing(prov(5, direction), layout())]
     assert est.state(5) is e.EdgeState.WAITING_FOR_WORKER_RING
-    want = e.EstablishRecv(5, layout()) if direction == "Ingress" else e.EstablishSend(5, 99, layout())
+    want = e.EstablishRecv(5, 99, layout()) if direction == "Ingress" else e.EstablishSend(5, 99, layout())
     assert est.handle(e.RingInstalled(70)) == [want]
     assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
     assert est.handle(e.DriverEdgeReady(5)) == [e.EdgeReady(5, 70)]

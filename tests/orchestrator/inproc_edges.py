@@ -49,9 +49,9 @@ class DriverPortAdapter:
         self.calls.append(("send", edge_id))
         await self.driver.establish_send(edge_id, rx_node_id, layout.ring_id, layout.to_pb())
 
-    async def establish_recv(self, edge_id: int, layout: Any) -> None:
+    async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Any) -> None:
         self.calls.append(("recv", edge_id))
-        await self.driver.establish_recv(edge_id, layout.ring_id, layout.to_pb())
+        await self.driver.establish_recv(edge_id, layout.ring_id, tx_node_id, layout.to_pb())
 
     async def stop_edge(self, edge_id: int) -> bool:
         self.calls.append(("stop", edge_id))

@@ -53,7 +53,7 @@ class FakeDriverPort:
         self.calls.append(("send", edge_id))
         self.queue.put_nowait(est.DriverEdgeReady(edge_id))
 
-    async def establish_recv(self, edge_id: int, layout: Layout) -> None:
+    async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
         self.calls.append(("recv", edge_id))
         self.queue.put_nowait(est.DriverEdgeReady(edge_id))
 

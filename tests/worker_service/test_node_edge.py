@@ -29,7 +29,7 @@ from swactor.edgeend.adapters import (
     ArenaClientPort,
     EdgeDriverPort,
 )
-from swactor.v1 import common_pb2, edge_pb2, membership_pb2, membership_pb2_grpc
+from swactor.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 from swactor.worker.ctl import GpuWorkerCtl
 from swactor.worker.ctl_fsm import CtlCore
 from swactor.worker.membership import MembershipClientPort
@@ -167,8 +167,7 @@ async def scenario(h: Host, p: Host) -> None:
         tin = await peer_ring(peer_client, 301, common_pb2.RING_DIRECTION_EGRESS)
         act = await peer_ring(peer_client, 302, common_pb2.RING_DIRECTION_INGRESS)
         await peer_driver.establish_send(301, h.node_id, tin)
-        await peer_driver._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=302, ring_id=act.ring_id, ring_layout=act.to_pb()))
+        await peer_driver.establish_recv(302, h.node_id, act)
         r, w = fetch_wake_fds(p.base / "edge-wake.sock", tin.ring_id)
         prod = sr.Producer(peer_arena, native_layout(tin), readable_fd=r, writable_fd=w)
         r2, w2 = fetch_wake_fds(p.base / "edge-wake.sock", act.ring_id)

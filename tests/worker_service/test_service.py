@@ -14,6 +14,7 @@ from swactor.common.grpcio import create_server
 from swactor.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from swactor.worker.node import StageNode
 from swactor.worker.service import SERVICE_NAME, StageControlServicer
+from swactor.worker.stage_fsm import StageState
 
 from .node_fakes import FakeArenaPort, FakeCtl, FakeDriverPort, FakeMembership
 from .plans import provision
@@ -115,6 +116,29 @@ def test_rejections() -> None:
             assert "authorised orchestrator" in (info.value.details() or "")
 
     asyncio.run(serve(body, pinned=ORCH))
+
+
+def test_stop_and_watch_only_from_the_orchestrator_that_provisioned_the_run() -> None:
+    async def body(port: int, node: StageNode, membership: FakeMembership) -> None:
+        await settle()
+        ch, s = stub(port)
+        other_ch, other = stub(port, orch=ORCH + 3)  # holds the cluster secret, names another orchestrator
+        async with ch, other_ch:
+            await s.ProvisionStage(provision(node_id=NODE, orchestrator=ORCH, run_id=77))
+            await updates(s, 77, "ready")
+            for call in (other.StopRun(stage_pb2.StopStageRunRequest(run_id=77)),
+                         updates(other, 77, "ready")):
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call
+                assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert f"provisioned by orchestrator {ORCH}" in (info.value.details() or "")
+            assert node.stage is not None and node.stage.state is StageState.READY  # untouched
+            # a run it does not know: nothing to protect, the usual answers
+            assert not (await other.StopRun(stage_pb2.StopStageRunRequest(run_id=12345))).known
+            assert (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=77))).known
+            assert (await updates(s, 77, "stopped"))[-1].HasField("stopped")
+
+    asyncio.run(serve(body))
 
 
 def test_tls_refuses_strangers_and_non_orchestrators() -> None:

@@ -58,6 +58,9 @@ class EdgeConnection:
         self.closed = False
         self.last_rx = endpoint.loop.time()  # loop time of the last datagram from the peer
         self.uid = next(self._uids)
+        self.cids: set[bytes] = set()  # our connection IDs the endpoint routes to this connection
+        self.half_open: str | None = None  # admission slot (source address) until the handshake completes
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._transmit_handle: asyncio.Handle | None = None
@@ -142,6 +145,12 @@ class EdgeConnection:
             self.transmit()
         self._keepalive = self.endpoint.loop.call_later(self.endpoint.config.keepalive_interval, self._on_keepalive)
 
+    def cancel_timers(self) -> None:
+        for handle in (self._timer, self._keepalive, self._transmit_handle, self._handshake_timer):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._keepalive = self._transmit_handle = self._handshake_timer = None
+
     def refused_here(self) -> bool:
         """True when this side refused the peer's certificate on an accepted connection."""
         return self.quic.refused_reason is not None and not self.initiated_here
@@ -166,9 +175,9 @@ class EdgeConnection:
             elif isinstance(event, events.StopSendingReceived):
                 listener.on_stop_sending(self, event.stream_id, event.error_code)
             elif isinstance(event, events.ConnectionIdIssued):
-                self.endpoint._cids[event.connection_id] = self
+                self.endpoint.add_cid(self, event.connection_id)
             elif isinstance(event, events.ConnectionIdRetired):
-                self.endpoint._cids.pop(event.connection_id, None)
+                self.endpoint.drop_cid(self, event.connection_id)
             elif isinstance(event, events.ConnectionTerminated):
                 self._terminated(event)
                 return
@@ -178,9 +187,8 @@ class EdgeConnection:
 
     def _terminated(self, event: events.ConnectionTerminated) -> None:
         self.closed = True
-        for handle in (self._timer, self._keepalive, self._transmit_handle):
-            if handle is not None:
-                handle.cancel()
+        self.cancel_timers()
+        established = self.handshake.done()  # only a completed handshake has set it by now
         refused = self.quic.refused_reason
         reason = refused or f"{event.reason_phrase or 'closed'} (code {event.error_code:#x})"
         # TLS alert bad_certificate (42) surfaces as CRYPTO_ERROR 0x100 + 42 on the other side.
@@ -190,6 +198,11 @@ class EdgeConnection:
             self.handshake.set_exception(exc)
             self.handshake.exception()  # mark retrieved: the dialer may have given up already
         self.endpoint._forget(self)
+        if not established and not self.initiated_here:
+            # A stranger's handshake that never completed: counted by admission (summary), no
+            # line of its own, and no stream can exist on it.
+            log.debug("edge.connection_closed", peer=str(self.peer_addr), reason=reason, not_authorized=not_authorized)
+            return
         log.info(
             "edge.connection_closed",
             peer_node_id=self.peer_node_id or 0,

@@ -60,12 +60,10 @@ class Driver:
         self.directory = directory
         self.rings = rings
         self.endpoint = Endpoint(node_id=node_id, identity=identity, config=config, directory=directory, listener=self)
-        self.endpoint.on_refused = self._on_refused
         self.table = EdgeTable(rendezvous_timeout=config.rendezvous_timeout, stream_window=config.stream_window,
                                send_queue_limit=config.send_queue_limit)
         self.watchers = Watchers(node_id)
         self.taps = TimingTaps(on_done=self._arm_flush)
-        self.refused_peers = 0
         self._loop = asyncio.get_running_loop()
         self._status = StatusNotifier(self.status_line)
         self._dials: dict[tuple[int, int], asyncio.Task[None]] = {}
@@ -114,10 +112,17 @@ class Driver:
             del self._dials[(rec.edge_id, SEND)]
         self._after()
 
-    async def establish_recv(self, edge_id: int, ring_id: int, layout: object) -> None:
+    async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object) -> None:
         self.table.check_new(edge_id, ring_id, RECV)
+        if tx_node_id == 0:
+            raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
         ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
-        rec = self.table.add_recv(edge_id, ring_id, ring, self._tap(edge_id, RECV, ring_id), _now_us())
+        try:
+            rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
+                                      self._loop.time(), _now_us())
+        except EdgeError:
+            ring.release()
+            raise
         self._watch_ring(rec)
         self._after()
 
@@ -184,15 +189,6 @@ class Driver:
         self.table.connection_lost(conn, reason, not_authorized)
         self._after(conn)
         self._status.changed()
-
-    def _on_refused(self, addr: tuple[str, int], why: str) -> None:
-        self.refused_peers += 1
-        log.warning(
-            "edge.peer_refused",
-            peer=f"{addr[0]}:{addr[1]}",
-            reason=common_pb2.StreamFaultReason.Name(common_pb2.STREAM_FAULT_PEER_NOT_AUTHORIZED),
-            detail=why,
-        )
 
     # ---- ring wakes ----
 

@@ -8,7 +8,13 @@
 * Keepalive: every connection PINGs every `keepalive_interval`, so a quiet persistent edge is
   not closed by the idle timeout, and a dead peer is noticed within `idle_timeout`.
 * Every connection authenticates the peer by certificate fingerprint (quic_conn); which
-  datagrams may start a connection at all is `admission.ConnectionAdmission`'s call.
+  datagrams may start a connection at all is `admission.ConnectionAdmission`'s call (Retry,
+  half-open caps, handshake rates). An admitted Initial that does not decrypt is junk: its
+  connection is dropped before any timer is armed. An accepted connection that has not finished
+  its handshake within `handshake_timeout` is closed.
+* Cleanup is O(1) per connection: each connection knows its own CIDs, each peer its connections.
+* Refusals are counted, never logged one by one, and a flood of strangers' Initials is filtered in
+  the kernel: guard.py, the timers around admission.
 The per-connection machinery (timers, keepalive, events) is in connection.py.
 """
 
@@ -20,15 +26,15 @@ import ssl
 from collections.abc import Callable
 
 from aioquic import tls
-from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.packet import pull_quic_header
+from aioquic.quic.packet import encode_quic_retry
 from cryptography import x509
 
 from swactor.common.events import get_logger
-from swactor.edge.admission import ConnectionAdmission
+from swactor.edge.admission import AdmissionLimits, Admit, ConnectionAdmission, Drop, Refusal, SendRetry
 from swactor.edge.config import ALPN, EdgeConfig
 from swactor.edge.connection import ConnectionListener, EdgeConnection, PeerUnreachable
+from swactor.edge.guard import AdmissionGuard
 from swactor.edge.identity import EdgeIdentity, fingerprint
 from swactor.edge.mtu import datagram_size_for
 from swactor.edge.peers import PeerDirectory, parse_endpoint
@@ -59,12 +65,14 @@ class Endpoint:
         self.address: tuple[str, int] | None = None
         self._cids: dict[bytes, EdgeConnection] = {}
         self._cache: dict[tuple[int, str], EdgeConnection] = {}
+        self._by_peer: dict[int, set[EdgeConnection]] = {}  # handshaken connections per peer node
         self._dials: dict[int, asyncio.Task[EdgeConnection]] = {}
         self.connections: set[EdgeConnection] = set()
         self.send_errors = 0
-        self.bad_datagrams = 0
-        self.on_refused: Callable[[tuple[str, int], str], None] = lambda addr, why: None
-        self.admission = ConnectionAdmission(QuicConfiguration(is_client=False).supported_versions)
+        self.admission = ConnectionAdmission(
+            AdmissionLimits.of(config), QuicConfiguration(is_client=False).supported_versions,
+            now=self.loop.time(), is_member=directory.is_member_host)
+        self.guard = AdmissionGuard(self.admission, self.loop, config.refusal_log_interval, self._filter_target)
 
     # ---- socket ----
 
@@ -102,51 +110,95 @@ class Endpoint:
         assert self.sock is not None
         touched: dict[int, EdgeConnection] = {}
         now = self.loop.time()
+        cids = self._cids
+        recvfrom = self.sock.recvfrom
         for _ in range(READ_BATCH):
             try:
-                data, addr = self.sock.recvfrom(65536)
+                data, addr = recvfrom(65536)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 continue
-            addr = addr[:2]
-            conn = self._route(data, addr)
-            if conn is None:
+            # The destination CID straight from the bytes (aioquic parses the header again anyway):
+            # long header: length at byte 5, CID after it; short header: our CID_LEN bytes at 1.
+            if not data:
                 continue
+            dcid = data[6:6 + data[5]] if data[0] & 0x80 and len(data) > 5 else data[1:1 + CID_LEN]
+            conn = cids.get(dcid)
+            fresh = conn is None
+            if conn is None:
+                conn = self._accept(data, addr[:2], now)
+                if conn is None:
+                    continue
+            addr = addr[:2]
             try:
                 conn.quic.receive_datagram(data, addr, now=now)
-            except Exception as e:  # aioquic rejects bad input itself; this is the last line
-                self.bad_datagrams += 1
-                log.warning("edge.datagram_rejected", peer=f"{addr[0]}:{addr[1]}", detail=repr(e))
+            except Exception:  # aioquic rejects bad input itself; this is the last line
+                self.admission.refused(Refusal.BAD_DATAGRAM, addr[0])
+                if fresh:
+                    self._discard(conn)
                 continue
+            if fresh:
+                if not conn.quic.heard_from_peer:  # nothing decrypted: junk shaped like an Initial
+                    self.admission.refused(Refusal.UNDECRYPTABLE_INITIAL, addr[0])
+                    self._discard(conn)
+                    continue
+                conn._handshake_timer = self.loop.call_later(self.config.handshake_timeout, self._handshake_expired, conn)
             conn.last_rx = now
             touched[conn.uid] = conn
         for conn in touched.values():
             conn.process_events()
             conn.transmit()
+        self.guard.after_batch()
 
-    def _route(self, data: bytes, addr: tuple[str, int]) -> EdgeConnection | None:
-        try:
-            header = pull_quic_header(Buffer(data=data), host_cid_length=CID_LEN)
-        except ValueError:
+    def _accept(self, data: bytes, addr: tuple[str, int], now: float) -> EdgeConnection | None:
+        """A datagram for an unknown CID: admission decides (admission.py)."""
+        if self.sock is None:
             return None
-        conn = self._cids.get(header.destination_cid)
-        if conn is not None:
-            return conn
-        if self.sock is None or not self.admission.admit_new(header, len(data), addr, self.loop.time()):
+        verdict, initial = self.admission.admit_new(data, addr, now)
+        if verdict.__class__ is Drop:
             return None
+        assert initial is not None
+        if isinstance(verdict, SendRetry):
+            self.sendto(encode_quic_retry(version=initial.version, source_cid=verdict.retry_scid,
+                                          destination_cid=initial.scid, original_destination_cid=initial.dcid,
+                                          retry_token=verdict.token), addr)
+            return None
+        assert isinstance(verdict, Admit)
         cfg = self._configuration(is_client=False, peer_addr=addr)
         quic = EdgeQuicConnection(
             configuration=cfg,
             pin=self._pin_any_member,
             connection_window=self.config.connection_window,
             max_streams_uni=self.config.max_streams,
-            original_destination_connection_id=header.destination_cid,
+            original_destination_connection_id=verdict.original_dcid,
+            retry_source_connection_id=verdict.retry_scid,
         )
         conn = self._adopt(quic, initiated_here=False)
         conn.peer_addr = addr
-        self._cids[header.destination_cid] = conn
+        conn.half_open = verdict.source
+        self.add_cid(conn, initial.dcid)
         return conn
+
+    def _handshake_expired(self, conn: EdgeConnection) -> None:
+        conn._handshake_timer = None
+        if conn.closed or conn.handshake.done():
+            return
+        self.admission.refused(Refusal.HANDSHAKE_TIMEOUT, conn.half_open or "?")
+        conn.close(reason="handshake timeout")
+        self._discard(conn)
+        self.guard.noted()
+
+    def _filter_target(self) -> tuple[socket.socket | None, frozenset[str]]:
+        """The socket the kernel flood filter goes on, and who it lets through (members and us)."""
+        own = {self.address[0]} if self.address else set()
+        return self.sock, self.directory.member_hosts() | own
+
+    def _discard(self, conn: EdgeConnection) -> None:
+        """Drop a connection that never completed a handshake, at once (no draining period)."""
+        conn.closed = True
+        conn.cancel_timers()
+        self._forget(conn)
 
     # ---- connections ----
 
@@ -172,10 +224,18 @@ class Endpoint:
 
     def _adopt(self, quic: EdgeQuicConnection, *, initiated_here: bool) -> EdgeConnection:
         conn = EdgeConnection(self, quic, initiated_here=initiated_here)
-        self._cids[quic.host_cid] = conn
+        self.add_cid(conn, quic.host_cid)
         self.connections.add(conn)
-        conn._keepalive = self.loop.call_later(self.config.keepalive_interval, conn._on_keepalive)
         return conn
+
+    def add_cid(self, conn: EdgeConnection, cid: bytes) -> None:
+        self._cids[cid] = conn
+        conn.cids.add(cid)
+
+    def drop_cid(self, conn: EdgeConnection, cid: bytes) -> None:
+        if self._cids.get(cid) is conn:
+            del self._cids[cid]
+        conn.cids.discard(cid)
 
     def _pin_any_member(self, cert: x509.Certificate) -> int:
         peer = self.directory.by_fingerprint(fingerprint(cert))
@@ -197,6 +257,10 @@ class Endpoint:
         assert peer is not None  # the pin ran during the handshake
         if not conn.handshake.done():
             conn.handshake.set_result(None)
+        self._release_half_open(conn)
+        self._by_peer.setdefault(peer, set()).add(conn)
+        if conn._keepalive is None:
+            conn._keepalive = self.loop.call_later(self.config.keepalive_interval, conn._on_keepalive)
         key = (peer, ALPN)
         old = self._cache.get(key)
         # A cached connection that has heard nothing for two keepalive intervals is most likely to a
@@ -211,20 +275,38 @@ class Endpoint:
             max_datagram_size=conn.max_datagram_size,
         )
 
+    def _release_half_open(self, conn: EdgeConnection) -> None:
+        if conn.half_open is not None:
+            self.admission.release(conn.half_open)
+            conn.half_open = None
+        if conn._handshake_timer is not None:
+            conn._handshake_timer.cancel()
+            conn._handshake_timer = None
+
     def _forget(self, conn: EdgeConnection) -> None:
+        """The connection is gone: O(its own CIDs), never a scan of all connections."""
         self.connections.discard(conn)
-        for cid in [c for c, v in self._cids.items() if v is conn]:
-            del self._cids[cid]
+        for cid in conn.cids:
+            if self._cids.get(cid) is conn:
+                del self._cids[cid]
+        conn.cids.clear()
+        self._release_half_open(conn)
         peer = conn.peer_node_id
+        peers = self._by_peer.get(peer) if peer is not None else None
+        if peers is not None:
+            peers.discard(conn)
+            if not peers:
+                del self._by_peer[peer]  # type: ignore[arg-type]
         if peer is not None and self._cache.get((peer, ALPN)) is conn:
             del self._cache[(peer, ALPN)]
             # Another live connection to the same peer (a crossed dial) takes over the cache slot.
-            for other in self.connections:
-                if other.peer_node_id == peer and other.handshake.done() and not other.closed:
+            for other in peers or ():
+                if not other.closed:
                     self._cache[(peer, ALPN)] = other
                     break
         if conn.refused_here():
-            self.on_refused(conn.peer_addr or ("?", 0), conn.quic.refused_reason or "")
+            self.admission.refused(Refusal.PEER_NOT_AUTHORIZED, conn.peer_addr[0] if conn.peer_addr else "?")
+            self.guard.noted()
 
     def cached(self, peer_node_id: int) -> EdgeConnection | None:
         conn = self._cache.get((peer_node_id, ALPN))
@@ -265,8 +347,7 @@ class Endpoint:
             await asyncio.wait_for(asyncio.shield(conn.handshake), self.config.connect_timeout)
         except TimeoutError:
             conn.close(reason="connect timeout")
-            conn.closed = True
-            self._forget(conn)
+            self._discard(conn)
             raise PeerUnreachable(
                 f"no QUIC handshake with node {peer_node_id} at {peer.endpoint} within {self.config.connect_timeout} s"
             ) from None
@@ -288,7 +369,6 @@ class Endpoint:
             self.sock = None
         for conn in list(self.connections):
             conn.closed = True
-            for handle in (conn._timer, conn._keepalive, conn._transmit_handle):
-                if handle is not None:
-                    handle.cancel()
+            conn.cancel_timers()
         self.connections.clear()
+        self.guard.close()

@@ -15,6 +15,7 @@ Two implementations:
 from __future__ import annotations
 
 import asyncio
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,15 @@ class PeerDirectory(Protocol):
 
     def by_fingerprint(self, fingerprint: str) -> PeerInfo | None: ...
 
+    def is_member_host(self, host: str) -> bool:
+        """Whether `host` (an IP literal) is the address of a member's edge endpoint (admission.py:
+        members skip Retry). Called per new-connection datagram: a set lookup, never I/O."""
+        ...
+
+    def member_hosts(self) -> frozenset[str]:
+        """Every member's edge endpoint host (the kernel flood filter lets them through)."""
+        ...
+
     async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None: ...
 
     async def close(self) -> None: ...
@@ -54,27 +64,41 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _host(endpoint: str) -> str:
+    try:
+        return parse_endpoint(endpoint)[0]
+    except ValueError:
+        return ""
+
+
 class _Table:
     def __init__(self) -> None:
         self.by_id: dict[int, PeerInfo] = {}
         self.by_fp: dict[str, PeerInfo] = {}
+        self.hosts: dict[str, int] = {}  # endpoint host -> members there (several share one in tests)
 
     def replace(self, peers: list[PeerInfo]) -> None:
-        self.by_id = {p.node_id: p for p in peers}
-        self.by_fp = {p.fingerprint: p for p in peers if p.fingerprint}
+        self.by_id, self.by_fp, self.hosts = {}, {}, {}
+        for p in peers:
+            self.put(p)
 
     def put(self, peer: PeerInfo) -> None:
-        old = self.by_id.get(peer.node_id)
-        if old is not None:
-            self.by_fp.pop(old.fingerprint, None)
+        self.remove(peer.node_id)
         self.by_id[peer.node_id] = peer
         if peer.fingerprint:
             self.by_fp[peer.fingerprint] = peer
+        host = _host(peer.endpoint)
+        self.hosts[host] = self.hosts.get(host, 0) + 1
 
     def remove(self, node_id: int) -> None:
         old = self.by_id.pop(node_id, None)
         if old is not None:
             self.by_fp.pop(old.fingerprint, None)
+            host = _host(old.endpoint)
+            if self.hosts.get(host, 0) <= 1:
+                self.hosts.pop(host, None)
+            else:
+                self.hosts[host] -= 1
 
 
 def load_peers_file(path: Path) -> list[PeerInfo]:
@@ -105,6 +129,7 @@ class StaticPeerDirectory:
         self._path = path
         self._table = _Table()
         self._mtime: float | None = None
+        self._hosts_checked = float("-inf")
         self._refresh()
 
     def _refresh(self) -> None:
@@ -121,6 +146,19 @@ class StaticPeerDirectory:
 
     def by_fingerprint(self, fingerprint: str) -> PeerInfo | None:
         return self._find("by_fp", fingerprint)
+
+    def member_hosts(self) -> frozenset[str]:
+        return frozenset(self._table.hosts)
+
+    def is_member_host(self, host: str) -> bool:
+        if host in self._table.hosts:
+            return True
+        # This runs per unknown datagram: a changed file is looked for at most once a second.
+        now = time.monotonic()
+        if now - self._hosts_checked >= 1.0:
+            self._hosts_checked = now
+            self._refresh()
+        return host in self._table.hosts
 
     def _find(self, index: str, key: object) -> PeerInfo | None:
         """From the table, or after re-reading a changed file (a peer added since)."""
@@ -151,6 +189,12 @@ class MembershipPeerDirectory:
 
     def by_fingerprint(self, fingerprint: str) -> PeerInfo | None:
         return self._table.by_fp.get(fingerprint)
+
+    def is_member_host(self, host: str) -> bool:
+        return host in self._table.hosts
+
+    def member_hosts(self) -> frozenset[str]:
+        return frozenset(self._table.hosts)
 
     async def start(self, *, self_endpoint: str, self_fingerprint: str) -> None:
         from swactor.v1 import membership_pb2, membership_pb2_grpc

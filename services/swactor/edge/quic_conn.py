@@ -15,6 +15,8 @@ This touches aioquic 1.7.2 private API (pinned by tests/edge/test_quic_conn.py):
   so a datagram above ~16 KiB carries a corrupt frame. `_write_stream_frame` here caps each
   frame at MAX_FRAME_DATA and writes as many frames as the packet holds, so large datagrams
   (loopback, jumbo frames) work and per-packet costs are paid once per datagram.
+* `heard_from_peer`: whether any packet of the peer decrypted yet (aioquic leaves a server
+  connection in FIRSTFLIGHT until one does), so the endpoint drops junk Initials at once.
 * Both sides present a certificate (the server asks for one via the TLS context's
   `_request_client_certificate`) and each pins the peer's certificate with `pin(cert)`, which
   raises a TLS alert for a non-member: the handshake then fails with a CRYPTO_ERROR on both ends.
@@ -32,6 +34,7 @@ from aioquic.quic.connection import (
     CONNECTION_LIMIT_FRAME_CAPACITY,
     MAX_STREAM_DATA_FRAME_CAPACITY,
     QuicConnection,
+    QuicConnectionState,
 )
 from aioquic.quic.packet import QuicFrameType
 from aioquic.quic.packet_builder import QuicPacketBuilder
@@ -103,6 +106,11 @@ class EdgeQuicConnection(QuicConnection):
     @property
     def peer_node_id(self) -> int | None:
         return getattr(self.tls, "pinned_node_id", None) if hasattr(self, "tls") else None
+
+    @property
+    def heard_from_peer(self) -> bool:
+        """True once a packet from the peer decrypted (a junk Initial never gets here)."""
+        return self._state is not QuicConnectionState.FIRSTFLIGHT
 
     @property
     def refused_reason(self) -> str | None:

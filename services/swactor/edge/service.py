@@ -35,7 +35,7 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
         self, request: edge_pb2.EstablishRecvRequest, context: grpc.aio.ServicerContext
     ) -> edge_pb2.EstablishResponse:
         try:
-            await self.driver.establish_recv(request.edge_id, request.ring_id, request.ring_layout)
+            await self.driver.establish_recv(request.edge_id, request.ring_id, request.tx_node_id, request.ring_layout)
         except EdgeError as e:
             await context.abort(_CODES[e.kind], str(e))
         return edge_pb2.EstablishResponse()

@@ -30,6 +30,12 @@ def driver_status(node_id: int, fingerprint: str, endpoint: Endpoint, table: Edg
             streams=table.streams_on(conn.uid),
             max_datagram_size=conn.max_datagram_size,
         ))
+    adm = endpoint.admission
+    st.admission.refused.update({r.key: n for r, n in adm.totals.items() if n})
+    st.admission.retries_sent = adm.retries_sent
+    st.admission.handshakes_admitted = adm.admitted
+    st.admission.half_open = adm.half_open_total
+    st.admission.streams_wrong_producer = table.streams_wrong_producer
     for rec in table.edges.values():
         st.edges.append(edge_pb2.EdgeStatus(
             edge_id=rec.edge_id, ring_id=rec.ring_id, role=rec.role,  # type: ignore[arg-type]

@@ -61,12 +61,14 @@ class AppError(enum.IntEnum):
     RING_FAULT = 0x4
     DUPLICATE_STREAM = 0x5
     DRIVER_STOPPING = 0x6
+    WRONG_PRODUCER = 0x7  # the stream's node is not the edge's planned producer (spec §4, §39)
 
 
 _REMOTE_REASONS = {
     AppError.RENDEZVOUS_TIMEOUT: common_pb2.STREAM_FAULT_RENDEZVOUS_TIMEOUT,
     AppError.MALFORMED_PREAMBLE: common_pb2.STREAM_FAULT_MALFORMED_PREAMBLE,
     AppError.DUPLICATE_STREAM: common_pb2.STREAM_FAULT_UNKNOWN_EDGE,
+    AppError.WRONG_PRODUCER: common_pb2.STREAM_FAULT_WRONG_PRODUCER,
 }
 
 

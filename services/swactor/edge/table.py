@@ -9,7 +9,12 @@ rings `ringport` ends, so the core tests run two tables linked in memory (tests/
 
 One bad edge only faults that edge: every per-edge failure ends in exactly one closed or fault
 event (the pump's way into Closed or Faulted), and StopEdge in PumpStopped. Streams are admitted in
-`_stream_arrived` (one stream per edge, then the rendezvous): the place for producer checks.
+`_stream_arrived` through the rendezvous: one stream per edge, and only from the edge's planned
+producer node (EstablishRecv's `tx_node_id`, spec §4, §39). A stream from another node is stopped
+with AppError.WRONG_PRODUCER (its sender faults with STREAM_FAULT_WRONG_PRODUCER) and logged as
+`edge.stream_refused` (once per edge; later ones are counted in `streams_wrong_producer`); the edge
+waits on for its producer and faults with WRONG_PRODUCER if it does not come within the rendezvous
+timeout.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from swactor.edge import preamble
 from swactor.edge.objtap import ObjectTap
 from swactor.edge.pumpstate import RecvState
 from swactor.edge.recvpump import RecvPump
-from swactor.edge.rendezvous import RejectStream, Rendezvous, StartRecvPump
+from swactor.edge.rendezvous import ProducerMissing, RejectStream, Rendezvous, StartRecvPump
 from swactor.edge.sendpump import SendPump
 from swactor.edge.streamport import AppError, StreamPort, reason_for_remote_code
 from swactor.v1 import common_pb2, edge_pb2
@@ -79,6 +84,7 @@ class SendEdge(_Edge):
 
 @dataclass(eq=False)
 class RecvEdge(_Edge):
+    producer_node_id: int = 0  # the plan's producer: the only node whose stream is taken
     pump: RecvPump = field(kw_only=True)
     role = RECV
 
@@ -99,6 +105,8 @@ class EdgeTable:
         self.rendezvous: Rendezvous[StreamRef, RecvEdge] = Rendezvous(rendezvous_timeout)
         self._incoming: dict[tuple[int, int], Incoming | RecvEdge] = {}  # (conn uid, stream id)
         self._blocked: dict[int, set[SendEdge]] = {}  # conn uid -> send edges waiting for ACKs
+        self.streams_wrong_producer = 0  # streams refused: not from the edge's planned producer
+        self._refusal_logged: set[int] = set()  # edges whose first wrong-producer refusal is logged
 
     # ---- requests ----
 
@@ -130,16 +138,24 @@ class EdgeTable:
         if self.edges.get((rec.edge_id, SEND)) is rec:
             self._settle(rec, rec.pump.fault(reason, detail))
 
-    def add_recv(self, edge_id: int, ring_id: int, ring: ProducerEnd, tap: ObjectTap | None, now_us: int) -> RecvEdge:
-        """EstablishRecv with its ingress ring open: ready at once; the stream may already wait."""
+    def add_recv(self, edge_id: int, ring_id: int, tx_node_id: int, ring: ProducerEnd, tap: ObjectTap | None,
+                 now: float, now_us: int) -> RecvEdge:
+        """EstablishRecv with its ingress ring open: ready at once; the producer's stream may
+        already wait (streams parked for the edge from other nodes are refused now)."""
         self.check_new(edge_id, ring_id, RECV)
-        rec = RecvEdge(edge_id, ring_id, pump=RecvPump(edge_id=edge_id, ring=ring, window=self.stream_window, tap=tap))
+        if tx_node_id == 0:
+            raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
+        pump = RecvPump(edge_id=edge_id, ring=ring, window=self.stream_window, tap=tap)
+        rec = RecvEdge(edge_id, ring_id, peer_node_id=tx_node_id, producer_node_id=tx_node_id, pump=pump)
         self.edges[(edge_id, RECV)] = rec
-        log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id)
+        log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id, tx_node_id=tx_node_id)
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id)))
-        action = self.rendezvous.establish_recv(edge_id, rec)
-        if action is not None:
-            self._start_recv(action, now_us)
+        for action in self.rendezvous.establish_recv(edge_id, tx_node_id, rec, now):
+            if isinstance(action, StartRecvPump):
+                self._start_recv(action, now_us)
+            else:
+                self._refuse_stream(action)
+        self.deadline_moved = True
         return rec
 
     def stop_edge(self, edge_id: int) -> list[EdgeRecord]:
@@ -149,10 +165,10 @@ class EdgeTable:
         for rec in recs:
             pump = rec.pump
             if isinstance(rec, RecvEdge):
-                parked = self.rendezvous.stop(edge_id)
-                self.deadline_moved = True
-                if parked is not None:
+                for parked in self.rendezvous.stop(edge_id):
                     self._reject(parked, AppError.EDGE_STOPPED)
+                self.deadline_moved = True
+                self._refusal_logged.discard(edge_id)
             self._unroute(rec)
             if pump.stop() and pump.conn is not None:
                 self.transmit.add(pump.conn)
@@ -180,7 +196,7 @@ class EdgeTable:
                 del self._incoming[key]  # the peer finished: nothing more will come
             return
         if entry.edge_id:  # parked, waiting for EstablishRecv
-            self.rendezvous.parked_data(entry.edge_id, data)
+            self.rendezvous.parked_data(entry.edge_id, conn.peer_node_id or 0, data)
             entry.eof = entry.eof or end
             return
         try:
@@ -201,7 +217,7 @@ class EdgeTable:
         if isinstance(entry, RecvEdge):
             self._settle(entry, entry.pump.fault(reason_for_remote_code(code), f"peer reset the stream (code {code:#x})"))
         elif isinstance(entry, Incoming) and entry.edge_id and not entry.rejected:
-            self.rendezvous.stream_gone(entry.edge_id)
+            self.rendezvous.stream_gone(entry.edge_id, conn.peer_node_id or 0)
             self.deadline_moved = True
 
     def stop_sending(self, conn: StreamPort, stream_id: int, code: int) -> None:
@@ -227,7 +243,7 @@ class EdgeTable:
             if isinstance(entry, RecvEdge):
                 self._settle(entry, entry.pump.fault(code, detail))
             elif entry.edge_id and not entry.rejected:
-                self.rendezvous.stream_gone(entry.edge_id)
+                self.rendezvous.stream_gone(entry.edge_id, conn.peer_node_id or 0)
                 self.deadline_moved = True
         for rec in list(self.edges.values()):
             if isinstance(rec, SendEdge) and rec.pump.conn is conn:
@@ -237,18 +253,32 @@ class EdgeTable:
 
     def _stream_arrived(self, ref: StreamRef, entry: Incoming, edge_id: int, rest: bytes, end: bool,
                         now: float, now_us: int) -> None:
-        """Admit a peer's stream for `edge_id`: one stream per edge, then it meets its edge or parks."""
+        """Admit a peer's stream for `edge_id`: only from the edge's planned producer, one per edge;
+        then it meets its edge or parks."""
         entry.edge_id, entry.eof = edge_id, end
-        action = self.rendezvous.stream_arrived(edge_id, ref, now, rest)
+        action = self.rendezvous.stream_arrived(edge_id, ref.conn.peer_node_id or 0, ref, now, rest)
         if isinstance(action, StartRecvPump):
             self._start_recv(action, now_us)
         elif isinstance(action, RejectStream):
-            self._reject(ref, AppError.DUPLICATE_STREAM)
-            log.warning("edge.stream_rejected", edge_id=edge_id,
-                        reason=common_pb2.StreamFaultReason.Name(action.reason), detail=action.detail)  # type: ignore[arg-type]
+            self._refuse_stream(action)
         else:
             log.info("edge.stream_parked", edge_id=edge_id, peer_node_id=ref.conn.peer_node_id or 0)
-            self.deadline_moved = True
+        self.deadline_moved = True
+
+    def _refuse_stream(self, rej: RejectStream[StreamRef]) -> None:
+        """A stream the rendezvous turned away: a duplicate, or not from the planned producer."""
+        wrong = rej.reason == common_pb2.STREAM_FAULT_WRONG_PRODUCER
+        self._reject(rej.stream, AppError.WRONG_PRODUCER if wrong else AppError.DUPLICATE_STREAM)
+        reason = common_pb2.StreamFaultReason.Name(rej.reason)  # type: ignore[arg-type]
+        if not wrong:
+            log.warning("edge.stream_rejected", edge_id=rej.edge_id, reason=reason, detail=rej.detail)
+            return
+        self.streams_wrong_producer += 1
+        first = rej.edge_id not in self._refusal_logged
+        self._refusal_logged.add(rej.edge_id)
+        (log.warning if first else log.debug)(
+            "edge.stream_refused", edge_id=rej.edge_id, peer_node_id=rej.node_id, reason=reason, detail=rej.detail,
+            refused_so_far=self.streams_wrong_producer)
 
     def _start_recv(self, action: StartRecvPump[StreamRef, RecvEdge], now_us: int) -> None:
         rec, ref = action.spec, action.stream
@@ -272,10 +302,16 @@ class EdgeTable:
             ref.conn.stop_stream(ref.stream_id, code)
 
     def expire(self, now: float) -> None:
-        """Streams parked longer than the rendezvous timeout are stopped, with a fault each."""
-        for rej in self.rendezvous.expire(now):
-            self._reject(rej.stream, AppError.RENDEZVOUS_TIMEOUT)
-            self._fault_event(rej.edge_id, rej.reason, rej.detail)
+        """Streams parked longer than the rendezvous timeout are stopped, with a fault each; an edge
+        whose planned producer never came after a foreign stream was refused faults."""
+        for out in self.rendezvous.expire(now):
+            if isinstance(out, ProducerMissing):
+                rec = out.spec
+                if self.edges.get((rec.edge_id, RECV)) is rec:
+                    self._settle(rec, rec.pump.fault(out.reason, out.detail))
+                continue
+            self._reject(out.stream, AppError.RENDEZVOUS_TIMEOUT)
+            self._fault_event(out.edge_id, out.reason, out.detail)
         self.deadline_moved = True
 
     def next_deadline(self) -> float | None:
@@ -345,4 +381,4 @@ class EdgeTable:
 
     @property
     def parked_streams(self) -> int:
-        return len(self.rendezvous.pending_streams)
+        return self.rendezvous.parked

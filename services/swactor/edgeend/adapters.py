@@ -73,9 +73,9 @@ class EdgeDriverPort(LocalClient):
         await self._stub.EstablishSend(edge_pb2.EstablishSendRequest(
             edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
 
-    async def establish_recv(self, edge_id: int, layout: Layout) -> None:
+    async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
         await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
+            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb(), tx_node_id=tx_node_id))
 
     async def stop_edge(self, edge_id: int) -> bool:
         resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id))

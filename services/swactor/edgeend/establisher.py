@@ -50,7 +50,7 @@ class EdgeProvision:
 
     edge_id: int
     direction: str  # "Egress" (Tx: this node produces) | "Ingress" (Rx: this node consumes)
-    peer_node_id: int  # consumer node for Tx; producer node for Rx (informational)
+    peer_node_id: int  # consumer node for Tx; producer node for Rx (the driver takes no other's stream)
     port_id: int
     object_spec: Any  # objects.ObjSpec (stage node) | common_pb2.ObjectSpec (token endpoints)
     ring_spec: Any  # common_pb2.RingSpec
@@ -176,6 +176,7 @@ class EstablishSend:
 @dataclass(frozen=True)
 class EstablishRecv:
     edge_id: int
+    tx_node_id: int  # the plan's producer node: the driver refuses streams for the edge from others
     layout: Any
 
 
@@ -268,7 +269,7 @@ class EdgeEstablisher:
                     e = rec.edge
                     if e.direction == "Egress":
                         return [EstablishSend(e.edge_id, e.peer_node_id, rec.layout)]
-                    return [EstablishRecv(e.edge_id, rec.layout)]
+                    return [EstablishRecv(e.edge_id, e.peer_node_id, rec.layout)]
                 return []
             case RingFault(_, reason, detail):
                 if reason in (pb.RING_FAULT_WORKER_PROCESS_EXITED, pb.RING_FAULT_WORKER_SHUTTING_DOWN):

@@ -115,7 +115,7 @@ class EstablisherShell:
             if isinstance(a, est.EstablishSend):
                 await self.driver.establish_send(a.edge_id, a.rx_node_id, a.layout)
             else:
-                await self.driver.establish_recv(a.edge_id, a.layout)
+                await self.driver.establish_recv(a.edge_id, a.tx_node_id, a.layout)
         except Exception as e:
             self.handle(est.DriverFailed(a.edge_id, f"{type(a).__name__}: {e}"))
             return

@@ -55,7 +55,8 @@ DriverEvent = est.DriverEdgeReady | est.StreamFault | est.StreamClosed | est.Pum
 class DriverPort(Protocol):
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None: ...
 
-    async def establish_recv(self, edge_id: int, layout: Layout) -> None: ...
+    async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
+        """Receive `edge_id` from node `tx_node_id` only (the plan's producer)."""
 
     async def stop_edge(self, edge_id: int) -> bool:
         """False when the driver did not know the edge (then no PumpStopped will come)."""

@@ -85,16 +85,27 @@ class Netns:
             _ip("-n", br, "link", "add", "br0", "type", "bridge")
             _ip("-n", br, "link", "set", "br0", "up")
             for i, addr in enumerate(self.addrs):
-                ns = self.host(i)
-                self._add(ns)
-                _ip("link", "add", f"v{i}", "netns", br, "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _ip("-n", br, "link", "set", f"v{i}", "master", "br0", "up")
-                _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-                _ip("-n", ns, "link", "set", "eth0", "up")
-                _ip("-n", ns, "link", "set", "lo", "up")
+                self._plug(i, addr)
         except BaseException:
             self.destroy()
             raise
+
+    def _plug(self, i: int, addr: str) -> None:
+        ns, br = self.host(i), f"{self.name}-br"
+        self._add(ns)
+        _ip("link", "add", f"v{i}", "netns", br, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        _ip("-n", br, "link", "set", f"v{i}", "master", "br0", "up")
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+
+    def add_host(self) -> int:
+        """One more namespace on the bridge that is not a cluster host (no services, not a member):
+        an outsider, e.g. the source of hostile traffic in tests. Its index (for exec_prefix)."""
+        i = len(self.addrs)
+        self.addrs.append(f"{self.subnet}.{i + 1}")
+        self._plug(i, self.addrs[i])
+        return i
 
     def _add(self, ns: str) -> None:
         _ip("netns", "add", ns)

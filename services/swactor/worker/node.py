@@ -64,6 +64,7 @@ class RunLog:
 
     run_id: int
     stage_index: int
+    orchestrator_node_id: int  # who provisioned it: the only caller of StopRun / WatchStage for it
     updates: list[stage_pb2.StageUpdate] = field(default_factory=list)
     done: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -193,7 +194,7 @@ class StageNode:
                 raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
         for old in [r for r, log in self.runs.items() if log.done][:-KEEP_FINISHED_RUNS or None]:
             del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
-        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
+        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index, caller_orchestrator)
         self.stage = stage_fsm.StageController(self.node_id)
         self.warm_weights = False
         if plan.trace:  # the edge timings of this run's ends: only a traced run reports them
@@ -202,6 +203,19 @@ class StageNode:
                 self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
                 emit=self._relay_timing, log=get_logger(component="stage_node")))
         self._stage(stage_fsm.Provision(plan))
+
+    def authorize(self, run_id: int, caller_orchestrator: int | None) -> None:
+        """StopRun / WatchStage for `run_id` come only from the orchestrator that provisioned it
+        (spec §4); ProvisionError PERMISSION_DENIED otherwise. An unknown run passes (the call
+        itself answers known=false / NOT_FOUND)."""
+        if caller_orchestrator is None:
+            raise ProvisionError("PERMISSION_DENIED", "the caller's certificate names no orchestrator")
+        log = self.runs.get(run_id)
+        if log is not None and log.orchestrator_node_id != caller_orchestrator:
+            self._log.warning("run_call_refused", run_id=run_id, caller=caller_orchestrator,
+                              provisioned_by=log.orchestrator_node_id)
+            raise ProvisionError("PERMISSION_DENIED", f"run {run_id} was provisioned by orchestrator "
+                                                      f"{log.orchestrator_node_id}, not {caller_orchestrator}")
 
     def stop_run(self, run_id: int) -> bool:
         if run_id not in self.runs:

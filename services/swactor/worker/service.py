@@ -33,9 +33,14 @@ class StageControlServicer(stage_pb2_grpc.StageControlServicer):
 
     async def StopRun(self, request: stage_pb2.StopStageRunRequest,
                       context: grpc.aio.ServicerContext) -> stage_pb2.StopStageRunResponse:
-        if _caller(context) is None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        await self._authorize(request.run_id, context)
         return stage_pb2.StopStageRunResponse(known=self.node.stop_run(request.run_id))
+
+    async def _authorize(self, run_id: int, context: grpc.aio.ServicerContext) -> None:
+        try:
+            self.node.authorize(run_id, _caller(context))
+        except ProvisionError as e:
+            await context.abort(getattr(grpc.StatusCode, e.code), e.detail)
 
     async def ListWeights(self, request: stage_pb2.ListWeightsRequest,
                           context: grpc.aio.ServicerContext) -> stage_pb2.ListWeightsResponse:
@@ -45,8 +50,7 @@ class StageControlServicer(stage_pb2_grpc.StageControlServicer):
 
     async def WatchStage(self, request: stage_pb2.WatchStageRequest,
                          context: grpc.aio.ServicerContext) -> AsyncIterator[stage_pb2.StageUpdate]:
-        if _caller(context) is None:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        await self._authorize(request.run_id, context)
         if request.run_id not in self.node.runs:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.run_id} is not provisioned on this node")
         async for update in self.node.watch(request.run_id):
