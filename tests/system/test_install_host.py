@@ -149,7 +149,9 @@ def swactor_json(c: Container, *args: str, timeout: float = 30.0, check: bool = 
     """The project's CLI inside the container, `--json`: one object per output line. With
     check=False a non-zero exit (a run that did not complete) still returns what was printed."""
     done = c.run(["swactor", *args, "--json"], timeout=timeout, check=check)  # on PATH, as operators type it
-    return [json.loads(line) for line in done.stdout.splitlines() if line.strip().startswith("{")]
+    out = [json.loads(line) for line in done.stdout.splitlines() if line.strip().startswith("{")]
+    assert out or done.returncode == 0, f"swactor {' '.join(args)} printed nothing, exit {done.returncode}: {done.stderr}"
+    return out
 
 
 def wait_pool(c: Container, want_nodes: int, timeout_s: float = 120.0) -> dict:

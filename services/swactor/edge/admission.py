@@ -141,18 +141,25 @@ _DROPS = [Drop(r) for r in Refusal]  # one instance per reason: nothing allocate
 
 @dataclass(frozen=True)
 class AdmissionLimits:
-    """The `[edge]` keys of the policy (config.EdgeConfig carries the same names)."""
+    """The policy's keys of the `[edge]` table (config.EdgeConfig extends this class, so each is declared once)."""
 
-    address_validation: str = "non-members"  # "non-members" | "all" | "off"
+    # QUIC Retry (address validation) for "non-members" (sources that are not a member's edge
+    # endpoint address), "all", or "off".
+    address_validation: str = "non-members"
     retry_token_lifetime: float = 10.0
+    # Retry packets sent per second (burst): what a flood of junk Initials can make us answer.
     retry_rate: float = 1000.0
     retry_burst: float = 1000.0
+    # New handshakes per second (burst) from validated strangers, and from members' addresses.
     handshake_rate: float = 50.0
     handshake_burst: float = 50.0
     member_handshake_rate: float = 100.0
     member_handshake_burst: float = 100.0
+    # Admitted handshakes not yet completed, in total and per source address.
     max_half_open: int = 256
     max_half_open_per_source: int = 8
+    # Under a flood of strangers' Initials (more per second than retry_rate), drop them in the
+    # kernel (a socket filter; 1 in 16 still gets here) until flood_hold seconds below half of it.
     kernel_filter: bool = True
     flood_hold: float = 10.0
 
@@ -164,8 +171,8 @@ class AdmissionLimits:
             raise ValueError("max_half_open and max_half_open_per_source must be >= 1")
 
     @classmethod
-    def of(cls, config: Any) -> AdmissionLimits:
-        """The limits named in `config` (an EdgeConfig)."""
+    def of(cls, config: AdmissionLimits) -> AdmissionLimits:
+        """The limits alone, out of an EdgeConfig."""
         return cls(**{f: getattr(config, f) for f in cls.__dataclass_fields__})
 
 

@@ -7,12 +7,15 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR
+from swactor.edge.admission import AdmissionLimits
 
 ALPN = "swactor/edge/1"
 
 
 @dataclass(frozen=True)
-class EdgeConfig:
+class EdgeConfig(AdmissionLimits):
+    """The `[edge]` table; the admission keys (admission.AdmissionLimits, docs/edge.md "Hostile traffic") come first."""
+
     # UDP address of the host's one QUIC endpoint.
     bind: str = "0.0.0.0:7400"
     socket: Path = sockets.EDGE
@@ -51,26 +54,6 @@ class EdgeConfig:
     # A stream that carries no locally established edge for this long is stopped with a fault.
     rendezvous_timeout: float = 30.0
     congestion_control: str = "reno"
-    # ---- admission of new connections (admission.py, docs/edge.md "Hostile traffic") ----
-    # QUIC Retry (address validation) for "non-members" (sources that are not a member's edge
-    # endpoint address), "all", or "off".
-    address_validation: str = "non-members"
-    retry_token_lifetime: float = 10.0
-    # Retry packets sent per second (burst): what a flood of junk Initials can make us answer.
-    retry_rate: float = 1000.0
-    retry_burst: float = 1000.0
-    # New handshakes per second (burst) from validated strangers, and from members' addresses.
-    handshake_rate: float = 50.0
-    handshake_burst: float = 50.0
-    member_handshake_rate: float = 100.0
-    member_handshake_burst: float = 100.0
-    # Admitted handshakes not yet completed, in total and per source address.
-    max_half_open: int = 256
-    max_half_open_per_source: int = 8
-    # Under a flood of strangers' Initials (more per second than retry_rate), drop them in the
-    # kernel (a socket filter; 1 in 16 still gets here) until flood_hold seconds below half of it.
-    kernel_filter: bool = True
-    flood_hold: float = 10.0
     # An accepted connection whose handshake is not done by then is dropped.
     handshake_timeout: float = 5.0
     # Refusals are logged as one `edge.admission_refused` summary per interval (with counts).
