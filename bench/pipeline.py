@@ -3,10 +3,15 @@ stages (one host each), next to the single-process worker (the compute core's St
 30 layers, same device, same prompt ids) measured in the same invocation; ratios pipeline / single.
 
   .venv/bin/python bench/pipeline.py [--stages 1,2,3,4] [--max-tokens 24] [--device CPU] [--loopback] [--model PATH]
+                                     [--prefill-chunk N] [--long-prompt 512] [--sweep 16,32,64,128]
                                      [--png bench/out/pipeline_timeline.png] [--json bench/out/pipeline.json]
 
-Per S, one warm-up run (loads the stage weights and compiles its kernels; the workers keep the
-weights for the next run of the same plan) and one measured run. TTFT is client-side, from SubmitRun
+Per S, one warm-up run (loads the stage weights and compiles its graphs before the barrier, or loads
+them from the graph cache; the workers keep the weights for the next run of the same plan), one
+measured run (TTFT, decode, CPU per step), one run with trace_objects (the per-token timeline and
+the hop p50: producer commit -> consumer loaded) and one run of a --long-prompt prompt (prefill
+tok/s). The single process runs the same prefill chunks (--prefill-chunk, default the
+orchestrator's); --sweep measures its prefill per chunk size first. TTFT is client-side, from SubmitRun
 to the first token, so it includes planning, (warm) provisioning, edge set-up and prefill; "prefill"
 is the services' own readiness barrier -> first token.
 
@@ -56,13 +61,16 @@ def prompt_ids() -> list[int]:
     return next(c for c in cases if c["question"] == QUESTION and c["chat_template"])["prompt_tokens"]
 
 
-def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int):
+def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int, chunk: int, long_ids: list[int]):
+    """The single process as the pipeline's stages run: prefill in `chunk`-row steps (1 = row by row), graphs
+    compiled before the first measurement (StageModel.prepare, like a stage before its barrier)."""
     from swactor.worker.compute import GGUFModel, StageModel
 
     t0 = time.perf_counter()
     g = GGUFModel(model)
-    m = StageModel(g, 0, g.params.n_layers, max_seq_len=4096, device=device)  # what the worker builds (prefill_chunk 1)
+    m = StageModel(g, 0, g.params.n_layers, max_seq_len=4096, device=device, prefill_chunk=max(1, chunk))
     load = time.perf_counter() - t0
+    compile_s = m.prepare().seconds
 
     def one() -> tuple[float, float, list[int]]:
         m.reset()
@@ -76,13 +84,38 @@ def bench_single(model: pathlib.Path, device: str, ids: list[int], n: int):
             out.append(tok)
         return ttft, (n - 1) / (time.perf_counter() - t), out
 
-    one()  # compile
-
     def measure() -> dict[str, object]:
         ttft, dec, toks = one()
-        return {"load_s": load, "ttft_s": ttft, "decode_tok_s": dec, "tokens": toks}
+        m.reset()
+        t = time.perf_counter()
+        m.step(np.asarray(long_ids, np.int32), 0)
+        prefill = len(long_ids) / (time.perf_counter() - t)
+        return {"load_s": load, "compile_s": compile_s, "ttft_s": ttft, "decode_tok_s": dec, "tokens": toks,
+                "prefill_tok_s": prefill}
 
     return measure
+
+
+def chunk_sweep(model: pathlib.Path, device: str, chunks: list[int], long_ids: list[int]) -> dict[int, float]:
+    """Single-process prefill tok/s of the long prompt per chunk size: what [orchestrator].prefill_chunk's default
+    is chosen by (compile time per chunk is printed too: every stage pays it before its barrier, once per host with
+    the graph cache)."""
+    from swactor.worker.compute import GGUFModel, StageModel
+
+    g, out = GGUFModel(model), {}
+    for c in chunks:
+        m = StageModel(g, 0, g.params.n_layers, max_seq_len=4096, device=device, prefill_chunk=c)
+        compile_s = m.prepare().seconds
+        best = 0.0
+        for _ in range(2):
+            m.reset()
+            t = time.perf_counter()
+            m.step(np.asarray(long_ids, np.int32), 0)
+            best = max(best, len(long_ids) / (time.perf_counter() - t))
+        out[c] = best
+        print(f"  prefill_chunk {c:4d}: prefill {best:7.1f} tok/s over {len(long_ids)} tokens (compile {compile_s:.1f} s)",
+              flush=True)
+    return out
 
 
 SEGMENTS = [("orchestrator", "FSM, sample, inject", "#7f7f7f"),
@@ -127,6 +160,19 @@ def timeline(events, stages: int) -> list[list[tuple[str, float]]]:
             t[i] = min(t[i], t[i + 1])  # a late after-the-fact stamp: clamp back (module doc)
         rows.append([(marks[i][0], (t[i] - t[i - 1]) / 1000.0) for i in range(1, len(t))])
     return rows
+
+
+def hop_ms(rows: list[list[tuple[str, float]]]) -> list[float]:
+    """Per token and hop: send + quic + recv (producer commit -> consumer loaded), ms."""
+    out = []
+    for segs in rows:
+        hops: dict[str, float] = defaultdict(float)
+        for name, ms in segs:
+            kind, _, idx = name.partition(" ")
+            if kind in ("send", "quic", "recv"):
+                hops[idx] += ms
+        out += hops.values()
+    return out
 
 
 def cpu_seconds(cluster) -> dict[str, float]:
@@ -203,6 +249,10 @@ def main() -> int:
     ap.add_argument("--compute-threads", type=int, default=0,
                     help="[worker].compute_threads of every host (0 = the local cluster's default, cores // hosts)")
     ap.add_argument("--model", type=pathlib.Path, default=None, help="GGUF file (default: the shipped SmolLM2)")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="[orchestrator].prefill_chunk of the pool and the single process (default: the orchestrator's)")
+    ap.add_argument("--long-prompt", type=int, default=512, help="tokens of the prefill-throughput prompt")
+    ap.add_argument("--sweep", default="", help="chunk sizes to sweep in the single process first, e.g. 16,32,64,128")
     ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png",
                     help="timeline plot ('' for none: no matplotlib needed)")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline.json")
@@ -211,65 +261,89 @@ def main() -> int:
     from swactor.localcluster import ClusterSpec, LocalCluster
     from swactor.localcluster.cluster import DEFAULT_MODEL
     from swactor.localcluster.run import follow
+    from swactor.orchestrator.config import OrchestratorConfig
     from swactor.v1 import orchestrator_pb2 as opb
     from swactor.v1 import orchestrator_pb2_grpc
 
     ids, n, model = prompt_ids(), a.max_tokens, a.model or DEFAULT_MODEL
+    chunk = OrchestratorConfig.prefill_chunk if a.prefill_chunk is None else a.prefill_chunk
+    long_ids = (ids * (a.long_prompt // len(ids) + 1))[:a.long_prompt]
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cpus; prompt {QUESTION!r} ({len(ids)} ids, chat "
-          f"template), {n} tokens, device {a.device}", flush=True)
-    measure_single = bench_single(model, a.device, ids, n)
+          f"template), {n} tokens, device {a.device}, prefill_chunk {chunk}, long prompt {len(long_ids)} ids", flush=True)
+    if a.sweep:
+        chunk_sweep(model, a.device, [int(c) for c in a.sweep.split(",")], long_ids)
+    measure_single = bench_single(model, a.device, ids, n, chunk, long_ids)
     before = measure_single()
-    print(f"single process (one StageModel, every layer), before the cluster: TTFT {before['ttft_s']:.3f} s, "
-          f"decode {before['decode_tok_s']:.2f} tok/s", flush=True)
+    print(f"single process (one StageModel, every layer), before the cluster: load {before['load_s']:.2f} s + compile "
+          f"{before['compile_s']:.2f} s; TTFT {before['ttft_s']:.3f} s, decode {before['decode_tok_s']:.2f} tok/s, "
+          f"prefill {before['prefill_tok_s']:.1f} tok/s", flush=True)
     single = before
     results: dict[int, dict[str, object]] = {}
     timelines = {}
     tables: dict[int, tuple[dict[str, list[float]], int]] = {}
     spec = ClusterSpec(hosts=max(stages), model=model, device=a.device, netns=False if a.loopback else None,
-                       compute_threads=a.compute_threads)
+                       compute_threads=a.compute_threads, orchestrator={"prefill_chunk": chunk})
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         for s in stages:
             req = opb.SubmitRunRequest(prompt=QUESTION, stages=s, max_tokens=n)
-            warm = follow(stub, req, timeout_s=600)
+            warm = follow(stub, req, timeout_s=600)  # the first run of this plan: loads weights, compiles (or the cache)
             cpu0 = cpu_seconds(cluster)
-            res = follow(stub, req, timeout_s=600)
-            steps = max(1, res.prompt_tokens + len(res.token_ids))  # prefill runs the prompt a row at a time: one step per token
+            res = follow(stub, req, timeout_s=600)  # untraced: the figures
+            steps = max(1, -(-res.prompt_tokens // max(1, chunk)) + len(res.token_ids))  # prompt chunks + tokens
             cpu = {k: (v - cpu0.get(k, 0.0)) * 1000 / steps for k, v in cpu_seconds(cluster).items()}
             assert res.prompt_tokens == len(ids), (res.prompt_tokens, len(ids))
+            traced = follow(stub, opb.SubmitRunRequest(prompt=QUESTION, stages=s, max_tokens=n, trace_objects=True),
+                            timeout_s=600)  # per-object events: the timeline
+            long = follow(stub, opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=long_ids), stages=s, max_tokens=1),
+                          timeout_s=600)
             summ = res.summary()
             summ["warmup_ttft_s"] = warm.ttft_s
+            summ["warmup_provision_s"] = warm.summary()["provision_s"]
             summ["matches_single"] = res.token_ids == single["tokens"][: len(res.token_ids)]
             summ["tokens"] = res.token_ids
             summ["cpu_ms_per_step"] = cpu
+            lp = long.summary()["prefill_s"]
+            summ["long_prefill_tok_s"] = len(long_ids) / lp if lp else None
             results[s] = summ
-            tl = timeline(res.events, s)
+            tl = timeline(traced.events, s)
             timelines[s] = tl
-            print(f"S={s}: {res.outcome} ({summ['reason']}), TTFT {res.ttft_s:.2f} s (cold run {warm.ttft_s:.2f} s; prefill "
-                  f"{summ['prefill_s']:.2f} s), decode {res.decode_tok_s:.2f} tok/s, teardown {summ['teardown_s']:.2f} s; "
+            hops = hop_ms(tl)
+            summ["hop_p50_ms"] = float(np.median(hops)) if hops else None
+            print(f"S={s}: {res.outcome} ({summ['reason']}), TTFT {res.ttft_s:.2f} s (first run of the plan "
+                  f"{warm.ttft_s:.2f} s, provision {summ['warmup_provision_s'] or 0:.2f} s; prefill {summ['prefill_s']:.2f} s), "
+                  f"decode {res.decode_tok_s:.2f} tok/s (traced {traced.decode_tok_s:.2f}), prefill of {len(long_ids)} "
+                  f"tokens {summ['long_prefill_tok_s'] or 0:.1f} tok/s, teardown {summ['teardown_s']:.2f} s; "
                   f"tokens match single process: {summ['matches_single']}", flush=True)
             if tl:
                 table = per_token_table(tl, s)
                 summ["per_token_ms"] = table
                 tables[s] = (table, len(tl))
                 print_table(s, table, len(tl))
+                print(f"  S={s}: hop (producer commit -> consumer loaded) p50 {summ['hop_p50_ms']:.2f} ms over {len(hops)}")
             else:
                 print(f"  S={s}: no complete per-token timeline (edge timing events missing)")
     after = measure_single()  # the load on a shared box moves: the better of before and after is the baseline
-    print(f"single process, after the cluster: TTFT {after['ttft_s']:.3f} s, decode {after['decode_tok_s']:.2f} tok/s")
+    print(f"single process, after the cluster: TTFT {after['ttft_s']:.3f} s, decode {after['decode_tok_s']:.2f} tok/s, "
+          f"prefill {after['prefill_tok_s']:.1f} tok/s")
     single = {**before, "ttft_s": min(before["ttft_s"], after["ttft_s"]),
-              "decode_tok_s": max(before["decode_tok_s"], after["decode_tok_s"]), "before": before, "after": after}
-    print("\n S   TTFT s  ratio   decode tok/s  ratio   (ratio = pipeline / single process; single: "
-          f"TTFT {single['ttft_s']:.3f} s, decode {single['decode_tok_s']:.2f} tok/s)")
+              "decode_tok_s": max(before["decode_tok_s"], after["decode_tok_s"]),
+              "prefill_tok_s": max(before["prefill_tok_s"], after["prefill_tok_s"]), "before": before, "after": after}
+    print("\n S   TTFT s  ratio   decode tok/s  ratio   prefill tok/s  ratio   hop p50 ms   first-run TTFT s"
+          f"   (ratio = pipeline / single process; single: TTFT {single['ttft_s']:.3f} s, decode "
+          f"{single['decode_tok_s']:.2f} tok/s, prefill {single['prefill_tok_s']:.1f} tok/s, cold start = load + compile "
+          f"{single['load_s'] + single['compile_s']:.2f} s)")
     for s, r in results.items():
-        ttft, dec = r["ttft_s"], r["decode_tok_s"]
-        print(f"{s:2d}  {ttft:7.2f}  {ttft / single['ttft_s']:5.1f}x  {dec:12.2f}  {dec / single['decode_tok_s']:5.2f}x")
+        ttft, dec, pre = r["ttft_s"], r["decode_tok_s"], r["long_prefill_tok_s"] or 0.0
+        hop = "-" if r["hop_p50_ms"] is None else f"{r['hop_p50_ms']:.2f}"
+        print(f"{s:2d}  {ttft:7.2f}  {ttft / single['ttft_s']:5.1f}x  {dec:12.2f}  {dec / single['decode_tok_s']:5.2f}x"
+              f"  {pre:13.1f}  {pre / single['prefill_tok_s']:5.2f}x  {hop:>10s}  {r['warmup_ttft_s']:17.2f}")
     print("\nper decode token, mean ms (all hops / stages summed):")
     print("  S " + "".join(f"{k:>13s}" for k, _, _ in SEGMENTS) + f"{'total':>10s}")
     for s, (table, _) in tables.items():
         print(f"{s:3d} " + "".join(f"{sum(table[k]):13.2f}" for k, _, _ in SEGMENTS)
               + f"{sum(map(sum, table.values())):10.2f}")
-    print("\nCPU ms per step by service (all hosts summed; the measured run's CPU / (prompt + generated tokens)):")
+    print("\nCPU ms per step by service (all hosts summed; the untraced run's CPU / (prompt chunks + generated tokens)):")
     kinds = sorted({k for r in results.values() for k in r["cpu_ms_per_step"]})
     print("  S " + "".join(f"{k:>14s}" for k in kinds) + f"{'total':>10s}")
     for s, r in results.items():

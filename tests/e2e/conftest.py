@@ -13,6 +13,8 @@ from swactor.localcluster import ClusterSpec, LocalCluster
 from swactor.localcluster.cluster import DEFAULT_MODEL
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_greedy.json"
+# Small enough that the fixture prompts (30-40 tokens) flow through the stages as several chunk objects.
+PREFILL_CHUNK = 16
 needs_model = pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
 
 
@@ -59,7 +61,8 @@ def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, 
 @pytest.fixture(scope="module")
 def cluster3() -> Iterator[LocalCluster]:
     # Short pool timeout so a run that cannot be placed is refused in seconds, not a minute.
-    spec = ClusterSpec(hosts=3, orchestrator={"pool_timeout_s": 8.0, "teardown_timeout_s": 20.0})
+    spec = ClusterSpec(hosts=3, orchestrator={"pool_timeout_s": 8.0, "teardown_timeout_s": 20.0,
+                                              "prefill_chunk": PREFILL_CHUNK})
     cluster = LocalCluster(spec, progress=lambda line: print(line, flush=True))
     with cluster:
         pids = [s.pid for s in cluster.services]

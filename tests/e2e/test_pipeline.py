@@ -18,7 +18,7 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
-from .conftest import FIXTURE, needs_model
+from .conftest import FIXTURE, PREFILL_CHUNK, needs_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_model]
 
@@ -68,10 +68,12 @@ def leases_of(cluster: LocalCluster, edges: set[int], timeout_s: float = 10.0) -
 
 
 def assert_edge_timings(res: RunResult, stages: int) -> None:
-    """Issue 7: every object of every sequence has EDGE_OBJECT_SENT and EDGE_OBJECT_RECEIVED on each of
-    the S + 1 edges, with the run's identities, and per sequence the stamps (one machine clock) are
-    monotone along the whole pipeline: TOKEN_RECEIVED(s-1) <= token-in picked <= sent <= arrived <=
-    committed <= OBJECT_LOADED(0) <= ... <= token-out committed <= TOKEN_RECEIVED(s)."""
+    """Issue 7 (a run with trace_objects): every object of every sequence has EDGE_OBJECT_SENT and
+    EDGE_OBJECT_RECEIVED on each of the S + 1 edges, with the run's identities, and per sequence the stamps
+    (one machine clock) are monotone along the whole pipeline: TOKEN_RECEIVED(s-1) <= token-in picked <= sent <=
+    arrived <= committed <= OBJECT_LOADED(0) <= ... <= token-out committed <= TOKEN_RECEIVED(s). The prompt's
+    chunk objects 0..P-2 (docs/orchestrator.md "Prefill chunks") yield no token: their chains end at token-out's
+    arrival, and the first token comes with sequence P-1."""
     by: dict[tuple[int, int | None, int], pb.LifecycleEvent] = {}
     for e in res.events:
         if e.kind in (pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED, pb.OBJECT_LOADED, pb.OBJECT_PRODUCED,
@@ -79,8 +81,11 @@ def assert_edge_timings(res: RunResult, stages: int) -> None:
             key = (e.kind, e.stage_index if e.HasField("stage_index") else None, e.sequence)
             assert key not in by, f"two {pb.LifecycleEventKind.Name(e.kind)} events for {key}"
             by[key] = e
-    for s in range(len(res.token_ids)):
-        chain = [by[(pb.TOKEN_RECEIVED, None, s - 1)].time_us] if s else []
+    [injected] = [e for e in res.events if e.kind == pb.PROMPT_INJECTED]
+    first = injected.counters["chunks"] - 1  # the prompt's last chunk: the first token's sequence
+    assert sorted(k[2] for k in by if k[0] == pb.TOKEN_RECEIVED) == list(range(first, first + len(res.token_ids)))
+    for s in range(first + len(res.token_ids)):
+        chain = [by[(pb.TOKEN_RECEIVED, None, s - 1)].time_us] if s > first else []
         for hop in range(stages + 1):
             producer = hop - 1 if hop else None  # token-in is sent by the orchestrator (no stage)
             consumer = hop if hop < stages else None  # token-out is received by it
@@ -93,11 +98,12 @@ def assert_edge_timings(res: RunResult, stages: int) -> None:
                 assert by[(pb.OBJECT_PRODUCED, producer, s)].edge_id == sent.edge_id
             if consumer is not None:
                 assert by[(pb.OBJECT_LOADED, consumer, s)].edge_id == recv.edge_id
-            loaded = by[(pb.OBJECT_LOADED, consumer, s)] if consumer is not None else by[(pb.TOKEN_RECEIVED, None, s)]
+            loaded = by[(pb.OBJECT_LOADED, consumer, s)] if consumer is not None else by.get((pb.TOKEN_RECEIVED, None, s))
             # (the peer may see a record's first bytes before its last byte is sent: header and payload
             # can be committed separately, so first_us is only checked against picked_us)
             assert sent.counters["picked_us"] <= recv.counters["first_us"] <= recv.counters["arrived_us"]
-            chain += [sent.counters["picked_us"], sent.time_us, recv.counters["arrived_us"], recv.time_us, loaded.time_us]
+            chain += [sent.counters["picked_us"], sent.time_us, recv.counters["arrived_us"], recv.time_us]
+            chain += [loaded.time_us] if loaded is not None else []  # a prompt chunk before the last: no token
         assert chain == sorted(chain), f"sequence {s}: stamps not monotone along the pipeline: {chain}"
 
 
@@ -131,12 +137,13 @@ def assert_distribution(res: RunResult, cluster: LocalCluster, stages: int) -> N
 
 def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     # The chat-template case with the longest comparable prefix and no EOS inside it, so the run
-    # ends on max_tokens, not EOS.
+    # ends on max_tokens, not EOS. Its prompt flows through the stages in chunks of PREFILL_CHUNK tokens.
     case, n = fixture_case("Write a Python function that reverses a string.", chat=True)
     assert n >= 16 and 2 not in case["greedy_tokens"][:n]
     with cluster3.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
-        res = follow(stub, opb.SubmitRunRequest(prompt=case["question"], stages=3, max_tokens=n), timeout_s=240)
+        res = follow(stub, opb.SubmitRunRequest(prompt=case["question"], stages=3, max_tokens=n, trace_objects=True),
+                     timeout_s=240)
     assert res.finished is not None
     assert res.finished.outcome == opb.RUN_OUTCOME_COMPLETED, (res.finished.reason, res.finished.detail)
     assert res.finished.reason == "max_tokens"
@@ -145,6 +152,11 @@ def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
     assert res.token_ids == case["greedy_tokens"][:n]
     kinds = [e.kind for e in res.events]
     assert kinds.count(pb.STAGE_READY) == 3 and pb.RUN_TORN_DOWN in kinds
+    [injected] = [e for e in res.events if e.kind == pb.PROMPT_INJECTED]
+    assert injected.counters["chunks"] == -(-len(case["prompt_tokens"]) // PREFILL_CHUNK) > 1
+    for k in range(3):  # compiled before the barrier: every stage's COMPILE_PROGRESS comes before its STAGE_READY
+        mine = [e.kind for e in res.events if e.HasField("stage_index") and e.stage_index == k]
+        assert pb.COMPILE_PROGRESS in mine and mine.index(pb.COMPILE_PROGRESS) < mine.index(pb.STAGE_READY)
     assert_edge_timings(res, stages=3)
     assert_distribution(res, cluster3, stages=3)
     left = leases_of(cluster3, run_edges(res.finished))
@@ -168,6 +180,7 @@ def test_three_stages_match_llamacpp_greedy_from_prompt_ids_through_eos(cluster3
     assert res.finished.reason == "max_tokens"
     assert res.prompt_tokens == len(case["prompt_tokens"])
     assert res.token_ids == case["greedy_tokens"][:n]
+    assert not any(e.kind in (pb.OBJECT_LOADED, pb.EDGE_OBJECT_SENT) for e in res.events)  # untraced: no per-object events
     assert not any(leases_of(cluster3, run_edges(res.finished)).values())
     print(f"{question!r} chat={chat}: {n} tokens match, {sum(t == 2 for t in res.token_ids)} of them EOS")
 

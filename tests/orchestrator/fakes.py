@@ -16,7 +16,7 @@ class FakeEndpoints:
         self.fleet = fleet
         self.report = report
 
-    async def inject(self, sequence: int, token_ids: Sequence[int]) -> None:
+    async def inject(self, sequence: int, token_ids: Sequence[int], flags: int = 0) -> None:
         f = self.fleet
         f.injected.append((sequence, tuple(token_ids)))
         if f.fault_at_sequence == sequence:

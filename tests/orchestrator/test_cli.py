@@ -183,3 +183,35 @@ def test_submit_prompt_ids_and_ignore_eos_flags(capsys: pytest.CaptureFixture[st
     with pytest.raises(SystemExit):
         parser().parse_args(["submit", "--prompt", "hi", "--prompt-ids", "1"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_demo_is_quiet_by_default_and_shows_every_event_with_events(capsys: pytest.CaptureFixture[str]) -> None:
+    """Bring-up as per-stage percentages, the answer alone on stdout; --events adds every lifecycle line."""
+    from swactor.cli.demo import Printer
+    from swactor.localcluster.run import RunResult
+    from swactor.v1 import common_pb2 as pb
+
+    def ev(kind: int, **counters: int) -> opb.RunUpdate:
+        return opb.RunUpdate(event=pb.LifecycleEvent(kind=kind, stage_index=1, counters=counters))
+
+    updates = [ev(pb.STAGE_PROVISION_STARTED), *(ev(pb.WEIGHTS_LOAD_PROGRESS, layers_loaded=i, layers_total=8)
+                                                 for i in range(9)),
+               *(ev(pb.COMPILE_PROGRESS, units_done=i, units_total=10) for i in range(11)),
+               ev(pb.EDGE_READY), ev(pb.READINESS_BARRIER_PASSED),
+               opb.RunUpdate(token=opb.TokenDelta(sequence=0, token_id=5, text="Paris")), ev(pb.STEP_COMPLETED)]
+    for events in (False, True):
+        out = Printer(as_json=False, events=events)
+        for u in updates:
+            out.update(u, RunResult())
+        got = capsys.readouterr()
+        assert got.out == "Paris"
+        lines = got.err.splitlines()
+        weights = [x for x in lines if "weights" in x]
+        compiled = [x for x in lines if "compile" in x]
+        if events:
+            assert len(weights) == 9 and len(compiled) == 11
+            assert any("STAGE_PROVISION_STARTED" in x or "stage_provision_started" in x.lower() for x in lines)
+        else:
+            assert [w.split("weights ")[1].split("%")[0] for w in weights] == ["0", "25", "50", "75", "100"]
+            assert compiled[-1].endswith("compile 100% (10/10 graph calls)") and len(compiled) == 5
+            assert len(lines) == len(weights) + len(compiled) + 1  # + the barrier line

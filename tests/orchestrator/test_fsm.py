@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.nodes import NodeState
@@ -20,11 +21,13 @@ EOS = 2
 
 
 def make(stages: int = 2, max_tokens: int = 4, prompt: tuple[int, ...] = (1, 9690, 198), window: float = 1.0,
-         timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = (), ignore_eos: bool = False) -> F.RunFsm:
+         timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = (), ignore_eos: bool = False,
+         prefill_chunk: int = 0) -> F.RunFsm:
     counter = itertools.count(1000)
     req = F.RunRequest(run_id=77, model=model_facts(), prompt_ids=prompt, stages=stages, max_tokens=max_tokens,
                        sampling=SamplingPolicy(), eog_ids=frozenset({EOS}), node_ids=node_ids, ignore_eos=ignore_eos)
-    cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=timeouts or F.Timeouts(), pool_window_s=window)
+    cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=timeouts or F.Timeouts(), pool_window_s=window,
+                      prefill_chunk=prefill_chunk)
     return F.RunFsm(req, cfg, now=0.0, id_source=lambda: next(counter))
 
 
@@ -152,6 +155,29 @@ def test_sequence_violation_faults() -> None:
     fsm = make()
     to_ready(fsm)
     acts = fsm.handle(F.TokenReceived(1, 42), 4.0)
+    assert fsm.reason == "RUN_FAULT_SEQUENCE_VIOLATION" and "RUN_FAULTED" in kinds(acts)
+
+
+def test_prompt_in_chunks_then_decode_continues_the_sequences() -> None:
+    """prefill_chunk 2, a 5-token prompt: chunk objects 0..2 at once (0, 1 flagged PROMPT_CONTINUES), no token for
+    0 and 1, the first token with sequence 2, decode from sequence 3 (docs/orchestrator.md "Prefill chunks")."""
+    fsm = make(stages=2, max_tokens=3, prompt=(1, 2, 3, 4, 5), prefill_chunk=2)
+    acts = to_ready(fsm)
+    assert fsm.plan.prefill_chunk == 2
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(0, (1, 2), PROMPT_CONTINUES), F.InjectTokens(1, (3, 4), PROMPT_CONTINUES),
+                                        F.InjectTokens(2, (5,))]
+    assert fsm.handle(F.PromptChunkDone(0), 3.0) == [] and fsm.handle(F.PromptChunkDone(1), 3.1) == []
+    acts = fsm.handle(F.TokenReceived(2, 42), 3.2)
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(3, (42,))] and of(acts, F.Deliver) == [F.Deliver(0, 42, False)]
+    acts = fsm.handle(F.TokenReceived(3, 43), 3.3)
+    assert of(acts, F.InjectTokens) == [F.InjectTokens(4, (43,))]
+
+
+@pytest.mark.parametrize("bad", [F.TokenReceived(0, 42), F.PromptChunkDone(1), F.PromptChunkDone(2)])
+def test_prompt_chunks_out_of_order_or_a_token_too_early_fault(bad: F.Input) -> None:
+    fsm = make(stages=2, prompt=(1, 2, 3, 4, 5), prefill_chunk=2)
+    to_ready(fsm)
+    acts = fsm.handle(bad, 3.0)
     assert fsm.reason == "RUN_FAULT_SEQUENCE_VIOLATION" and "RUN_FAULTED" in kinds(acts)
 
 

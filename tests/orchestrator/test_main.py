@@ -74,7 +74,8 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
     assert r.returncode == 2 and "unknown key(s) pool_windw_s" in r.stderr
     for line, needle in [("queue_depth = -1", "[orchestrator].queue_depth must be >= 0, got -1"),
                          ("max_request_bytes = 0", "[orchestrator].max_request_bytes must be positive, got 0"),
-                         ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0")]:
+                         ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0"),
+                         ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024")]:
         cfg.write_text(f"[orchestrator]\n{line}\n")
         r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=30)

@@ -155,13 +155,15 @@ def swactor_json(c: Container, *args: str, timeout: float = 30.0, check: bool = 
 
 
 def wait_pool(c: Container, want_nodes: int, timeout_s: float = 120.0) -> dict:
-    """Poll the orchestrator's ListNodes until `want_nodes` nodes are listed and the pool is ready."""
+    """Poll the orchestrator's ListNodes until `want_nodes` nodes are provisionable (PoolReady judges only the
+    nodes a run needs, so `pool_ready` alone says one Available node) and the pool is ready."""
     deadline = time.monotonic() + timeout_s
     last: dict = {}
     while time.monotonic() < deadline:
         with contextlib.suppress(ContainerError, ValueError):  # not serving yet / no output yet
             (last,) = swactor_json(c, "nodes")
-            if len(last.get("nodes", [])) >= want_nodes and last.get("pool_ready"):
+            ready = [n for n in last.get("nodes", []) if n.get("provisionable")]
+            if len(ready) >= want_nodes and last.get("pool_ready"):
                 return last
         time.sleep(1.0)
     raise AssertionError(f"pool not ready with {want_nodes} nodes within {timeout_s} s: {last}")

@@ -12,6 +12,8 @@ from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.header import read_header
 from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
+from swactor.worker.compute.graphcache import GraphCache
+from swactor.worker.compute.model import NO_TOKEN
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_greedy.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
@@ -141,3 +143,55 @@ def test_load_progress_and_refusal(gguf_model: GGUFModel) -> None:
     StageModel(gguf_model, 0, 1, max_seq_len=10**6)
   with pytest.raises(ModelRefused, match="InvalidLayerRange"):
     StageModel(gguf_model, 3, 3)
+
+
+def generate_chunked(chain: list[StageModel], prompt: list[int], n: int, chunk: int) -> list[int]:
+  """Drive the pipeline like the orchestrator with prefill chunks: the prompt as objects of `chunk` tokens, each
+  but the last run without the head (step(sample=False) -> NO_TOKEN), then one decode token per step."""
+  for s in chain:
+    s.reset()
+  pos, tok = 0, None
+  for c0 in range(0, len(prompt), chunk):
+    x, last = np.asarray(prompt[c0:c0 + chunk], np.int32), c0 + chunk >= len(prompt)
+    for s in chain[:-1]:
+      x = s.step(x, pos)
+    out = chain[-1].step(x, pos, sample=last)
+    assert last or out.tolist() == [NO_TOKEN]
+    pos += len(prompt[c0:c0 + chunk])
+    tok = int(out[0])
+  toks = [tok]
+  for _ in range(n - 1):
+    x = np.asarray([toks[-1]], np.int32)
+    for s in chain[:-1]:
+      x = s.step(x, pos)
+    toks.append(int(chain[-1].step(x, pos)[0]))
+    pos += 1
+  return toks
+
+
+def test_prepared_chunked_pipeline_and_graph_cache(gguf_model: GGUFModel, reference: dict[str, list[int]],
+                                                   tmp_path: pathlib.Path) -> None:
+  """Three stages compile their decode and 8-row prefill graphs before the first step (prepare), the prompt flows
+  through them in 8-token chunks, greedy tokens equal the float64 reference; a second set of stages loads every graph
+  from the disk cache (no capture) and gives the same tokens."""
+  cache = GraphCache(tmp_path)
+  fresh = [StageModel(gguf_model, a, b, max_seq_len=128, prefill_chunk=8, graph_cache=cache) for a, b in SPLITS[3]]
+  reports = [s.prepare() for s in fresh]
+  assert reports[0].cached == 0 and reports[-1].cached < reports[-1].graphs  # (stage 1 may reuse stage 0's layer graphs)
+  assert generate_chunked(fresh, PROMPTS["chat_france"], N_STEPS, 8) == reference["chat_france"]
+  assert list(tmp_path.glob("*.graph"))
+  warm = [StageModel(gguf_model, a, b, max_seq_len=128, prefill_chunk=8, graph_cache=cache) for a, b in SPLITS[3]]
+  assert all(r.cached == r.graphs for r in (s.prepare() for s in warm))
+  assert generate_chunked(warm, PROMPTS["chat_france"], N_STEPS, 8) == reference["chat_france"]
+
+
+def test_graph_cache_drops_a_corrupt_entry(gguf_model: GGUFModel, reference: dict[str, list[int]],
+                                           tmp_path: pathlib.Path) -> None:
+  cache = GraphCache(tmp_path)
+  StageModel(gguf_model, 22, 30, max_seq_len=128, graph_cache=cache).prepare()
+  entries = sorted(tmp_path.glob("*.graph"))
+  entries[0].write_bytes(b"swgspec1 not a pickle")
+  again = StageModel(gguf_model, 22, 30, max_seq_len=128, graph_cache=cache)
+  report = again.prepare()
+  assert report.cached < report.graphs  # the corrupt graph was captured again ...
+  assert len(list(tmp_path.glob("*.graph"))) == len(entries)  # ... and stored again

@@ -86,9 +86,14 @@ def test_compute_threads_is_validated_by_name_and_reaches_the_backend(tmp_path: 
     from swactor.common.config import ConfigError, load_section
     from swactor.worker.config import WorkerConfig
 
-    assert load_section({}, "worker", WorkerConfig).backend() == {}
-    cfg = load_section({"worker": {"device": "CPU", "compute_threads": 3}}, "worker", WorkerConfig)
-    assert cfg.backend() == {"device": "CPU", "threads": 3}
+    default = load_section({}, "worker", WorkerConfig)
+    assert default.backend() == {"graph_cache": str(default.graph_cache_path())}
+    assert default.graph_cache_path().name == "swactor-graphs"
+    cfg = load_section({"worker": {"device": "CPU", "compute_threads": 3, "graph_cache_dir": str(tmp_path / "g")}},
+                       "worker", WorkerConfig)
+    assert cfg.backend() == {"device": "CPU", "threads": 3, "graph_cache": str(tmp_path / "g")}
+    off = load_section({"worker": {"graph_cache": False}}, "worker", WorkerConfig)
+    assert off.backend() == {"graph_cache": ""}
     with pytest.raises(ConfigError, match=r"\[worker\]\.compute_threads: must be >= 0"):
         load_section({"worker": {"compute_threads": -2}}, "worker", WorkerConfig)
     with pytest.raises(ConfigError, match=r"\[worker\]\.compute_threads: expected int"):

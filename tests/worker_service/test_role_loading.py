@@ -47,7 +47,8 @@ def test_cancel_during_load_serves_commands_meanwhile_and_the_worker_loads_again
     worker.send(wire.CancelRole(5))
     failed = worker.expect(wire.RoleFailed, role_id=5)
     assert failed.reason == pb.ROLE_FAILURE_LOAD_CANCELLED
-    assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0], \
+    assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleProgress) and e.layers_loaded > 0
+                and e.phase == "weights"], \
         "layers were read after CancelRole"
     assert not [e for e in role_events(worker, 5) if isinstance(e, wire.RoleConfigured)]
     # No role was kept: a step on it is refused; the next ConfigureRole loads (cold) and runs.
@@ -56,8 +57,13 @@ def test_cancel_during_load_serves_commands_meanwhile_and_the_worker_loads_again
     worker.send(wire.CancelRole(5))  # nothing loading any more: ignored, no event
     worker.send(wire.ConfigureRole(6, llama(0, 2)))
     assert worker.expect(wire.RoleConfigured, role_id=6).warm is False
-    progress = [(e.layers_loaded, e.layers_total) for e in role_events(worker, 6) if isinstance(e, wire.RoleProgress)]
-    assert progress == [(0, 2), (1, 2), (2, 2)]
+    progress = [(e.phase, e.layers_loaded, e.layers_total) for e in role_events(worker, 6)
+                if isinstance(e, wire.RoleProgress)]
+    weights = [p for p in progress if p[0] == "weights"]
+    compiled = [p for p in progress if p[0] == "compile"]
+    assert weights == [("weights", 0, 2), ("weights", 1, 2), ("weights", 2, 2)]
+    # then its graphs compile before RoleConfigured: counted in graph calls, up to all of them
+    assert progress == weights + compiled and compiled[0][1] == 0 and compiled[-1][1] == compiled[-1][2] > 0
     worker.send(wire.CancelRole(6))  # configured already: stays resident (warm)
     worker.send(wire.ConfigureRole(7, llama(0, 2)))
     assert worker.expect(wire.RoleConfigured, role_id=7).warm is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.v1 import common_pb2
 from swactor.worker import stage_fsm as s
@@ -10,31 +11,32 @@ from swactor.worker.process import wire
 HID = 8  # hidden_dim: 8 float32 = 32 bytes per activation row
 
 
-def plan(last: bool = False) -> s.StagePlan:
+def plan(last: bool = False, trace: bool = True) -> s.StagePlan:
     act = wire.ObjSpec("Activations", 4096, "Float", 4, HID, 4)
     tok = wire.ObjSpec("Tokens", 64, "Int", 4, 1, 4)
     return s.StagePlan(run_id=1, stage_index=1, stage_count=2 if last else 3, role_id=9,
                        inbound=EdgeProvision(10, "Ingress", 50, 0, act, None),
                        outbound=EdgeProvision(11, "Egress", 60, 1, tok if last else act, None),
                        outbound_kind=common_pb2.EDGE_KIND_TOKEN_OUT if last else common_pb2.EDGE_KIND_ACTIVATION,
-                       role_config={"kind": "llama_stage"}, in_row_bytes=4 * HID, out_row_bytes=4 if last else 4 * HID)
+                       role_config={"kind": "llama_stage"}, in_row_bytes=4 * HID, out_row_bytes=4 if last else 4 * HID,
+                       trace=trace)
 
 
 def kinds(actions: list) -> list[str]:
     return [common_pb2.LifecycleEventKind.Name(a.event.kind) for a in actions if isinstance(a, s.Report)]
 
 
-def loaded(seq: int, rows: int, hid: int = 3) -> wire.ObjectLoaded:
-    return wire.ObjectLoaded(70, 10, 0, 500 + seq, seq, rows * 4 * HID, wire.DeviceHandle(1, hid))
+def loaded(seq: int, rows: int, hid: int = 3, flags: int = 0) -> wire.ObjectLoaded:
+    return wire.ObjectLoaded(70, 10, 0, 500 + seq, seq, rows * 4 * HID, wire.DeviceHandle(1, hid), flags)
 
 
-def ready(last: bool = False) -> s.StageController:
+def ready(last: bool = False, trace: bool = True) -> s.StageController:
     c = s.StageController(node_id=4)
-    actions = c.handle(s.Provision(plan(last)))
+    actions = c.handle(s.Provision(plan(last, trace)))
     assert c.state is s.StageState.PREPARING
     assert [a for a in actions if not isinstance(a, s.Report)] == [
         s.ToWorker(wire.ConfigureRole(9, {"kind": "llama_stage"})),
-        s.ProvisionEdge(plan(last).inbound), s.ProvisionEdge(plan(last).outbound)]
+        s.ProvisionEdge(plan(last, trace).inbound), s.ProvisionEdge(plan(last, trace).outbound)]
     assert kinds(actions) == ["STAGE_PROVISION_STARTED", "EDGE_PROVISION_STARTED", "EDGE_PROVISION_STARTED"]
     assert kinds(c.handle(wire.RoleProgress(9, 1, 2))) == ["WEIGHTS_LOAD_PROGRESS"]
     assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"]
@@ -60,6 +62,37 @@ def test_prefill_then_decode_positions_and_sequences() -> None:
     assert c.state is s.StageState.READY
     (st,) = steps(c.handle(loaded(1, rows=1, hid=4)))
     assert st.runtime == {"start_pos": 5} and st.outputs[0].sequence == 1 and st.outputs[0].extent == 4 * HID
+
+
+def test_untraced_steps_report_no_per_object_events() -> None:
+    c = ready(trace=False)
+    actions = c.handle(loaded(0, rows=5))
+    (st,) = steps(actions)
+    assert kinds(actions) == []
+    assert kinds(c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 160))) == []
+    assert kinds(c.handle(wire.StepCompleted(9, st.step_id))) == [] and c.state is s.StageState.READY
+    assert kinds(c.handle(wire.RoleProgress(9, 3, 10, "compile"))) == ["COMPILE_PROGRESS"]
+
+
+def test_prompt_chunks_queue_in_order_and_carry_their_flags() -> None:
+    """A pipelined prompt: chunks 0..2 (0 and 1 flagged PROMPT_CONTINUES) load while chunk 0 runs; they run one at a
+    time in sequence order, positions advance by each chunk's rows, flags reach the output, no sampling before the
+    last chunk."""
+    c = ready(last=True)
+    (st0,) = steps(c.handle(loaded(0, rows=4, hid=10, flags=PROMPT_CONTINUES)))
+    assert steps(c.handle(loaded(1, rows=4, hid=11, flags=PROMPT_CONTINUES))) == []
+    assert steps(c.handle(loaded(2, rows=3, hid=12))) == []
+    assert st0.runtime == {"start_pos": 0, "sample": False} and st0.outputs[0].flags == PROMPT_CONTINUES
+    c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 4))
+    (st1,) = steps(c.handle(wire.StepCompleted(9, st0.step_id)))
+    assert st1.inputs[0].sequence == 1 and st1.runtime == {"start_pos": 4, "sample": False}
+    c.handle(wire.ObjectProduced(71, 11, 1, 501, 1, 4))
+    (st2,) = steps(c.handle(wire.StepCompleted(9, st1.step_id)))
+    assert st2.inputs[0].sequence == 2 and st2.runtime == {"start_pos": 8} and st2.outputs[0].flags == 0
+    c.handle(wire.ObjectProduced(71, 11, 1, 502, 2, 4))
+    c.handle(wire.StepCompleted(9, st2.step_id))
+    (st3,) = steps(c.handle(loaded(3, rows=1, hid=13)))
+    assert st3.runtime == {"start_pos": 11}
 
 
 def test_last_stage_outputs_one_token() -> None:

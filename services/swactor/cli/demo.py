@@ -29,14 +29,18 @@ from swactor.v1 import orchestrator_pb2_grpc
 EXIT_OK, EXIT_RUN_FAILED, EXIT_ERROR, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 QUIET_EVENTS = {pb.OBJECT_LOADED, pb.OBJECT_PRODUCED, pb.EXECUTE_STEP_STARTED, pb.STEP_COMPLETED, pb.TOKEN_RECEIVED,
                 pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED}
+# Shown without --events: what went wrong (the rest of the lifecycle is bring-up progress lines, or nothing).
+FAULT_EVENTS = {pb.NODE_FAULTED, pb.STAGE_FAULTED, pb.RUN_FAULTED, pb.RUN_STOPPED}
+PROGRESS_STEP = 25  # percent between two progress lines of one stage and phase
 
 
 class Printer:
     """Human output: the answer on stdout as it arrives, progress and the summary on stderr."""
 
-    def __init__(self, as_json: bool) -> None:
+    def __init__(self, as_json: bool, events: bool = False) -> None:
         self.as_json = as_json
-        self._weights: dict[int, str] = {}
+        self.events = events  # every lifecycle event as a line (--events / --verbose), not just progress
+        self._shown: dict[tuple[int, str], int] = {}  # (stage, phase) -> the last percentage shown
 
     def emit(self, obj: dict[str, Any]) -> None:
         print(json.dumps(obj), flush=True)
@@ -60,15 +64,36 @@ class Printer:
             if self.as_json:
                 self.emit({"type": "event", **render.as_json(ev)})
             elif ev.kind == pb.WEIGHTS_LOAD_PROGRESS:
-                stage = ev.stage_index
-                line = f"stage {stage}: weights {ev.counters.get('layers_loaded', 0)}/{ev.counters.get('layers_total', 0)} layers"
-                if self._weights.get(stage) != line:
-                    self._weights[stage] = line
-                    self.progress(line)
+                self._percent(ev.stage_index, "weights", ev.counters.get("layers_loaded", 0),
+                              ev.counters.get("layers_total", 0), "layers")
+            elif ev.kind == pb.COMPILE_PROGRESS:
+                total = ev.counters.get("units_total", 0)
+                if total == 0:
+                    self._once(ev.stage_index, "compile", "compiled graphs loaded from the cache")
+                else:
+                    self._percent(ev.stage_index, "compile", ev.counters.get("units_done", 0), total, "graph calls")
             elif (line := render.download_line(ev)) is not None:
                 self.progress(line)  # weights fetched from host 0's model server, a line per stage update
-            elif ev.kind not in QUIET_EVENTS and ev.kind != pb.WEIGHTS_LOAD_PROGRESS:
+            elif ev.kind == pb.READINESS_BARRIER_PASSED and not self.events:
+                self.progress("every stage is ready (readiness barrier passed): the prompt goes in")
+            elif ev.kind not in QUIET_EVENTS and (self.events or ev.kind in FAULT_EVENTS):
                 self.progress(render.event_line(ev))
+
+    def _percent(self, stage: int, phase: str, done: int, total: int, unit: str) -> None:
+        """A line when the stage's `phase` crosses another PROGRESS_STEP percent (every update with --events)."""
+        pct = 100 * done // total if total else 100
+        shown = self._shown.get((stage, phase))
+        if shown is not None:
+            same_step = pct < 100 and pct // PROGRESS_STEP == shown // PROGRESS_STEP
+            if pct == shown or (same_step and not self.events):
+                return
+        self._shown[(stage, phase)] = pct
+        self.progress(f"stage {stage}: {phase} {pct}% ({done}/{total} {unit})")
+
+    def _once(self, stage: int, phase: str, what: str) -> None:
+        if (stage, phase) not in self._shown:
+            self._shown[(stage, phase)] = 100
+            self.progress(f"stage {stage}: {what}")
 
     def summary(self, res: RunResult, hosts: int, stages: int) -> None:
         s = {"type": "summary", "hosts": hosts, "stages": stages, **res.summary(), "token_ids": res.token_ids}
@@ -99,7 +124,7 @@ def request(args: argparse.Namespace) -> opb.SubmitRunRequest:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    out = Printer(args.json)
+    out = Printer(args.json, events=getattr(args, "events", False))
     configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
     hosts = args.hosts or max(3, args.stages or 0)
     args.stages = args.stages or hosts  # the default model split across every simulated host

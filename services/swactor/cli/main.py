@@ -181,6 +181,8 @@ def parser() -> argparse.ArgumentParser:
                    help="GGUF file to serve (default: the shipped SmolLM2-135M-Instruct Q4_1)")
     add_sampling(d)
     d.add_argument("--json", action="store_true")
+    d.add_argument("--events", "--verbose", action="store_true",
+                   help="show every lifecycle event on stderr (default: bring-up progress lines and faults only)")
     return p
 
 

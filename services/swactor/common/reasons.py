@@ -2,8 +2,9 @@
 (`common_pb2.RING_FAULT_HEADER_MALFORMED`), logs and the compute process's JSON wire carry its
 value name ("RING_FAULT_HEADER_MALFORMED").
 
-`ReasonError` is the one exception shape that carries such a reason with a detail. Two helpers for
-the edges of the rule: `name` for a log field, and `from_ring_rs` for the one place names arrive in
+`ReasonError` is the one exception shape that carries such a reason with a detail; `NamedReason` is
+its sibling for stable string reasons where common.proto has no enum (model files, distribution).
+Two helpers for the edges of the rule: `name` for a log field, and `from_ring_rs` for the one place names arrive in
 another spelling: ring-rs reports its RingFaultReason / ObjectFailure in CamelCase
 (`HeaderMalformed`), which maps to the proto value of the same meaning.
 """
@@ -30,6 +31,15 @@ class ReasonError(Exception):
 
     def __init__(self, reason: int, detail: str) -> None:
         super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class NamedReason(Exception):
+    """A failure with a stable string reason ("NotFound", "Truncated", ...) and a detail; str() is "reason: detail"."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
 

@@ -18,6 +18,8 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from swactor.common.reasons import NamedReason
+
 MAX_REDIRECTS = 5
 READ_BYTES = 1 << 20
 MIN_READ = 16 << 10
@@ -31,11 +33,8 @@ UNREACHABLE, TLS_FAILED, NOT_FOUND, HTTP_STATUS, RANGE_IGNORED, RANGE_NOT_SATISF
 TRUNCATED, STALLED, CANCELLED, SIZE_CHANGED, PROTOCOL = "Truncated", "Stalled", "Cancelled", "SizeChanged", "Protocol"
 
 
-class FetchError(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class FetchError(NamedReason):
+    """One HTTP(S) transfer failed; `reason` is one of the names above."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from swactor.common.reasons import NamedReason
 from swactor.distribution import fetcher
 from swactor.distribution.cache import CacheEntry, is_disk_full, punch_hole
 from swactor.modelfile.manifest import Manifest
@@ -30,11 +31,8 @@ RECORD_EVERY_S = 0.05
 RECORD_EVERY_BYTES = 8 << 20
 
 
-class FetchFailed(Exception):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+class FetchFailed(NamedReason):
+    """A stage's fetch failed; `reason` is a fetcher reason or one of this module's."""
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,7 @@ class IngressParser:
         self.expected_sequence = first_sequence
         self._identities = identities
         self._log = log or get_logger(**identities).info
+        self._per_object_log = log or get_logger(**identities).debug  # NeedHeader <-> NeedPayload: every object
         self._header = bytearray()
         self._facts: HeaderFacts | None = None
         self._buffer: ObjectBuffer | None = None
@@ -220,7 +221,8 @@ class IngressParser:
     def _transition(self, new: IngressState, **facts: Any) -> None:
         old, self.state = self.state, new
         if old is not new:
-            self._log("ingress_state", old=old.value, new=new.value, **facts)
+            per_object = {old, new} <= {IngressState.NEED_HEADER, IngressState.NEED_PAYLOAD}
+            (self._per_object_log if per_object else self._log)("ingress_state", old=old.value, new=new.value, **facts)
 
     def _fail(self, reason: int, detail: str) -> Failed:
         facts = self._facts
@@ -326,6 +328,10 @@ class EgressState(enum.Enum):
     UNINSTALLED = "Uninstalled"
 
 
+_EGRESS_PER_OBJECT = {EgressState.WAITING_FOR_OUTPUT, EgressState.NEED_WRITABLE_FOR_HEADER,
+                      EgressState.NEED_WRITABLE_FOR_PAYLOAD}
+
+
 class OutputRejected(ReasonError):
     """An output cannot be produced on this ring: a §37 StepFailure and detail."""
 
@@ -346,6 +352,7 @@ class EgressProducer:
         self.state = EgressState.WAITING_FOR_OUTPUT
         self.next_sequence = first_sequence
         self._log = log or get_logger(**identities).info
+        self._per_object_log = log or get_logger(**identities).debug  # WaitingForOutput <-> NeedWritable*: every object
         self._facts: HeaderFacts | None = None
         self._source: ObjectSource | None = None
         self._header = b""
@@ -354,7 +361,8 @@ class EgressProducer:
     def _transition(self, new: EgressState, **facts: Any) -> None:
         old, self.state = self.state, new
         if old is not new:
-            self._log("egress_state", old=old.value, new=new.value, **facts)
+            per_object = {old, new} <= _EGRESS_PER_OBJECT
+            (self._per_object_log if per_object else self._log)("egress_state", old=old.value, new=new.value, **facts)
 
     @property
     def busy(self) -> bool:

@@ -16,18 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from swactor.common.reasons import NamedReason
 from swactor.modelfile.header import GgufFormatError, GgufHeader, read_header
 from swactor.modelfile.support import ARCHITECTURES, QKV_BIAS, ROPE_SCALING_TYPES
 
 _REQUIRED: Any = object()
 
 
-class ModelRefused(ValueError):
+class ModelRefused(NamedReason, ValueError):
     """The GGUF cannot serve this model or stage; str() is "reason: detail"."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}")
 
 
 @dataclass(frozen=True)

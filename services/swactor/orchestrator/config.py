@@ -59,6 +59,10 @@ class OrchestratorConfig:
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20
+    # Prompt tokens per prefill chunk: the prompt travels as chunk objects the stages pipeline, and every stage
+    # compiles a graph of this many rows before it is ready (docs/orchestrator.md "Prefill chunks"). 0 = the prompt is
+    # one object that the stages run row by row.
+    prefill_chunk: int = 64
     pool_window_s: float = 2.0
     pool_timeout_s: float = 60.0
     readiness_timeout_s: float = 600.0

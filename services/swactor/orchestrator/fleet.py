@@ -27,8 +27,8 @@ class FleetError(ReasonError):
 
 
 class TokenEndpoints(Protocol):
-    async def inject(self, sequence: int, token_ids: Sequence[int]) -> None:
-        """Write one token object (int32 ids) with `sequence` to the token-in edge."""
+    async def inject(self, sequence: int, token_ids: Sequence[int], flags: int = 0) -> None:
+        """Write one token object (int32 ids) with `sequence` and header `flags` to the token-in edge."""
         ...
 
     async def close(self) -> None:

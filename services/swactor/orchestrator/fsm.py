@@ -11,10 +11,12 @@ on the way into TEARING_DOWN.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 
 from swactor.common.ids import new_id
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.orchestrator.nodes import NodeInfo, NodeState
 from swactor.orchestrator.planner import PlanError, RunPlan, StagePlan, memory_need, plan_run
 from swactor.orchestrator.pool import Demand, PoolGate
@@ -35,9 +37,11 @@ from swactor.orchestrator.run_messages import (  # noqa: F401
     OpenEndpoints,
     OperatorStop,
     OrchestratorFault,
+    PromptChunkDone,
     Provision,
     ProvisionFailed,
     Relay,
+    RelayBatch,
     RunRequest,
     StageFault,
     StageReady,
@@ -107,6 +111,7 @@ class RunFsm:
         self._failed: set[int] = set()
         self._awaiting_stop: set[int] = set()
         self._expected_seq = 0
+        self._prompt_objects = 1  # the prompt's chunk objects: sequences 0..n-1, the first token comes with n-1
         self.teardown_timed_out = False
         self._now = now
 
@@ -128,12 +133,13 @@ class RunFsm:
     def handle(self, event: Input, now: float) -> list[Action]:
         out: list[Action] = []
         self._now = max(self._now, now)
-        if isinstance(event, Relay):
+        if isinstance(event, Relay | RelayBatch):
             if self.state is not RunState.DONE:
-                ev = pb.LifecycleEvent()
-                ev.CopyFrom(event.event)
-                ev.run_id = self.run_id
-                out.append(Emit(ev))
+                for relayed in (event.events if isinstance(event, RelayBatch) else (event.event,)):
+                    ev = pb.LifecycleEvent()
+                    ev.CopyFrom(relayed)
+                    ev.run_id = self.run_id
+                    out.append(Emit(ev))
             return out
         handler = {
             RunState.WAITING_POOL: self._on_waiting_pool,
@@ -296,7 +302,7 @@ class RunFsm:
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")
             return
-        self.plan = plan
+        self.plan = plan = dataclasses.replace(plan, prefill_chunk=cfg.prefill_chunk, trace_objects=req.trace_objects)
         out.append(self._ev(K.RUN_PLANNED, counters={"stages": len(plan.stages), "edges": len(plan.edges),
                                                       "layers": plan.model.num_layers, "max_seq_len": plan.max_seq_len}))
         self._set_state(RunState.PROVISIONING)
@@ -335,24 +341,35 @@ class RunFsm:
             out.append(self._ev(K.READINESS_BARRIER_PASSED, counters={"stages": len(self._ready)}))
             self._set_state(RunState.RUNNING)
             prompt = self.request.prompt_ids
-            out.append(InjectTokens(0, prompt))
-            out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt)}))
-            self._expected_seq = 0
+            size = self.plan.prefill_chunk or len(prompt)
+            chunks = [prompt[i:i + size] for i in range(0, len(prompt), size)]
+            for i, ids in enumerate(chunks):  # all at once: the stages pipeline them (§16 "Prefill chunks" in the docs)
+                out.append(InjectTokens(i, ids, PROMPT_CONTINUES if i < len(chunks) - 1 else 0))
+            out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt), "chunks": len(chunks)}))
+            self._expected_seq, self._prompt_objects = 0, len(chunks)
             self._deadline = now + self.config.timeouts.first_token_s
 
     def _on_running(self, event: Input, now: float, out: list[Action]) -> None:
         if self._common(event, now, out):
             return
         match event:
-            case TokenReceived(sequence=seq, token_id=tid):
-                if seq != self._expected_seq:
+            case PromptChunkDone(sequence=seq):
+                if seq != self._expected_seq or seq >= self._prompt_objects - 1:
                     self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
-                                f"token-out delivered sequence {seq}, expected {self._expected_seq}")
+                                f"token-out delivered no token for sequence {seq}; expected sequence {self._expected_seq}, "
+                                f"the prompt's last chunk is {self._prompt_objects - 1}")
+                    return
+                self._expected_seq = seq + 1  # the first-token deadline covers the whole prompt
+            case TokenReceived(sequence=seq, token_id=tid):
+                if seq != self._expected_seq or seq < self._prompt_objects - 1:
+                    self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
+                                f"token-out delivered a token for sequence {seq}, expected sequence {self._expected_seq}"
+                                f"{' (a prompt chunk: no token)' if seq < self._prompt_objects - 1 else ''}")
                     return
                 self.tokens.append(tid)
                 eog = tid in self.request.eog_ids
                 out.append(self._ev(K.TOKEN_RECEIVED, sequence=seq, counters={"token_id": tid}))
-                out.append(Deliver(seq, tid, eog))
+                out.append(Deliver(len(self.tokens) - 1, tid, eog))  # the answer's token index, not the object's sequence
                 assert self.plan is not None
                 done = (
                     "eos" if eog and not self.request.ignore_eos

@@ -24,6 +24,7 @@ from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
+from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
 from swactor.orchestrator import fsm as F
@@ -170,7 +171,7 @@ def build_config(args: argparse.Namespace) -> OrchestratorConfig:
 def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
-        ring_ceiling_bytes=cfg.ring_ceiling_bytes,
+        ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
         timeouts=F.Timeouts(pool_s=cfg.pool_timeout_s, readiness_s=cfg.readiness_timeout_s,
                             first_token_s=cfg.first_token_timeout_s, step_s=cfg.step_timeout_s,
                             teardown_s=cfg.teardown_timeout_s),
@@ -184,6 +185,9 @@ def limits(cfg: OrchestratorConfig) -> Limits:
                               f"got {getattr(cfg, key)}")
     if cfg.runs_max_age_s < 0:
         raise ConfigError(f"[orchestrator].runs_max_age_s must be >= 0 (0 = no age limit), got {cfg.runs_max_age_s}")
+    if not 0 <= cfg.prefill_chunk <= MAX_PREFILL_CHUNK:
+        raise ConfigError(f"[orchestrator].prefill_chunk must be 0..{MAX_PREFILL_CHUNK} (0 = the prompt in one object), "
+                          f"got {cfg.prefill_chunk}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
 

@@ -163,7 +163,8 @@ class Orchestrator:
         sampling = SamplingPolicy(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, seed=s.seed)
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
-                               node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos)
+                               node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
+                               trace_objects=req.trace_objects)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
                          sampling=opb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=sampling.top_p, seed=s.seed))

@@ -85,6 +85,9 @@ class RunPlan:
     max_tokens: int
     sampling: SamplingPolicy
     prompt_tokens: int
+    prefill_chunk: int = 0  # tokens per prompt chunk object (docs/orchestrator.md "Prefill chunks"), stages compile for
+    # it; 0: the prompt is one object and stages run it row by row
+    trace_objects: bool = False  # stages report per-object events (SubmitRunRequest.trace_objects)
 
     def edge(self, edge_id: int) -> EdgePlan:
         for e in self.edges:

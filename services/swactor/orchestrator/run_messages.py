@@ -34,6 +34,7 @@ class RunRequest:
     eog_ids: frozenset[int]
     node_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # an end-of-generation token does not end the run
+    trace_objects: bool = False  # stages report per-object events (diagnostics)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class FsmConfig:
     pool_window_s: float = 2.0
     max_seq_len_cap: int = 4096
     ring_ceiling_bytes: int = 4 << 20
+    prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
 
 
 # ---- inputs ----
@@ -106,6 +108,13 @@ class TokenReceived:
 
 
 @dataclass(frozen=True)
+class PromptChunkDone:
+    """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
+
+    sequence: int
+
+
+@dataclass(frozen=True)
 class OperatorStop:
     detail: str = ""
 
@@ -126,13 +135,21 @@ class Relay:
 
 
 @dataclass(frozen=True)
+class RelayBatch:
+    """Several node events at once (a traced run's per-object events of one sequence): recorded as they are."""
+
+    events: tuple[pb.LifecycleEvent, ...]
+
+
+@dataclass(frozen=True)
 class Tick:
     pass
 
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | OperatorStop | OrchestratorFault | Relay | Tick
+    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
+    | RelayBatch | Tick
 )
 
 # ---- actions ----
@@ -153,6 +170,7 @@ class Provision:
 class InjectTokens:
     sequence: int
     token_ids: tuple[int, ...]
+    flags: int = 0  # the object header's flags (PROMPT_CONTINUES on a prompt chunk before the last)
 
 
 @dataclass(frozen=True)
@@ -172,9 +190,9 @@ class Emit:
 
 @dataclass(frozen=True)
 class Deliver:
-    """A generated token, in sequence order, for the output stream."""
+    """A generated token, in order, for the output stream."""
 
-    sequence: int
+    sequence: int  # the token's index in the answer (0 = first); its object's sequence is later with prefill chunks
     token_id: int
     end_of_generation: bool
 

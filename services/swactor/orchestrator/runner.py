@@ -94,7 +94,7 @@ class RunHandle:
         emitted: list[pb.LifecycleEvent] = []
         for action in actions:
             self._perform(action, emitted)
-        relayed = isinstance(event, F.Relay)  # a relayed node event never changes the run record
+        relayed = isinstance(event, F.Relay | F.RelayBatch)  # a relayed node event never changes the run record
         if not relayed:
             self._sync_record()
         try:
@@ -238,7 +238,7 @@ class RunHandle:
             await self._endpoints_ready.wait()
             assert self._endpoints is not None
             try:
-                await self._endpoints.inject(action.sequence, action.token_ids)
+                await self._endpoints.inject(action.sequence, action.token_ids, action.flags)
             except FleetError as e:
                 self.report(F.EndpointFault(e.reason, e.detail))
             except Exception as e:

@@ -19,19 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from swactor.common.reasons import NamedReason
 from swactor.distribution import fetcher
 from swactor.modelfile.header import GgufHeader, read_header
 
 RECORD_EVERY_BYTES = 64 << 20
 
 
-class SourceError(Exception):
+class SourceError(NamedReason):
     """The source cannot be read; `reason` is stable (fetcher reasons, NotFound, ChecksumMismatch, ...)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

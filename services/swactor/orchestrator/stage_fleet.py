@@ -71,7 +71,8 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
             model_id=m.model_id, num_layers=m.num_layers, hidden_dim=m.hidden_dim,
             dtype_family=m.dtype_family, dtype_width_bytes=m.dtype_width_bytes,  # type: ignore[arg-type]
             max_seq_len=plan.max_seq_len),
-        runtime=stage_pb2.StageRuntimeFacts(role_id=stage.role_id),
+        runtime=stage_pb2.StageRuntimeFacts(role_id=stage.role_id, prefill_chunk=plan.prefill_chunk,
+                                            trace_objects=plan.trace_objects),
     )
     if last:
         s = plan.sampling
@@ -91,15 +92,21 @@ def stage_input(stage: StagePlan, update: stage_pb2.StageUpdate) -> F.Input | No
         return F.StageFault(stage.stage_index, f.reason, f.component or pb.COMPONENT_STAGE_CONTROLLER, detail)
     if which == "stopped":
         return F.StageStopped(stage.stage_index)
+    if which == "events":  # a traced run's per-object events of one sequence
+        return F.RelayBatch(tuple(_relayed(stage, update, e) for e in update.events.events))
     if which == "event":
-        ev = pb.LifecycleEvent()
-        ev.CopyFrom(update.event)
-        ev.node_id = ev.node_id or update.node_id
-        if not ev.HasField("stage_index"):
-            ev.stage_index = stage.stage_index
-        ev.time_us = ev.time_us or update.time_us
-        return F.Relay(ev)
+        return F.Relay(_relayed(stage, update, update.event))
     return None
+
+
+def _relayed(stage: StagePlan, update: stage_pb2.StageUpdate, event: pb.LifecycleEvent) -> pb.LifecycleEvent:
+    ev = pb.LifecycleEvent()
+    ev.CopyFrom(event)
+    ev.node_id = ev.node_id or update.node_id
+    if not ev.HasField("stage_index"):
+        ev.stage_index = stage.stage_index
+    ev.time_us = ev.time_us or update.time_us
+    return ev
 
 
 class NoEndpoints:

@@ -6,7 +6,7 @@ last stage produces, this host consumes). Each edge goes through the worker's Ed
 edge-driver, and on close the §38 order StopPump -> ring quiesced -> release — with this process
 as the ring host: InstallRing opens a ring-rs handle here, UninstallRing closes it.
 `EndpointsReady` is reported once both edges are Ready and share the driver's wake eventfds.
-The driver's object timings of this host's two edge ends are relayed as EDGE_OBJECT_SENT (token-in,
+With plan.trace_objects, the driver's object timings of this host's two edge ends are relayed as EDGE_OBJECT_SENT (token-in,
 with counter produced_us: when `inject` had committed the object) and EDGE_OBJECT_RECEIVED
 (token-out) lifecycle events (issue 7, swactor.edgeend.timings).
 """
@@ -78,15 +78,16 @@ class RingTokenEndpoints:
 
     async def start(self) -> None:
         self._driver_task = asyncio.create_task(self._follow_driver())
-        self._timing_task = asyncio.create_task(self._follow_timings())
+        if self.plan.trace_objects:  # this host's edge timings: only a traced run records them
+            self._timing_task = asyncio.create_task(self._follow_timings())
         for provision in self._provisions.values():
             self._est(est.Provision(provision, new_id()))
 
-    async def inject(self, sequence: int, token_ids) -> None:
+    async def inject(self, sequence: int, token_ids, flags: int = 0) -> None:
         if self.writer is None:
             raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, "token-in edge is not ready")
-        await self.writer.write(sequence, list(token_ids))
-        if len(self._committed_us) < 4096:
+        await self.writer.write(sequence, list(token_ids), flags)
+        if self.plan.trace_objects and len(self._committed_us) < 4096:
             self._committed_us[sequence] = time.time_ns() // 1000
 
     async def close(self) -> None:

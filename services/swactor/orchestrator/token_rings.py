@@ -17,6 +17,7 @@ import asyncio
 import numpy as np
 
 from swactor.common.ids import new_id
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.reasons import name
 from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edgeend import objects
@@ -48,11 +49,11 @@ class TokenWriter:
         self.end = end
         self._egress = objects.EgressProducer(end, HEADER_CODEC, rules_for(spec), edge_id=edge_id)
 
-    async def write(self, sequence: int, token_ids: list[int] | tuple[int, ...]) -> None:
+    async def write(self, sequence: int, token_ids: list[int] | tuple[int, ...], flags: int = 0) -> None:
         """Write one token object; returns once every byte is committed (waits on backpressure)."""
         payload = np.asarray(token_ids, dtype=TOKEN_DTYPE).tobytes()
         try:
-            self._egress.start(objects.HeaderFacts(new_id(), sequence, len(payload), 0), HostSource(payload))
+            self._egress.start(objects.HeaderFacts(new_id(), sequence, len(payload), flags), HostSource(payload))
         except objects.OutputRejected as e:
             raise FleetError(pb.RUN_FAULT_OBJECT_FAILED, f"token-in object {sequence}: {name(pb.StepFailure, e.reason)}: {e.detail}") from None
         while True:
@@ -84,7 +85,10 @@ class TokenReader:
                             report(F.EndpointFault(pb.RUN_FAULT_OBJECT_FAILED,
                                                    f"token-out object {facts.sequence} holds {len(ids)} ids, not 1"))
                             return
-                        report(F.TokenReceived(facts.sequence, int(ids[0])))
+                        if facts.flags & PROMPT_CONTINUES:  # a prompt chunk before the last: no token (objflags)
+                            report(F.PromptChunkDone(facts.sequence))
+                        else:
+                            report(F.TokenReceived(facts.sequence, int(ids[0])))
                     case objects.Failed(reason=reason, detail=detail, sequence=seq):
                         fault = (pb.RUN_FAULT_SEQUENCE_VIOLATION if reason == pb.OBJECT_FAILURE_SEQUENCE_VIOLATION
                                  else pb.RUN_FAULT_OBJECT_FAILED)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,11 @@ class WorkerConfig:
     weights_stall_timeout_s: float = 30.0
     # HTTP connections one fetch uses in parallel (decryption, hashing and writing then use more cores).
     weights_connections: int = 4
+    # Compiled decode / prefill graphs of the compute process (docs/compute.md "Compile before the barrier"): a stage
+    # loads them from here instead of compiling (seconds -> ~0.1 s). None = $XDG_CACHE_HOME/swactor-graphs (the unit's
+    # CacheDirectory), else ~/.cache/swactor-graphs; graph_cache = false compiles at every load.
+    graph_cache_dir: Path | None = None
+    graph_cache: bool = True
     init_timeout_s: float = 120.0
     stop_timeout_s: float = 10.0
     # The orchestrator's hold on a run (worker/stage_lease.py): with no WatchStage stream of the run
@@ -72,4 +78,10 @@ class WorkerConfig:
             out["device"] = self.device
         if self.compute_threads:
             out["threads"] = self.compute_threads
+        out["graph_cache"] = str(self.graph_cache_path()) if self.graph_cache else ""
         return out
+
+    def graph_cache_path(self) -> Path:
+        if self.graph_cache_dir is not None:
+            return self.graph_cache_dir
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "swactor-graphs"

@@ -40,6 +40,7 @@ _RX = {
     (L.OBJECT_READY, "StepStarted"): L.READY,
 }
 _LIVE = (L.PROVISIONING, L.READY, L.PRODUCING, L.OBJECT_READY)
+_PER_OBJECT = {L.PRODUCING, L.OBJECT_READY}
 
 
 class InvalidEdgeEvent(Exception):
@@ -69,7 +70,10 @@ class EdgeActor:
             else:
                 raise InvalidEdgeEvent(f"{self.kind} edge {self.edge_id}: {event} in state {self.state.value}")
         old, self.state = self.state, new
-        get_logger(edge_id=self.edge_id).info(f"{self.kind}_edge_state", old=old.value, new=new.value, trigger=event)
+        log = get_logger(edge_id=self.edge_id)
+        # Ready <-> Producing / ObjectReady happens per object: a journal line each would cost every token CPU
+        (log.debug if L.READY in (old, new) and {old, new} & _PER_OBJECT else log.info)(
+            f"{self.kind}_edge_state", old=old.value, new=new.value, trigger=event)
         return new
 
     @property

@@ -32,6 +32,7 @@ from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
 from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
+from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 MAX_WORKER_RESTARTS = 3
@@ -73,6 +74,7 @@ class RunLog:
     updates: list[stage_pb2.StageUpdate] = field(default_factory=list)
     done: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    traced: SequenceBatches = field(default_factory=SequenceBatches)  # per-object events (trace_objects runs)
 
     def add(self, update: stage_pb2.StageUpdate) -> None:
         self.updates.append(update)
@@ -211,10 +213,11 @@ class StageNode:
         self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index, caller_orchestrator)
         self.stage = stage_fsm.StageController(self.node_id)
         self.warm_weights = False
-        ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
-        self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
-            self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
-            emit=self._relay_timing, log=get_logger(component="stage_node")))
+        if plan.trace:  # the edge timings of this run's ends: only a traced run reports them
+            ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
+            self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
+                self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
+                emit=self._relay_timing, log=get_logger(component="stage_node")))
         self._stage(stage_fsm.Provision(plan))
         self.lease = StageLease.grant(plan.run_id, self.lease_window_s, self._clock())
         self._arm_lease()
@@ -311,6 +314,10 @@ class StageNode:
         ev.time_us = _now_us()
         ev.worker_generation = self.ctl.worker_generation  # §40: the generation this stage's worker runs
         log = self.runs.get(ev.run_id)
+        if ev.kind in PER_OBJECT_KINDS:  # a traced run's: batched per sequence, not logged (several per token)
+            if log is not None:
+                self._add_traced(log, ev)
+            return
         self._log.info("lifecycle", kind=common_pb2.LifecycleEventKind.Name(ev.kind), run_id=ev.run_id,
                        stage_index=ev.stage_index, edge_id=ev.edge_id or None, ring_id=ev.ring_id or None,
                        sequence=ev.sequence if ev.HasField("sequence") else None, step_id=ev.step_id or None,
@@ -333,6 +340,8 @@ class StageNode:
             if self.lease is not None and self.lease.run_id == ev.run_id:
                 self.lease.end()
                 self._arm_lease()
+            for batch in log.traced.flush():  # what a traced run still held goes out before `stopped`
+                self._add_batch(log, batch)
             self.weights.release(ev.run_id)
             relay = self._timing_relays.pop(ev.run_id, None)
             if relay is not None:
@@ -343,11 +352,19 @@ class StageNode:
         log.add(up)
 
     def _relay_timing(self, ev: common_pb2.LifecycleEvent) -> None:
-        """An EDGE_OBJECT_* event of a run here, with the driver's stamp (edge/timing_events.py)."""
+        """An EDGE_OBJECT_* event of a traced run here, with the driver's stamp (edgeend/timings.py)."""
         log = self.runs.get(ev.run_id)
         if log is not None and not log.done:
-            log.add(stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
-                                          time_us=ev.time_us, event=ev))
+            self._add_traced(log, ev)
+
+    def _add_traced(self, log: RunLog, ev: common_pb2.LifecycleEvent) -> None:
+        for batch in log.traced.add(ev):
+            self._add_batch(log, batch)
+
+    def _add_batch(self, log: RunLog, batch: list[common_pb2.LifecycleEvent]) -> None:
+        if batch and not log.done:
+            log.add(stage_pb2.StageUpdate(run_id=log.run_id, node_id=self.node_id, stage_index=log.stage_index,
+                                          time_us=batch[-1].time_us, events=stage_pb2.EventBatch(events=batch)))
 
     def _stage_input(self, run_id: int, inp: stage_fsm.Input) -> None:
         """An input for run `run_id`'s StageController, dropped if that run is no longer the one here."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.common.control_tls import orchestrator_name
+from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.edgeend.objects import ObjSpec
@@ -130,15 +131,18 @@ def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: i
                     "top_p": float(s.top_p) if s.top_p > 0 else 1.0, "seed": int(s.seed)}
     else:
         _require(not rt.HasField("sampling"), "runtime.sampling", "only the last stage samples")
+    chunk = rt.prefill_chunk or 1
+    _require(chunk <= min(m.max_seq_len, MAX_PREFILL_CHUNK), "runtime.prefill_chunk",
+             f"{chunk} rows: at most min(max_seq_len, {MAX_PREFILL_CHUNK})")
     # With a URL the path is the weights cache's file, known once fetched; its ranges are verified piece
     # by piece, so the compute process does not hash the (sparse) file again.
     config = {"kind": "llama_stage", "gguf_path": src.path, "gguf_sha256": "" if fetch else src.sha256,
               "layer_start": req.layer_start, "layer_end": req.layer_end_exclusive, "max_seq_len": m.max_seq_len,
-              "hidden_dim": m.hidden_dim, "sampling": sampling}
+              "hidden_dim": m.hidden_dim, "sampling": sampling, "prefill_chunk": chunk}
     return StagePlan(
         run_id=req.run_id, stage_index=req.stage_index, stage_count=req.stage_count, role_id=rt.role_id or role_id,
         inbound=EdgeProvision(inb.edge_id, "Ingress", inb.producer_node_id, INPUT_PORT, in_spec, inb.ring_spec),
         outbound=EdgeProvision(outb.edge_id, "Egress", outb.consumer_node_id, OUTPUT_PORT, out_spec, outb.ring_spec),
-        outbound_kind=outb.kind, role_config=config, fetch=fetch,
+        outbound_kind=outb.kind, role_config=config, fetch=fetch, trace=rt.trace_objects,
         in_row_bytes=in_spec.dtype_width_bytes * in_spec.row_elements,
         out_row_bytes=out_spec.dtype_width_bytes * out_spec.row_elements)

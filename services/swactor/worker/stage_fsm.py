@@ -6,17 +6,23 @@
 Control path only: it consumes worker and edge events and returns actions (ConfigureRole, edge
 provisioning, ExecuteStep, ReleaseDeviceObject, StopEdge, CancelRole when StopRun finds the weights
 still loading) plus §40 lifecycle events. One step at
-a time; the output object of a step carries the input's sequence (§16). Positions (start_pos) are
-derived from the rows of each input object: prefill rows at sequence 0, one row per decode step.
+a time; the output object of a step carries the input's sequence and flags (§16, §17). Positions (start_pos)
+are derived from the rows of each input object: a prompt arrives as one or more chunk objects (sequences
+0..P-1, each but the last flagged PROMPT_CONTINUES, docs/orchestrator.md "Prefill chunks"), then one row per
+decode step. Inputs that load while a step runs queue in sequence order (a pipelined prompt's next chunks).
+The per-object events (object_loaded, execute_step_started, object_produced, step_completed) are reported
+only when the plan traces objects: without tracing a token costs the node no lifecycle event at all.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.reasons import name
 from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
@@ -55,6 +61,7 @@ class StagePlan:
     # Set when the weights come from the orchestrator's model server (docs/distribution.md): fetched
     # into the weights cache before ConfigureRole; None = role_config names a file the node holds.
     fetch: FetchRequest | None = None
+    trace: bool = False  # runtime.trace_objects: report the per-object events
 
 
 # ---- inputs (events from the worker ctl, the establisher and the orchestrator) ----
@@ -175,7 +182,7 @@ class StageController:
     position: int = 0
     step_id: int = 0
     step: wire.ExecuteStep | None = None
-    waiting: wire.ObjectLoaded | None = None  # the next input, loaded while a step still runs
+    waiting: deque[wire.ObjectLoaded] = field(default_factory=deque)  # inputs loaded while a step runs, in order
     edges_stopped: set[int] = field(default_factory=set)
     fault: tuple[int, int] | None = None  # (RunFaultReason, Component) of the first fault
 
@@ -196,7 +203,9 @@ class StageController:
     def _transition(self, new: StageState, **facts: Any) -> None:
         old, self.state = self.state, new
         p = self.plan
-        get_logger(run_id=p.run_id if p else None, stage_index=p.stage_index if p else None).info(
+        log = get_logger(run_id=p.run_id if p else None, stage_index=p.stage_index if p else None)
+        # Ready <-> Executing happens per step: a log line each would be most of what a token costs the node
+        (log.debug if {old, new} == {StageState.READY, StageState.EXECUTING} else log.info)(
             "stage_state", old=old.value, new=new.value, **facts)
 
     def _faulted(self, reason: int, component: int, cause: str, detail: str, **ids: Any) -> list[Action]:
@@ -212,10 +221,17 @@ class StageController:
         for actor in (self.rx, self.tx):
             if actor is not None:
                 actor.on("Fault")
-        if self.waiting is not None:
-            actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))
-            self.waiting = None
+        actions += self._release_waiting()
         return actions
+
+    def _release_waiting(self) -> list[Action]:
+        released: list[Action] = [ToWorker(wire.ReleaseDeviceObject(ev.device_handle)) for ev in self.waiting]
+        self.waiting.clear()
+        return released
+
+    def _traced(self, report: Report) -> list[Action]:
+        """A per-object event: reported only when the plan traces objects."""
+        return [report] if self.plan is not None and self.plan.trace else []
 
     # ---- the one entry point ----
 
@@ -252,6 +268,8 @@ class StageController:
                 self.fetching = False
                 return self._faulted(common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED, common_pb2.COMPONENT_STAGE_CONTROLLER,
                                      f"WeightsFetch.{reason}", detail)
+            case wire.RoleProgress(_, done, total, "compile"):
+                return [self._event(common_pb2.COMPILE_PROGRESS, counters={"units_done": done, "units_total": total})]
             case wire.RoleProgress(_, done, total):
                 return [self._event(common_pb2.WEIGHTS_LOAD_PROGRESS,
                                     counters={"layers_loaded": done, "layers_total": total})]
@@ -294,8 +312,8 @@ class StageController:
             case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
                 if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
                     self.tx.on("ObjectProduced")
-                return [self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id, object_id=oid,
-                                    sequence=seq, counters={"extent": extent})]
+                return self._traced(self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id,
+                                                object_id=oid, sequence=seq, counters={"extent": extent}))
             case wire.StepCompleted(step_id=step_id):
                 return self._step_done(step_id)
             case wire.StepFailed(step_id=step_id, reason=r, detail=d):
@@ -355,41 +373,46 @@ class StageController:
         if ev.edge_id != p.inbound.edge_id:
             return release  # not this stage's input: never execute on it
         ids = {"edge_id": ev.edge_id, "ring_id": ev.ring_id, "object_id": ev.object_id, "sequence": ev.sequence}
-        loaded = self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, **ids)
-        if self.state is StageState.EXECUTING and self.waiting is None and ev.sequence == self.next_sequence:
-            self.waiting = ev  # starts when the running step completes: still one step at a time
-            return [loaded]
+        loaded = self._traced(self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, **ids))
+        expected = self.waiting[-1].sequence + 1 if self.waiting else self.next_sequence
+        if self.state is StageState.EXECUTING and ev.sequence == expected:
+            self.waiting.append(ev)  # starts when the steps before it completed: still one step at a time
+            return loaded
         if self.state is not StageState.READY:
             if self.state in (StageState.FAULTED, StageState.STOPPING):
-                return [loaded, *release]  # after a fault: reject new run work (§14)
-            return [loaded, *release, *self._faulted(
+                return [*loaded, *release]  # after a fault: reject new run work (§14)
+            return [*loaded, *release, *self._faulted(
                 common_pb2.RUN_FAULT_SEQUENCE_VIOLATION, common_pb2.COMPONENT_STAGE_CONTROLLER, "",
                 f"object sequence {ev.sequence} loaded in state {self.state.value}", **ids)]
         if ev.sequence != self.next_sequence:
-            return [loaded, *release, *self._faulted(
+            return [*loaded, *release, *self._faulted(
                 common_pb2.RUN_FAULT_SEQUENCE_VIOLATION, common_pb2.COMPONENT_STAGE_CONTROLLER, "",
                 f"loaded sequence {ev.sequence}, expected {self.next_sequence}", **ids)]
         self.rx.on("ObjectLoaded")
-        return [loaded, *self._execute(ev)]
+        return [*loaded, *self._execute(ev)]
 
     def _execute(self, ev: wire.ObjectLoaded) -> list[Action]:
         p = self.plan
         assert p is not None and self.rx is not None and self.tx is not None and self.out_ring_id is not None
         rows = ev.extent // p.in_row_bytes
         out_rows = 1 if p.outbound_kind == common_pb2.EDGE_KIND_TOKEN_OUT else rows
+        runtime: dict[str, Any] = {"start_pos": self.position}
+        if ev.flags & PROMPT_CONTINUES:
+            runtime["sample"] = False  # a prompt chunk before the last: no token from it (the last stage's concern)
         self.step_id += 1
         self.step = wire.ExecuteStep(
             p.role_id, self.step_id,
             [wire.InputBinding(INPUT_PORT, ev.object_id, ev.sequence, ev.device_handle)],
-            [wire.OutputBinding(OUTPUT_PORT, self.out_ring_id, ev.object_id, ev.sequence, out_rows * p.out_row_bytes)],
-            {"start_pos": self.position}, True)
+            [wire.OutputBinding(OUTPUT_PORT, self.out_ring_id, ev.object_id, ev.sequence, out_rows * p.out_row_bytes,
+                                ev.flags)],
+            runtime, True)
         self.rx.on("StepStarted")
         self.tx.on("StepStarted")
         self._transition(StageState.EXECUTING, sequence=ev.sequence, step_id=self.step_id, start_pos=self.position)
         self.position += rows
         self.next_sequence = ev.sequence + 1
-        return [self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
-                            object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows}),
+        return [*self._traced(self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
+                                          object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows})),
                 ToWorker(self.step)]
 
     def _step_done(self, step_id: int) -> list[Action]:
@@ -398,9 +421,9 @@ class StageController:
         seq = self.step.inputs[0].sequence
         self.step = None
         self._transition(StageState.READY)
-        actions: list[Action] = [self._event(common_pb2.STEP_COMPLETED, step_id=step_id, sequence=seq)]
-        if self.waiting is not None:
-            ev, self.waiting = self.waiting, None
+        actions: list[Action] = self._traced(self._event(common_pb2.STEP_COMPLETED, step_id=step_id, sequence=seq))
+        if self.waiting:
+            ev = self.waiting.popleft()
             assert self.rx is not None
             self.rx.on("ObjectLoaded")
             actions += self._execute(ev)
@@ -419,9 +442,7 @@ class StageController:
             actions.append(CancelFetch())
         if self.role_requested and not self.role_ready:  # a stopped run's weights are not worth the wait
             actions.append(ToWorker(wire.CancelRole(self.plan.role_id)))
-        if self.waiting is not None:
-            actions.append(ToWorker(wire.ReleaseDeviceObject(self.waiting.device_handle)))
-            self.waiting = None
+        actions += self._release_waiting()
         for actor in (self.rx, self.tx):
             if actor is not None and actor.edge_id not in self.edges_stopped:
                 actor.on("StopEdge")

@@ -17,16 +17,20 @@ from dataclasses import dataclass
 
 import numpy as np
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
+from tinygrad.device import Buffer
+from tinygrad.engine.jit import CapturedJit
 from tinygrad.helpers import NUM_CPU_THREADS
 
 from swactor.common.events import get_logger
+from swactor.common.objflags import NO_TOKEN  # the last stage's output for a prompt chunk it does not sample
 from swactor.common.sampling import SamplingPolicy
 
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
+from .graphcache import GraphCache
 from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, to_device, upload
 from .quant import dequantize
-from .replay import Plan, plan, read
+from .replay import LoadedGraph, Plan, plan, plan_graph, read
 from .rope import rope, rope_tables
 from .sampling import Sampler
 
@@ -35,6 +39,15 @@ from .sampling import Sampler
 class StageTimings:
   load_s: float      # GGUF parse + read/dequantize of the range
   upload_s: float    # host -> device copies
+
+
+
+
+@dataclass(frozen=True)
+class CompileReport:
+  graphs: int        # graphs a step runs (layer graphs per width and parity, the head per width)
+  cached: int        # of those, loaded from the graph cache
+  seconds: float
 
 
 @dataclass(frozen=True)
@@ -125,7 +138,8 @@ class StageModel:
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
-               quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None):
+               quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None,
+               graph_cache: GraphCache | None = None):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -167,6 +181,7 @@ class StageModel:
     self._inputs: dict[int, Tensor] = {}
     self._plans: dict[int, Plan | None] = {}       # per width: the layers' kernels as a direct-replay plan (None: can't)
     self._head_plans: dict[int, Plan | None] = {}
+    self.graph_cache = graph_cache
     self.timings = StageTimings(t1 - t0, time.perf_counter() - t1)
     self.sampler = Sampler(sampling or SamplingPolicy())
     self.reset()
@@ -218,12 +233,15 @@ class StageModel:
       raise ValueError(f"positions up to {start_pos + x.shape[0]} exceed max_seq_len {self.max_seq_len}")
     return x
 
-  def _rows(self, rows: np.ndarray, start_pos: int) -> Tensor:
-    """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device."""
+  def _rows(self, rows: np.ndarray, start_pos: int, tick: Callable[[], None] | None = None) -> Tensor:
+    """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device.
+    `tick` is called after each call of a graph still being captured (prepare's progress)."""
     width = len(rows)
     if width not in self._inputs:  # one fixed input buffer per width, so a replay plan can bake in its address
       self._inputs[width] = to_device(np.zeros((width, self.params.dim), np.float32), self.device)
     xin = copy_in(self._inputs[width], rows.astype(np.float32, copy=False))
+    if width not in self._plans:
+      self._plan_layers(width)
     if (p := self._plans.get(width)) is not None:
       p({"start_pos": start_pos})
       return p.out
@@ -233,27 +251,130 @@ class StageModel:
       if jit.captured is None:
         with self._capture_context():
           x = jit(x, sp, L.tensors)
+        if tick is not None:
+          tick()
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
         x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
-    caps = [self._layer_jit(width, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
-    if width not in self._plans and all(c is not None for c in caps):
-      # every layer graph is captured: from now on run them without TinyJit (replay.py); layer i reads layer i-1's output
-      p = Plan(out=caps[-1].ret, threads=self.threads)
-      ins = [xin, *(c.ret for c in caps[:-1])]
-      self._plans[width] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
     return x
 
-  def _head_logits(self, y: Tensor, width: int, row: int) -> np.ndarray:
+  def _plan_layers(self, width: int) -> None:
+    """Once every layer graph of `width` is captured, run them without TinyJit from now on (replay.py): layer 0 reads
+    the width's input buffer, layer i layer i-1's output. Not planned (None): TinyJit's own replay keeps running them."""
+    caps = [self._layer_jit(width, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
+    if any(c is None for c in caps):
+      return
+    p = Plan(out=caps[-1].ret, threads=self.threads)
+    ins = [self._inputs[width], *(c.ret for c in caps[:-1])]
+    self._plans[width] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
+
+  def _head_logits(self, y: Tensor, width: int, row: int, tick: Callable[[], None] | None = None) -> np.ndarray:
     jit = self._head_jit(width)
-    if (p := self._head_plans.get(width)) is not None:
-      p({"row": row})
-      return read(p.out)
-    with self._capture_context():
-      out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
     if width not in self._head_plans and jit.captured is not None and self._plans.get(width) is not None:
       p = Plan(out=jit.captured.ret, threads=self.threads)  # reads the layer plan's output buffer
       self._head_plans[width] = p if plan(jit.captured, [self._plans[width].out.uop.base], p) else None
+    if (p := self._head_plans.get(width)) is not None:
+      p({"row": row})
+      return read(p.out)
+    capturing = jit.captured is None
+    with self._capture_context():
+      out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
+    if capturing and tick is not None:
+      tick()
     return out
+
+  # ---- compiling ahead ----
+
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """Rows per graph a step runs: decode rows (1) and, with prefill_chunk > 1, prefill chunks."""
+    return (1,) if self.chunk == 1 else (1, self.chunk)
+
+  def _graphs(self, width: int) -> list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]]:
+    """(name, jit, model buffers it reads, cache-key facts) of every graph a step of `width` rows runs."""
+    common = {"params": repr(self.params), "threads": self.threads, "mv_threads": self.mv_threads, "beam": self.beam,
+              "cpu_threads": max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD),
+              "cache_len": self.max_seq_len + self.chunk}
+    shapes = lambda ts: [(t.shape, str(t.dtype)) for t in ts]  # noqa: E731
+    out: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]] = []
+    rope = {"cos": self.cos.uop.base.buffer, "sin": self.sin.uop.base.buffer}
+    for key in dict.fromkeys((width, L.kinds, i % 2) for i, L in enumerate(self.layers)):
+      L = next(L for L in self.layers if L.kinds == key[1])
+      out.append((f"layer {key}", self._layer_jit(*key), rope, {**common, "inputs": shapes(L.tensors)}))
+    if self.head is not None:
+      norm, (kind, ts) = self.head
+      ext = {"head_norm": norm.uop.base.buffer, **{f"head_{j}": t.uop.base.buffer for j, t in enumerate(ts)}}
+      out.append((f"head {width} {kind}", self._head_jit(width), ext, {**common, "inputs": shapes([norm, *ts])}))
+    return out
+
+  def prepare(self, on_progress: Callable[[int, int], None] | None = None) -> CompileReport:
+    """Make every graph a step runs (decode rows, prefill chunks, the head) ready before the first step: load it from
+    the graph cache, or capture it (and store it there), and build the replay plans. The KV cache is left with rows a
+    run overwrites before it reads them. on_progress(done, total) counts graph calls: two per graph captured here
+    (tinygrad runs a graph once, then captures it on its second call), none for a width the cache holds whole."""
+    t0 = time.perf_counter()
+    cache, cached, todo = self.graph_cache, 0, []
+    for w in self.widths:
+      graphs = self._graphs(w)
+      keys = [cache.key(self.device, name, **facts) for name, _, _, facts in graphs] if cache else []
+      loaded = [cache.load(k, ext) for k, (_, jit, ext, _) in zip(keys, graphs, strict=True)] if cache else []
+      if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(w, loaded):  # type: ignore[arg-type]
+        cached += len(graphs)
+        continue
+      if loaded and all(isinstance(g, CapturedJit) for g in loaded):  # other devices: TinyJit replays them
+        for (_, jit, _, _), c in zip(graphs, loaded, strict=True):
+          jit.captured, jit.cnt = c, 2
+        cached += len(graphs)
+        continue
+      todo += [(w, key, *g) for key, g in zip(keys or [None] * len(graphs), graphs, strict=True)]
+    done, total = 0, 2 * len(todo)
+
+    def tick() -> None:
+      nonlocal done
+      done = min(done + 1, total)
+      if on_progress is not None:
+        on_progress(done, total)
+
+    if on_progress is not None:
+      on_progress(0, total)
+    for w in dict.fromkeys(g[0] for g in todo):
+      zeros = np.zeros((w, self.params.dim), np.float32)
+      for _ in range(4):  # a layer graph only one layer uses is captured on the second pass; a head plan needs the layer plan
+        if w in self._plans and (self.head is None or w in self._head_plans or self._plans[w] is None) \
+            and all(g[3].captured is not None for g in todo if g[0] == w):
+          break
+        y = self._rows(zeros, 0, tick)
+        if self.head is not None:
+          self._head_logits(y, w, w - 1, tick)
+    if on_progress is not None and done < total:
+      on_progress(total, total)  # every graph is ready (a graph of one layer parity may need fewer calls)
+    if cache is not None:
+      for _, key, _, jit, ext, _ in todo:
+        if jit.captured is not None:
+          cache.store(key, jit.captured, ext)
+    report = CompileReport(sum(len(self._graphs(w)) for w in self.widths), cached, time.perf_counter() - t0)
+    get_logger().info("compute_graphs_prepared", graphs=report.graphs, cached=report.cached, seconds=round(report.seconds, 3),
+                      widths=list(self.widths), layer_start=self.layer_start, layer_end=self.layer_end)
+    return report
+
+  def _plan_loaded(self, width: int, graphs: list[LoadedGraph]) -> bool:
+    """Plans of `width` from graphs the cache held (in _graphs' order: the layer graphs, then the head's)."""
+    by_key = dict(zip(dict.fromkeys((width, L.kinds, i % 2) for i, L in enumerate(self.layers)), graphs, strict=False))
+    layers = [by_key[(width, L.kinds, i % 2)] for i, L in enumerate(self.layers)]
+    if width not in self._inputs:
+      self._inputs[width] = to_device(np.zeros((width, self.params.dim), np.float32), self.device)
+    p = Plan(out=layers[-1].ret, threads=self.threads)
+    ins = [self._inputs[width].uop.base.buffer, *(g.views[g.spec.ret] for g in layers[:-1])]
+    if not all(plan_graph(g, [x, *(u.buffer for u in L.bufs)], p) for g, x, L in zip(layers, ins, self.layers, strict=True)):
+      return False
+    hp = None
+    if self.head is not None:
+      hp = Plan(out=graphs[-1].ret, threads=self.threads)
+      if not plan_graph(graphs[-1], [p.out.uop.base.buffer], hp):
+        return False
+    self._plans[width] = p
+    if hp is not None:
+      self._head_plans[width] = hp
+    return True
 
   def step_logits(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
     """Like step() but returns the final logits row (float32 [vocab]) instead of a sampled token (last stage only)."""
@@ -261,11 +382,16 @@ class StageModel:
       raise ValueError(f"stage [{self.layer_start}, {self.layer_end}) has no output head (not the last stage)")
     return self._run(inputs, start_pos)
 
-  def step(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+  def step(self, inputs: np.ndarray, start_pos: int, *, sample: bool = True) -> np.ndarray:
+    """sample=False on the last stage: a prompt chunk that is not the prompt's last runs through the layers (filling the
+    KV cache) without the head or the sampler, and the step returns int32 [NO_TOKEN]."""
+    if self.head is not None and not sample:
+      self._run(inputs, start_pos, head=False)
+      return np.array([NO_TOKEN], dtype=np.int32)
     y = self._run(inputs, start_pos)
     return y if self.head is None else np.array([self.sampler(y)], dtype=np.int32)
 
-  def _run(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+  def _run(self, inputs: np.ndarray, start_pos: int, head: bool = True) -> np.ndarray:
     x = self._check(inputs, start_pos)
     rows = self._embed(x.astype(np.int64)) if self.is_first else x
     outs, n = [], rows.shape[0]
@@ -278,7 +404,9 @@ class StageModel:
       y = self._rows(part, start_pos + c0)
       if self.head is None:
         outs.append(read(y)[:t])
-      elif c0 + self.chunk >= n:
+      elif head and c0 + self.chunk >= n:
         outs.append(self._head_logits(y, width, t - 1))
     self.next_pos = start_pos + n
-    return np.concatenate(outs).astype(np.float32, copy=False) if self.head is None else outs[-1]
+    if self.head is None:
+      return np.concatenate(outs).astype(np.float32, copy=False)
+    return outs[-1] if head else np.empty(0, np.float32)

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tinygrad import Device, Tensor
-from tinygrad.device import Buffer
-from tinygrad.dtype import _to_np_dtype
+from tinygrad.device import Buffer, TinyELF
+from tinygrad.dtype import DType, _to_np_dtype
 from tinygrad.engine.jit import CapturedJit
-from tinygrad.engine.realize import get_runtime, resolve_params
+from tinygrad.engine.realize import get_call_arg_uops, get_runtime, resolve_params
 from tinygrad.runtime.ops_cpu import CPUProgram
-from tinygrad.uop.ops import Ops, UOp, sym_infer
+from tinygrad.uop.ops import Ops, UOp, buffers, sym_infer
 
 import swactor_ring
 from swactor.common.events import get_logger
@@ -87,6 +87,139 @@ def plan(captured: CapturedJit, inputs: list[UOp], into: Plan) -> bool:
     for j, v in enumerate(ast.arg.vars):
       if v.expr != "core_id":
         into.table.bind(v.expr, i, len(bufs) + j, int(v.vmin), int(v.vmax))
+    into.keep.extend([*bufs, rt])
+  return True
+
+
+# ---- graph specs: a captured CPU graph as the launcher runs it (what the graph cache stores, graphcache.py) ----
+
+Arg = tuple[str, int | str]  # ("in", input slot) | ("buf", view index) | ("ext", model buffer name)
+
+
+@dataclass(frozen=True)
+class Call:
+  program: int                                  # index into GraphSpec.programs
+  args: tuple[Arg, ...]                         # the program's buffer parameters, in order
+  vars: tuple[tuple[str, int, int], ...]        # its variable parameters after them: (name, vmin, vmax); core_id included
+  core: int | None                              # the core_id parameter's slot, if the kernel is split into slices
+  slices: int | UOp                             # global size 0: the slice count (a variable expression for some)
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+  """One captured graph without tinygrad's UOp graph: its programs' machine code, the buffers it owns (bases with
+  their sizes, views into them; constants with their bytes) and its calls. Inputs stay slots, model-owned buffers
+  names; `load_graph` makes the buffers and loads the programs, `plan_graph` appends its calls to a Plan."""
+  device: str
+  programs: tuple[TinyELF, ...]
+  bases: tuple[tuple[int, DType, bytes | None], ...]   # (size, dtype, bytes of a constant | None: written before read)
+  views: tuple[tuple[int, int, DType, int], ...]       # (base index, size, dtype, offset); a base is a full view of itself
+  calls: tuple[Call, ...]
+  ret: int                                             # view index of the output
+  ret_shape: tuple[int, ...]
+
+
+def graph_spec(captured: CapturedJit, externals: dict[str, Buffer]) -> GraphSpec | None:
+  """The spec of a captured graph, or None if the launcher could not run it (see plan())."""
+  if not available():
+    return None
+  names = {id(b): n for n, b in externals.items()}
+  written = {id(buffers[u].base) for u in captured._written_uops if u in buffers}
+  programs: dict[int, int] = {}
+  elfs: list[TinyELF] = []
+  bases: dict[int, int] = {}
+  base_rows: list[tuple[int, DType, bytes | None]] = []
+  views: dict[int, int] = {}
+  view_rows: list[tuple[int, int, DType, int]] = []
+
+  def view(b: Buffer) -> int:
+    if id(b) not in views:
+      base = b.base
+      if id(base) not in bases:
+        bases[id(base)] = len(base_rows)
+        const = None if id(base) in written else bytes(base.ensure_allocated().as_memoryview())
+        base_rows.append((base.size, base.dtype, const))
+      views[id(b)] = len(view_rows)
+      view_rows.append((bases[id(base)], b.size, b.dtype, b.offset))
+    return views[id(b)]
+
+  calls = []
+  for call in captured.linear.src:
+    ast = call.src[0]
+    if ast.op is not Ops.PROGRAM or not isinstance(dev := call.src[1].device, str):
+      return None
+    rt = get_runtime(dev, ast)
+    arg_uops = get_call_arg_uops(call)
+    if not isinstance(rt, CPUProgram) or rt.lvp or len(ast.arg.globals) + len(ast.arg.vars) > swactor_ring.LAUNCH_MAX_ARGS:
+      return None
+    args: list[Arg] = []
+    for i in ast.arg.globals:
+      u = arg_uops[i]
+      if u.op is Ops.PARAM:
+        args.append(("in", u.arg.slot))
+        continue
+      b = u.buffer
+      if not isinstance(b, Buffer):
+        return None
+      args.append(("ext", names[id(b)]) if id(b) in names else ("buf", view(b)))
+    if id(ast) not in programs:
+      programs[id(ast)] = len(elfs)
+      elfs.append(ast.to_elf())
+    calls.append(Call(programs[id(ast)], tuple(args), tuple((v.expr, int(v.vmin), int(v.vmax)) for v in ast.arg.vars),
+                      rt.runtimevars.get("core_id"), ast.arg.global_size[0]))
+  ret = captured.ret.uop.base.buffer
+  if not isinstance(ret, Buffer) or id(ret) in names:
+    return None
+  return GraphSpec(captured.ret.device, tuple(elfs), tuple(base_rows), tuple(view_rows), tuple(calls), view(ret),
+                   tuple(captured.ret.shape))
+
+
+@dataclass
+class LoadedGraph:
+  spec: GraphSpec
+  programs: list[CPUProgram]
+  views: list[Buffer]
+  externals: dict[str, Buffer]
+
+  @property
+  def ret(self) -> Tensor:
+    return Tensor(UOp.from_buffer(self.views[self.spec.ret])).reshape(self.spec.ret_shape)
+
+
+def load_graph(spec: GraphSpec, externals: dict[str, Buffer]) -> LoadedGraph:
+  """Allocate the spec's buffers (constants filled in) and load its programs (no compiler runs)."""
+  dev = Device[spec.device]
+  bases = []
+  for size, dtype, const in spec.bases:
+    b = Buffer(spec.device, size, dtype).allocate()
+    if const is not None:
+      b.copyin(memoryview(bytearray(const)))
+    bases.append(b)
+  views = [bases[i] if (off == 0 and size == bases[i].size and dtype == bases[i].dtype)
+           else Buffer(spec.device, size, dtype, base=bases[i], offset=off).ensure_allocated()
+           for i, size, dtype, off in spec.views]
+  missing = {a[1] for c in spec.calls for a in c.args if a[0] == "ext"} - set(externals)
+  if missing:
+    raise KeyError(f"the graph reads model buffers {sorted(missing)} this model does not have")
+  return LoadedGraph(spec, [dev.runtime(elf) for elf in spec.programs], views, externals)  # type: ignore[misc]
+
+
+def plan_graph(g: LoadedGraph, inputs: list[Buffer], into: Plan) -> bool:
+  """Like plan(), from a loaded spec: append its calls, bound to `inputs`, to `into`."""
+  if into.table is None:
+    return False
+  for c in g.spec.calls:
+    rt = g.programs[c.program]
+    bufs = [inputs[v] if kind == "in" else g.externals[v] if kind == "ext" else g.views[v]  # type: ignore[index]
+            for kind, v in c.args]
+    bufs = [b.ensure_allocated() for b in bufs]
+    i = into.table.push(rt.addr, [b.get_buf(g.spec.device).va_addr for b in bufs] + [0] * len(c.vars), c.core,
+                        c.slices if isinstance(c.slices, int) else 0)
+    if c.core is not None and not isinstance(c.slices, int):
+      into.sym_slices.append((i, c.slices))
+    for j, (name, lo, hi) in enumerate(c.vars):
+      if name != "core_id":
+        into.table.bind(name, i, len(bufs) + j, lo, hi)
     into.keep.extend([*bufs, rt])
   return True
 

@@ -175,6 +175,10 @@ class WorkerCore:
             raise _Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED,
                          f"backend.threads must be a non-negative integer (0 = auto), got {threads!r}")
         self.roles.threads = threads or None
+        graph_cache = cmd.backend.get("graph_cache", "")
+        if not isinstance(graph_cache, str):
+            raise _Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, f"backend.graph_cache must be a directory path or \"\", got {graph_cache!r}")
+        self.roles.graph_cache = graph_cache
         self.ring_abi, self.codec = r.ring_abi, r.codec
         self._do(m.OpenBackend(cmd.backend.get("device")))
 
@@ -270,7 +274,7 @@ class WorkerCore:
                 hid, self._next_handle = self._next_handle, self._next_handle + 1
                 self.handles[hid] = obj
                 self._emit(wire.ObjectLoaded(c.ring_id, c.edge_id, c.port_id, facts.object_id, facts.sequence,
-                                             facts.extent, wire.DeviceHandle(self.generation, hid)))
+                                             facts.extent, wire.DeviceHandle(self.generation, hid), facts.flags))
             case Failed(reason, detail, object_id, sequence):
                 self._emit(wire.ObjectFailed(c.ring_id, c.edge_id, c.port_id, object_id, sequence, reason, detail))
             case Broken(reason, detail):
@@ -300,8 +304,8 @@ class WorkerCore:
         if problem is not None:
             self._emit(wire.StepFailed(cmd.role_id, cmd.step_id, *problem))
             return
-        self.log.info("execute_step_started", step_id=cmd.step_id, role_id=cmd.role_id,
-                      sequence=[b.sequence for b in cmd.inputs])
+        self.log.debug("execute_step_started", step_id=cmd.step_id, role_id=cmd.role_id,
+                       sequence=[b.sequence for b in cmd.inputs])  # per token: the node's lifecycle events say it
         self.step = Step(cmd)
         inputs = [self.handles[b.device_handle.id] for b in cmd.inputs]
         self._do(m.RunStep(cmd.step_id, self.roles.role, inputs, cmd.runtime))

@@ -2,9 +2,13 @@
 
 ConfigureRole.config for kind "llama_stage":
   gguf_path, gguf_sha256 ("" = unchecked), layer_start, layer_end (exclusive), max_seq_len,
-  hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage).
-The load reports progress (0/N once the GGUF is parsed, then once per layer); the progress callback
-may raise to abandon the load (role_loader). Compute threads come from InitializeWorker.backend.
+  hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage),
+  prefill_chunk (rows per prefill step the stage compiles for; default 1: prompts run row by row).
+The load reports progress (phase "weights": 0/N once the GGUF is parsed, then once per layer), then
+compiles every graph a step runs before it answers (phase "compile", StageModel.prepare: the
+stage is ready only when its first step can run at full speed); the progress callback may raise to
+abandon the load (role_loader). Compute threads and the compiled-graph cache come from
+InitializeWorker.backend.
 Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
 activations [T, hidden] between stages, one int32 token id out of the last stage.
 """
@@ -47,17 +51,23 @@ class LlamaStageRole:
 
     @classmethod
     def load(cls, config: dict[str, Any], bridge: DeviceBridge, progress: Progress,
-             key: tuple[Any, ...], *, threads: int | None = None) -> LlamaStageRole:
+             key: tuple[Any, ...], *, threads: int | None = None, graph_cache: str = "") -> LlamaStageRole:
         from swactor.worker.compute import GGUFModel, ModelRefused, StageModel, UnsupportedQuant
+        from swactor.worker.compute.graphcache import GraphCache
 
         path = check_weights_file(config.get("gguf_path"), config.get("gguf_sha256", ""))
         start, end, max_seq = _int(config, "layer_start"), _int(config, "layer_end"), _int(config, "max_seq_len")
+        chunk = config.get("prefill_chunk", 1)
+        if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
+            raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.prefill_chunk must be a positive integer, got {chunk!r}")
         policy = sampling_policy(config)
         try:
             gguf = GGUFModel(path)  # metadata + tensor index: seconds for a big file, no progress inside
             progress(0, max(0, end - start))  # parsed: the layers come next (a cancelled load stops here)
             model = StageModel(gguf, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
-                               threads=threads, on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
+                               threads=threads, prefill_chunk=chunk,
+                               graph_cache=GraphCache(graph_cache) if graph_cache else None,
+                               on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
         except (ModelRefused, UnsupportedQuant) as e:
             raise RoleError(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{path}: {e}") from None
         except ValueError as e:
@@ -67,6 +77,7 @@ class LlamaStageRole:
         hidden = config.get("hidden_dim")
         if hidden is not None and hidden != model.hidden_dim:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")
+        model.prepare(lambda done, total: progress(done, total, "compile"))  # before RoleConfigured: see the module doc
         return cls(model, bridge, key)
 
     def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
@@ -78,7 +89,10 @@ class LlamaStageRole:
             arr = self.bridge.to_numpy(x, np.dtype(np.int32))
         else:
             arr = self.bridge.to_numpy(x, np.dtype(np.float32)).reshape(-1, self.model.hidden_dim)
-        out = self.model.step(arr, start_pos)
+        sample = runtime.get("sample", True)
+        if not isinstance(sample, bool):
+            raise ValueError(f"runtime.sample must be a boolean, got {sample!r}")
+        out = self.model.step(arr, start_pos, sample=sample)
         return [self.bridge.from_numpy(out.astype(np.int32 if self.model.is_last else np.float32, copy=False))]
 
     def reset(self, config: dict[str, Any]) -> None:

@@ -95,6 +95,7 @@ class RingOpenFailed(_Failure, _Ring):
 class LoadProgress(_Role):
     done: int
     total: int
+    phase: str = "weights"  # "weights": layers read; "compile": graph calls of StageModel.prepare
 
 
 @dataclass(frozen=True)
@@ -180,10 +181,11 @@ class CloseRing:
 @dataclass(frozen=True)
 class StartLoad(_Role):
     """Load a role on a loader thread -> LoadProgress*, then LoadDone | LoadFailed. threads: CPU cores
-    of the compute kernels (None: auto)."""
+    of the compute kernels (None: auto); graph_cache: the compiled-graph cache directory ("" = none)."""
 
     config: dict[str, Any]
     threads: int | None
+    graph_cache: str = ""
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ stdin (UninstallRing, ShutdownWorker, CancelRole) and pumps rings. The thread on
 everything it has to say (layer progress, the role or the failure, `messages.LoadEvent`) goes
 through a queue and a self-pipe that wakes the loop, so the core sees it on the loop's thread only.
 
-Abandoning a load (`cancel`) sets a flag the progress callback checks once the GGUF is parsed and
-after every layer: the load raises `roles.LoadCancelled` there and unwinds, dropping what it had
+Abandoning a load (`cancel`) sets a flag the progress callback checks once the GGUF is parsed,
+after every layer and after every graph call while the role compiles: the load raises `roles.LoadCancelled` there and unwinds, dropping what it had
 read (the parse itself and the final upload to the device have no such point). Whether a cancelled
 load's outcome is waited for is the core's decision: CancelRole waits, so no weights outlive the
 cancelled role; ShutdownWorker does not, the process exits and takes the thread with it.
@@ -66,7 +66,7 @@ def loads_running() -> bool:
 class RoleLoader:
     """One cold load for `role_id`; `events()` returns what its thread has reported since."""
 
-    def __init__(self, role_id: int, load: Callable[[Callable[[int, int], None]], Any],
+    def __init__(self, role_id: int, load: Callable[[Callable[..., None]], Any],
                  events: queue.SimpleQueue[LoadEvent], wakeup: Wakeup) -> None:
         self.role_id = role_id
         self._load = load
@@ -89,10 +89,11 @@ class RoleLoader:
         self._events.put(ev)
         self._wakeup.set()
 
-    def _progress(self, done: int, total: int) -> None:
+    def _progress(self, done: int, total: int, phase: str = "weights") -> None:
         if self._cancel.is_set():
-            raise LoadCancelled(f"load of role {self.role_id} cancelled at {done}/{total} layers")
-        self._post(LoadProgress(self.role_id, done, total))
+            what = "layers" if phase == "weights" else "graph calls"
+            raise LoadCancelled(f"load of role {self.role_id} cancelled at {done}/{total} {what}")
+        self._post(LoadProgress(self.role_id, done, total, phase))
 
     def _run(self) -> None:
         try:
@@ -114,7 +115,7 @@ class Loaders:
         self._events: queue.SimpleQueue[LoadEvent] = queue.SimpleQueue()
         self._running: dict[int, RoleLoader] = {}
 
-    def start(self, role_id: int, load: Callable[[Callable[[int, int], None]], Any]) -> None:
+    def start(self, role_id: int, load: Callable[[Callable[..., None]], Any]) -> None:
         loader = RoleLoader(role_id, load, self._events, self.wakeup)
         self._running[role_id] = loader
         loader.start()

@@ -27,7 +27,7 @@ from swactor.v1 import common_pb2 as pb
 if TYPE_CHECKING:  # the core reads weights_key without importing tinygrad
     from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 
-Progress = Callable[[int, int], None]
+Progress = Callable[..., None]  # progress(done, total, phase="weights" | "compile"); may raise LoadCancelled
 
 
 class RoleError(ReasonError):
@@ -50,18 +50,21 @@ class Role(Protocol):
 def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies resident weights: kind, source, checksum, layer range, role position."""
     return (config.get("kind"), config.get("gguf_path"), config.get("gguf_sha256", ""),
-            config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"))
+            config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"),
+            config.get("prefill_chunk", 1))
 
 
-def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, threads: int | None = None) -> Role:
-    """A new role for `config` (cold). threads: CPU cores of the compute kernels (None: the compute core's default).
+def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, threads: int | None = None,
+         graph_cache: str = "") -> Role:
+    """A new role for `config` (cold). threads: CPU cores of the compute kernels (None: the compute core's default);
+    graph_cache: the compiled-graph cache directory ("" = compile every time).
     `progress` may raise (LoadCancelled) to abandon the load: the exception propagates."""
     key = weights_key(config)
     kind = config.get("kind")
     if kind == "llama_stage":
         from swactor.worker.process.llama_role import LlamaStageRole
 
-        return LlamaStageRole.load(config, bridge, progress, key, threads=threads)
+        return LlamaStageRole.load(config, bridge, progress, key, threads=threads, graph_cache=graph_cache)
     if kind == "factory":
         return _from_factory(config, bridge, progress, key)
     raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.kind {kind!r} is not llama_stage or factory")

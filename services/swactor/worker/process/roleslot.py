@@ -28,7 +28,7 @@ class Loading:
 
     role_id: int
     cancel: tuple[int, str] | None = None  # (RoleFailure, detail) once abandoned: reported when it ends
-    last_progress: tuple[int, int] | None = None
+    last_progress: tuple[str, int, int] | None = None
 
 
 class RoleSlot:
@@ -36,6 +36,7 @@ class RoleSlot:
         self._do = do
         self.log = log
         self.threads: int | None = None  # backend.threads: CPU cores of the compute kernels (None: auto)
+        self.graph_cache = ""  # backend.graph_cache: where compiled graphs are kept ("" = nowhere)
         self.role: Any = None
         self.role_id: int | None = None  # the configured role (None while loading, resetting or failed)
         self.loading: Loading | None = None
@@ -66,7 +67,7 @@ class RoleSlot:
         self.role, self.role_id = None, None
         self.loading = Loading(cmd.role_id)
         self.log.info("role_load_started", role_id=cmd.role_id, threads=self.threads or 0)
-        self._do(m.StartLoad(cmd.role_id, cmd.config, self.threads))
+        self._do(m.StartLoad(cmd.role_id, cmd.config, self.threads, self.graph_cache))
 
     def _cancel_load(self, reason: int, detail: str) -> None:
         assert self.loading is not None
@@ -107,9 +108,9 @@ class RoleSlot:
         ld = self.loading
         if ld is None or ld.role_id != p.role_id or ld.cancel is not None:
             return
-        if ld.last_progress != (p.done, p.total):  # one event per layer
-            ld.last_progress = (p.done, p.total)
-            self._emit(wire.RoleProgress(p.role_id, p.done, p.total))
+        if ld.last_progress != (p.phase, p.done, p.total):  # one event per layer / graph call
+            ld.last_progress = (p.phase, p.done, p.total)
+            self._emit(wire.RoleProgress(p.role_id, p.done, p.total, p.phase))
 
     def ended(self, r: m.LoadDone | m.LoadFailed) -> None:
         ld = self.loading

@@ -72,8 +72,8 @@ class Shell:
                 return self._share_fds(ring_id, end)
             case m.CloseRing(end):
                 end.release()
-            case m.StartLoad(role_id, config, threads):
-                self.loaders.start(role_id, partial(roles.load, config, self.bridge, threads=threads))
+            case m.StartLoad(role_id, config, threads, graph_cache):
+                self.loaders.start(role_id, partial(roles.load, config, self.bridge, threads=threads, graph_cache=graph_cache))
             case m.CancelLoad(role_id):
                 self.loaders.cancel(role_id)
             case m.ResetRole(role_id, role, config):

@@ -214,11 +214,14 @@ class WorkerStopped:
 
 @dataclass(frozen=True)
 class RoleProgress:
-    """Weight-load progress of ConfigureRole (§40 weights_load_progress)."""
+    """Load progress of ConfigureRole: phase "weights" counts layers read (§40 weights_load_progress), then phase
+    "compile" counts graph calls while the role compiles its decode / prefill graphs (done/total; total 0: every
+    graph came from the compiled-graph cache)."""
 
     role_id: int
     layers_loaded: int
     layers_total: int
+    phase: str = "weights"
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,7 @@ class RingQuiesced(_Ring):
 @dataclass(frozen=True)
 class ObjectLoaded(_RingObject):
     device_handle: DeviceHandle
+    flags: int = 0  # the object header's flags (swactor.common.objflags): the StageController passes them on
 
 
 @dataclass(frozen=True)
