@@ -7,6 +7,7 @@ Tx/Rx lifecycles), §28-33 (worker process boundary, ring FSMs, device bridge), 
   node         StageNode: StageController + EdgeEstablisher + GpuWorkerCtl wired to the local services
   plan         ProvisionStage validation -> StagePlan
   stage_fsm    StageController core (§14)          edge_actors  Tx/Rx lifecycles (§27)
+  stage_messages  the StageController's plan, inputs and actions
   ctl_fsm, ctl GpuWorkerCtl (§28, §31): core + asyncio subprocess shell of the compute process
   membership   MembershipPort (§8 NodeAvailable) and its SetLocalState client
   process/     the compute process (`python -m swactor.worker.process`)

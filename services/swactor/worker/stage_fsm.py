@@ -24,11 +24,31 @@ from typing import Any
 from swactor.common.events import get_logger
 from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.reasons import name
-from swactor.distribution.request import FetchRequest
-from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
+from swactor.edgeend.establisher import EdgeFailed, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
 from swactor.worker.edge_actors import EdgeActor, InvalidEdgeEvent
 from swactor.worker.process import wire
+
+# the FSM's vocabulary lives in stage_messages; importers may take it from here too
+from swactor.worker.stage_messages import (
+    Action,
+    CancelFetch,
+    ControlLost,
+    FetchWeights,
+    Input,
+    Provision,
+    ProvisionEdge,
+    Report,
+    StagePlan,
+    StopEdge,
+    StopRun,
+    ToWorker,
+    WeightsFetched,
+    WeightsFetchFailed,
+    WeightsFetchProgress,
+    WeightsFetchStarted,
+    WorkerGone,
+)
 
 INPUT_PORT = 0
 OUTPUT_PORT = 1
@@ -42,129 +62,6 @@ class StageState(enum.Enum):
     FAULTED = "Faulted"
     STOPPING = "Stopping"
     STOPPED = "Stopped"
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """What one ProvisionStage (§12) assigns to this node, validated."""
-
-    run_id: int
-    stage_index: int
-    stage_count: int
-    role_id: int
-    inbound: EdgeProvision
-    outbound: EdgeProvision
-    outbound_kind: int  # common_pb2.EdgeKind
-    role_config: dict[str, Any]  # ConfigureRole.config (weights, layer range, sampling)
-    in_row_bytes: int
-    out_row_bytes: int
-    # Set when the weights come from the orchestrator's model server (docs/distribution.md): fetched
-    # into the weights cache before ConfigureRole; None = role_config names a file the node holds.
-    fetch: FetchRequest | None = None
-    trace: bool = False  # runtime.trace_objects: report the per-object events
-
-
-# ---- inputs (events from the worker ctl, the establisher and the orchestrator) ----
-
-
-@dataclass(frozen=True)
-class Provision:
-    plan: StagePlan
-
-
-@dataclass(frozen=True)
-class StopRun:
-    pass
-
-
-@dataclass(frozen=True)
-class WeightsFetchStarted:
-    bytes_total: int
-    bytes_cached: int
-
-
-@dataclass(frozen=True)
-class WeightsFetchProgress:
-    bytes_done: int
-    bytes_total: int
-    rate_bps: int
-    eta_s: float
-
-
-@dataclass(frozen=True)
-class WeightsFetched:
-    path: str
-    bytes_total: int
-    bytes_fetched: int
-    seconds: float
-
-
-@dataclass(frozen=True)
-class WeightsFetchFailed:
-    reason: str  # stagefetch / fetcher reason: ChecksumMismatch, DiskFull, Unreachable, ...
-    detail: str
-
-
-@dataclass(frozen=True)
-class WorkerGone:
-    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
-
-    reason: int  # RunFaultReason: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL
-    detail: str
-
-
-@dataclass(frozen=True)
-class ControlLost:
-    """The orchestrator's hold on the run expired (stage_lease.py): fault fail-stop; StopRun follows."""
-
-    detail: str
-
-
-Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
-         | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
-         | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
-         | wire.StepCompleted | wire.StepFailed)
-
-# ---- actions ----
-
-
-@dataclass(frozen=True)
-class ProvisionEdge:
-    edge: EdgeProvision
-
-
-@dataclass(frozen=True)
-class StopEdge:
-    edge_id: int
-
-
-@dataclass(frozen=True)
-class FetchWeights:
-    """Fetch the plan's ranges into the weights cache; report WeightsFetch* inputs."""
-
-    request: FetchRequest
-
-
-@dataclass(frozen=True)
-class CancelFetch:
-    pass
-
-
-@dataclass(frozen=True)
-class ToWorker:
-    command: wire.Command
-
-
-@dataclass(frozen=True)
-class Report:
-    """A §40 lifecycle event of this stage (time is stamped by the shell)."""
-
-    event: common_pb2.LifecycleEvent
-    cause: str = ""  # for STAGE_FAULTED: the name of the §37 detail reason ("OBJECT_FAILURE_EOF_MID_OBJECT")
-    detail: str = ""
-
-
-Action = ProvisionEdge | StopEdge | FetchWeights | CancelFetch | ToWorker | Report
 
 
 @dataclass
