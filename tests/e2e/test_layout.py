@@ -36,5 +36,6 @@ def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) ->
     assert memb.seeds == ["127.9.9.1:7946"] and memb.gpu_autodetect is False
     assert arena.state_dir == memb.state_dir == edge.state_dir == worker.state_dir == orch.state_dir
     assert orch.tcp_address == "" and orch.model_path == Path("/m.gguf")
-    assert worker.compute_threads == 2 and worker.backend() == {"device": "CPU", "threads": 2}
+    assert worker.compute_threads == 2 and worker.backend() == {"device": "CPU", "threads": 2,
+                                                           "graph_cache": str(worker.graph_cache_path())}
     assert orch.readiness_timeout_s == 120.0

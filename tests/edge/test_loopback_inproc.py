@@ -299,7 +299,7 @@ def test_new_edge_to_a_restarted_peer_dials_instead_of_using_the_quiet_connectio
         try:
             a.rings.add(FakeRing(11, 64 << 10))
             b.rings.add(FakeRing(21, 64 << 10))
-            await b.driver.establish_recv(1, 21, None)
+            await b.driver.establish_recv(1, 21, a.node_id, None)
             await a.driver.establish_send(1, b.node_id, 11, None)
             await next_event(a, "ready", 1)
             old = a.driver.endpoint.cached(b.node_id)
@@ -318,7 +318,7 @@ def test_new_edge_to_a_restarted_peer_dials_instead_of_using_the_quiet_connectio
             b2.start()
             b.rings.add(FakeRing(22, 64 << 10))
             a.rings.add(FakeRing(12, 64 << 10))
-            await b2.establish_recv(2, 22, None)
+            await b2.establish_recv(2, 22, a.node_id, None)
             await a.driver.establish_send(2, b.node_id, 12, None)
             await next_event(a, "ready", 2)
             new = a.driver.endpoint.cached(b.node_id)

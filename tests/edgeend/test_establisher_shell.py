@@ -113,7 +113,7 @@ class SlowEstablishDriver(Driver):
         self.edges: set[int] = set()
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
 
-    async def establish_recv(self, edge_id: int, layout: Any) -> None:
+    async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Any) -> None:
         await self.establish_may_finish.wait()
         self.edges.add(edge_id)
         self.calls.append("establish")
