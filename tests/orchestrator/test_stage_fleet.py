@@ -52,10 +52,11 @@ def test_provision_requests_pass_the_worker_validation(stages: int) -> None:
 class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
     """One node that accepts, loads, reports ready and stops when told (or refuses, if `reject`)."""
 
-    def __init__(self, node_id: int, reject: bool, log: list) -> None:
+    def __init__(self, node_id: int, reject: bool, log: list, tearing_down: int = 0) -> None:
         self.node_id = node_id
         self.reject = reject
         self.log = log
+        self.tearing_down = tearing_down  # ABORTED answers first: a stage still tearing an earlier run down
         self.request: stage_pb2.ProvisionStageRequest | None = None
         self.stopped = asyncio.Event()
 
@@ -63,6 +64,9 @@ class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
         self.log.append(("provision", self.node_id, control_tls.peer_orchestrator(context.auth_context())))
         if self.reject:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "another run is active")
+        if self.tearing_down:
+            self.tearing_down -= 1
+            await context.abort(grpc.StatusCode.ABORTED, "run 1 is still tearing down here")
         self.request = request
         return stage_pb2.ProvisionStageResponse(run_id=request.run_id, node_id=self.node_id,
                                                 stage_index=request.stage_index)
@@ -81,11 +85,11 @@ class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
         yield stage_pb2.StageUpdate(stopped=stage_pb2.StageStopped(), **base)
 
 
-async def _with_nodes(tmp_path: Path, reject: set[int], tokens: list[int]):
+async def _with_nodes(tmp_path: Path, reject: set[int], tokens: list[int], tearing_down: dict[int, int] | None = None):
     log: list = []
     servers, members, requests = [], [], []
     for node_id in (1, 2):
-        servicer = ScriptedStageControl(node_id, node_id in reject, log)
+        servicer = ScriptedStageControl(node_id, node_id in reject, log, (tearing_down or {}).get(node_id, 0))
         server = grpc.aio.server()
         stage_pb2_grpc.add_StageControlServicer_to_server(servicer, server)
         port = server.add_secure_port("127.0.0.1:0", control_tls.server_credentials(SECRET, node_id))
@@ -135,6 +139,13 @@ def test_a_refusing_node_faults_the_run_by_name(tmp_path: Path) -> None:
     assert "FAILED_PRECONDITION: another run is active" in final.detail and "node 2" in final.detail
     assert [pb.LifecycleEventKind.Name(u.event.kind) for u in updates if u.HasField("event")][-1] == "RUN_TORN_DOWN"
     assert ("stop", 1, ORCH) in log and ("stop", 2, ORCH) not in log  # only the accepted stage is stopped
+
+
+def test_a_node_still_tearing_down_is_asked_again_and_the_run_completes(tmp_path: Path) -> None:
+    log, _, updates = asyncio.run(asyncio.wait_for(_with_nodes(tmp_path, set(), [7, 2], {2: 3}), 30))
+    final = updates[-1].finished
+    assert final.outcome == opb.RUN_OUTCOME_COMPLETED and list(final.token_ids) == [7, 2], final
+    assert log.count(("provision", 2, ORCH)) == 4 and log.count(("provision", 1, ORCH)) == 1
 
 
 def test_unreachable_node_is_node_unavailable() -> None:

@@ -78,7 +78,7 @@ def test_provision_ready_stop_and_warm_second_run() -> None:
             assert ups[-1].ready.warm_weights is False and all(u.run_id == 77 and u.node_id == NODE for u in ups)
             with pytest.raises(grpc.aio.AioRpcError) as busy:
                 await s.ProvisionStage(provision(node_id=NODE, orchestrator=ORCH, run_id=78))
-            assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert busy.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # active, not tearing down: no retry
             with pytest.raises(grpc.aio.AioRpcError) as dup:
                 await s.ProvisionStage(provision(node_id=NODE, orchestrator=ORCH, run_id=77))
             assert dup.value.code() == grpc.StatusCode.ALREADY_EXISTS

@@ -31,7 +31,7 @@ Source = stage_pb2.GgufSource | Path
 GgufSources = Callable[[RunPlan, Report], Source | Awaitable[Source]]
 
 _REJECTED = {grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.INVALID_ARGUMENT,
-             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS}
+             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED}
 
 
 class EndpointFactory(Protocol):
@@ -119,8 +119,12 @@ class NoEndpoints:
 
 class StageControlFleet:
     def __init__(self, channels: ChannelFactory, gguf_sources: GgufSources,
-                 endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0) -> None:
+                 endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0,
+                 teardown_wait_s: float = 15.0) -> None:
         self._channels = channels
+        # A node whose stage is still tearing down an earlier run (ABORTED) is asked again this long: a run
+        # submitted right after a fault is not refused for a teardown that ends by itself within seconds.
+        self._teardown_wait_s = teardown_wait_s
         self._gguf_sources = gguf_sources
         self._endpoints = endpoints or NoEndpoints()
         self._timeout = call_timeout_s
@@ -142,7 +146,7 @@ class StageControlFleet:
         stub = stage_pb2_grpc.StageControlStub(self._channel(plan, stage))
         req = provision_request(plan, stage, source)
         try:
-            await stub.ProvisionStage(req, timeout=self._timeout)
+            await self._provision_when_free(stub, req)
         except grpc.aio.AioRpcError as e:
             reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
             raise FleetError(reason, f"ProvisionStage on node {stage.node_id} ({stage.node.control_endpoint}): "
@@ -150,6 +154,21 @@ class StageControlFleet:
         key = (plan.run_id, stage.stage_index)
         task = self._watches[key] = asyncio.create_task(self._watch(plan, stage, stub, report))
         task.add_done_callback(lambda t: self._watches.pop(key) if self._watches.get(key) is t else None)
+
+    async def _provision_when_free(self, stub: stage_pb2_grpc.StageControlStub,
+                                   req: stage_pb2.ProvisionStageRequest) -> None:
+        loop = asyncio.get_running_loop()
+        deadline, pause = loop.time() + self._teardown_wait_s, 0.1
+        while True:
+            try:
+                await stub.ProvisionStage(req, timeout=self._timeout)
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() != grpc.StatusCode.ABORTED or loop.time() + pause > deadline:
+                    raise
+                self.log.info("provision_retried", run_id=req.run_id, node_id=req.node_id, detail=e.details())
+            await asyncio.sleep(pause)
+            pause = min(1.0, pause * 2)
 
     async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
                      report: Report) -> None:

@@ -196,8 +196,11 @@ class StageNode:
         if req.run_id in self.runs:
             raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
         if self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED:
-            raise ProvisionError("FAILED_PRECONDITION",
-                                 f"run {self.stage.plan.run_id if self.stage.plan else 0} is still active here")
+            run = self.stage.plan.run_id if self.stage.plan else 0
+            if self.stage.state in (stage_fsm.StageState.FAULTED, stage_fsm.StageState.STOPPING):
+                # ABORTED: a conflict that ends by itself (the teardown is bounded): the caller may try again
+                raise ProvisionError("ABORTED", f"run {run} is still tearing down here")
+            raise ProvisionError("FAILED_PRECONDITION", f"run {run} is still active here")
         if not self.worker_ready:
             raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
         try:
