@@ -130,3 +130,22 @@ def test_duplicate_provision_and_stale_events() -> None:
     est.handle(e.Released(70))
     est.forget(5)
     assert est.state(5) is None
+
+
+def test_stream_fault_before_driver_ready_is_an_establishment_failure() -> None:
+    """A dial that fails (the peer never answers) faults the edge before DriverEdgeReady: §36's edge
+    establishment failure, not a stream fault."""
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    est.handle(e.RingInstalled(70))
+    actions = est.handle(e.StreamFault(5, pb.STREAM_FAULT_PEER_UNREACHABLE, "no handshake"))
+    assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, pb.COMPONENT_EDGE_DRIVER,
+                                      "STREAM_FAULT_PEER_UNREACHABLE: no handshake")
+
+
+def test_pump_ring_fault_is_a_ring_fault() -> None:
+    est = ready()
+    actions = est.handle(e.StreamFault(5, pb.STREAM_FAULT_RING_FAULT, "RingStateInvalid"))
+    assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_EDGE_DRIVER,
+                                      "STREAM_FAULT_RING_FAULT: RingStateInvalid")

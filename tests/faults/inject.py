@@ -100,6 +100,18 @@ def block_udp(pool: FaultPool, host: int, *, sport: int, to_host: int | None = N
 
 
 @contextlib.contextmanager
+def block_udp_to(pool: FaultPool, host: int, *, dport: int, to_host: int) -> Iterator[float]:
+    """Drop UDP `host` sends to port `dport` of `to_host` (that service there never answers)."""
+    _ensure_table(pool, host)
+    t = time.time()
+    _nft(pool, host, f"add rule inet {TABLE} output ip daddr {pool.hosts[to_host].addr} udp dport {dport} drop\n")
+    try:
+        yield t
+    finally:
+        clear_rules(pool, host)
+
+
+@contextlib.contextmanager
 def delayed_link(pool: FaultPool, host: int, delay_ms: float, *, sport: int) -> Iterator[float]:
     """Every UDP packet `host` sends from `sport` is held `delay_ms` (NFQUEUE userspace delayer)."""
     proc = subprocess.Popen(

@@ -249,6 +249,14 @@ class EdgeRecord:
     failed: EdgeFailed | None = None
 
 
+def _stream_fault_reason(rec: EdgeRecord, reason: int) -> int:
+    """The run's reason for a driver StreamFault: before DriverEdgeReady the edge never came up (§36
+    edge establishment failure); a pump that met a broken ring is a ring fault; else a stream fault."""
+    if rec.state is EdgeState.WAITING_FOR_DRIVER:
+        return pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
+    return pb.RUN_FAULT_RING_FAULT if reason == pb.STREAM_FAULT_RING_FAULT else pb.RUN_FAULT_STREAM_FAULT
+
+
 @dataclass
 class EdgeEstablisher:
     """All edge records of one node (§26). `handle()` is the only way state changes."""
@@ -307,8 +315,8 @@ class EdgeEstablisher:
                     return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
                 return []
             case StreamFault(_, reason, detail):
-                return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
-                                                  f"{name(pb.StreamFaultReason, reason)}: {detail}"))
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, _stream_fault_reason(rec, reason),
+                                                  pb.COMPONENT_EDGE_DRIVER, f"{name(pb.StreamFaultReason, reason)}: {detail}"))
             case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
                                                   pb.COMPONENT_EDGE_DRIVER, f"wake eventfds unavailable: {detail}"))
