@@ -62,7 +62,6 @@ class RoguePeer:
             cwd=inject.REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         threading.Thread(target=self._read, daemon=True, name="rogue-stdout").start()
-        self.wait_line("ready", 15)
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -122,6 +121,7 @@ class RoguePeer:
 def rogue_peer(pool: FaultPool, as_host: int = PRODUCER, to_host: int = CONSUMER) -> Iterator[RoguePeer]:
     rogue = RoguePeer(pool, as_host, to_host)
     try:
+        rogue.wait_line("ready", 15)  # its TLS handshake with the peer is done
         yield rogue
     finally:
         rogue.close()
@@ -284,7 +284,9 @@ def test_ring_fault_mid_decode(pool: FaultPool, request: pytest.FixtureRequest) 
     run = pool.submit(max_tokens=2000)
     run.wait_tokens(3)
     edge = stage_inbound_edge(pool, run, CONSUMER)
-    lease = next(x for x in pool.cluster.arena_stats(CONSUMER).leases if x.edge_id == edge)
+    leases = [x for x in pool.cluster.arena_stats(CONSUMER).leases if x.edge_id == edge]
+    assert len(leases) == 1, f"h{CONSUMER}: {len(leases)} leased ring(s) for edge {edge}"
+    lease = leases[0]
     with arena_mapped(pool, CONSUMER) as mem:
         at = lease.layout.header_offset + RING_STATE_OFFSET  # absolute in the arena (ring-rs layout.rs)
         t = time.time()
