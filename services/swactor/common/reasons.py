@@ -62,3 +62,12 @@ def from_ring_rs(enum: EnumTypeWrapper, camel: Any, default: int) -> int:
         return int(enum.Value(_PREFIX[enum] + snake))
     except ValueError:
         return default
+
+
+def stream_fault_run_reason(reason: int, *, established: bool) -> int:
+    """The RunFaultReason of an edge driver's StreamFault: before DriverEdgeReady the edge never came
+    up (§36 edge establishment failure, e.g. the peer never answered the dial); a pump that met a
+    broken ring is a ring fault; any other is a stream fault."""
+    if not established:
+        return pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
+    return pb.RUN_FAULT_RING_FAULT if reason == pb.STREAM_FAULT_RING_FAULT else pb.RUN_FAULT_STREAM_FAULT
