@@ -277,10 +277,13 @@ def arena_mapped(pool: FaultPool, host: int) -> Iterator[mmap.mmap]:
 def test_ring_fault_mid_decode(pool: FaultPool, request: pytest.FixtureRequest) -> None:
     """The interior stage's ingress ring header gets a state word no ring-rs state has, mid-decode
     (a stray write into shared memory): whichever side touches the ring next, the recv pump (edge
-    driver) or the worker's parser, finds RingStateInvalid and the run faults RING_FAULT."""
+    driver) or the worker's parser, finds RingStateInvalid and stage 1 faults RING_FAULT. Its recv pump
+    also stops the stream (code RING_FAULT), so stage 0's send pump faults at the same moment
+    (STREAM_RESET, naming that code) and either report may reach the orchestrator first."""
     check = FaultCheck(pool, "ring fault: interior ingress ring state corrupted mid-decode",
                        expect((pb.RUN_FAULT_RING_FAULT, C.COMPONENT_WORKER),
-                              (pb.RUN_FAULT_RING_FAULT, C.COMPONENT_EDGE_DRIVER)), test=request.node.nodeid)
+                              (pb.RUN_FAULT_RING_FAULT, C.COMPONENT_EDGE_DRIVER),
+                              (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER)), test=request.node.nodeid)
     run = pool.submit(max_tokens=2000)
     run.wait_tokens(3)
     edge = stage_inbound_edge(pool, run, CONSUMER)
@@ -291,7 +294,12 @@ def test_ring_fault_mid_decode(pool: FaultPool, request: pytest.FixtureRequest) 
         at = lease.layout.header_offset + RING_STATE_OFFSET  # absolute in the arena (ring-rs layout.rs)
         t = time.time()
         mem[at:at + 4] = struct.pack("<I", 0xBAD0BAD0)
-    check.outcome(run, t)
+    first = check.outcome(run, t)
+    if first.reason == "RUN_FAULT_STREAM_FAULT":  # stage 0's echo: it must name the peer's ring-fault code
+        assert f"code {AppError.RING_FAULT:#x}" in first.detail, f"ring fault: first fault {first.detail!r}"
+    ring = [e for e in run.events if e.kind == pb.STAGE_FAULTED and e.stage_index == CONSUMER]
+    assert ring and ring[0].reason == "RUN_FAULT_RING_FAULT", (
+        f"ring fault: stage {CONSUMER} did not fault RING_FAULT: {[(e.reason, e.detail) for e in ring]}")
     check.no_leases((0, 1, 2))
     check.survivors_alive()
     check.next_run()
