@@ -170,3 +170,24 @@ def test_two_runs_needing_the_same_ranges_share_one_fetch(model: Path, tmp_path:
         assert la.bytes_fetched == want and lb.bytes_fetched == 0
     finally:
         s.close()
+
+
+def test_a_cache_file_removed_under_a_live_pool_is_a_named_cache_failure(model: Path, tmp_path: Path) -> None:
+    """The pool trusts what it verified; a file taken from under it is CacheIo by name, not a crash."""
+    from swactor.distribution.stagefetch import FetchFailed
+
+    s = serve(model, piece_bytes=64 << 10)
+    try:
+        async def go():
+            p = pool(tmp_path / "cache", progress_interval_s=0.0)
+            lease = await p.acquire(s.request(2, 4, 6))
+            p.release(lease)
+            os.unlink(lease.path)
+            with pytest.raises(FetchFailed) as info:
+                await p.acquire(s.request(2, 4, 6))
+            return info.value
+
+        failed = run(go())
+        assert failed.reason == "CacheIo" and "No such file" in failed.detail
+    finally:
+        s.close()
