@@ -13,6 +13,7 @@ written to bench/out/faults.json), also when a check fails, so the table shows w
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -197,8 +198,14 @@ def refused_at_submit(check: FaultCheck, submit: Callable[[], object], injected_
     else:
         raise AssertionError(f"{check.fault}: SubmitRun was accepted, expected {code.name} naming {detail_has!r}")
     check.row.seconds = time.time() - injected_at
-    check.row.reason = f"{got.name}: {detail[:200]}"
+    check.row.reason = f"{got.name}: {re.sub(r'/[^ :]*/', '…/', detail)[:200]}"
     assert got == code and detail_has in detail, f"{check.fault}: {got.name} {detail!r}, expected {code.name} naming {detail_has!r}"
     assert not check.pool.active_runs(), f"{check.fault}: runs active after a refusal: {check.pool.active_runs()}"
     assert check.row.seconds <= OUTCOME_DEADLINE_S, f"{check.fault}: refused {check.row.seconds:.1f} s after the injection"
     return detail
+
+
+def with_detail(check: FaultCheck, ev: pb.LifecycleEvent, chars: int = 150) -> None:
+    """The row's reason with the start of the outcome's detail (its §37 cause; directories and hashes elided)."""
+    detail = re.sub(r"([0-9a-f]{8})[0-9a-f]{56}", r"\1…", re.sub(r"/[^ :]*/", "…/", ev.detail))
+    check.row.reason += f" ({detail[:chars]})"

@@ -30,7 +30,7 @@ from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.modelfile.params import open_header
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
-from tests.faults.checks import C, FaultCheck, expect, refused_at_submit
+from tests.faults.checks import C, FaultCheck, expect, refused_at_submit, with_detail
 from tests.faults.pool import FaultPool, wait_until
 from tests.faults.test_process_faults import available_since
 
@@ -155,7 +155,7 @@ def stage_fault(pool: FaultPool, request: pytest.FixtureRequest, fault: str, dam
     # A new worker process re-checks what its cache holds and fetches what is bad or gone again
     # (docs/distribution.md); the live one trusts what it verified, so each run here fails alike.
     try:
-        check.outcome(pool.submit(max_tokens=4), t)
+        with_detail(check, check.outcome(pool.submit(max_tokens=4), t))
         check.no_leases((0, 1, 2))
         check.survivors_alive()
     except BaseException:
