@@ -29,11 +29,11 @@ from gguf import GGMLQuantizationType as QT
 
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.modelfile.params import open_header
+from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults.checks import C, FaultCheck, expect, refused_at_submit, with_detail
-from tests.faults.pool import FaultPool, wait_until
-from tests.faults.test_process_faults import available_since
+from tests.faults.pool import FaultPool, NotYet, wait_until
 
 INTERIOR = 1
 MODELS = ("gone", "cut", "q81")  # served copies this module damages, one each
@@ -133,10 +133,17 @@ def cache_file(pool: FaultPool, host: int) -> Path:
 
 
 def cold_compute(pool: FaultPool, host: int) -> None:
-    """Restart the host's compute process (SIGKILL; its worker starts a new one) so the next run loads cold."""
-    t = time.time()
+    """Restart the host's compute process (SIGKILL; its worker starts a new one) so the next run loads cold,
+    and wait until the orchestrator has seen the node Available again (not a stale Available from before)."""
+    t, node = time.time(), pool.node_id(host)
+
+    def available_again() -> None:
+        if not any(e.kind == pb.NODE_AVAILABLE and e.node_id == node and e.time_us / 1e6 > t
+                   for e in pool.get_events(POOL_EVENTS_RUN_ID)):
+            raise NotYet(f"no NODE_AVAILABLE of node {node} since its compute process was killed")
+
     os.kill(pool.compute_pid(host), 9)
-    wait_until("node available again", lambda: available_since(pool, t), 90)
+    wait_until("node available again", available_again, 90)
     pool.wait_pool()
 
 
