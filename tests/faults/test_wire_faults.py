@@ -40,7 +40,7 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import edge_pb2, edge_pb2_grpc
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
-from tests.faults.checks import C, FaultCheck, expect
+from tests.faults.checks import C, FaultCheck, expect, with_detail
 from tests.faults.pool import FaultPool, NotYet, RunWatch, wait_until
 
 PRODUCER, CONSUMER = 0, 1  # the edge under attack: stage 0 on h0 -> stage 1 on h1
@@ -187,7 +187,7 @@ def test_rogue_object(pool: FaultPool, request: pytest.FixtureRequest, fault: st
         edge = stage_inbound_edge(pool, run, CONSUMER)
         t = time.time()
         rogue.open(edge, craft, *args(*activation_rules()))
-        check.outcome(run, t)
+        with_detail(check, check.outcome(run, t))
     check.no_leases((0, 1, 2))
     check.survivors_alive()
     check.next_run()
@@ -207,7 +207,7 @@ def test_rogue_stream_reset(pool: FaultPool, request: pytest.FixtureRequest) -> 
         wait_until(f"h{CONSUMER} pumps the rogue's stream", lambda: recv_streaming(pool, CONSUMER, edge), 10, poll_s=0.01)
         t = time.time()
         rogue.reset(sid, 0x5EED)
-        check.outcome(run, t)
+        with_detail(check, check.outcome(run, t))
     check.no_leases((0, 1, 2))
     check.survivors_alive()
     check.next_run()
@@ -256,7 +256,7 @@ def test_edge_peer_never_opens(pool: FaultPool, request: pytest.FixtureRequest) 
         wait_until("h0's connection to h1 gone", lambda: no_connection(pool, PRODUCER, CONSUMER), 20, poll_s=0.1)
         t = time.time()
         run = pool.submit(max_tokens=4)
-        check.outcome(run, t)
+        with_detail(check, check.outcome(run, t))
     check.no_leases((0, 1, 2))
     check.survivors_alive()
     check.next_run()
@@ -295,6 +295,7 @@ def test_ring_fault_mid_decode(pool: FaultPool, request: pytest.FixtureRequest) 
         t = time.time()
         mem[at:at + 4] = struct.pack("<I", 0xBAD0BAD0)
     first = check.outcome(run, t)
+    with_detail(check, first)
     if first.reason == "RUN_FAULT_STREAM_FAULT":  # stage 0's echo: it must name the peer's ring-fault code
         assert f"code {AppError.RING_FAULT:#x}" in first.detail, f"ring fault: first fault {first.detail!r}"
     ring = [e for e in run.events if e.kind == pb.STAGE_FAULTED and e.stage_index == CONSUMER]
