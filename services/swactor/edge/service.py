@@ -15,6 +15,7 @@ _CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "exists": grpc.StatusCode.ALREADY_EXISTS,
     "ring": grpc.StatusCode.FAILED_PRECONDITION,
+    "owner": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
@@ -26,7 +27,8 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
         self, request: edge_pb2.EstablishSendRequest, context: grpc.aio.ServicerContext
     ) -> edge_pb2.EstablishResponse:
         try:
-            await self.driver.establish_send(request.edge_id, request.rx_node_id, request.ring_id, request.ring_layout)
+            await self.driver.establish_send(request.edge_id, request.rx_node_id, request.ring_id, request.ring_layout,
+                                             request.owner_id)
         except EdgeError as e:
             await context.abort(_CODES[e.kind], str(e))
         return edge_pb2.EstablishResponse()
@@ -35,7 +37,8 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
         self, request: edge_pb2.EstablishRecvRequest, context: grpc.aio.ServicerContext
     ) -> edge_pb2.EstablishResponse:
         try:
-            await self.driver.establish_recv(request.edge_id, request.ring_id, request.tx_node_id, request.ring_layout)
+            await self.driver.establish_recv(request.edge_id, request.ring_id, request.tx_node_id, request.ring_layout,
+                                             request.owner_id)
         except EdgeError as e:
             await context.abort(_CODES[e.kind], str(e))
         return edge_pb2.EstablishResponse()
@@ -46,7 +49,8 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
     async def WatchEdges(
         self, request: edge_pb2.WatchEdgesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[edge_pb2.EdgeEvent]:
-        watcher = self.driver.watch(set(request.edge_ids), request.replay_current, request.object_timings)
+        watcher = self.driver.watch(set(request.edge_ids), request.replay_current, request.object_timings,
+                                    request.owner_id)
         try:
             while True:
                 event = await watcher.queue.get()
@@ -55,8 +59,8 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
                 if event is None:
                     return
                 yield event
-        finally:
-            self.driver.watchers.discard(watcher)
+        finally:  # also when the owner's connection closed (it exited): grpc cancels the stream
+            self.driver.unwatch(watcher)
 
     async def GetStatus(self, request: edge_pb2.GetStatusRequest, context: grpc.aio.ServicerContext) -> edge_pb2.EdgeDriverStatus:
         return self.driver.status()

@@ -32,6 +32,7 @@ from swactor.worker.process import wire
 # the FSM's vocabulary lives in stage_messages; importers may take it from here too
 from swactor.worker.stage_messages import (
     Action,
+    ArenaLost,
     CancelFetch,
     ControlLost,
     FetchWeights,
@@ -197,6 +198,9 @@ class StageController:
             case ControlLost(detail):
                 return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_STAGE_CONTROLLER,
                                      "StageLease.Expired", detail)
+            case ArenaLost(detail):  # §36 "node unavailable during run": its arena is gone
+                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_ARENA,
+                                     "ArenaManager.Gone", detail)
             case wire.ObjectLoaded():
                 return self._loaded(inp)
             case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):

@@ -88,7 +88,15 @@ class ControlLost:
     detail: str
 
 
-Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
+@dataclass(frozen=True)
+class ArenaLost:
+    """The host's arena-manager is gone (its hand-out connection ended): every ring of the run lives in
+    a memfd nobody manages any more. Fault fail-stop; StopRun follows."""
+
+    detail: str
+
+
+Input = (Provision | StopRun | ControlLost | ArenaLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
          | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
          | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
          | wire.StepCompleted | wire.StepFailed)
