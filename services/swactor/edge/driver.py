@@ -32,7 +32,7 @@ from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnrea
 from swactor.edge.endpoint import Endpoint
 from swactor.edge.identity import EdgeIdentity
 from swactor.edge.objtap import ObjectTap
-from swactor.edge.owners import EdgeStopCause, OwnerNotWatching, OwnerStreams
+from swactor.edge.owners import EdgeStopCause, OwnerStreams
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.ring_source import RingSource
 from swactor.edge.status import StatusNotifier, driver_status, status_line
@@ -102,11 +102,11 @@ class Driver:
 
     async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object,
                              owner_id: int = 0) -> None:
-        self._check_owner(owner_id)
+        self._check_arena()
         self.table.check_new(edge_id, ring_id, SEND)
         if rx_node_id == 0:
             raise EdgeError("rx_node_id must be set")
-        ring = await self._open_ring(self.rings.open_consumer, edge_id, SEND, ring_id, layout, owner_id)
+        ring = await self._open_ring(self.rings.open_consumer, edge_id, SEND, ring_id, layout)
         rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, self._tap(edge_id, SEND, ring_id), owner_id)
         self._watch_ring(rec)
         self._dials[(edge_id, SEND)] = asyncio.ensure_future(self._dial(rec))
@@ -127,11 +127,11 @@ class Driver:
 
     async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object,
                              owner_id: int = 0) -> None:
-        self._check_owner(owner_id)
+        self._check_arena()
         self.table.check_new(edge_id, ring_id, RECV)
         if tx_node_id == 0:
             raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
-        ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout, owner_id)
+        ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
         try:
             rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
                                       self._loop.time(), _now_us(), owner_id)
@@ -142,7 +142,7 @@ class Driver:
         self._after()
 
     async def _open_ring(self, open_end: Callable[[int, Any], Awaitable[Any]], edge_id: int, role: int,
-                         ring_id: int, layout: object, owner_id: int) -> Any:
+                         ring_id: int, layout: object) -> Any:
         which = "egress" if role == SEND else "ingress"
         try:
             ring = await open_end(ring_id, layout)
@@ -150,19 +150,15 @@ class Driver:
             raise EdgeError(f"edge {edge_id}: cannot open {which} ring {ring_id}: {e}", "ring") from e
         try:
             self.table.check_new(edge_id, ring_id, role)  # a concurrent establish may have won meanwhile
-            self._check_owner(owner_id)  # ... or the owner went away
+            self._check_arena()  # ... or the arena went away
         except EdgeError:
             ring.release()
             raise
         return ring
 
-    def _check_owner(self, owner_id: int) -> None:
+    def _check_arena(self) -> None:
         if self.arena_gone is not None:
             raise EdgeError(f"the host's arena-manager is gone ({self.arena_gone}); this driver is retiring", "ring")
-        try:
-            self.owners.check_holds(owner_id)
-        except OwnerNotWatching as e:
-            raise EdgeError(str(e), "owner") from None
 
     def stop_edge(self, edge_id: int, cause: EdgeStopCause = EdgeStopCause.STOP_EDGE) -> bool:
         """Stop both ends this host has of `edge_id`; False when it has none."""

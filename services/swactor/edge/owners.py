@@ -13,9 +13,11 @@ Unix socket, a pid claimed in the request is neither checked nor meaningful acro
 and the owner already keeps a stream open to follow its edges: an owner that lost its stream has
 lost its edges' events too, so stopping them is the fail-stop answer either way.
 
-Establish* naming an owner that holds no stream is refused (`check_holds`): every owned edge is
-covered from its first moment. owner_id 0 is "unowned": such edges end only by StopEdge (tools
-and tests that drive the driver by hand).
+An owner's edges are stopped when its stream count drops to zero, whenever they were established:
+an Establish* may reach the driver before the owner's first stream does (two calls on one channel
+are not ordered), or in the second an owner takes to watch again after its stream broke; it is
+covered from the moment the owner holds a stream. owner_id 0 is "unowned": such edges end only by
+StopEdge (tools and tests that drive the driver by hand).
 """
 
 from __future__ import annotations
@@ -32,10 +34,6 @@ class EdgeStopCause(enum.Enum):
     OWNER_GONE = "OwnerGone"  # its owner's last WatchEdges stream ended
     DRIVER_CLOSING = "DriverClosing"  # the driver shuts down
     ARENA_LOST = "ArenaLost"  # the host's arena-manager is gone and the grace for owners passed
-
-
-class OwnerNotWatching(ValueError):
-    """Establish* named an owner that holds no WatchEdges stream."""
 
 
 @dataclass
@@ -60,11 +58,6 @@ class OwnerStreams:
 
     def holds(self, owner_id: int) -> bool:
         return self._open[owner_id] > 0 if owner_id else False
-
-    def check_holds(self, owner_id: int) -> None:
-        """Raise OwnerNotWatching unless `owner_id` is 0 (unowned) or holds a stream."""
-        if owner_id and not self.holds(owner_id):
-            raise OwnerNotWatching(f"owner {owner_id} holds no WatchEdges stream (watch with owner_id first)")
 
     def __len__(self) -> int:
         return len(self._open)

@@ -15,7 +15,6 @@ _CODES = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "exists": grpc.StatusCode.ALREADY_EXISTS,
     "ring": grpc.StatusCode.FAILED_PRECONDITION,
-    "owner": grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 
