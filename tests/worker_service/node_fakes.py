@@ -76,6 +76,9 @@ class FakeDriverPort:
     async def healthy(self) -> bool:
         return True
 
+    def for_new_owner(self) -> Any:
+        return self  # in-process: nothing outlives the test's own teardown
+
 
 class FakeMembership:
     def __init__(self) -> None:

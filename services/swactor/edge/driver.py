@@ -192,7 +192,9 @@ class Driver:
 
     def stop_owner(self, owner_id: int) -> None:
         keys = self.table.owned_by(owner_id)
-        log.warning("edge.owner_gone", owner_id=owner_id, edges=len(keys), cause=EdgeStopCause.OWNER_GONE.value)
+        # An owner that ended its last stream after a clean teardown has no edges left: not news.
+        (log.warning if keys else log.debug)("edge.owner_gone", owner_id=owner_id, edges=len(keys),
+                                              cause=EdgeStopCause.OWNER_GONE.value)
         self._stopped([rec for edge_id, role in keys
                        if (rec := self.table.stop_end(edge_id, role, EdgeStopCause.OWNER_GONE)) is not None])
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,11 @@ class EdgeDriverPort(LocalClient):
                     yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
                 case "pump_stopped":
                     yield est.PumpStopped(ev.pump_stopped.edge_id)
+
+    def for_new_owner(self) -> EdgeDriverPort:
+        port = copy.copy(self)  # the same channel (closed by this port's owner) under a new owner id
+        port.owner_id = new_id()
+        return port
 
     def object_timings(self, edge_ids: set[int]) -> AsyncIterator[edge_pb2.ObjectTimings]:
         """Per-object pump timings of these edges (issue 7; swactor.edgeend.timings)."""

@@ -68,3 +68,8 @@ class DriverPort(Protocol):
         that shares none (test fakes); raises when a driver that shares them cannot hand them over."""
 
     async def healthy(self) -> bool: ...
+
+    def for_new_owner(self) -> DriverPort:
+        """The same driver under a new edge owner (swactor.edge.owners): edges established through the
+        result end with the result's own `events()` streams, not with those of other users of this
+        port (the orchestrator: one owner per run)."""

@@ -219,6 +219,8 @@ class RingEndpointFactory:
                 raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
                                  f"local arena-manager / edge-driver unreachable: {type(e).__name__}: {e}") from None
         arena, driver, arena_map = self._ports
-        endpoints = RingTokenEndpoints(plan, report, arena, driver, arena_map, lease_timeout_s=self.lease_timeout_s)
+        # One edge owner per run: a run's edges end with its own driver stream, whatever other runs do.
+        endpoints = RingTokenEndpoints(plan, report, arena, driver.for_new_owner(), arena_map,
+                                       lease_timeout_s=self.lease_timeout_s)
         await endpoints.start()
         return endpoints
