@@ -101,8 +101,10 @@ def fd_kinds(pid: int) -> collections.Counter[str]:
                 target = socks.get(target[8:-1], "socket (other)")
             elif target.startswith("/"):
                 target = "file " + ("/".join(Path(target).parts[-2:]))
-            else:
-                target = target.split("]")[0] + "]" if "[" in target else target.split(":")[0]
+            elif target.startswith("anon_inode:"):
+                target = target.split("]")[0] + "]" if "[" in target else target
+            else:  # pipe:[inode] and the like: by kind
+                target = target.split(":")[0]
             kinds[target] += 1
     return kinds
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import grpc
 
 from swactor.common.events import get_logger
+from swactor.common.grpcio import response_stream
 from swactor.orchestrator import reconcile as R
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.orchestrator.store import RunStore
@@ -59,10 +60,11 @@ class MtlsControl:
     async def wait_stopped(self, node: NodeInfo, run_id: int) -> None:
         async with self._channel(node) as ch:
             try:
-                async for update in stage_pb2_grpc.StageControlStub(ch).WatchStage(
-                        stage_pb2.WatchStageRequest(run_id=run_id)):
-                    if update.HasField("stopped"):
-                        return
+                call = stage_pb2_grpc.StageControlStub(ch).WatchStage(stage_pb2.WatchStageRequest(run_id=run_id))
+                async with response_stream(call) as updates:
+                    async for update in updates:
+                        if update.HasField("stopped"):
+                            return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:  # forgotten there: nothing of it is left
                     return

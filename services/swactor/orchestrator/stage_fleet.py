@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from swactor.common.events import get_logger
+from swactor.common.grpcio import response_stream
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report, TokenEndpoints
 from swactor.orchestrator.planner import RunPlan, StagePlan
@@ -173,12 +174,13 @@ class StageControlFleet:
     async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
                      report: Report) -> None:
         try:
-            async for update in stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id)):
-                inp = stage_input(stage, update)
-                if inp is not None:
-                    report(inp)
-                if update.HasField("stopped"):
-                    return
+            async with response_stream(stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id))) as updates:
+                async for update in updates:
+                    inp = stage_input(stage, update)
+                    if inp is not None:
+                        report(inp)
+                    if update.HasField("stopped"):
+                        return
             report(F.StageFault(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ORCHESTRATOR,
                                 "WatchStage ended before StageStopped"))
         except grpc.aio.AioRpcError as e:
