@@ -127,9 +127,12 @@ def show_fd_growth(before: dict[str, collections.Counter[str]], after: dict[str,
             print(f"    {name}: " + ", ".join(f"{v:+d} {k}" for k, v in sorted(delta.items())), flush=True)
 
 
-def show(label: str, snap: dict[str, dict[str, int]]) -> None:
+def show(label: str, snap: dict[str, dict[str, int]], pool: FaultPool | None = None) -> None:
     print(f"  {label}: " + "; ".join(f"{h} fds {v['fds']} rss {v['rss_kib'] / 1024:.0f} MiB leases {v['leases']}"
                                       f" ({v['procs']} procs)" for h, v in sorted(snap.items())), flush=True)
+    for h, v in sorted(snap.items()):
+        if pool is not None and v.get("leases", 0) > 0:
+            print(f"    {h} leases: {pool.leases(int(h[1:]))}", flush=True)
 
 
 def pool_ready(pool: FaultPool) -> None:
@@ -192,7 +195,7 @@ def load(n: int) -> int:
         figures["with_host_killed"] = {"runs": dict(faulty), "seconds": time.monotonic() - t,
                                        "host_restart_s": host_back.get("s")}
         end = snapshot(pool)
-        show("after the host kill (h1's processes are new ones)", end)
+        show("after the host kill (h1's processes are new ones)", end, pool)
         show_fd_growth(fds_after, fd_detail(pool))
         print(f"  {n} runs with h1 killed and restarted at run {n // 2} in "
               f"{figures['with_host_killed']['seconds']:.1f} s (host back in {host_back.get('s', -1):.1f} s): "

@@ -148,7 +148,14 @@ class StageControlFleet:
         req = provision_request(plan, stage, source)
         try:
             await self._provision_when_free(stub, req)
-        except grpc.aio.AioRpcError as e:
+        except BaseException as e:
+            # No watch will close the channel: close it here, or it lives on, reconnecting to the node
+            # when it comes back and holding that connection for good (seen with a host killed).
+            channel = self._open.pop((plan.run_id, stage.stage_index), None)
+            if channel is not None:
+                await channel.close()
+            if not isinstance(e, grpc.aio.AioRpcError):
+                raise
             reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
             raise FleetError(reason, f"ProvisionStage on node {stage.node_id} ({stage.node.control_endpoint}): "
                                      f"{e.code().name}: {e.details()}") from None
