@@ -90,7 +90,7 @@ class Driver:
 
     async def close(self) -> None:
         for edge_id in {k[0] for k in self.table.edges}:
-            self.stop_edge(edge_id, EdgeStopCause.DRIVER_CLOSING)
+            self.stop_edge(edge_id, cause=EdgeStopCause.DRIVER_CLOSING)
         for timer in (self._expiry, self._flush_timer):
             if timer is not None:
                 timer.cancel()
@@ -160,9 +160,9 @@ class Driver:
         if self.arena_gone is not None:
             raise EdgeError(f"the host's arena-manager is gone ({self.arena_gone}); this driver is retiring", "ring")
 
-    def stop_edge(self, edge_id: int, cause: EdgeStopCause = EdgeStopCause.STOP_EDGE) -> bool:
-        """Stop both ends this host has of `edge_id`; False when it has none."""
-        recs = self.table.stop_edge(edge_id, cause)
+    def stop_edge(self, edge_id: int, ring_id: int = 0, cause: EdgeStopCause = EdgeStopCause.STOP_EDGE) -> bool:
+        """Stop the end of `edge_id` on `ring_id` (0: both ends this host has); False when it has none."""
+        recs = self.table.stop_edge(edge_id, ring_id, cause)
         self._stopped(recs)
         return bool(recs)
 

@@ -43,7 +43,7 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
         return edge_pb2.EstablishResponse()
 
     async def StopEdge(self, request: edge_pb2.StopEdgeRequest, context: grpc.aio.ServicerContext) -> edge_pb2.StopEdgeResponse:
-        return edge_pb2.StopEdgeResponse(known=self.driver.stop_edge(request.edge_id))
+        return edge_pb2.StopEdgeResponse(known=self.driver.stop_edge(request.edge_id, request.ring_id))
 
     async def WatchEdges(
         self, request: edge_pb2.WatchEdgesRequest, context: grpc.aio.ServicerContext

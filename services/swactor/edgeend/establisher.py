@@ -113,14 +113,20 @@ class RingQuiesced:
     ring_id: int
 
 
+# The driver's events name the end by its ring as well as its edge: both ends of one edge can
+# live on one host with two owners (the orchestrator's token edge into a co-located first stage),
+# and one owner must never take the other's end for its own (seen: a stage took the orchestrator's
+# PumpStopped for its own, released its ring under a live pump and leaked it).
 @dataclass(frozen=True)
 class DriverEdgeReady:
     edge_id: int
+    ring_id: int
 
 
 @dataclass(frozen=True)
 class StreamFault:
     edge_id: int
+    ring_id: int  # 0: no end is established (a parked stream expired): matched by edge alone
     reason: int  # StreamFaultReason
     detail: str = ""
 
@@ -128,11 +134,13 @@ class StreamFault:
 @dataclass(frozen=True)
 class StreamClosed:
     edge_id: int
+    ring_id: int
 
 
 @dataclass(frozen=True)
 class PumpStopped:
     edge_id: int
+    ring_id: int
 
 
 @dataclass(frozen=True)
@@ -202,6 +210,7 @@ class EstablishRecv:
 @dataclass(frozen=True)
 class StopPump:
     edge_id: int
+    ring_id: int  # the driver stops this owner's end only
 
 
 @dataclass(frozen=True)
@@ -306,7 +315,7 @@ class EdgeEstablisher:
                     assert rec.ring_id is not None
                     return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
                 return []
-            case StreamFault(_, reason, detail):
+            case StreamFault(_, _, reason, detail):
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
                                                   f"{name(pb.StreamFaultReason, reason)}: {detail}"))
             case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
@@ -329,10 +338,13 @@ class EdgeEstablisher:
 
     def _record_for(self, inp: Input) -> EdgeRecord | None:
         ring_id = getattr(inp, "ring_id", None)
-        if ring_id is not None and not isinstance(inp, StreamFault | StreamClosed | PumpStopped | DriverEdgeReady):
+        edge_id = getattr(inp, "edge_id", None)
+        if ring_id:
             eid = self.by_ring.get(ring_id)
+            if edge_id is not None and eid != edge_id:
+                return None  # another owner's end of the edge on this host, or a ring since reused
         else:
-            eid = getattr(inp, "edge_id", None)
+            eid = edge_id
         return self.records.get(eid) if eid is not None else None
 
     # ---- setup ----
@@ -406,7 +418,8 @@ class EdgeEstablisher:
             return [*actions, CancelLease(rec.request_id), EdgeStopped(rec.edge.edge_id)]
         self._transition(rec, EdgeState.STOPPING_PUMP)
         if rec.driver_sent and not rec.pump_stopped:
-            actions.append(StopPump(rec.edge.edge_id))
+            assert rec.ring_id is not None
+            actions.append(StopPump(rec.edge.edge_id, rec.ring_id))
         return actions + self._advance_teardown(rec)
 
     def _advance_teardown(self, rec: EdgeRecord) -> list[Action]:
