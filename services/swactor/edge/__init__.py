@@ -8,6 +8,7 @@ One concern per module. The I/O-free core (time passed in, tested linked in memo
   rendezvous  §25 spec/stream rendezvous      preamble   uni-stream edge_id preamble
   credit      receive-credit policy           objtap     per-object timing tap
   timingflush ObjectTimings batches from the taps
+  owners      which local process owns each edge; an owner whose last WatchEdges stream ended is gone
 The shell (sockets, timers, the event loop):
   driver      asyncio shell: requests, ring wakes, QUIC events into the table, its outputs out
   watchers    WatchEdges fan-out              status     GetStatus, systemd STATUS=
