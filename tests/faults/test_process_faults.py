@@ -42,8 +42,12 @@ def test_sigkill_compute_process(pool: FaultPool, request: pytest.FixtureRequest
 
 
 def test_sigkill_worker_service(pool: FaultPool, request: pytest.FixtureRequest) -> None:
+    # Two first detectors: the orchestrator's WatchStage to the dead worker breaks, and h1's edge driver
+    # stops the dead worker's edges at once (their owner is gone), which a neighbour stage's pump sees
+    # as its peer stopping the stream.
     check = FaultCheck(pool, "SIGKILL worker service (interior)",
-                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR)),
+                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR),
+                              (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER)),
                        killed=("h1/worker",), test=request.node.nodeid)
     run = decoding(pool)
     check.outcome(run, inject.kill_service(pool, "h1/worker"))
