@@ -134,6 +134,8 @@ class StageNode:
         return True
 
     def _check_available(self) -> None:
+        if self.arena_gone is not None and not self.retired.is_set():
+            return  # withdrawn once retired: membership must not beat the stage's own fault report
         now = self.worker_ready and self.driver_up and self.arena_gone is None
         if now == self.available:
             return
@@ -321,7 +323,6 @@ class StageNode:
         if run_id is not None:
             self._stage_input(run_id, stage_fsm.ArenaLost(detail))
             self._stage_input(run_id, stage_fsm.StopRun())
-        self._check_available()
         self._check_retired()
 
     def _check_retired(self) -> None:
@@ -330,6 +331,7 @@ class StageNode:
         if self.arena_gone is not None and idle and not self.retired.is_set():
             self._log.info("node_retiring", detail=self.arena_gone)
             self.retired.set()
+            self._check_available()
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
         ev.time_us = _now_us()
