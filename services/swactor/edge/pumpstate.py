@@ -46,24 +46,27 @@ class SendState(enum.Enum):
     STOPPED = "Stopped"
 
 
+def _from_streaming(E: Any) -> dict[Any, frozenset[Any]]:
+    """The rows both directions share, from Streaming on (they name the same states in each enum)."""
+    return {
+        E.STREAMING: frozenset({E.BACKPRESSURED, E.CLOSED, E.FAULTED, E.STOPPED}),
+        E.BACKPRESSURED: frozenset({E.STREAMING, E.FAULTED, E.STOPPED}),
+        E.CLOSED: frozenset({E.STOPPED}),
+        E.FAULTED: frozenset({E.STOPPED}),
+        E.STOPPED: frozenset(),
+    }
+
+
 R, S = RecvState, SendState
 RECV_TRANSITIONS: dict[RecvState, frozenset[RecvState]] = {
     R.WAITING_FOR_SPEC_AND_STREAM: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.STREAMING: frozenset({R.BACKPRESSURED, R.CLOSED, R.FAULTED, R.STOPPED}),
-    R.BACKPRESSURED: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.CLOSED: frozenset({R.STOPPED}),
-    R.FAULTED: frozenset({R.STOPPED}),
-    R.STOPPED: frozenset(),
+    **_from_streaming(R),
 }
 SEND_TRANSITIONS: dict[SendState, frozenset[SendState]] = {
     S.WAITING_FOR_CONNECTION: frozenset({S.WAITING_FOR_BYTES, S.FAULTED, S.STOPPED}),
     S.WAITING_FOR_BYTES: frozenset({S.OPEN_STREAM, S.CLOSED, S.FAULTED, S.STOPPED}),
     S.OPEN_STREAM: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.STREAMING: frozenset({S.BACKPRESSURED, S.CLOSED, S.FAULTED, S.STOPPED}),
-    S.BACKPRESSURED: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.CLOSED: frozenset({S.STOPPED}),
-    S.FAULTED: frozenset({S.STOPPED}),
-    S.STOPPED: frozenset(),
+    **_from_streaming(S),
 }
 RECV_TERMINAL = frozenset({R.CLOSED, R.FAULTED, R.STOPPED})
 SEND_TERMINAL = frozenset({S.CLOSED, S.FAULTED, S.STOPPED})
