@@ -15,7 +15,7 @@ REPO_MODEL_DIR = Path(__file__).resolve().parents[3] / ".cache" / "models"
 
 
 @dataclass
-class OrchestratorConfig:
+class OrchestratorConfig(sockets.EdgeEndSockets):
     socket: Path = sockets.ORCHESTRATOR
     # The TCP API ("host:port"), off by default ("": the Unix socket only). When set it serves TLS
     # with tls_cert/tls_key and refuses calls without the bearer token from token_file (0600), see
@@ -51,11 +51,6 @@ class OrchestratorConfig:
     secret_file: Path | None = None
     # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
     node_model_path: Path | None = None
-    # The local arena-manager and edge-driver the token endpoints use (this host is a node too).
-    arena_socket: Path = sockets.ARENA
-    arena_fd_socket: Path = sockets.ARENA_FD
-    edge_socket: Path = sockets.EDGE
-    edge_wake_socket: Path = sockets.EDGE_WAKE
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20
