@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from swactor.distribution.request import FetchRequest
+from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
 from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
 from swactor.worker.process import wire
@@ -46,20 +46,6 @@ class StopRun:
 
 
 @dataclass(frozen=True)
-class WeightsFetchStarted:
-    bytes_total: int
-    bytes_cached: int
-
-
-@dataclass(frozen=True)
-class WeightsFetchProgress:
-    bytes_done: int
-    bytes_total: int
-    rate_bps: int
-    eta_s: float
-
-
-@dataclass(frozen=True)
 class WeightsFetched:
     path: str
     bytes_total: int
@@ -88,8 +74,9 @@ class ControlLost:
     detail: str
 
 
-Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
-         | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
+# The weights fetch's own reports (FetchStarted, FetchProgress) are inputs as they are.
+Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | FetchStarted
+         | FetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
          | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
          | wire.StepCompleted | wire.StepFailed)
 
