@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from swactor.common.layout import Layout
+from swactor.common.msgbase import OfRing
 from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2 as pb
 
@@ -69,18 +70,13 @@ class OutputBinding:
     flags: int = 0
 
 
-# The identities messages about one ring, one installed ring end, one object on it, or one step
-# share: each message lists them first, so its positional order is the base's fields, then its own.
-# (The bases are never sent or matched themselves.)
+# The identities messages about one ring (swactor.common.msgbase), one installed ring end, one object
+# on it, or one step share: each message lists them first, so its positional order is the base's
+# fields, then its own. (The bases are never sent or matched themselves.)
 
 
 @dataclass(frozen=True)
-class _Ring:
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class _RingEnd(_Ring):
+class _RingEnd(OfRing):
     edge_id: int
     port_id: int
 
@@ -138,23 +134,23 @@ class InstallRing(_RingEnd):
 
 
 @dataclass(frozen=True)
-class UninstallRing(_Ring):
+class UninstallRing(OfRing):
     reason: UninstallReason
 
 
 @dataclass(frozen=True)
-class ShareWakeFds(_Ring):
+class ShareWakeFds(OfRing):
     """Re-open an installed ring's handle with the eventfds sent just before on the fd socket
     (the edge-driver makes a pump's eventfds only once the edge is established, after InstallRing)."""
 
 
 @dataclass(frozen=True)
-class RingReadable(_Ring):
+class RingReadable(OfRing):
     """A hint: committed bytes may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingWritable(_Ring):
+class RingWritable(OfRing):
     """A hint: free space may be waiting (also an event the worker may send)."""
 
 
@@ -249,7 +245,7 @@ class RingFault(_RingEnd):
 
 
 @dataclass(frozen=True)
-class RingQuiesced(_Ring):
+class RingQuiesced(OfRing):
     """The worker no longer touches the ring (UninstallRing done)."""
 
 
