@@ -41,7 +41,7 @@ def test_service_codes_replay_and_self_edge(tmp_path: Path) -> None:
             assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
             watch = stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True, edge_ids=[1]))
             first = await asyncio.wait_for(watch.read(), 5)
-            assert first.WhichOneof("event") == "ready" and first.ready.edge_id == 1
+            assert first.WhichOneof("event") == "ready" and (first.ready.edge_id, first.ready.ring_id) == (1, 21)
             # the send edge is edge 2 but carries edge_id 2 on the wire; rx edge 1 waits for edge 1
             assert (await stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=2))).known
             await stub.EstablishSend(edge_pb2.EstablishSendRequest(edge_id=1, rx_node_id=a.node_id, ring_id=11))
@@ -50,6 +50,11 @@ def test_service_codes_replay_and_self_edge(tmp_path: Path) -> None:
             assert rx.read(100) == b"to myself"
             status = await stub.GetStatus(edge_pb2.GetStatusRequest())
             assert {e.edge_id for e in status.edges} == {1}
+            # each owner stops its own end by its ring: the other end of the self edge stays up
+            assert not (await stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=1, ring_id=99))).known
+            assert (await stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=1, ring_id=11))).known
+            status = await stub.GetStatus(edge_pb2.GetStatusRequest())
+            assert [(e.edge_id, e.ring_id) for e in status.edges] == [(1, 21)]
             assert not (await stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=999))).known
             watch.cancel()
         finally:

@@ -30,7 +30,7 @@ def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
     want = e.EstablishRecv(5, 99, layout()) if direction == "Ingress" else e.EstablishSend(5, 99, layout())
     assert est.handle(e.RingInstalled(70)) == [want]
     assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
-    assert est.handle(e.DriverEdgeReady(5)) == [e.EdgeReady(5, 70)]
+    assert est.handle(e.DriverEdgeReady(5, 70)) == [e.EdgeReady(5, 70)]
     assert est.state(5) is e.EdgeState.READY
     return est
 
@@ -38,12 +38,12 @@ def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
 @pytest.mark.parametrize("direction", ["Ingress", "Egress"])
 def test_setup_and_ordered_teardown(direction: str) -> None:
     est = ready(direction)
-    assert est.handle(e.StopEdge(5)) == [e.StopPump(5)]
+    assert est.handle(e.StopEdge(5)) == [e.StopPump(5, 70)]
     assert est.state(5) is e.EdgeState.STOPPING_PUMP
     assert est.handle(e.RingQuiesced(70)) == []  # early proof is kept, but the pump goes first
     est = ready(direction)
     est.handle(e.StopEdge(5))
-    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, pb.UNINSTALL_EDGE_STOPPED)]
+    assert est.handle(e.PumpStopped(5, 70)) == [e.UninstallRing(70, pb.UNINSTALL_EDGE_STOPPED)]
     assert est.state(5) is e.EdgeState.STOPPING_WORKER_RING
     assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
     assert est.state(5) is e.EdgeState.RELEASING_ARENA
@@ -92,11 +92,11 @@ def test_ring_fault_while_waiting_for_worker_ring() -> None:
 
 def test_driver_stream_fault_in_ready_runs_the_teardown() -> None:
     est = ready()
-    actions = est.handle(e.StreamFault(5, pb.STREAM_FAULT_CONNECTION_LOST, "peer gone"))
+    actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_CONNECTION_LOST, "peer gone"))
     assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
                                     "STREAM_FAULT_CONNECTION_LOST: peer gone"),
-                       e.StopPump(5)]
-    assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
+                       e.StopPump(5, 70)]
+    assert est.handle(e.PumpStopped(5, 70)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
 
 
 def test_stream_fault_while_waiting_for_driver_and_establish_failure() -> None:
@@ -112,9 +112,9 @@ def test_stream_fault_while_waiting_for_driver_and_establish_failure() -> None:
 def test_worker_crash_counts_as_quiescence() -> None:
     est = ready()
     actions = est.handle(e.RingFault(70, pb.RING_FAULT_WORKER_PROCESS_EXITED, "gone"))
-    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER, "RING_FAULT_WORKER_PROCESS_EXITED: gone"), e.StopPump(5)]
+    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_WORKER, "RING_FAULT_WORKER_PROCESS_EXITED: gone"), e.StopPump(5, 70)]
     # pump stopped, and the reaped worker already proved quiescence: release without UninstallRing
-    assert est.handle(e.PumpStopped(5)) == [e.ReleaseRing(70, never_installed=False)]
+    assert est.handle(e.PumpStopped(5, 70)) == [e.ReleaseRing(70, never_installed=False)]
 
 
 def test_duplicate_provision_and_stale_events() -> None:
@@ -122,11 +122,32 @@ def test_duplicate_provision_and_stale_events() -> None:
     (failed,) = est.handle(e.Provision(prov(), 12))
     assert failed.reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
     assert est.handle(e.RingInstalled(12345)) == []
-    assert est.handle(e.DriverEdgeReady(777)) == []
-    assert est.handle(e.StreamClosed(5)) == []
+    assert est.handle(e.DriverEdgeReady(777, 70)) == []
+    assert est.handle(e.StreamClosed(5, 70)) == []
     est.handle(e.StopEdge(5))
-    est.handle(e.PumpStopped(5))
+    est.handle(e.PumpStopped(5, 70))
     est.handle(e.RingQuiesced(70))
     est.handle(e.Released(70))
     est.forget(5)
     assert est.state(5) is None
+
+
+def test_the_other_owners_end_of_the_same_edge_is_not_ours() -> None:
+    """Both ends of one edge can live on one host (the orchestrator's token edge into a co-located
+    first stage): the other end's driver events name its ring and leave this record alone (seen: a
+    stage took the orchestrator's PumpStopped for its own and released its ring under a live pump)."""
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    assert est.handle(e.PumpStopped(5, 71)) == []  # the orchestrator's send end, ring 71, stopped first
+    assert est.handle(e.StreamFault(5, 71, pb.STREAM_FAULT_CONNECTION_LOST, "theirs")) == []
+    est.handle(e.RingInstalled(70))
+    assert est.handle(e.DriverEdgeReady(5, 71)) == [] and est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
+    assert est.handle(e.StopEdge(5)) == [e.StopPump(5, 70)]  # our pump still runs: stopped before the ring goes
+    assert est.handle(e.PumpStopped(5, 70)) == [e.UninstallRing(70, pb.UNINSTALL_EDGE_STOPPED)]
+
+
+def test_a_fault_without_an_end_is_matched_by_edge() -> None:
+    est = ready()
+    (failed, stop) = est.handle(e.StreamFault(5, 0, pb.STREAM_FAULT_RENDEZVOUS_TIMEOUT, "parked stream expired"))
+    assert failed.reason == pb.RUN_FAULT_STREAM_FAULT and stop == e.StopPump(5, 70)

@@ -37,16 +37,16 @@ def test_wake_fds_unavailable_fails_the_edge_and_stops_its_pump_first() -> None:
         est.handle(e.RingLeased(11, layout()))
         est.handle(e.RingInstalled(70))
         if not before_ready:
-            est.handle(e.DriverEdgeReady(5))
+            est.handle(e.DriverEdgeReady(5, 70))
         failed, stop = est.handle(e.WakeFdsUnavailable(5, "WakeFdError: connection refused"))
         assert failed == e.EdgeFailed(5, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, pb.COMPONENT_EDGE_DRIVER,
                                       "wake eventfds unavailable: WakeFdError: connection refused")
-        assert stop == e.StopPump(5)  # the driver runs a pump for it: §38 order as for any fault
-        assert est.handle(e.PumpStopped(5)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
+        assert stop == e.StopPump(5, 70)  # the driver runs a pump for it: §38 order as for any fault
+        assert est.handle(e.PumpStopped(5, 70)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
         assert est.handle(e.RingQuiesced(70)) == [e.ReleaseRing(70, never_installed=False)]
 
 
 def test_wake_fds_unavailable_on_a_ready_edge() -> None:
     est = ready()
     failed, stop = est.handle(e.WakeFdsUnavailable(5, "gone"))
-    assert failed.reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED and stop == e.StopPump(5)
+    assert failed.reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED and stop == e.StopPump(5, 70)

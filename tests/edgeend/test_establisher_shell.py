@@ -50,7 +50,7 @@ class Driver:
         await asyncio.Event().wait()
         yield None  # pragma: no cover
 
-    async def stop_edge(self, edge_id: int) -> bool:
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         return False
 
 
@@ -117,16 +117,16 @@ class SlowEstablishDriver(Driver):
         await self.establish_may_finish.wait()
         self.edges.add(edge_id)
         self.calls.append("establish")
-        self.queue.put_nowait(est.DriverEdgeReady(edge_id))
+        self.queue.put_nowait(est.DriverEdgeReady(edge_id, layout.ring_id))
 
     async def wake_fds(self, ring_id: int) -> None:
         return None
 
-    async def stop_edge(self, edge_id: int) -> bool:
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         self.calls.append("stop" if edge_id in self.edges else "stop-unknown")
         if edge_id in self.edges:
             self.edges.discard(edge_id)
-            self.queue.put_nowait(est.PumpStopped(edge_id))
+            self.queue.put_nowait(est.PumpStopped(edge_id, ring_id))
             return True
         return False
 

@@ -53,9 +53,9 @@ class DriverPortAdapter:
         self.calls.append(("recv", edge_id))
         await self.driver.establish_recv(edge_id, layout.ring_id, tx_node_id, layout.to_pb())
 
-    async def stop_edge(self, edge_id: int) -> bool:
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         self.calls.append(("stop", edge_id))
-        return self.driver.stop_edge(edge_id)
+        return self.driver.stop_edge(edge_id, ring_id)
 
     async def events(self) -> AsyncIterator[Any]:
         watcher = self.driver.watch(set(), True)
@@ -66,13 +66,13 @@ class DriverPortAdapter:
                     return
                 match ev.WhichOneof("event"):
                     case "ready":
-                        yield est.DriverEdgeReady(ev.ready.edge_id)
+                        yield est.DriverEdgeReady(ev.ready.edge_id, ev.ready.ring_id)
                     case "closed":
-                        yield est.StreamClosed(ev.closed.edge_id)
+                        yield est.StreamClosed(ev.closed.edge_id, ev.closed.ring_id)
                     case "fault":
-                        yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
+                        yield est.StreamFault(ev.fault.edge_id, ev.fault.ring_id, ev.fault.reason, ev.fault.detail)
                     case "pump_stopped":
-                        yield est.PumpStopped(ev.pump_stopped.edge_id)
+                        yield est.PumpStopped(ev.pump_stopped.edge_id, ev.pump_stopped.ring_id)
         finally:
             self.driver.watchers.discard(watcher)
 

@@ -45,7 +45,7 @@ class NoWakeFdsDriver(node_fakes.FakeDriverPort):
 
 
 class NeverStoppingDriver(node_fakes.FakeDriverPort):
-    async def stop_edge(self, edge_id: int) -> bool:
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         self.calls.append(("stop", edge_id))
         return True  # ...but no PumpStopped ever comes
 

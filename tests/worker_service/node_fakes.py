@@ -55,15 +55,15 @@ class FakeDriverPort:
 
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None:
         self.calls.append(("send", edge_id))
-        self.queue.put_nowait(est.DriverEdgeReady(edge_id))
+        self.queue.put_nowait(est.DriverEdgeReady(edge_id, layout.ring_id))
 
     async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
         self.calls.append(("recv", edge_id))
-        self.queue.put_nowait(est.DriverEdgeReady(edge_id))
+        self.queue.put_nowait(est.DriverEdgeReady(edge_id, layout.ring_id))
 
-    async def stop_edge(self, edge_id: int) -> bool:
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         self.calls.append(("stop", edge_id))
-        self.queue.put_nowait(est.PumpStopped(edge_id))
+        self.queue.put_nowait(est.PumpStopped(edge_id, ring_id))
         return True
 
     async def events(self) -> AsyncIterator[Any]:

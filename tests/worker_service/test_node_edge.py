@@ -197,8 +197,8 @@ async def scenario(h: Host, p: Host) -> None:
                 break
             await asyncio.sleep(0.05)
         assert list(stats.leases) == []  # pump stopped, ring quiesced, lease released (§38)
-        await peer_driver.stop_edge(301)
-        await peer_driver.stop_edge(302)
+        await peer_driver.stop_edge(301, tin.ring_id)
+        await peer_driver.stop_edge(302, act.ring_id)
         for fd in (r, w, r2, w2):
             os.close(fd)
     finally:

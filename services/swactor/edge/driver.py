@@ -140,9 +140,9 @@ class Driver:
             raise
         return ring
 
-    def stop_edge(self, edge_id: int) -> bool:
-        """Stop both ends this host has of `edge_id`; False when it has none."""
-        recs = self.table.stop_edge(edge_id)
+    def stop_edge(self, edge_id: int, ring_id: int = 0) -> bool:
+        """Stop the end of `edge_id` on `ring_id` (0: both ends this host has); False when it has none."""
+        recs = self.table.stop_edge(edge_id, ring_id)
         for rec in recs:
             dial = self._dials.pop((edge_id, rec.role), None)
             if dial is not None:

@@ -44,7 +44,7 @@ class EdgeDriverServicer(edge_pb2_grpc.EdgeDriverServicer):
             request.edge_id, request.ring_id, request.tx_node_id, request.ring_layout))
 
     async def StopEdge(self, request: edge_pb2.StopEdgeRequest, context: grpc.aio.ServicerContext) -> edge_pb2.StopEdgeResponse:
-        return edge_pb2.StopEdgeResponse(known=self.driver.stop_edge(request.edge_id))
+        return edge_pb2.StopEdgeResponse(known=self.driver.stop_edge(request.edge_id, request.ring_id))
 
     async def WatchEdges(
         self, request: edge_pb2.WatchEdgesRequest, context: grpc.aio.ServicerContext

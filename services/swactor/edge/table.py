@@ -131,7 +131,7 @@ class EdgeTable:
         """The send edge's connection is up (its dial may have outlived the edge)."""
         if self.edges.get((rec.edge_id, SEND)) is not rec or rec.pump.done:
             return
-        self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=rec.edge_id)))
+        self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=rec.edge_id, ring_id=rec.ring_id)))
         self._settle(rec, rec.pump.attach(conn, now_us))
 
     def dial_failed(self, rec: SendEdge, reason: int, detail: str) -> None:
@@ -149,7 +149,7 @@ class EdgeTable:
         rec = RecvEdge(edge_id, ring_id, peer_node_id=tx_node_id, producer_node_id=tx_node_id, pump=pump)
         self.edges[(edge_id, RECV)] = rec
         log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id, tx_node_id=tx_node_id)
-        self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id)))
+        self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id, ring_id=ring_id)))
         for action in self.rendezvous.establish_recv(edge_id, tx_node_id, rec, now):
             if isinstance(action, StartRecvPump):
                 self._start_recv(action, now_us)
@@ -158,11 +158,13 @@ class EdgeTable:
         self.deadline_moved = True
         return rec
 
-    def stop_edge(self, edge_id: int) -> list[EdgeRecord]:
-        """StopEdge for both ends this host has of `edge_id`: the stopped records, whose rings the
-        caller releases (an empty list: unknown edge)."""
-        recs = [r for r in (self.edges.pop((edge_id, SEND), None), self.edges.pop((edge_id, RECV), None)) if r]
+    def stop_edge(self, edge_id: int, ring_id: int = 0) -> list[EdgeRecord]:
+        """StopEdge for the end of `edge_id` on `ring_id` (0: both ends this host has): the stopped
+        records, whose rings the caller releases (an empty list: unknown edge or ring)."""
+        recs = [r for role in (SEND, RECV)
+                if (r := self.edges.get((edge_id, role))) is not None and ring_id in (0, r.ring_id)]
         for rec in recs:
+            del self.edges[(edge_id, rec.role)]
             pump = rec.pump
             if isinstance(rec, RecvEdge):
                 for parked in self.rendezvous.stop(edge_id):
@@ -332,7 +334,7 @@ class EdgeTable:
                 self._fault_event(rec.edge_id, pump.fault_reason, pump.fault_detail, rec)
             else:
                 log.info("edge.stream_closed", edge_id=rec.edge_id, ring_id=rec.ring_id, bytes=pump.bytes)
-                self._emit(rec, edge_pb2.EdgeEvent(closed=edge_pb2.StreamClosed(edge_id=rec.edge_id)), logged=True)
+                self._emit(rec, edge_pb2.EdgeEvent(closed=edge_pb2.StreamClosed(edge_id=rec.edge_id, ring_id=rec.ring_id)), logged=True)
 
     def _unroute(self, rec: EdgeRecord) -> None:
         conn = rec.pump.conn
@@ -356,7 +358,8 @@ class EdgeTable:
     def _fault_event(self, edge_id: int, reason: int, detail: str, rec: EdgeRecord | None = None) -> None:
         log.warning("edge.stream_fault", edge_id=edge_id, ring_id=rec.ring_id if rec else 0,
                     reason=common_pb2.StreamFaultReason.Name(reason), detail=detail)  # type: ignore[arg-type]
-        event = edge_pb2.EdgeEvent(fault=edge_pb2.StreamFault(edge_id=edge_id, reason=reason, detail=detail))  # type: ignore[arg-type]
+        event = edge_pb2.EdgeEvent(fault=edge_pb2.StreamFault(  # type: ignore[arg-type]
+            edge_id=edge_id, ring_id=rec.ring_id if rec else 0, reason=reason, detail=detail))
         if rec is not None:
             self._emit(rec, event, logged=True)
         else:

@@ -77,21 +77,21 @@ class EdgeDriverPort(LocalClient):
         await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
             edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb(), tx_node_id=tx_node_id))
 
-    async def stop_edge(self, edge_id: int) -> bool:
-        resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id))
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
+        resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id, ring_id=ring_id))
         return bool(resp.known)
 
     async def events(self) -> AsyncIterator[DriverEvent]:
         async for ev in self._stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True)):
             match ev.WhichOneof("event"):
                 case "ready":
-                    yield est.DriverEdgeReady(ev.ready.edge_id)
+                    yield est.DriverEdgeReady(ev.ready.edge_id, ev.ready.ring_id)
                 case "closed":
-                    yield est.StreamClosed(ev.closed.edge_id)
+                    yield est.StreamClosed(ev.closed.edge_id, ev.closed.ring_id)
                 case "fault":
-                    yield est.StreamFault(ev.fault.edge_id, ev.fault.reason, ev.fault.detail)
+                    yield est.StreamFault(ev.fault.edge_id, ev.fault.ring_id, ev.fault.reason, ev.fault.detail)
                 case "pump_stopped":
-                    yield est.PumpStopped(ev.pump_stopped.edge_id)
+                    yield est.PumpStopped(ev.pump_stopped.edge_id, ev.pump_stopped.ring_id)
 
     def object_timings(self, edge_ids: set[int]) -> AsyncIterator[edge_pb2.ObjectTimings]:
         """Per-object pump timings of these edges (issue 7; swactor.edgeend.timings)."""

@@ -116,22 +116,32 @@ class RingQuiesced(OfRing):
 
 
 @dataclass(frozen=True)
-class DriverEdgeReady(OfEdge):
+class _EdgeEnd(OfEdge):
+    """The edge-driver's events (and StopPump) name the end by its ring as well as its edge: both ends
+    of one edge can live on one host with two owners (the orchestrator's token edge into a co-located
+    first stage), and one owner must never take the other's end for its own (seen: a stage took the
+    orchestrator's PumpStopped for its own, released its ring under a live pump and leaked it)."""
+
+    ring_id: int  # 0 (StreamFault only): no end is established (a parked stream expired): matched by edge alone
+
+
+@dataclass(frozen=True)
+class DriverEdgeReady(_EdgeEnd):
     """The edge-driver reports the edge established (EdgeEvent.ready)."""
 
 
 @dataclass(frozen=True)
-class StreamFault(Failure, OfEdge):
+class StreamFault(Failure, _EdgeEnd):
     """The edge-driver reports the edge's stream failed (EdgeEvent.fault): a StreamFaultReason."""
 
 
 @dataclass(frozen=True)
-class StreamClosed(OfEdge):
+class StreamClosed(_EdgeEnd):
     """The edge-driver reports the edge's stream ended in order (EdgeEvent.closed)."""
 
 
 @dataclass(frozen=True)
-class PumpStopped(OfEdge):
+class PumpStopped(_EdgeEnd):
     """The edge-driver stopped the edge's pump (EdgeEvent.pump_stopped): it no longer touches the ring."""
 
 
@@ -195,8 +205,8 @@ class EstablishRecv(OfEdge):
 
 
 @dataclass(frozen=True)
-class StopPump(OfEdge):
-    """Ask the driver to stop the edge's pump (PumpStopped answers)."""
+class StopPump(_EdgeEnd):
+    """Ask the driver to stop this owner's end of the edge (PumpStopped answers)."""
 
 
 @dataclass(frozen=True)
@@ -298,7 +308,7 @@ class EdgeEstablisher:
                     assert rec.ring_id is not None
                     return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
                 return []
-            case StreamFault(_, reason, detail):
+            case StreamFault(_, _, reason, detail):
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
                                                   f"{name(pb.StreamFaultReason, reason)}: {detail}"))
             case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
@@ -321,6 +331,10 @@ class EdgeEstablisher:
 
     def _record_for(self, inp: Input) -> EdgeRecord | None:
         match inp:
+            case _EdgeEnd(edge_id, ring_id) if ring_id:
+                eid = self.by_ring.get(ring_id)
+                if eid != edge_id:
+                    return None  # another owner's end of the edge on this host, or a ring since reused
             case OfRing(ring_id):
                 eid = self.by_ring.get(ring_id)
             case OfEdge(edge_id):
@@ -405,7 +419,8 @@ class EdgeEstablisher:
             return [*actions, CancelLease(rec.request_id), EdgeStopped(rec.edge.edge_id)]
         self._transition(rec, EdgeState.STOPPING_PUMP)
         if rec.driver_sent and not rec.pump_stopped:
-            actions.append(StopPump(rec.edge.edge_id))
+            assert rec.ring_id is not None
+            actions.append(StopPump(rec.edge.edge_id, rec.ring_id))
         return actions + self._advance_teardown(rec)
 
     def _advance_teardown(self, rec: EdgeRecord) -> list[Action]:

@@ -80,8 +80,8 @@ class EstablisherShell:
                     self._uninstall_now(ring_id, reason)
             case est.EstablishSend() | est.EstablishRecv():
                 self._in_order(("edge", a.edge_id), self._establish(a))
-            case est.StopPump(edge_id):
-                self._in_order(("edge", edge_id), self._stop_pump(edge_id))
+            case est.StopPump(edge_id, ring_id):
+                self._in_order(("edge", edge_id), self._stop_pump(edge_id, ring_id))
             case est.ReleaseRing(ring_id, never_installed):
                 self._in_order(("ring", ring_id), self._release(ring_id, never_installed))
             case est.EdgeReady() | est.EdgeFailed() | est.EdgeStopped():
@@ -178,14 +178,14 @@ class EstablisherShell:
             for fd in fds or ():
                 os.close(fd)
 
-    async def _stop_pump(self, edge_id: int) -> None:
+    async def _stop_pump(self, edge_id: int, ring_id: int) -> None:
         try:
-            known = await self.driver.stop_edge(edge_id)
+            known = await self.driver.stop_edge(edge_id, ring_id)
         except Exception as e:
             self.log.warning("edge_driver_stop_failed", edge_id=edge_id, detail=str(e))
             known = False  # an unreachable driver runs no pump for this edge any more
         if not known:
-            self.handle(est.PumpStopped(edge_id))
+            self.handle(est.PumpStopped(edge_id, ring_id))
 
     async def _release(self, ring_id: int, never_installed: bool) -> None:
         try:

@@ -58,8 +58,9 @@ class DriverPort(Protocol):
     async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
         """Receive `edge_id` from node `tx_node_id` only (the plan's producer)."""
 
-    async def stop_edge(self, edge_id: int) -> bool:
-        """False when the driver did not know the edge (then no PumpStopped will come)."""
+    async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
+        """Stop this owner's end of the edge (the one on `ring_id`). False when the driver did not
+        know it (then no PumpStopped will come)."""
 
     def events(self) -> AsyncIterator[DriverEvent]: ...
 

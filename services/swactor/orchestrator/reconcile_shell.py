@@ -90,11 +90,15 @@ class LocalEdges:
                              if le.requester == ORCHESTRATOR_REQUESTER and not le.owner_holds and le.edge_id}))
 
     async def release_edges(self, edge_ids: tuple[int, ...]) -> str:
-        for edge_id in edge_ids:
-            await self.driver.stop_edge(edge_id)
+        # The dead orchestrator's ends only, by their rings: a stage of this host may hold the
+        # other end of the same edge (the token edge into a co-located first stage).
+        for le in await self._leases():
+            if le.edge_id in edge_ids and le.requester == ORCHESTRATOR_REQUESTER:
+                await self.driver.stop_edge(le.edge_id, le.ring_id)
         delay, waited = 0.1, 0.0
         while True:
-            left = [le for le in await self._leases() if le.edge_id in edge_ids]
+            left = [le for le in await self._leases()
+                    if le.edge_id in edge_ids and le.requester == ORCHESTRATOR_REQUESTER]
             if not left or waited >= SETTLE_S:
                 break
             await asyncio.sleep(delay)
