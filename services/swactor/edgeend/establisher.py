@@ -59,9 +59,8 @@ class EdgeProvision:
 
 @dataclass(frozen=True)
 class _Request:
-    """Messages about one lease request list its id first (as those about a ring or an edge do theirs:
-    swactor.common.msgbase). An input's base says how the core finds its record (`_record_for`)."""
-
+    """Messages about one lease request list its id first, as those about a ring or an edge do theirs
+    (swactor.common.msgbase); an input's base says how the core finds its record (`_record_for`)."""
     request_id: int
 
 
@@ -122,7 +121,7 @@ class _EdgeEnd(OfEdge):
     first stage), and one owner must never take the other's end for its own (seen: a stage took the
     orchestrator's PumpStopped for its own, released its ring under a live pump and leaked it)."""
 
-    ring_id: int  # 0 (StreamFault only): no end is established (a parked stream expired): matched by edge alone
+    ring_id: int  # 0 (StreamFault only): no end is established (a parked stream expired): matched by edge
 
 
 @dataclass(frozen=True)
