@@ -21,6 +21,8 @@ import enum
 from typing import Any, ClassVar
 
 from swactor.common.events import get_logger
+from swactor.edge.objtap import ObjectTap
+from swactor.edge.streamport import StreamPort
 from swactor.v1 import common_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
@@ -81,16 +83,19 @@ class InvalidTransition(RuntimeError):
 
 
 class Pump:
-    """What both pumps share: identity, state, the fault that ended it, and `_set_state`."""
+    """What both pumps share: identity, state, the fault that ended it, `_set_state`, the QUIC
+    connection its stream is on (once there is one) and the per-object timing tap."""
 
     ROLE: ClassVar[str]  # "SEND" | "RECV"
     TRANSITIONS: ClassVar[dict[Any, frozenset[Any]]]
     TERMINAL: ClassVar[frozenset[Any]]
     BACKPRESSURED: ClassVar[Any]
 
-    def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum) -> None:
+    def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum, tap: ObjectTap | None) -> None:
         self.edge_id = edge_id
         self.ring_id = ring_id
+        self.tap = tap
+        self.conn: StreamPort | None = None
         self.state: Any = initial  # the FSM's start; every later change goes through _set_state
         self.fault_reason = 0  # StreamFaultReason, set on the way into Faulted
         self.fault_detail = ""
