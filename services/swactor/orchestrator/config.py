@@ -7,6 +7,7 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
+from swactor.orchestrator.run_messages import Timeouts
 from swactor.orchestrator.sources import ModelSource
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -59,11 +60,12 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # one object that the stages run row by row.
     prefill_chunk: int = 64
     pool_window_s: float = 2.0
-    pool_timeout_s: float = 60.0
-    readiness_timeout_s: float = 600.0
-    first_token_timeout_s: float = 300.0
-    step_timeout_s: float = 60.0
-    teardown_timeout_s: float = 30.0
+    # The run FSM's timeouts; their defaults are Timeouts' own.
+    pool_timeout_s: float = Timeouts.pool_s
+    readiness_timeout_s: float = Timeouts.readiness_s
+    first_token_timeout_s: float = Timeouts.first_token_s
+    step_timeout_s: float = Timeouts.step_s
+    teardown_timeout_s: float = Timeouts.teardown_s
     # HTTP/2 keepalive on the channels to the nodes' control API (control_tls.keepalive_options): a
     # dead or partitioned stage host ends its WatchStage stream (and faults the run) within ~3 intervals.
     control_keepalive_s: float = 1.0
@@ -77,6 +79,11 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     max_request_bytes: int = 1 << 20
     runs_max: int = 1000
     runs_max_age_s: float = 30 * 86400.0
+
+    def timeouts(self) -> Timeouts:
+        return Timeouts(pool_s=self.pool_timeout_s, readiness_s=self.readiness_timeout_s,
+                        first_token_s=self.first_token_timeout_s, step_s=self.step_timeout_s,
+                        teardown_s=self.teardown_timeout_s)
 
     def model_sources(self) -> dict[str, ModelSource]:
         default = self.model_source or (f"{self.model_path}" if self.model_path is not None else "")

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from swactor.common.msgbase import Failure
 from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
-from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
+from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped, StopEdge
 from swactor.v1 import common_pb2
 from swactor.worker.process import wire
 
@@ -60,11 +61,8 @@ class WeightsFetchFailed:
 
 
 @dataclass(frozen=True)
-class WorkerGone:
-    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
-
-    reason: int  # RunFaultReason: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL
-    detail: str
+class WorkerGone(Failure):
+    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL."""
 
 
 @dataclass(frozen=True)
@@ -81,16 +79,12 @@ Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStoppe
          | wire.StepCompleted | wire.StepFailed)
 
 # ---- actions ----
+# (StopEdge: the establisher's own input, swactor.edgeend.establisher.StopEdge)
 
 
 @dataclass(frozen=True)
 class ProvisionEdge:
     edge: EdgeProvision
-
-
-@dataclass(frozen=True)
-class StopEdge:
-    edge_id: int
 
 
 @dataclass(frozen=True)
