@@ -14,20 +14,29 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class OfRing:
+    """About one ring: its §18 ring id, unique on its host while the ring is leased."""
+
     ring_id: int
 
 
 @dataclass(frozen=True)
 class OfEdge:
+    """About one edge of a run's plan: its §6 edge id (both ends of the edge carry it)."""
+
     edge_id: int
 
 
 @dataclass(frozen=True)
 class OfRole:
+    """About one worker role: the id ConfigureRole gave it in its compute process."""
+
     role_id: int
 
 
 @dataclass(frozen=True)
 class Failure:
+    """Something failed: `reason` is a common.proto enum value (the subclass's docstring names the
+    enum: RingFaultReason, RunFaultReason, ...) and `detail` says what went wrong, for people."""
+
     reason: int
     detail: str = ""
