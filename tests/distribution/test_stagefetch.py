@@ -170,3 +170,40 @@ def test_two_runs_needing_the_same_ranges_share_one_fetch(model: Path, tmp_path:
         assert la.bytes_fetched == want and lb.bytes_fetched == 0
     finally:
         s.close()
+
+
+def test_a_cache_file_removed_or_cut_under_a_live_pool_is_named_then_refetched_once_distrusted(
+        model: Path, tmp_path: Path) -> None:
+    """The pool trusts what it verified; a file taken from under it is CacheIo by name (not a crash), and once
+    the node distrusts it (worker/weights.py does, after a cache or load failure) the next fetch re-checks
+    the copy and fetches again exactly what is gone or bad."""
+    from swactor.distribution.stagefetch import FetchFailed
+
+    s = serve(model, piece_bytes=64 << 10)
+    try:
+        async def go():
+            p = pool(tmp_path / "cache", progress_interval_s=0.0)
+            req = s.request(2, 4, 6)
+            lease = await p.acquire(req)
+            p.release(lease)
+            os.unlink(lease.path)
+            with pytest.raises(FetchFailed) as info:
+                await p.acquire(req)
+            p.cache.distrust(req.sha256)
+            again = await p.acquire(req)  # the whole stage again: nothing was left
+            p.release(again)
+            os.truncate(again.path, os.path.getsize(again.path) // 2)
+            p.cache.distrust(req.sha256)
+            cut = await p.acquire(req)  # only what the cut took
+            return info.value, lease, again, cut
+
+        failed, first, again, cut = run(go())
+        assert failed.reason == "CacheIo" and "No such file" in failed.detail
+        assert again.bytes_fetched == first.bytes_fetched == stage_bytes(s, 2, 4)
+        assert 0 < cut.bytes_fetched < first.bytes_fetched
+        original, cached = GGUFReader(model), GGUFReader(cut.path)
+        for name in ("blk.2.attn_q.weight", "blk.3.ffn_down.weight"):
+            a, b = (next(t for t in r.tensors if t.name == name) for r in (original, cached))
+            assert bytes(a.data.tobytes()) == bytes(b.data.tobytes()), name
+    finally:
+        s.close()

@@ -13,6 +13,7 @@ written to bench/out/faults.json), also when a check fails, so the table shows w
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -183,3 +184,28 @@ class FaultCheck:
 
 def expect(*detectors: tuple[int, int], outcome: int = opb.RUN_OUTCOME_FAULTED, detail_has: str = "") -> Expect:
     return Expect(outcome, tuple((pb.RunFaultReason.Name(r), c) for r, c in detectors), detail_has)  # type: ignore[arg-type]
+
+
+def refused_at_submit(check: FaultCheck, submit: Callable[[], object], injected_at: float, code: grpc.StatusCode,
+                      detail_has: str) -> str:
+    """A fault judged at SubmitRun, before any host is touched: the call fails with `code` and a detail naming
+    `detail_has`, and no run is left active (the outcome is the refusal itself). Fills the row; returns the detail."""
+    check.row.detected_by = "ORCHESTRATOR (SubmitRun)"
+    try:
+        submit()
+    except grpc.RpcError as e:
+        got, detail = e.code(), str(e.details())  # type: ignore[attr-defined]
+    else:
+        raise AssertionError(f"{check.fault}: SubmitRun was accepted, expected {code.name} naming {detail_has!r}")
+    check.row.seconds = time.time() - injected_at
+    check.row.reason = f"{got.name}: {re.sub(r'/[^ :]*/', '…/', detail)[:200]}"
+    assert got == code and detail_has in detail, f"{check.fault}: {got.name} {detail!r}, expected {code.name} naming {detail_has!r}"
+    assert not check.pool.active_runs(), f"{check.fault}: runs active after a refusal: {check.pool.active_runs()}"
+    assert check.row.seconds <= OUTCOME_DEADLINE_S, f"{check.fault}: refused {check.row.seconds:.1f} s after the injection"
+    return detail
+
+
+def with_detail(check: FaultCheck, ev: pb.LifecycleEvent, chars: int = 150) -> None:
+    """The row's reason with the start of the outcome's detail (its §37 cause; directories and hashes elided)."""
+    detail = re.sub(r"([0-9a-f]{8})[0-9a-f]{56}", r"\1…", re.sub(r"/[^ :]*/", "…/", ev.detail))
+    check.row.reason += f" ({detail[:chars]})"

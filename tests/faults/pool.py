@@ -289,16 +289,18 @@ class FaultPool:
         path.write_text(to_toml(cfg))
         return path
 
-    def restart(self, name: str, *, config: Path | None = None) -> None:
-        """Restart one service and wait until it serves (gRPC health; a worker: its node Available
-        again; the orchestrator: its API)."""
+    def restart(self, name: str, *, config: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Restart one service (with `config`, `env` added to its environment) and wait until it serves
+        (gRPC health; a worker: its node Available again; the orchestrator: its API)."""
         host, kind = name.split("/")
         h = self.hosts[int(host[1:])]
         if kind == "worker":
             # A worker that stops leaves its node advertised Available (finding in docs/faults.md):
-            # withdraw it here so that "Available" below is the new worker's word.
+            # withdraw it here so that "Available" below is the new worker's word. Only once the old
+            # worker is gone: a live one may announce Available again (a run it refused ended) after it.
+            self.cluster.service(name).stop(self.cluster.spec.stop_timeout_s)
             self._set_booting(h)
-        svc = self.cluster.restart(name, config=config)
+        svc = self.cluster.restart(name, config=config, env=env)
         if kind == "worker":
             wait_until(f"{name}: node Available", lambda: self._self_available(h, svc), 60)
         if kind in ("arena", "membership", "edge", "orchestrator"):

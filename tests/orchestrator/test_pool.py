@@ -80,3 +80,13 @@ def test_a_snapshot_observes_on_its_own() -> None:
     run = g.snapshot()
     run.observe(view(A, B), 1.0)
     assert not run.check(5.0, Demand(2)).ready and g.check(5.0, Demand(2)).ready
+
+
+def test_a_refused_shortfall_names_the_pinned_nodes_that_are_not_available() -> None:
+    from swactor.orchestrator.dry_run import pool_refusal
+
+    members = (node(1), dataclasses.replace(node(2), state=NodeState.BOOTING), node(3))
+    said = pool_refusal(members, Demand(3, (1, 2, 3), 30))
+    assert said.startswith("3 stage(s) need 3 Available node(s); the pool has 2 (of 3 known)")
+    assert said.endswith("; pinned node(s) not Available: 2 (booting)")
+    assert "pinned" not in pool_refusal(members, Demand(3, (), 30))  # nothing pinned: nothing to name

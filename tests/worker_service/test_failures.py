@@ -35,7 +35,8 @@ def test_step_failures_by_type(exc: Exception, reason: int, known: bool) -> None
 @pytest.mark.parametrize(("exc", "reason", "known"), [
     (LoadCancelled("at 3/30 layers"), pb.ROLE_FAILURE_LOAD_CANCELLED, True),
     (RoleError(pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "/m.gguf does not exist"), pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, True),
-    (MemoryError(), pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, True),
+    (MemoryError(), pb.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY, True),
+    (OSError(12, "Cannot allocate memory"), pb.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY, True),  # the CPU backend's mmap
     (OSError(5, "EIO"), pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, True),
     (KeyError("tok_embeddings"), pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, False),
 ])
@@ -64,3 +65,25 @@ def test_numpy_out_of_memory_is_an_out_of_memory() -> None:
     with pytest.raises(MemoryError) as info:
         np.empty(1 << 62, np.uint8)
     assert failures.classify(STEP, info.value).reason == pb.STEP_FAILURE_DEVICE_OUT_OF_MEMORY
+
+
+def test_a_device_memory_limit_fails_allocations_past_it_as_out_of_memory() -> None:
+    """[worker].device_memory_limit_bytes: past the limit tinygrad raises what a full device gives."""
+    from tinygrad.helpers import GlobalCounters
+
+    from swactor.worker.process.device import DeviceBridge
+
+    allocator = Device["CPU"].allocator
+    try:
+        bridge = DeviceBridge("CPU", GlobalCounters.mem_used_per_device["CPU"] + (1 << 20))
+        small = bridge.alloc(4096)  # under the limit: served
+        with pytest.raises(SinkFailed) as info:
+            bridge.alloc(2 << 20)
+        assert info.value.reason == pb.OBJECT_FAILURE_DEVICE_ALLOCATION_FAILED
+        with pytest.raises(MemoryError) as raw:
+            Buffer("CPU", 2 << 20, dtypes.uint8).allocate()
+        assert failures.classify(LOAD, raw.value).reason == pb.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY
+        assert "device memory limit" in str(raw.value.__cause__)
+        bridge.free(small)
+    finally:
+        del allocator._alloc  # back to the class's allocator for the rest of this process

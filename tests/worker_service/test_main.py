@@ -124,6 +124,18 @@ def test_advertised_stage_memory(device: str, budget: int, gpus: dict, want: int
     assert advertised_memory(device, budget, gpu_memory=gpus.get, host_available=lambda: 16 << 30) == want
 
 
+@pytest.mark.parametrize(("budget", "limit", "gpus", "want"), [
+    (0, 8 << 30, {0: (80 << 30, 70 << 30)}, 8 << 30),  # the device memory limit caps what is measured
+    (0, 90 << 30, {0: (80 << 30, 70 << 30)}, 70 << 30),
+    (0, 8 << 30, {}, 8 << 30),  # nothing measured: the limit
+    (5 << 30, 1 << 20, {0: (80 << 30, 70 << 30)}, 5 << 30),  # memory_bytes is the operator's word
+])
+def test_a_device_memory_limit_caps_the_measured_stage_memory(budget: int, limit: int, gpus: dict, want: int) -> None:
+    from swactor.worker.stage_memory import advertised_memory
+
+    assert advertised_memory("CUDA", budget, limit=limit, gpu_memory=gpus.get, host_available=lambda: 0) == want
+
+
 def test_memory_bytes_is_validated_by_name() -> None:
     from swactor.common.config import ConfigError, load_section
     from swactor.worker.config import WorkerConfig
@@ -131,3 +143,14 @@ def test_memory_bytes_is_validated_by_name() -> None:
     assert load_section({"worker": {"memory_bytes": 1 << 30}}, "worker", WorkerConfig).memory_bytes == 1 << 30
     with pytest.raises(ConfigError, match=r"\[worker\]\.memory_bytes: must be >= 0"):
         load_section({"worker": {"memory_bytes": -1}}, "worker", WorkerConfig)
+
+
+def test_device_memory_limit_is_validated_and_reaches_the_backend() -> None:
+    from swactor.common.config import ConfigError, load_section
+    from swactor.worker.config import WorkerConfig
+
+    cfg = load_section({"worker": {"device_memory_limit_bytes": 1 << 30}}, "worker", WorkerConfig)
+    assert cfg.backend()["memory_limit"] == 1 << 30
+    assert "memory_limit" not in WorkerConfig().backend()  # 0: the device's own limit
+    with pytest.raises(ConfigError, match=r"\[worker\]\.device_memory_limit_bytes: must be >= 0"):
+        load_section({"worker": {"device_memory_limit_bytes": -1}}, "worker", WorkerConfig)

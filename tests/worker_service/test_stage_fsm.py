@@ -132,6 +132,8 @@ def test_faults_from_every_source() -> None:
     cases = [
         (lambda c: c.handle(wire.RoleFailed(9, common_pb2.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "no file")),
          "RUN_FAULT_WEIGHTS_LOAD_FAILED", common_pb2.COMPONENT_WORKER, "ROLE_FAILURE_WEIGHTS_NOT_FOUND"),
+        (lambda c: c.handle(wire.RoleFailed(9, common_pb2.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY, "MemoryError")),
+         "RUN_FAULT_DEVICE_OUT_OF_MEMORY", common_pb2.COMPONENT_WORKER, "ROLE_FAILURE_DEVICE_OUT_OF_MEMORY"),
         (lambda c: c.handle(s.EdgeFailed(10, common_pb2.RUN_FAULT_RING_REQUEST_OVERSIZED, common_pb2.COMPONENT_ARENA, "too big")),
          "RUN_FAULT_RING_REQUEST_OVERSIZED", common_pb2.COMPONENT_ARENA, ""),
         (lambda c: c.handle(s.WorkerGone(common_pb2.RUN_FAULT_WORKER_CRASHED, "exit -9")), "RUN_FAULT_WORKER_CRASHED",

@@ -98,3 +98,54 @@ def test_a_url_stage_fetches_then_configures_and_lists_its_cache(tmp_path: Path)
         asyncio.run(body())
     finally:
         served.close()
+
+
+def test_a_load_failure_makes_the_next_fetch_recheck_the_cache_copy(tmp_path: Path) -> None:
+    """The compute process could not load the cache file (it was cut short under the worker): the stage
+    faults, and the node's next fetch re-hashes the copy and fetches again what the cut took."""
+    import os
+
+    (tmp_path / "src").mkdir()
+    served = serve_model(write_gguf(tmp_path / "src" / "m.gguf", SHAPE), piece_bytes=64 << 10)
+    ctl = FakeCtl(role_failure=common_pb2.ROLE_FAILURE_WEIGHTS_LOAD_FAILED)
+
+    async def body() -> None:
+        ctx = control_tls.model_client_context(SERVER_SECRET, NODE)
+        pool = FetchPool(WeightsCache(tmp_path / "weights"), lambda u, name: Target(u, ctx, name),
+                         progress_interval_s=0.0)
+        node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
+                         lease_window_s=UNLEASED)
+        server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
+                                        server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE),
+                                        options=control_tls.keepalive_options(server=True))
+        stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
+        await server.start()
+        await node.start()
+        ch = control_tls.channel(SERVER_SECRET, SERVER_ORCH, f"127.0.0.1:{port}", NODE)
+        path = tmp_path / "weights" / f"{served.manifest.file_sha256}.gguf"
+        try:
+            s = stage_pb2_grpc.StageControlStub(ch)
+            await s.ProvisionStage(url_provision(served, run_id=81))
+            first = (await updates(s, 81, "fault"))[-1]
+            assert first.fault.cause == "ROLE_FAILURE_WEIGHTS_LOAD_FAILED", first
+            await s.StopRun(stage_pb2.StopStageRunRequest(run_id=81))
+            await updates(s, 81, "stopped")
+            fetched = served.served_bytes()
+            os.truncate(path, path.stat().st_size // 2)  # what the load would have met
+            ctl.role_failure = None
+            await s.ProvisionStage(url_provision(served, run_id=82))
+            ups = await updates(s, 82, "ready")
+            assert ups[-1].HasField("ready"), ups[-1]
+            again = served.served_bytes() - fetched
+            assert 0 < again < fetched, (again, fetched)  # the cut part only, not the whole stage
+            await s.StopRun(stage_pb2.StopStageRunRequest(run_id=82))
+            await updates(s, 82, "stopped")
+        finally:
+            await ch.close()
+            await server.stop(None)
+            await node.close()
+
+    try:
+        asyncio.run(body())
+    finally:
+        served.close()

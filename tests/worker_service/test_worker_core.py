@@ -145,6 +145,8 @@ def test_shutdown_while_booting_stops_at_once() -> None:
     (wire.InitializeWorker(1, ARENA * 2, ABI, {}), ABI, pb.WORKER_FATAL_ARENA_MAP_FAILED),
     (wire.InitializeWorker(1, ARENA, ABI, {"threads": -1}), ABI, pb.WORKER_FATAL_BACKEND_INIT_FAILED),
     (wire.InitializeWorker(1, ARENA, ABI, {"threads": True}), ABI, pb.WORKER_FATAL_BACKEND_INIT_FAILED),
+    (wire.InitializeWorker(1, ARENA, ABI, {"memory_limit": -1}), ABI, pb.WORKER_FATAL_BACKEND_INIT_FAILED),
+    (wire.InitializeWorker(1, ARENA, ABI, {"memory_limit": "1G"}), ABI, pb.WORKER_FATAL_BACKEND_INIT_FAILED),
 ])
 def test_initialize_refusals_are_fatal_by_name(cmd: wire.InitializeWorker, helper_abi: int, reason: int) -> None:
     core = WorkerCore(ARENA)
@@ -480,3 +482,9 @@ def test_abort_in_flight_fails_the_step_and_abandons_a_load() -> None:
         ("RingQuiesced", None), ("WorkerStopped", pb.WORKER_STOPPED_ABORT_IN_FLIGHT)]
     assert m.CancelLoad(6) in acts and acts[-1] == m.Exit(0)
     assert w(m.LoadDone(6, SimpleNamespace(key=()))) == []  # stopped: the abandoned load's outcome changes nothing
+
+
+def test_the_device_memory_limit_reaches_the_backend() -> None:
+    core = WorkerCore(ARENA)
+    core.handle(wire.InitializeWorker(1, ARENA, ABI, {"device": "CPU", "memory_limit": 1 << 20}))
+    assert core.handle(m.RingHelperOpened(ABI, CODEC)) == [m.OpenBackend("CPU", 1 << 20)]

@@ -219,6 +219,29 @@ class WeightsCache:
             os.close(fd)
         return bad
 
+    def distrust(self, sha256: str) -> None:
+        """A read or load of this file failed after its pieces were verified (it was removed, cut short or
+        rewritten under the cache): forget that this process verified them, so the next fetch re-hashes them
+        from disk and fetches again what is gone or bad. A missing or short file is put back at full size
+        (sparse) first."""
+        with self.lock:
+            entry = self.entries.get(sha256)
+        if entry is None:
+            return
+        with entry.lock:
+            try:
+                fd = os.open(entry.path, os.O_RDWR | os.O_CREAT, 0o640)
+                try:
+                    if os.fstat(fd).st_size != entry.manifest.size:
+                        os.ftruncate(fd, entry.manifest.size)
+                finally:
+                    os.close(fd)
+            except OSError as e:  # the next fetch fails by name (CacheIo) and distrusts it again
+                self.log.warning("weights_cache_file_unusable", sha256=sha256, detail=str(e))
+            entry.claimed |= entry.verified
+            entry.verified.clear()
+        self.log.warning("weights_cache_distrusted", sha256=sha256, pieces=len(entry.claimed))
+
     # ---- use, room, eviction ----
 
     def touch(self, entry: CacheEntry) -> None:

@@ -132,8 +132,11 @@ class FetchPool:
 
     def _stage_pieces(self, entry: CacheEntry, req: FetchRequest) -> list[int]:
         m = entry.manifest
-        with open(entry.path, "rb") as f:
-            prefix = f.read(m.header_bytes)
+        try:
+            with open(entry.path, "rb") as f:
+                prefix = f.read(m.header_bytes)
+        except OSError as e:  # the cache file went away or cannot be read under this process
+            raise FetchFailed("CacheIo", f"{entry.path}: {e.strerror or e}") from None
         try:
             header = parse_header(prefix)
         except (GgufFormatError, Exception) as e:

@@ -252,9 +252,10 @@ class LocalCluster:
             ready.wait_for(f"{h.name}/{name}", lambda h=h: ready.health_serving(sock(h)), timeout_s,
                            check=self.check_alive)
 
-    def restart(self, name: str, *, config: Path | None = None) -> Service:
+    def restart(self, name: str, *, config: Path | None = None, env: dict[str, str] | None = None) -> Service:
         """Start service `name` ("h1/worker") again, as a service manager's Restart= would (stopping it
-        first if it still runs), with its host's config or `config`. Readiness is the caller's to wait for."""
+        first if it still runs), with its host's config or `config` and `env` added to its environment (a
+        unit's Environment=). Readiness is the caller's to wait for."""
         old = self.service(name)
         old.stop(self.spec.stop_timeout_s)
         host, kind = name.split("/")
@@ -262,7 +263,7 @@ class LocalCluster:
         argv = self._python(h, f"swactor.{kind}.main")
         if config is not None:
             argv[argv.index("--config") + 1] = str(config)
-        svc = Service(name, argv, h.log_dir / f"{kind}.log")
+        svc = Service(name, argv, h.log_dir / f"{kind}.log", env=dict(env or {}))
         svc.start(self._prefix(h))
         self.services[self.services.index(old)] = svc
         return svc

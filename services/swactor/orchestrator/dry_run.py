@@ -21,8 +21,11 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand) -> str:
     that is a member but not Available yet is waited for by the PoolReady gate, not refused here."""
     provisionable = [m for m in members if m.provisionable]
     if demand.stages > len(provisionable):
+        pinned = {m.node_id: m for m in members if m.node_id in demand.node_ids and not m.provisionable}
+        which = "; pinned node(s) not Available: " + ", ".join(
+            f"{n} ({m.state.value}{': ' + m.reason if m.reason else ''})" for n, m in pinned.items()) if pinned else ""
         return (f"{demand.stages} stage(s) need {demand.stages} Available node(s); the pool has {len(provisionable)} "
-                f"(of {len(members)} known)")
+                f"(of {len(members)} known){which}")
     known = {m.node_id for m in members if m.state is not NodeState.LEFT}
     unknown = [n for n in demand.node_ids if n not in known]
     if unknown:

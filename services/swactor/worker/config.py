@@ -30,6 +30,10 @@ class WorkerConfig(sockets.EdgeEndSockets):
     # NodeAvailable; 0 = measured (worker/stage_memory.py: the GPU's free memory, or 80 % of
     # MemAvailable on a CPU device). Set it when several workers share one machine.
     memory_bytes: int = 0
+    # Device memory the compute process may allocate (weights, KV cache, activations), for GPUs shared with other
+    # tenants; an allocation past it fails as the device's own out-of-memory does (the run faults
+    # RUN_FAULT_DEVICE_OUT_OF_MEMORY). 0 = the device's own limit. Also caps a measured memory_bytes.
+    device_memory_limit_bytes: int = 0
     # The weights cache (docs/distribution.md): where fetched GGUF ranges are kept (None =
     # <state_dir>/weights), its size limit in bytes (0 = no limit but the disk), and how long a fetch
     # from the orchestrator's model server may receive nothing before it fails.
@@ -64,6 +68,9 @@ class WorkerConfig(sockets.EdgeEndSockets):
                               f"{self.control_lease_s} / {self.control_keepalive_s}")
         if self.memory_bytes < 0:
             raise ConfigError(f"[worker].memory_bytes: must be >= 0 (0 = measured), got {self.memory_bytes}")
+        if self.device_memory_limit_bytes < 0:
+            raise ConfigError(f"[worker].device_memory_limit_bytes: must be >= 0 (0 = the device's own), "
+                              f"got {self.device_memory_limit_bytes}")
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 
@@ -74,6 +81,8 @@ class WorkerConfig(sockets.EdgeEndSockets):
             out["device"] = self.device
         if self.compute_threads:
             out["threads"] = self.compute_threads
+        if self.device_memory_limit_bytes:
+            out["memory_limit"] = self.device_memory_limit_bytes
         out["graph_cache"] = str(self.graph_cache_path()) if self.graph_cache else ""
         return out
 

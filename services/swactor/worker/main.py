@@ -80,7 +80,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     # holder alive while the child still touches its rings, even if this service dies first.
     ctl = GpuWorkerCtl(core, hold.fd, extra_fds=(hold.connection_fileno(),))
     driver = await local.enter_async_context(EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket))
-    stage_memory = functools.partial(advertised_memory, cfg.device, cfg.memory_bytes)
+    stage_memory = functools.partial(advertised_memory, cfg.device, cfg.memory_bytes, limit=cfg.device_memory_limit_bytes)
     membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket, stage_memory))
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
                      control_endpoint=cfg.advertise_control or cfg.control_address,

@@ -339,6 +339,8 @@ class StageNode:
             up.fault.component = ev.component
             up.fault.cause = cause
             up.fault.detail = detail
+            if ev.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED" and ev.component == common_pb2.COMPONENT_WORKER:
+                self.weights.distrust(ev.run_id)  # the cache copy may be what failed: re-checked before the next run
         elif ev.kind == common_pb2.STAGE_STOPPED:
             if self.lease is not None and self.lease.run_id == ev.run_id:
                 self.lease.end()

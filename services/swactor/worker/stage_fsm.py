@@ -174,8 +174,9 @@ class StageController:
                 self.role_ready = True
                 return [self._event(common_pb2.WEIGHTS_LOADED, counters={"warm": int(warm)}), *self._maybe_ready()]
             case wire.RoleFailed(role_id, reason, detail) if role_id == p.role_id:
-                return self._faulted(common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED, common_pb2.COMPONENT_WORKER,
-                                     name(common_pb2.RoleFailure, reason), detail)
+                oom = reason == common_pb2.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY
+                run_reason = common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY if oom else common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED
+                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.RoleFailure, reason), detail)
             case EdgeReady(edge_id, ring_id):
                 actor = self._actor(edge_id)
                 if actor is None or self.state is not StageState.PREPARING:

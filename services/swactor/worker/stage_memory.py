@@ -2,7 +2,7 @@
 
 The configured budget (`[worker].memory_bytes`) when set; else measured on the device the compute process will use:
 the free memory of its NVIDIA GPU (nvidia-smi), or on a CPU device a share of the host's MemAvailable (the rest is
-left to this host's other services and the page cache). 0 = unknown (another device kind, no nvidia-smi): the
+left to this host's other services and the page cache), at most `[worker].device_memory_limit_bytes`. 0 = unknown (another device kind, no nvidia-smi): the
 planner then places this node as it would without memory facts.
 """
 
@@ -17,12 +17,18 @@ HOST_KINDS = frozenset({"CPU", "CLANG", "LLVM"})
 NVIDIA_KINDS = frozenset({"CUDA", "NV"})
 
 
-def advertised_memory(device: str, budget: int, *,
+def advertised_memory(device: str, budget: int, *, limit: int = 0,
                       gpu_memory: Callable[[int], tuple[int, int] | None] = nvidia_memory,
                       host_available: Callable[[], int] = host_memory_available) -> int:
-    """Bytes a stage may use on `device` (a tinygrad device name; "" = tinygrad's default: the GPU when there is one)."""
+    """Bytes a stage may use on `device` (a tinygrad device name; "" = tinygrad's default: the GPU when there is one);
+    `limit`: the compute process's device memory limit (0 = none)."""
     if budget > 0:
         return budget
+    measured = _measured(device, gpu_memory, host_available)
+    return min(measured, limit) if measured and limit else measured or limit
+
+
+def _measured(device: str, gpu_memory: Callable[[int], tuple[int, int] | None], host_available: Callable[[], int]) -> int:
     kind, _, index_text = device.upper().partition(":")
     index = int(index_text) if index_text.isdigit() else 0
     if kind == "" or kind in NVIDIA_KINDS:

@@ -55,6 +55,15 @@ class WeightsShell:
         if lease is not None and self.pool is not None:
             self.pool.release(lease)
 
+    def distrust(self, run_id: int = 0, sha256: str = "") -> None:
+        """The run's weights (or the file `sha256`) failed to load or read: the next fetch re-checks the cache
+        copy from disk and fetches again what is gone or bad (distribution/cache.py), so the node's next run
+        does not fail alike."""
+        lease = self._leases.get(run_id)
+        cache = getattr(self.pool, "cache", None)
+        if cache is not None and (sha256 or lease is not None):
+            cache.distrust(sha256 or lease.entry.sha256)  # type: ignore[union-attr]
+
     async def _run(self, run_id: int, req: FetchRequest) -> None:
         if self.pool is None:
             self.feed(run_id, stage_fsm.WeightsFetchFailed(
@@ -64,6 +73,8 @@ class WeightsShell:
         try:
             lease = await self.pool.acquire(req, report, report)
         except FetchFailed as e:
+            if e.reason == "CacheIo":
+                self.distrust(sha256=req.sha256)
             self.feed(run_id, stage_fsm.WeightsFetchFailed(e.reason, e.detail))
             return
         except asyncio.CancelledError:

@@ -179,8 +179,12 @@ class WorkerCore:
         if not isinstance(graph_cache, str):
             raise _Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, f"backend.graph_cache must be a directory path or \"\", got {graph_cache!r}")
         self.roles.graph_cache = graph_cache
+        limit = cmd.backend.get("memory_limit", 0)
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise _Fatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED,
+                         f"backend.memory_limit must be a non-negative integer (0 = the device's own), got {limit!r}")
         self.ring_abi, self.codec = r.ring_abi, r.codec
-        self._do(m.OpenBackend(cmd.backend.get("device")))
+        self._do(m.OpenBackend(cmd.backend.get("device"), limit))
 
     def _backend_ready(self, r: m.BackendReady) -> None:
         cmd = self._pending_init()

@@ -20,6 +20,7 @@ import numpy as np
 from tinygrad import Device, Tensor, dtypes
 from tinygrad.device import Buffer
 from tinygrad.dtype import DType
+from tinygrad.helpers import GlobalCounters
 from tinygrad.uop.ops import UOp
 
 from swactor.edgeend.objects import HeaderFacts, SinkFailed
@@ -72,12 +73,31 @@ class DeviceAllocation:
         self.bridge.device_to_host(self, offset, dest)
 
 
+def limit_device_memory(device: str, limit: int) -> None:
+    """Cap what this process allocates on `device` (tinygrad's count of live buffers) at `limit` bytes
+    ([worker].device_memory_limit_bytes: a GPU shared with other tenants). Past it the device allocator fails
+    as the device itself does when full, so tinygrad raises the same MemoryError a real out-of-memory gives
+    (failures.py), from the same place: weights, KV cache and activations alike."""
+    allocator = Device[device].allocator
+    inner = allocator._alloc
+
+    def _alloc(size: int, options: Any) -> Any:
+        used = GlobalCounters.mem_used_per_device[device]
+        if used + size > limit:
+            raise MemoryError(f"{size} bytes more than the {limit}-byte device memory limit allows ({used} in use)")
+        return inner(size, options)
+
+    allocator._alloc = _alloc  # type: ignore[method-assign]
+
+
 class DeviceBridge:
     """alloc / free / host_to_device / device_to_host / wrap of §33 for one tinygrad device."""
 
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(self, device: str | None = None, memory_limit: int = 0) -> None:
         self.device = Device.canonicalize(device) if device else Device.DEFAULT
         Device[self.device]  # opens the backend now: a bad device fails at init
+        if memory_limit:
+            limit_device_memory(self.device, memory_limit)
         self._synchronous_host = self.device.split(":")[0] in ("CPU", "CLANG", "LLVM", "PYTHON")
 
     def alloc(self, extent: int) -> DeviceAllocation:

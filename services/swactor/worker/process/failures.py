@@ -66,8 +66,9 @@ LOAD_FAILURES = Table(
     rows=(
         (LoadCancelled, pb.ROLE_FAILURE_LOAD_CANCELLED),
         (RoleError, lambda e: e.reason),
-        (MemoryError, pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED),
-        (OSError, pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED),
+        (MemoryError, pb.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY),
+        (OSError, lambda e: pb.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY if e.errno == errno.ENOMEM
+         else pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED),
     ),
     fallback=pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED,  # role code is not ours to trust: name the failure, never kill the worker
 )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import failures
 from swactor.worker.process.device import DeviceAllocation, DeviceBridge
 from swactor.worker.process.roles import Progress, RoleError, check_weights_file
 
@@ -72,8 +73,10 @@ class LlamaStageRole:
             raise RoleError(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{path}: {e}") from None
         except ValueError as e:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"layers [{start}, {end}) of {path}: {e}") from None
-        except (OSError, MemoryError) as e:
-            raise RoleError(pb.ROLE_FAILURE_WEIGHTS_LOAD_FAILED, f"{path}: {type(e).__name__}: {e}") from None
+        except (OSError, MemoryError) as e:  # out of device memory is one of these (failures.py): by the same table
+            reason = failures.classify(failures.LOAD_FAILURES, e).reason
+            cause = f" ({e.__cause__})" if e.__cause__ is not None else ""  # e.g. the device memory limit's word
+            raise RoleError(reason, f"{path}: layers [{start}, {end}): {type(e).__name__}: {e}{cause}") from None
         hidden = config.get("hidden_dim")
         if hidden is not None and hidden != model.hidden_dim:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")

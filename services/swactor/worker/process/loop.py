@@ -27,7 +27,7 @@ from typing import Any, TextIO
 from swactor.common.events import configure_logging
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process import messages as m
-from swactor.worker.process import role_loader, wire
+from swactor.worker.process import role_loader, testhooks, wire
 from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.shell import Shell
 
@@ -76,11 +76,12 @@ class _Rings:
         return ready
 
 
-def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None) -> int:
-    """Run the process until the core exits; the exit code."""
+def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
+          fail_step: int | None = None) -> int:
+    """Run the process until the core exits; the exit code. fail_step: a test hook (testhooks.py)."""
     emit = _writer(out)
     core = WorkerCore(arena_bytes)
-    shell = Shell(core, emit, arena_fd, arena_bytes, fd_socket)
+    shell = Shell(core, emit, arena_fd, arena_bytes, fd_socket, fail_step=fail_step)
     sel = selectors.DefaultSelector()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_READ, _STDIN)
@@ -128,10 +129,15 @@ def main() -> None:
     except (KeyError, ValueError) as e:
         emit(wire.WorkerFatal(pb.WORKER_FATAL_ARENA_MAP_FAILED, f"SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES missing or not integers: {e}"))
         sys.exit(1)
+    try:
+        fail_step = testhooks.fail_step()
+    except ValueError as e:
+        emit(wire.WorkerFatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, str(e)))
+        sys.exit(1)
     fd_socket = None
     if os.environ.get("SWACTOR_FD_SOCKET"):
         fd_socket = socket.socket(fileno=int(os.environ["SWACTOR_FD_SOCKET"]))
-    rc = serve(sys.stdin.fileno(), out, arena_fd, arena_bytes, fd_socket)
+    rc = serve(sys.stdin.fileno(), out, arena_fd, arena_bytes, fd_socket, fail_step)
     if role_loader.loads_running():  # a load ShutdownWorker abandoned: exit now, without joining it
         out.flush()
         sys.stderr.flush()

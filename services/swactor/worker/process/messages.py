@@ -135,9 +135,11 @@ class OpenRingHelper:
 
 @dataclass(frozen=True)
 class OpenBackend:
-    """Map the arena, open the tinygrad device (None: its default) -> BackendReady | HostFailed."""
+    """Map the arena, open the tinygrad device (None: its default) with at most `memory_limit` bytes of
+    allocations (0: the device's own limit) -> BackendReady | HostFailed."""
 
     device: str | None
+    memory_limit: int = 0
 
 
 @dataclass(frozen=True)

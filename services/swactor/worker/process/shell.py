@@ -19,7 +19,7 @@ from swactor.common.events import get_logger
 from swactor.common.reasons import name
 from swactor.common.ringerrors import RingBroken
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.process import failures, fdpass, roles, wire
+from swactor.worker.process import failures, fdpass, roles, testhooks, wire
 from swactor.worker.process import messages as m
 from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.role_loader import Loaders
@@ -27,7 +27,8 @@ from swactor.worker.process.role_loader import Loaders
 
 class Shell:
     def __init__(self, core: WorkerCore, emit: Callable[[wire.Event], None], arena_fd: int, arena_bytes: int,
-                 fd_socket: socket.socket | None = None, loaders: Loaders | None = None) -> None:
+                 fd_socket: socket.socket | None = None, loaders: Loaders | None = None,
+                 fail_step: int | None = None) -> None:
         self.core = core
         self.emit = emit
         self.arena_fd = arena_fd
@@ -38,6 +39,7 @@ class Shell:
         self.bridge: Any = None
         self.exit_code: int | None = None  # set by the core's Exit
         self.reopened = 0  # ring ends reopened on new eventfds so far (the loop re-registers them)
+        self.fail_step = fail_step  # test-only (testhooks.py): None unless its environment variable is set
         self.log = get_logger(component="worker")
 
     def feed(self, inp: m.Input) -> None:
@@ -64,8 +66,8 @@ class Shell:
                 self.emit(event)
             case m.OpenRingHelper():
                 return self._open_ring_helper()
-            case m.OpenBackend(device):
-                return self._open_backend(device)
+            case m.OpenBackend(device, memory_limit):
+                return self._open_backend(device, memory_limit)
             case m.OpenRing(cmd):
                 return self._open_ring(cmd)
             case m.ShareFds(ring_id, end):
@@ -96,7 +98,7 @@ class Shell:
 
         return m.RingHelperOpened(ringport.ABI_VERSION, HEADER_CODEC)
 
-    def _open_backend(self, device: str | None) -> m.Input:
+    def _open_backend(self, device: str | None, memory_limit: int = 0) -> m.Input:
         from swactor.common import ringport
 
         try:
@@ -106,7 +108,7 @@ class Shell:
         try:
             from swactor.worker.process.device import DeviceBridge, DeviceSink
 
-            self.bridge = DeviceBridge(device)
+            self.bridge = DeviceBridge(device, memory_limit)
         except Exception as e:  # whatever tinygrad raises for a device it cannot open
             return m.HostFailed(pb.WORKER_FATAL_BACKEND_INIT_FAILED, f"{type(e).__name__}: {e}")
         return m.BackendReady(os.getpid(), self.bridge.device, DeviceSink(self.bridge))
@@ -164,6 +166,7 @@ class Shell:
 
     def _run_step(self, step_id: int, role: Any, inputs: list[Any], runtime: dict[str, Any]) -> m.Input:
         try:
+            testhooks.check_step(self.fail_step, step_id)
             outputs = role.step(inputs, runtime)
         except Exception as e:  # role code: classified by type, never fatal
             c = self._classified(failures.STEP_FAILURES, e, "role_step_failed", step_id=step_id)
