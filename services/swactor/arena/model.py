@@ -100,7 +100,7 @@ class Lease:
         return self.request.holder_id
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pending:
     request: RingRequest
     needed: int  # page-rounded range length
@@ -221,28 +221,15 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class LeaseInfo:
+    """A lease as it stands now (Lease itself changes as holders attach and leave)."""
+
+    request: RingRequest  # its holder_id is the owner's
     ring_id: int
-    request_id: int
-    requester: str
-    edge_id: int
-    direction: int
-    owner_holder_id: int
     owner_pid: int
     owner_holds: bool
     attached_holder_ids: tuple[int, ...]
     layout: Layout
     range_length: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedInfo:
-    request_id: int
-    requester: str
-    edge_id: int
-    holder_id: int
-    needed: int
-    range_alignment: int
-    queued_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,5 +241,5 @@ class Stats:
     largest_free_range: int
     free_ranges: int
     leases: tuple[LeaseInfo, ...]
-    queued: tuple[QueuedInfo, ...]
+    queued: tuple[Pending, ...]
     holders: tuple[Holder, ...]
