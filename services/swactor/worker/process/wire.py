@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from swactor.common.layout import Layout
-from swactor.common.msgbase import OfRing
+from swactor.common.msgbase import OfRing, OfRole
 from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2 as pb
 
@@ -70,9 +70,10 @@ class OutputBinding:
     flags: int = 0
 
 
-# The identities messages about one ring (swactor.common.msgbase), one installed ring end, one object
-# on it, or one step share: each message lists them first, so its positional order is the base's
-# fields, then its own. (The bases are never sent or matched themselves.)
+# The identities messages about one ring or role (swactor.common.msgbase), one installed ring end, one
+# object on it, or one step share: each message lists them first, so its positional order is the base's
+# fields, then its own; a failure ends with its reason (typed with its enum for the codec) and detail.
+# (The bases are never sent or matched themselves.)
 
 
 @dataclass(frozen=True)
@@ -106,20 +107,17 @@ class InitializeWorker:
 
 
 @dataclass(frozen=True)
-class ConfigureRole:
-    role_id: int
+class ConfigureRole(OfRole):
     config: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class CancelRole:
+class CancelRole(OfRole):
     """Abandon the ConfigureRole load of `role_id` if it is still loading (StopRun during Preparing).
 
     Adapter extension (§15 "stop or reset worker role state according to local policy"): the load
     ends at its next layer and answers RoleFailed(role_id, LoadCancelled). A role that is already
     configured stays resident (warm for the next run); an unknown role_id is ignored."""
-
-    role_id: int
 
 
 @dataclass(frozen=True)
@@ -209,26 +207,23 @@ class WorkerStopped:
 
 
 @dataclass(frozen=True)
-class RoleProgress:
+class RoleProgress(OfRole):
     """Load progress of ConfigureRole: phase "weights" counts layers read (§40 weights_load_progress), then phase
     "compile" counts graph calls while the role compiles its decode / prefill graphs (done/total; total 0: every
     graph came from the compiled-graph cache)."""
 
-    role_id: int
     layers_loaded: int
     layers_total: int
     phase: str = "weights"
 
 
 @dataclass(frozen=True)
-class RoleConfigured:
-    role_id: int
+class RoleConfigured(OfRole):
     warm: bool = False  # weights were already resident; only role state was reset
 
 
 @dataclass(frozen=True)
-class RoleFailed:
-    role_id: int
+class RoleFailed(OfRole):
     reason: RoleFailure
     detail: str = ""
 
