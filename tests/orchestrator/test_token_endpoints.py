@@ -97,10 +97,11 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
 
 class RejectingArena(node_fakes.FakeArenaPort):
     async def lease(self, request_id, edge_id, direction, ring_spec):
-        from swactor.edgeend.ports import Rejected
+        from swactor.edgeend.establisher import RingLeaseRejected
 
         self.calls.append(("lease", edge_id))
-        return Rejected(arena_pb2.LEASE_REJECT_EXCEEDS_CEILING, "ring of 4 MiB exceeds the 1 MiB ceiling")
+        return RingLeaseRejected(request_id, arena_pb2.LEASE_REJECT_EXCEEDS_CEILING,
+                                 "ring of 4 MiB exceeds the 1 MiB ceiling")
 
 
 def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:

@@ -21,6 +21,8 @@ import enum
 from typing import Any, ClassVar
 
 from swactor.common.events import get_logger
+from swactor.edge.objtap import ObjectTap
+from swactor.edge.streamport import StreamPort
 from swactor.v1 import common_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
@@ -46,24 +48,27 @@ class SendState(enum.Enum):
     STOPPED = "Stopped"
 
 
+def _from_streaming(E: Any) -> dict[Any, frozenset[Any]]:
+    """The rows both directions share, from Streaming on (they name the same states in each enum)."""
+    return {
+        E.STREAMING: frozenset({E.BACKPRESSURED, E.CLOSED, E.FAULTED, E.STOPPED}),
+        E.BACKPRESSURED: frozenset({E.STREAMING, E.FAULTED, E.STOPPED}),
+        E.CLOSED: frozenset({E.STOPPED}),
+        E.FAULTED: frozenset({E.STOPPED}),
+        E.STOPPED: frozenset(),
+    }
+
+
 R, S = RecvState, SendState
 RECV_TRANSITIONS: dict[RecvState, frozenset[RecvState]] = {
     R.WAITING_FOR_SPEC_AND_STREAM: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.STREAMING: frozenset({R.BACKPRESSURED, R.CLOSED, R.FAULTED, R.STOPPED}),
-    R.BACKPRESSURED: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.CLOSED: frozenset({R.STOPPED}),
-    R.FAULTED: frozenset({R.STOPPED}),
-    R.STOPPED: frozenset(),
+    **_from_streaming(R),
 }
 SEND_TRANSITIONS: dict[SendState, frozenset[SendState]] = {
     S.WAITING_FOR_CONNECTION: frozenset({S.WAITING_FOR_BYTES, S.FAULTED, S.STOPPED}),
     S.WAITING_FOR_BYTES: frozenset({S.OPEN_STREAM, S.CLOSED, S.FAULTED, S.STOPPED}),
     S.OPEN_STREAM: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.STREAMING: frozenset({S.BACKPRESSURED, S.CLOSED, S.FAULTED, S.STOPPED}),
-    S.BACKPRESSURED: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.CLOSED: frozenset({S.STOPPED}),
-    S.FAULTED: frozenset({S.STOPPED}),
-    S.STOPPED: frozenset(),
+    **_from_streaming(S),
 }
 RECV_TERMINAL = frozenset({R.CLOSED, R.FAULTED, R.STOPPED})
 SEND_TERMINAL = frozenset({S.CLOSED, S.FAULTED, S.STOPPED})
@@ -78,16 +83,19 @@ class InvalidTransition(RuntimeError):
 
 
 class Pump:
-    """What both pumps share: identity, state, the fault that ended it, and `_set_state`."""
+    """What both pumps share: identity, state, the fault that ended it, `_set_state`, the QUIC
+    connection its stream is on (once there is one) and the per-object timing tap."""
 
     ROLE: ClassVar[str]  # "SEND" | "RECV"
     TRANSITIONS: ClassVar[dict[Any, frozenset[Any]]]
     TERMINAL: ClassVar[frozenset[Any]]
     BACKPRESSURED: ClassVar[Any]
 
-    def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum) -> None:
+    def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum, tap: ObjectTap | None) -> None:
         self.edge_id = edge_id
         self.ring_id = ring_id
+        self.tap = tap
+        self.conn: StreamPort | None = None
         self.state: Any = initial  # the FSM's start; every later change goes through _set_state
         self.fault_reason = 0  # StreamFaultReason, set on the way into Faulted
         self.fault_detail = ""

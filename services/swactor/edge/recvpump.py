@@ -37,11 +37,9 @@ class RecvPump(Pump):
     BACKPRESSURED = R.BACKPRESSURED
 
     def __init__(self, *, edge_id: int, ring: ProducerEnd, window: int, tap: ObjectTap | None = None) -> None:
-        super().__init__(edge_id, ring.ring_id, R.WAITING_FOR_SPEC_AND_STREAM)
+        super().__init__(edge_id, ring.ring_id, R.WAITING_FOR_SPEC_AND_STREAM, tap)
         self.ring = ring
-        self.tap = tap
         self.window = max(1, min(window, ring.capacity))
-        self.conn: StreamPort | None = None
         self.stream_id = 0
         self.delivered = preamble.PREAMBLE_LEN  # stream offset written into the ring
         self._pending: deque[memoryview] = deque()  # arrived, not yet in the ring

@@ -37,11 +37,9 @@ class SendPump(Pump):
     BACKPRESSURED = S.BACKPRESSURED
 
     def __init__(self, *, edge_id: int, ring: ConsumerEnd, queue_limit: int, tap: ObjectTap | None = None) -> None:
-        super().__init__(edge_id, ring.ring_id, S.WAITING_FOR_CONNECTION)
+        super().__init__(edge_id, ring.ring_id, S.WAITING_FOR_CONNECTION, tap)
         self.ring = ring
         self.queue_limit = queue_limit
-        self.tap = tap
-        self.conn: StreamPort | None = None
         self.stream_id: int | None = None
 
     def attach(self, conn: StreamPort, now_us: int) -> bool:

@@ -16,7 +16,7 @@ from swactor.common.grpcio import LocalClient
 from swactor.common.ids import new_id
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
-from swactor.edgeend.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
+from swactor.edgeend.ports import DriverEvent, LeaseOutcome
 from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc
 
 _DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
@@ -35,10 +35,10 @@ class ArenaClientPort:
                                       direction=_DIRECTION[direction], ring_spec=ring_spec)
         match out:
             case arena_client.Leased():
-                return Leased(Layout.from_pb(out.layout))
+                return est.RingLeased(request_id, Layout.from_pb(out.layout))
             case arena_client.Rejected():
-                return Rejected(out.reason, out.detail)
-        return Cancelled()
+                return est.RingLeaseRejected(request_id, out.reason, out.detail)
+        return None  # cancelled
 
     async def cancel(self, request_id: int) -> None:
         try:

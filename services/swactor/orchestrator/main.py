@@ -182,9 +182,7 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
         ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
-        timeouts=F.Timeouts(pool_s=cfg.pool_timeout_s, readiness_s=cfg.readiness_timeout_s,
-                            first_token_s=cfg.first_token_timeout_s, step_s=cfg.step_timeout_s,
-                            teardown_s=cfg.teardown_timeout_s),
+        timeouts=cfg.timeouts(),
     )
 
 

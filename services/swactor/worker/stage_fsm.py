@@ -35,6 +35,8 @@ from swactor.worker.stage_messages import (
     ArenaLost,
     CancelFetch,
     ControlLost,
+    FetchProgress,
+    FetchStarted,
     FetchWeights,
     Input,
     Provision,
@@ -46,8 +48,6 @@ from swactor.worker.stage_messages import (
     ToWorker,
     WeightsFetched,
     WeightsFetchFailed,
-    WeightsFetchProgress,
-    WeightsFetchStarted,
     WorkerGone,
 )
 
@@ -150,10 +150,10 @@ class StageController:
             return []
         p = self.plan
         match inp:
-            case WeightsFetchStarted(total, cached) if self.fetching:
+            case FetchStarted(total, cached) if self.fetching:
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_STARTED,
                                     counters={"bytes_total": total, "bytes_cached": cached})]
-            case WeightsFetchProgress(done, total, rate, eta) if self.fetching:
+            case FetchProgress(done, total, rate, eta) if self.fetching:
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_PROGRESS, counters={
                     "bytes_done": done, "bytes_total": total, "rate_bps": rate, "eta_ms": int(eta * 1000)})]
             case WeightsFetched(path, total, fetched, seconds) if self.fetching:
