@@ -73,14 +73,8 @@ def _lease_info(info: LeaseInfo) -> arena_pb2.ArenaLeaseInfo:
 
 
 def _queued(q: Pending, now: float) -> arena_pb2.ArenaQueuedLease:
-    r = q.request
     return arena_pb2.ArenaQueuedLease(
-        request_id=r.request_id,
-        requester=r.requester,
-        edge_id=r.edge_id,
-        holder_id=r.holder_id,
-        needed_bytes=q.needed,
-        queued_seconds=max(0.0, now - q.queued_at),
+        **q.request.identity(), needed_bytes=q.needed, queued_seconds=max(0.0, now - q.queued_at)
     )
 
 

@@ -80,6 +80,11 @@ class RingRequest:
     wake_coalescing: int = 0
     prefault: bool = False
 
+    def identity(self) -> dict[str, int | str]:
+        """The fields that name the request wherever it is reported (log events, Stats' queued leases)."""
+        return {"edge_id": self.edge_id, "requester": self.requester, "request_id": self.request_id,
+                "holder_id": self.holder_id}
+
 
 @dataclass(slots=True)
 class Lease:
