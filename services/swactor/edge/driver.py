@@ -102,10 +102,7 @@ class Driver:
 
     async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object,
                              owner_id: int = 0) -> None:
-        self._check_arena()
-        self.table.check_new(edge_id, ring_id, SEND)
-        if rx_node_id == 0:
-            raise EdgeError("rx_node_id must be set")
+        self._check_request(edge_id, ring_id, SEND, rx_node_id)
         ring = await self._open_ring(self.rings.open_consumer, edge_id, SEND, ring_id, layout)
         rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, self._tap(edge_id, SEND, ring_id), owner_id)
         self._watch_ring(rec)
@@ -127,10 +124,7 @@ class Driver:
 
     async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object,
                              owner_id: int = 0) -> None:
-        self._check_arena()
-        self.table.check_new(edge_id, ring_id, RECV)
-        if tx_node_id == 0:
-            raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
+        self._check_request(edge_id, ring_id, RECV, tx_node_id)
         ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
         try:
             rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
@@ -140,6 +134,14 @@ class Driver:
             raise
         self._watch_ring(rec)
         self._after()
+
+    def _check_request(self, edge_id: int, ring_id: int, role: int, peer_node_id: int) -> None:
+        """Refused before the ring is opened: no arena, an end already established, or no peer named."""
+        self._check_arena()
+        self.table.check_new(edge_id, ring_id, role)
+        if peer_node_id == 0:
+            raise EdgeError("rx_node_id must be set" if role == SEND
+                            else "tx_node_id (the edge's planned producer node) must be set")
 
     async def _open_ring(self, open_end: Callable[[int, Any], Awaitable[Any]], edge_id: int, role: int,
                          ring_id: int, layout: object) -> Any:
