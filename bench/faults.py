@@ -70,9 +70,69 @@ def snapshot(pool: FaultPool) -> dict[str, dict[str, int]]:
     return dict(out)
 
 
-def show(label: str, snap: dict[str, dict[str, int]]) -> None:
+def _sockets(pid: int) -> dict[str, str]:
+    """socket inode -> what it is, from the process's own network namespace view."""
+    out: dict[str, str] = {}
+    for proto in ("tcp", "tcp6", "udp", "udp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{proto}").read_text().splitlines()[1:]:
+                f = line.split()
+                port = int(f[2].rsplit(":", 1)[1], 16)
+                out[f[9]] = f"{proto} to :{port}" if port else f"{proto} listening"
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/net/unix").read_text().splitlines()[1:]:
+            f = line.split()
+            out.setdefault(f[6], f"unix {Path(f[7]).name}" if len(f) > 7 else "unix (unnamed)")
+    return out
+
+
+def fd_kinds(pid: int) -> collections.Counter[str]:
+    """What a process's fds are: sockets by protocol and peer port or socket name, eventfds, files..."""
+    kinds: collections.Counter[str] = collections.Counter()
+    socks: dict[str, str] | None = None
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                socks = _sockets(pid) if socks is None else socks
+                target = socks.get(target[8:-1], "socket (other)")
+            elif target.startswith("/"):
+                target = "file " + ("/".join(Path(target).parts[-2:]))
+            elif target.startswith("anon_inode:"):
+                target = target.split("]")[0] + "]" if "[" in target else target
+            else:  # pipe:[inode] and the like: by kind
+                target = target.split(":")[0]
+            kinds[target] += 1
+    return kinds
+
+
+def fd_detail(pool: FaultPool) -> dict[str, collections.Counter[str]]:
+    """Per service process and child (the worker's compute process: "h1/worker/child0"): fds by kind."""
+    out: dict[str, collections.Counter[str]] = {}
+    for s in pool.cluster.services:
+        out[s.name] = fd_kinds(s.pid)
+        for i, c in enumerate(children(s.pid)):
+            out[f"{s.name}/child{i}"] = fd_kinds(c)
+    return out
+
+
+def show_fd_growth(before: dict[str, collections.Counter[str]], after: dict[str, collections.Counter[str]]) -> None:
+    for name in sorted(set(before) | set(after)):
+        b, a = before.get(name, collections.Counter()), after.get(name, collections.Counter())
+        delta = {k: a[k] - b[k] for k in set(a) | set(b) if a[k] != b[k]}
+        if delta:
+            print(f"    {name}: " + ", ".join(f"{v:+d} {k}" for k, v in sorted(delta.items())), flush=True)
+
+
+def show(label: str, snap: dict[str, dict[str, int]], pool: FaultPool | None = None) -> None:
     print(f"  {label}: " + "; ".join(f"{h} fds {v['fds']} rss {v['rss_kib'] / 1024:.0f} MiB leases {v['leases']}"
                                       f" ({v['procs']} procs)" for h, v in sorted(snap.items())), flush=True)
+    for h, v in sorted(snap.items()):
+        if pool is not None and v.get("leases", 0) > 0:
+            print(f"    {h} leases: {pool.leases(int(h[1:]))}", flush=True)
 
 
 def pool_ready(pool: FaultPool) -> None:
@@ -104,12 +164,15 @@ def load(n: int) -> int:
     with fault_pool(progress=lambda line: print(line, flush=True)) as pool:
         pool.run(max_tokens=2, timeout_s=300)  # warm: graphs compiled
         before = snapshot(pool)
+        fds_before = fd_detail(pool)
         show("healthy, before", before)
         t = time.monotonic()
         healthy = runs(pool, n)
         figures["healthy"] = {"runs": dict(healthy), "seconds": time.monotonic() - t}
         after = snapshot(pool)
         show("healthy, after ", after)
+        fds_after = fd_detail(pool)
+        show_fd_growth(fds_before, fds_after)
         print(f"  {n} runs in {figures['healthy']['seconds']:.1f} s: {dict(healthy)}", flush=True)  # type: ignore[index]
 
         kill = threading.Event()
@@ -132,7 +195,8 @@ def load(n: int) -> int:
         figures["with_host_killed"] = {"runs": dict(faulty), "seconds": time.monotonic() - t,
                                        "host_restart_s": host_back.get("s")}
         end = snapshot(pool)
-        show("after the host kill (h1's processes are new ones)", end)
+        show("after the host kill (h1's processes are new ones)", end, pool)
+        show_fd_growth(fds_after, fd_detail(pool))
         print(f"  {n} runs with h1 killed and restarted at run {n // 2} in "
               f"{figures['with_host_killed']['seconds']:.1f} s (host back in {host_back.get('s', -1):.1f} s): "
               f"{dict(faulty)}", flush=True)  # type: ignore[index]
@@ -147,7 +211,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("table").add_argument("pytest_args", nargs="*")
-    sub.add_parser("load").add_argument("--runs", type=int, default=50)
+    sub.add_parser("load").add_argument("--runs", type=int, default=50)  # fds growth by process and kind too
     args = ap.parse_args()
     return run_table(args.pytest_args) if args.cmd == "table" else load(args.runs)
 

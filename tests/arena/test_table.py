@@ -56,7 +56,7 @@ def test_lease_fits_and_gets_a_valid_layout() -> None:
     st = table.stats()
     assert st.leased_bytes == 4 * PAGE and st.free_bytes == table.ceiling - 4 * PAGE
     (info,) = st.leases
-    assert (info.ring_id, info.edge_id, info.requester, info.owner_pid) == (1, 7, "test", 1001)
+    assert (info.ring_id, info.request.edge_id, info.request.requester, info.owner_pid) == (1, 7, "test", 1001)
 
 
 def test_ring_ids_are_never_reused() -> None:
@@ -86,7 +86,7 @@ def test_pressure_queues_in_fifo_order_and_release_serves_serially() -> None:
     # b would fit the 4 free pages right now, but must not overtake a
     assert table.lease(b, 2.0) == [LeaseQueued(b, 1, 4 * PAGE)]
     assert table.lease(c, 3.0) == [LeaseQueued(c, 2, 4 * PAGE)]
-    assert [q.request_id for q in table.stats().queued] == [a.request_id, b.request_id, c.request_id]
+    assert [q.request.request_id for q in table.stats().queued] == [a.request_id, b.request_id, c.request_id]
     events = table.release(big.ring_id, 1, QUIESCED, 4.0)
     kinds = [type(e) for e in events]
     assert kinds == [RingReleased, RingReclaimed, RingLeased, RingLeased, RingLeased]

@@ -83,7 +83,7 @@ def test_random_sequences_never_overlap_and_fully_coalesce(ops: list[tuple]) -> 
                 table.release(lease.ring_id, lease.owner, ReleaseProof.QUIESCED, now, when_detached=step[2])
             elif kind == "cancel" and queued:
                 q = queued[step[1] % len(queued)]
-                table.cancel(q.request_id, q.holder_id, now)
+                table.cancel(q.request.request_id, q.request.holder_id, now)
             elif kind == "attach" and leases:
                 table.attach(leases[step[1] % len(leases)].ring_id, step[2], 1)
             elif kind == "detach" and leases:
@@ -102,7 +102,7 @@ def test_random_sequences_never_overlap_and_fully_coalesce(ops: list[tuple]) -> 
     # release everything: empty the queue from its tail (so nothing drains meanwhile), then
     # detach every holder and release every ring whose owner still holds it
     while queued := table.stats().queued:
-        table.cancel(queued[-1].request_id, queued[-1].holder_id, now)
+        table.cancel(queued[-1].request.request_id, queued[-1].request.holder_id, now)
     for lease in table.leases():
         for h in list(lease.attached):
             table.detach(lease.ring_id, h, DetachProof.RING_QUIESCED, now)

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGUFReader
 
 from swactor.distribution import fetcher
-from swactor.distribution.stagefetch import FetchProgress, FetchStarted
+from swactor.distribution.request import FetchProgress, FetchStarted
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 from .served import pool, serve

@@ -13,7 +13,6 @@ from typing import Any
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 from swactor.edgeend.establisher_shell import EstablisherShell
-from swactor.edgeend.ports import Leased
 from swactor.v1 import common_pb2 as pb
 
 
@@ -26,9 +25,9 @@ class SlowAttachArena:
         self.attach_may_finish = asyncio.Event()
         self.attached: set[int] = set()
 
-    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> Leased:
+    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> est.RingLeased:
         self.calls.append("lease")
-        return Leased(Layout(7, 0, 4096, 0, 256, 3840, 64))
+        return est.RingLeased(request_id, Layout(7, 0, 4096, 0, 256, 3840, 64))
 
     async def cancel(self, request_id: int) -> None:
         self.calls.append("cancel")

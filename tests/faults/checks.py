@@ -90,6 +90,7 @@ class FaultCheck:
     fault: str
     expect: Expect
     killed: tuple[str, ...] = ()  # services the fault kills: "h1/worker"
+    exits: tuple[str, ...] = ()  # services that must exit by design in reaction to it (see `exited`)
     test: str = ""
     row: Row = field(init=False)
     pids: dict[str, int] = field(init=False)
@@ -143,9 +144,22 @@ class FaultCheck:
     # ---- 3: survivors ----
 
     def survivors_alive(self) -> None:
-        died = [n for n, pid in self.pids.items() if n not in self.killed
+        died = [n for n, pid in self.pids.items() if n not in self.killed and n not in self.exits
                 and (self.pool.cluster.service(n).pid != pid or n in self.pool.dead_services())]
         assert not died, f"{self.fault}: surviving service(s) died or were restarted: {died}"
+
+    def exited(self, status: int, timeout_s: float = 30.0) -> None:
+        """Every service of `exits` ended by itself with `status` (its designed reaction, for the
+        service manager's Restart= to start it again)."""
+        def probe() -> None:
+            running = [n for n in self.exits if self.pool.cluster.service(n).exited() is None]
+            if running:
+                raise NotYet(f"still running: {running}")
+
+        wait_until(f"{self.fault}: {', '.join(self.exits)} exit", probe, timeout_s)
+        wrong = [self.pool.cluster.service(n).describe_exit() for n in self.exits
+                 if self.pool.cluster.service(n).exited() != status]
+        assert not wrong, f"{self.fault}: expected exit status {status}: " + "\n".join(wrong)
 
     # ---- 4: the next run ----
 

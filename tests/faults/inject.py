@@ -47,8 +47,13 @@ def kill_compute(pool: FaultPool, host: int) -> float:
 
 
 def kill_host(pool: FaultPool, host: int) -> float:
-    """SIGKILL every process of every service of the host at once (power lost)."""
-    return _sigkill_and_reap(pool.host_pids(host))
+    """SIGKILL every process of every service of the host at once (power lost): the services' main
+    processes in reverse start order, dependents first, then their children, so that none outlives
+    what it watches long enough to report it (signalled arena-first, the worker heard its arena die
+    and faulted the run ARENA before its own SIGKILL)."""
+    mains = {s.pid for s in pool.cluster.services}
+    pids = pool.host_pids(host)
+    return _sigkill_and_reap([p for p in reversed(pids) if p in mains] + [p for p in pids if p not in mains])
 
 
 # ---- nft inside a host's namespace ----

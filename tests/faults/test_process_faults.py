@@ -7,8 +7,11 @@ import time
 
 import pytest
 
+from swactor.arena.client import EXIT_ARENA_LOST
+from swactor.localcluster import ready as cready
 from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
 from swactor.v1 import common_pb2 as pb
+from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
 from tests.faults.checks import C, FaultCheck, expect
@@ -38,19 +41,21 @@ def test_sigkill_compute_process(pool: FaultPool, request: pytest.FixtureRequest
     check.next_run(restart=lambda: wait_until("node available again", lambda: available_since(pool, t), 90))
 
 
-@pytest.mark.xfail(strict=True, reason="the edge-driver keeps pumping the dead worker's rings: nobody stops edges "
-                                       "whose owner died, so their rings stay attached, hence leased, after the worker "
-                                       "restarted (needs the driver to stop edges of a gone owner; not item 1)")
 def test_sigkill_worker_service(pool: FaultPool, request: pytest.FixtureRequest) -> None:
+    # Two first detectors: the orchestrator's WatchStage to the dead worker breaks, and h1's edge driver
+    # stops the dead worker's edges at once (their owner is gone), which a neighbour stage's pump sees
+    # as its peer stopping the stream.
     check = FaultCheck(pool, "SIGKILL worker service (interior)",
-                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR)),
+                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR),
+                              (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER)),
                        killed=("h1/worker",), test=request.node.nodeid)
     run = decoding(pool)
     check.outcome(run, inject.kill_service(pool, "h1/worker"))
     check.no_leases((0, 2))
     check.survivors_alive()
-    # h1's compute process outlives its worker until the service manager stops the unit's group
-    # (KillMode=control-group): its leases go with that restart.
+    # h1's edge driver stopped the dead worker's edges (their owner's WatchEdges stream ended) and
+    # dropped its ring holds; h1's compute process outlives its worker until the service manager stops
+    # the unit's group (KillMode=control-group): the worker's leases go with that restart.
     check.restart_killed()
     check.no_leases((0, 1, 2))
     check.next_run()
@@ -68,15 +73,13 @@ def test_sigkill_edge_driver(pool: FaultPool, request: pytest.FixtureRequest) ->
     check.next_run(restart=check.restart_killed)
 
 
-@pytest.mark.xfail(strict=True, reason="the node does not notice its arena-manager died: the data path runs on in "
-                                       "shared memory and the run completes, teardown releases into a dead arena "
-                                       "(needs the worker / edge-driver to report the node unavailable when their "
-                                       "arena connection ends; not item 1)")
 def test_sigkill_arena_manager(pool: FaultPool, request: pytest.FixtureRequest) -> None:
+    # The worker and the edge driver hear the arena's hand-out connection end: the stage faults naming
+    # the arena, tears down, the node is withdrawn, then both exit EX_TEMPFAIL for their service manager
+    # to start them on the new arena (docs/faults.md).
     check = FaultCheck(pool, "SIGKILL arena-manager (interior)",
-                       expect((pb.RUN_FAULT_MEMBERSHIP_LOST, C.COMPONENT_MEMBERSHIP),
-                              (pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR)),
-                       killed=("h1/arena",), test=request.node.nodeid)
+                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ARENA), detail_has="ArenaManager.Gone"),
+                       killed=("h1/arena",), exits=("h1/worker", "h1/edge"), test=request.node.nodeid)
     run = decoding(pool)
     t = inject.kill_service(pool, "h1/arena")
     try:
@@ -85,7 +88,20 @@ def test_sigkill_arena_manager(pool: FaultPool, request: pytest.FixtureRequest) 
         pool.stop_run(run.run_id, "fault suite: arena test cleanup")
     check.no_leases((0, 2))
     check.survivors_alive()
-    check.next_run(restart=check.restart_killed)  # the arena, then what Requires= it: the whole host
+    check.exited(EXIT_ARENA_LOST)
+    assert node_state(pool, INTERIOR) == mpb.NODE_STATE_FAULTED, "the node stayed Available without its arena"
+
+    def restart() -> None:  # Restart= of each unit that ended: the arena first, then what Requires= it
+        for name in ("h1/arena", "h1/edge", "h1/worker"):
+            pool.restart(name)
+
+    check.next_run(restart=restart)
+
+
+def node_state(pool: FaultPool, host: int) -> int:
+    """The host's own state in its membership service."""
+    me = next(m for m in cready.members(pool.hosts[host].sock("membership")) if m.is_self)
+    return me.metadata.state
 
 
 def test_sigkill_membership(pool: FaultPool, request: pytest.FixtureRequest) -> None:

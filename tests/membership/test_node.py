@@ -105,15 +105,15 @@ def test_set_local_state_gossips_and_emits_a_self_event() -> None:
         node = make(engine)
         await node.start()
         sub = node.subscribe()
-        rec = await node.set_local_state(pb.NODE_STATE_AVAILABLE, edge_endpoint="10.0.0.1:4433",
-                                         stage_memory_bytes=3 << 30)
+        rec = await node.set_local_state(pb.SetLocalStateRequest(
+            state=pb.NODE_STATE_AVAILABLE, edge_endpoint="10.0.0.1:4433", stage_memory_bytes=3 << 30))
         assert rec.is_self and rec.member.incarnation == 1
         assert engine.local_member.meta["st"] == "available"
         assert engine.local_member.meta["edge"] == "10.0.0.1:4433" and engine.local_member.meta["mem"] == str(3 << 30)
         ev = await _next(sub.queue)
         assert ev.kind is ViewEventKind.METADATA_CHANGED and ev.record.is_self
         # Setting the same state again changes nothing and gossips nothing.
-        await node.set_local_state(pb.NODE_STATE_AVAILABLE)
+        await node.set_local_state(pb.SetLocalStateRequest(state=pb.NODE_STATE_AVAILABLE))
         assert engine.local_member.incarnation == 1 and sub.queue.empty()
         await node.stop(graceful=False)
         assert "leave" not in engine.calls
@@ -136,7 +136,7 @@ def test_bad_local_state_requests_are_refused_by_name(state: int, reason: str, k
         node = make(engine)
         await node.start()
         with pytest.raises(ValueError, match=match):
-            await node.set_local_state(state, reason, **kw)
+            await node.set_local_state(pb.SetLocalStateRequest(state=state, reason=reason, **kw))
         assert engine.local_member.incarnation == 0
         await node.stop(graceful=False)
 

@@ -83,6 +83,9 @@ class DriverPortAdapter:
     async def healthy(self) -> bool:
         return True
 
+    def for_new_owner(self) -> Any:
+        return self  # in-process: nothing outlives the test's own teardown
+
 
 async def start_drivers(tmp: Path, node_ids: list[int], arena: Any) -> dict[int, DriverPortAdapter]:
     peers_file = tmp / "peers.toml"

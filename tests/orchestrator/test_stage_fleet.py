@@ -154,9 +154,25 @@ def test_unreachable_node_is_node_unavailable() -> None:
                         sampling=SamplingPolicy(), orchestrator_node_id=ORCH)
         stage = plan.stages[0]
         unreachable = dataclasses.replace(stage, node=dataclasses.replace(stage.node, control_endpoint="127.0.0.1:1"))
-        fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda p, r: Path("/m.gguf"), call_timeout_s=3)
+        made, closed = [], []
+
+        def channels(stage):
+            ch = mtls_channels(SECRET, ORCH)(stage)
+            made.append(ch)
+            close = ch.close
+
+            async def tracked_close(grace=None):
+                closed.append(ch)
+                await close(grace)
+
+            ch.close = tracked_close
+            return ch
+
+        fleet = StageControlFleet(channels, lambda p, r: Path("/m.gguf"), call_timeout_s=3)
         with pytest.raises(FleetError) as err:
             await fleet.provision(plan, unreachable, lambda inp: None)
+        # no watch will ever close it: a channel kept would reconnect when the node is back, and hold that
+        assert made and closed == made
         return err.value
 
     err = asyncio.run(main())

@@ -89,7 +89,7 @@ def test_a_driver_that_raises_still_stops_every_stage_and_closes_the_endpoints(t
     assert kinds.count("RUN_FAULTED") == 1 and kinds[-1] == "RUN_TORN_DOWN"
     assert kinds.count("STOP_RUN_SENT") == 2 and kinds.count("STAGE_STOPPED") == 2
     assert store.events(77, K.RUN_TORN_DOWN)[0].reason == ""
-    assert handle.updates[-1].finished.reason == "RUN_FAULT_ORCHESTRATOR_INTERNAL"
+    assert handle.updates.items[-1].finished.reason == "RUN_FAULT_ORCHESTRATOR_INTERNAL"
 
 
 def test_a_driver_that_raises_names_what_its_teardown_could_not_confirm(tmp_path: Path) -> None:

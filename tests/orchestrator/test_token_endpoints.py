@@ -97,10 +97,11 @@ def test_token_edges_lease_install_establish_carry_tokens_and_tear_down_in_order
 
 class RejectingArena(node_fakes.FakeArenaPort):
     async def lease(self, request_id, edge_id, direction, ring_spec):
-        from swactor.edgeend.ports import Rejected
+        from swactor.edgeend.establisher import RingLeaseRejected
 
         self.calls.append(("lease", edge_id))
-        return Rejected(arena_pb2.LEASE_REJECT_EXCEEDS_CEILING, "ring of 4 MiB exceeds the 1 MiB ceiling")
+        return RingLeaseRejected(request_id, arena_pb2.LEASE_REJECT_EXCEEDS_CEILING,
+                                 "ring of 4 MiB exceeds the 1 MiB ceiling")
 
 
 def test_lease_rejection_is_an_endpoint_fault_by_name() -> None:
@@ -165,3 +166,23 @@ def test_unreachable_local_services_refuse_by_name() -> None:
 
     err = asyncio.run(main())
     assert err.reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED and "arena-fd.sock" in err.detail
+
+
+def test_factory_connects_again_after_the_arena_is_lost() -> None:
+    arena = harness.Arena()
+    made: list[int] = []
+
+    async def connect():
+        made.append(1)
+        return node_fakes.FakeArenaPort(arena), node_fakes.FakeDriverPort(), arena.arena
+
+    async def main():
+        factory = token_endpoints.RingEndpointFactory(connect)
+        for forget in (False, True, False):
+            if forget:
+                factory.forget("arena-manager (pid 9) closed the hand-out connection")
+            ep = await factory.open(make_plan(), lambda inp: None)
+            await ep.close()
+        assert len(made) == 2  # once at first use, once after the arena was lost
+
+    asyncio.run(main())

@@ -28,11 +28,9 @@ class QueuedForeverArena(node_fakes.FakeArenaPort):
         self.cancelled = asyncio.Event()
 
     async def lease(self, request_id, edge_id, direction, ring_spec):  # type: ignore[no-untyped-def]
-        from swactor.edgeend.ports import Cancelled
-
         self.calls.append(("lease", edge_id))
         await self.cancelled.wait()
-        return Cancelled()
+        return None  # cancelled
 
     async def cancel(self, request_id: int) -> None:
         await super().cancel(request_id)

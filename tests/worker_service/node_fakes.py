@@ -8,7 +8,6 @@ from typing import Any
 
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
-from swactor.edgeend.ports import Leased
 from swactor.v1 import common_pb2
 from swactor.worker.ctl_fsm import CtlState
 from swactor.worker.process import wire
@@ -26,12 +25,12 @@ class FakeArenaPort:
         self.calls: list[tuple[str, int]] = []
         self._next_ring = 1000
 
-    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> Leased:
+    async def lease(self, request_id: int, edge_id: int, direction: str, ring_spec: Any) -> est.RingLeased:
         self.calls.append(("lease", edge_id))
         if self.arena is not None:
-            return Leased(self.arena.ring(int(ring_spec.data_capacity), int(ring_spec.alignment) or 64))
+            return est.RingLeased(request_id, self.arena.ring(int(ring_spec.data_capacity), int(ring_spec.alignment) or 64))
         self._next_ring += 1
-        return Leased(Layout(self._next_ring, 0, 4096, 0, 256, 3840, 64))
+        return est.RingLeased(request_id, Layout(self._next_ring, 0, 4096, 0, 256, 3840, 64))
 
     async def cancel(self, request_id: int) -> None:
         self.calls.append(("cancel", request_id))
@@ -75,6 +74,9 @@ class FakeDriverPort:
 
     async def healthy(self) -> bool:
         return True
+
+    def for_new_owner(self) -> Any:
+        return self  # in-process: nothing outlives the test's own teardown
 
 
 class FakeMembership:

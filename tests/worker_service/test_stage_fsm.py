@@ -220,14 +220,14 @@ def test_weights_are_fetched_before_the_role_is_configured() -> None:
     actions = c.handle(s.Provision(p))
     assert s.FetchWeights(p.fetch) in actions
     assert not [a for a in actions if isinstance(a, s.ToWorker)]
-    assert kinds(c.handle(s.WeightsFetchStarted(900, 100))) == ["WEIGHTS_DOWNLOAD_STARTED"]
-    [ev] = c.handle(s.WeightsFetchProgress(500, 900, 4000, 0.1))
+    assert kinds(c.handle(s.FetchStarted(900, 100))) == ["WEIGHTS_DOWNLOAD_STARTED"]
+    [ev] = c.handle(s.FetchProgress(500, 900, 4000, 0.1))
     assert ev.event.kind == common_pb2.WEIGHTS_DOWNLOAD_PROGRESS and dict(ev.event.counters) == {
         "bytes_done": 500, "bytes_total": 900, "rate_bps": 4000, "eta_ms": 100}
     actions = c.handle(s.WeightsFetched("/cache/a.gguf", 900, 800, 1.5))
     assert kinds(actions) == ["WEIGHTS_DOWNLOADED"]
     assert s.ToWorker(wire.ConfigureRole(9, {"kind": "llama_stage", "gguf_path": "/cache/a.gguf"})) in actions
-    assert c.handle(s.WeightsFetchProgress(900, 900, 1, 0.0)) == []  # late progress of a finished fetch
+    assert c.handle(s.FetchProgress(900, 900, 1, 0.0)) == []  # late progress of a finished fetch
     assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"]
 
 

@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 DEFAULT_SOCKET = sockets.ARENA
 DEFAULT_FD_SOCKET = sockets.ARENA_FD
+
+# The exit status of a service that retires because its arena-manager is gone (ArenaHold.on_end):
+# non-zero, so that the service manager's Restart=on-failure starts it again on the new arena.
+EXIT_ARENA_LOST = os.EX_TEMPFAIL
 
 QUIESCED = arena_pb2.RELEASE_PROOF_QUIESCED
 NEVER_INSTALLED = arena_pb2.RELEASE_PROOF_NEVER_INSTALLED
@@ -77,6 +81,7 @@ class ArenaHold:
     arena_pid: int
     _sock: socket.socket = field(repr=False)
     _arena: swactor_ring.Arena | None = field(default=None, repr=False)
+    _end_loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # on_end's watcher
 
     def map(self) -> swactor_ring.Arena:
         """The whole arena mapped once (MAP_SHARED) through ring-rs; cached."""
@@ -99,9 +104,37 @@ class ArenaHold:
     def closed(self) -> bool:
         return self._sock.fileno() < 0
 
+    def on_end(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(detail)` once, on the running loop, when the arena-manager's end of the
+        hand-out connection closes: the arena-manager that owns this memfd is gone (a new one hands
+        out a new memfd, with new holder ids). Holders send nothing and the arena-manager sends
+        nothing after the hand-out, so any readable state but data is the end."""
+        loop = asyncio.get_running_loop()
+        fd = self._sock.fileno()
+
+        def readable() -> None:
+            try:
+                data = self._sock.recv(256, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError as e:
+                data, why = b"", f"hand-out connection failed: {e}"
+            else:
+                why = f"arena-manager (pid {self.arena_pid}) closed the hand-out connection"
+            if data:
+                return  # not part of the protocol; ignore rather than guess
+            loop.remove_reader(fd)
+            self._end_loop = None
+            callback(why)
+
+        loop.add_reader(fd, readable)
+        self._end_loop = loop
+
     def close(self) -> None:
         """End the holder connection and close the memfd (an existing mapping stays valid)."""
         if not self.closed:
+            if self._end_loop is not None and not self._end_loop.is_closed():
+                self._end_loop.remove_reader(self._sock.fileno())
             self._sock.close()
             os.close(self.fd)
 

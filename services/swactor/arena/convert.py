@@ -8,7 +8,7 @@ from swactor.arena.model import (
     LeaseInfo,
     LeaseQueued,
     LeaseRejected,
-    QueuedInfo,
+    Pending,
     RingLeased,
     RingRequest,
     Stats,
@@ -57,13 +57,14 @@ def lease_update(ev: LeaseQueued | RingLeased | LeaseRejected | LeaseCancelled) 
 
 
 def _lease_info(info: LeaseInfo) -> arena_pb2.ArenaLeaseInfo:
+    r = info.request
     return arena_pb2.ArenaLeaseInfo(
         ring_id=info.ring_id,
-        request_id=info.request_id,
-        requester=info.requester,
-        edge_id=info.edge_id,
-        direction=info.direction,
-        owner_holder_id=info.owner_holder_id,
+        request_id=r.request_id,
+        requester=r.requester,
+        edge_id=r.edge_id,
+        direction=r.direction,
+        owner_holder_id=r.holder_id,
         owner_pid=info.owner_pid,
         owner_holds=info.owner_holds,
         attached_holder_ids=list(info.attached_holder_ids),
@@ -71,14 +72,9 @@ def _lease_info(info: LeaseInfo) -> arena_pb2.ArenaLeaseInfo:
     )
 
 
-def _queued(q: QueuedInfo, now: float) -> arena_pb2.ArenaQueuedLease:
+def _queued(q: Pending, now: float) -> arena_pb2.ArenaQueuedLease:
     return arena_pb2.ArenaQueuedLease(
-        request_id=q.request_id,
-        requester=q.requester,
-        edge_id=q.edge_id,
-        holder_id=q.holder_id,
-        needed_bytes=q.needed,
-        queued_seconds=max(0.0, now - q.queued_at),
+        **q.request.identity(), needed_bytes=q.needed, queued_seconds=max(0.0, now - q.queued_at)
     )
 
 

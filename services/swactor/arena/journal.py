@@ -21,13 +21,7 @@ def log() -> structlog.typing.FilteringBoundLogger:
 
 
 def _ids(req: model.RingRequest, ring_id: int = 0) -> dict[str, Any]:
-    return {
-        "ring_id": ring_id,
-        "edge_id": req.edge_id,
-        "requester": req.requester,
-        "request_id": req.request_id,
-        "holder_id": req.holder_id,
-    }
+    return {"ring_id": ring_id, **req.identity()}
 
 
 def emit(ev: model.Event) -> None:

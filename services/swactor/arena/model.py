@@ -80,6 +80,11 @@ class RingRequest:
     wake_coalescing: int = 0
     prefault: bool = False
 
+    def identity(self) -> dict[str, int | str]:
+        """The fields that name the request wherever it is reported (log events, Stats' queued leases)."""
+        return {"edge_id": self.edge_id, "requester": self.requester, "request_id": self.request_id,
+                "holder_id": self.holder_id}
+
 
 @dataclass(slots=True)
 class Lease:
@@ -100,7 +105,7 @@ class Lease:
         return self.request.holder_id
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Pending:
     request: RingRequest
     needed: int  # page-rounded range length
@@ -117,79 +122,83 @@ class Holder:
 
 
 # ---- events: what a call on the table did, in order ----
+# Each lists what it is about first: the lease request (and its ring, once leased), or the holder.
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseQueued:
+class _OfRequest:
     request: RingRequest
+
+
+@dataclass(frozen=True, slots=True)
+class _OfLease(_OfRequest):
+    ring_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _OfHolder:
+    holder: Holder
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseQueued(_OfRequest):
     position: int  # 0 = head of the queue
     needed: int
 
 
 @dataclass(frozen=True, slots=True)
-class RingLeased:
-    request: RingRequest
+class RingLeased(_OfRequest):
     layout: Layout
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseRejected:
-    request: RingRequest
+class LeaseRejected(_OfRequest):
     reason: RejectReason
     detail: str
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseCancelled:
-    request: RingRequest
+class LeaseCancelled(_OfRequest):
     reason: CancelReason
 
 
 @dataclass(frozen=True, slots=True)
-class RingReleased:
-    request: RingRequest
-    ring_id: int
+class RingReleased(_OfLease):
     proof: ReleaseProof
     deferred: bool = False  # holders still attached: the last detach reclaims the range
 
 
 @dataclass(frozen=True, slots=True)
-class RingReclaimed:
-    request: RingRequest
-    ring_id: int
+class RingReclaimed(_OfLease):
     range: Range
     cause: ReclaimCause
 
 
 @dataclass(frozen=True, slots=True)
-class RingAttached:
-    request: RingRequest
-    ring_id: int
+class RingAttached(_OfLease):
     holder_id: int
     role: AttachRole
 
 
 @dataclass(frozen=True, slots=True)
-class RingDetached:
-    request: RingRequest
-    ring_id: int
+class RingDetached(_OfLease):
     holder_id: int
     proof: DetachProof | None  # None: the holder's process exited
 
 
 @dataclass(frozen=True, slots=True)
-class HolderJoined:
-    holder: Holder
+class HolderJoined(_OfHolder):
+    """A process took the arena from the fd hand-out server."""
 
 
 @dataclass(frozen=True, slots=True)
-class HolderDisconnected:
-    holder: Holder
+class HolderDisconnected(_OfHolder):
+    """Its connection closed but its process may still map the arena: it keeps every hold it has."""
 
 
 @dataclass(frozen=True, slots=True)
-class HolderGone:
-    holder: Holder
+class HolderGone(_OfHolder):
+    """Its process exited: it dropped all it held."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,28 +226,15 @@ Event = (
 
 @dataclass(frozen=True, slots=True)
 class LeaseInfo:
+    """A lease as it stands now (Lease itself changes as holders attach and leave)."""
+
+    request: RingRequest  # its holder_id is the owner's
     ring_id: int
-    request_id: int
-    requester: str
-    edge_id: int
-    direction: int
-    owner_holder_id: int
     owner_pid: int
     owner_holds: bool
     attached_holder_ids: tuple[int, ...]
     layout: Layout
     range_length: int
-
-
-@dataclass(frozen=True, slots=True)
-class QueuedInfo:
-    request_id: int
-    requester: str
-    edge_id: int
-    holder_id: int
-    needed: int
-    range_alignment: int
-    queued_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,5 +246,5 @@ class Stats:
     largest_free_range: int
     free_ranges: int
     leases: tuple[LeaseInfo, ...]
-    queued: tuple[QueuedInfo, ...]
+    queued: tuple[Pending, ...]
     holders: tuple[Holder, ...]

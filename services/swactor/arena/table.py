@@ -39,7 +39,6 @@ from swactor.arena.model import (
     LeaseQueued,
     LeaseRejected,
     Pending,
-    QueuedInfo,
     ReclaimCause,
     RejectReason,
     ReleaseProof,
@@ -368,12 +367,8 @@ class LeaseTable:
         free = self._free.free_bytes
         leases = tuple(
             LeaseInfo(
+                request=lease.request,
                 ring_id=lease.ring_id,
-                request_id=lease.request.request_id,
-                requester=lease.request.requester,
-                edge_id=lease.request.edge_id,
-                direction=lease.request.direction,
-                owner_holder_id=lease.owner,
                 owner_pid=h.pid if (h := self._holders.get(lease.owner)) else 0,
                 owner_holds=lease.owner_holds,
                 attached_holder_ids=tuple(sorted(lease.attached)),
@@ -382,18 +377,7 @@ class LeaseTable:
             )
             for lease in self.leases()
         )
-        queued = tuple(
-            QueuedInfo(
-                p.request.request_id,
-                p.request.requester,
-                p.request.edge_id,
-                p.request.holder_id,
-                p.needed,
-                p.range_alignment,
-                p.queued_at,
-            )
-            for p in self._queue
-        )
+        queued = tuple(self._queue)  # frozen: the queue's entries are their own snapshot
         return Stats(
             state=self.state,
             ceiling=self.ceiling,

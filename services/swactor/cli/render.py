@@ -79,18 +79,15 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     return lines
 
 
+# The identities an event line shows (when the event has them), as field -> label.
+_EVENT_IDS = (("node_id", "node"), ("stage_index", "stage"), ("edge_id", "edge"), ("worker_generation", "gen"),
+              ("sequence", "seq"))
+
+
 def event_line(ev: pb.LifecycleEvent) -> str:
     parts = [when(ev.time_us), pb.LifecycleEventKind.Name(ev.kind).lower()]
-    if ev.node_id:
-        parts.append(f"node={ev.node_id}")
-    if ev.HasField("stage_index"):
-        parts.append(f"stage={ev.stage_index}")
-    if ev.edge_id:
-        parts.append(f"edge={ev.edge_id}")
-    if ev.worker_generation:
-        parts.append(f"gen={ev.worker_generation}")
-    if ev.HasField("sequence"):
-        parts.append(f"seq={ev.sequence}")
+    present = {f.name for f, _ in ev.ListFields()}  # set optionals, non-zero scalars
+    parts += [f"{label}={getattr(ev, name)}" for name, label in _EVENT_IDS if name in present]
     if ev.reason:
         parts.append(f"reason={ev.reason} by={_short(pb.Component.Name(ev.component), 'COMPONENT_')}")
     parts.extend(f"{k}={v}" for k, v in sorted(ev.counters.items()))

@@ -1,23 +1,43 @@
 """gRPC glue: Unix-socket and TCP listeners with reflection and health on every server; the channel of
-a client of a local service."""
+a client of a local service; ending a response stream read only in part."""
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 SWACTOR_GROUP = "swactor"
+T = TypeVar("T")
 
 
 def unix_target(path: Path) -> str:
     return f"unix:{path}"
+
+
+@contextlib.asynccontextmanager
+async def response_stream(call: Any) -> AsyncIterator[AsyncIterator[Any]]:
+    """The messages of a grpc.aio response-streaming `call`, which is cancelled and its iterator closed
+    on leaving, also when the caller stopped reading before the end.
+
+    Why: grpc.aio's iterator is an async generator that references its call, and the call it: left
+    suspended (a `return` or `break` inside `async for`, an exception), the pair is freed only by a
+    cyclic garbage collection, and until then the call pins its connection open, even after
+    `channel.close()`. The orchestrator's per-run WatchStage streams leaked one TCP connection per
+    stage and run that way (docs/faults.md, load)."""
+    messages = call.__aiter__()
+    try:
+        yield messages
+    finally:
+        call.cancel()  # a no-op once the call is done
+        await messages.aclose()
 
 
 class LocalClient:

@@ -14,12 +14,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from swactor.common.reasons import NamedReason
 from swactor.distribution import fetcher
 from swactor.distribution.cache import CacheEntry, is_disk_full, punch_hole
+from swactor.distribution.request import FetchProgress
 from swactor.modelfile.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -33,14 +33,6 @@ RECORD_EVERY_BYTES = 8 << 20
 
 class FetchFailed(NamedReason):
     """A stage's fetch failed; `reason` is a fetcher reason or one of this module's."""
-
-
-@dataclass(frozen=True)
-class FetchProgress:
-    bytes_done: int
-    bytes_total: int
-    rate_bps: int
-    eta_s: float
 
 
 def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[int]]]:

@@ -1,4 +1,5 @@
-"""What a stage asks the weights cache for (plain data: the StageController core imports it)."""
+"""What a stage asks the weights cache for, and what the fetch reports while it runs (plain data: the
+StageController core imports it; the reports are its inputs as they are)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,17 @@ class FetchRequest:
     num_layers: int
     # The TLS name the server must present (the model server: orchestrator-<id>.swactor).
     tls_name: str = ""
+
+
+@dataclass(frozen=True)
+class FetchStarted:
+    bytes_total: int   # the stage's header + tensor bytes
+    bytes_cached: int  # already held and verified when the fetch started
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    bytes_done: int
+    bytes_total: int
+    rate_bps: int
+    eta_s: float

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from swactor.common.events import get_logger
 from swactor.distribution import fetcher
 from swactor.distribution.cache import CacheEntry, CacheFull, WeightsCache, is_disk_full
-from swactor.distribution.job import FetchFailed, FetchProgress, Job, Meter
-from swactor.distribution.request import FetchRequest
+from swactor.distribution.job import FetchFailed, Job, Meter
+from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
 from swactor.modelfile import support
 from swactor.modelfile.header import GgufFormatError, parse_header
 from swactor.modelfile.manifest import Manifest, ManifestError
@@ -29,12 +29,6 @@ from swactor.modelfile.manifest import Manifest, ManifestError
 MANIFEST_LIMIT = 256 << 20
 
 # FetchFailed.reason values beyond fetcher's: ChecksumMismatch, ManifestMismatch, DiskFull, CacheFull, MalformedGGUF.
-
-
-@dataclass(frozen=True)
-class FetchStarted:
-    bytes_total: int   # the stage's header + tensor bytes
-    bytes_cached: int  # already held and verified when the fetch started
 
 
 @dataclass(frozen=True)

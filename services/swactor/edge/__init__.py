@@ -8,11 +8,14 @@ One concern per module. The I/O-free core (time passed in, tested linked in memo
   rendezvous  §25 spec/stream rendezvous      preamble   uni-stream edge_id preamble
   credit      receive-credit policy           objtap     per-object timing tap
   timingflush ObjectTimings batches from the taps
+  owners      which local process owns each edge; an owner whose last WatchEdges stream ended is gone
 The shell (sockets, timers, the event loop):
   driver      asyncio shell: requests, ring wakes, QUIC events into the table, its outputs out
   watchers    WatchEdges fan-out              status     GetStatus, systemd STATUS=
   endpoint    the one UDP socket, CID demux, connection cache, dialing
-  admission   which datagrams may start a connection
+  admission   which datagrams may start a connection (pure)      ratelimit  token bucket, time passed in
+  guard       admission's timers: refusal summaries, flood mode
+  retry_token QUIC Retry tokens (stateless address validation)   sockfilter BPF filter dropping Initial floods
   connection  one QUIC connection: timers, keepalive, events; the StreamPort over aioquic
   quic_conn   aioquic connection: ring-driven credit, bounded send queue, pinned mutual TLS,
               multi-frame packets (the one module on aioquic's private API)

@@ -3,7 +3,11 @@
 The table (table.py) and its pumps decide; this module does the I/O around them:
 
 * requests from the gRPC servicer: open the edge's ring (RingSource), dial the peer (Endpoint),
-  StopEdge (release the rings it stopped);
+  StopEdge (release the rings it stopped); an owner's last WatchEdges stream ending stops every
+  edge it established (owners.py);
+* the host's arena-manager gone (its hand-out connection ended): no new edges; the driver
+  retires (`retired`, the service exits for its manager to restart it on the new arena) once its
+  owners stopped their edges, or after ARENA_LOST_GRACE_S;
 * the endpoint's ConnectionListener: QUIC stream events into the table, with the time;
 * ring wakes: every pumped ring's eventfd is on the loop; a wake is acked here, then goes to the
   table (RingReadable for a send pump, RingWritable for a recv pump);
@@ -28,6 +32,7 @@ from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnrea
 from swactor.edge.endpoint import Endpoint
 from swactor.edge.identity import EdgeIdentity
 from swactor.edge.objtap import ObjectTap
+from swactor.edge.owners import EdgeStopCause, OwnerStreams
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.ring_source import RingSource
 from swactor.edge.status import StatusNotifier, driver_status, status_line
@@ -38,6 +43,9 @@ from swactor.v1 import common_pb2, edge_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
 END_KINDS = frozenset({"closed", "fault", "pump_stopped"})
+# After the arena is gone, how long the owners have to stop their edges (their own §38 teardown)
+# before the driver stops what is left and retires.
+ARENA_LOST_GRACE_S = 10.0
 
 
 def _now_us() -> int:
@@ -63,6 +71,9 @@ class Driver:
         self.table = EdgeTable(rendezvous_timeout=config.rendezvous_timeout, stream_window=config.stream_window,
                                send_queue_limit=config.send_queue_limit)
         self.watchers = Watchers(node_id)
+        self.owners = OwnerStreams()
+        self.arena_gone: str | None = None  # why, once the arena-manager's hand-out connection ended
+        self.retired = asyncio.Event()  # arena gone and no edge left: the service should exit
         self.taps = TimingTaps(on_done=self._arm_flush)
         self._loop = asyncio.get_running_loop()
         self._status = StatusNotifier(self.status_line)
@@ -79,7 +90,7 @@ class Driver:
 
     async def close(self) -> None:
         for edge_id in {k[0] for k in self.table.edges}:
-            self.stop_edge(edge_id)
+            self.stop_edge(edge_id, cause=EdgeStopCause.DRIVER_CLOSING)
         for timer in (self._expiry, self._flush_timer):
             if timer is not None:
                 timer.cancel()
@@ -89,12 +100,11 @@ class Driver:
 
     # ---- requests (gRPC servicer) ----
 
-    async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object) -> None:
-        self.table.check_new(edge_id, ring_id, SEND)
-        if rx_node_id == 0:
-            raise EdgeError("rx_node_id must be set")
+    async def establish_send(self, edge_id: int, rx_node_id: int, ring_id: int, layout: object,
+                             owner_id: int = 0) -> None:
+        self._check_request(edge_id, ring_id, SEND, rx_node_id)
         ring = await self._open_ring(self.rings.open_consumer, edge_id, SEND, ring_id, layout)
-        rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, self._tap(edge_id, SEND, ring_id))
+        rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, self._tap(edge_id, SEND, ring_id), owner_id)
         self._watch_ring(rec)
         self._dials[(edge_id, SEND)] = asyncio.ensure_future(self._dial(rec))
         self._after()
@@ -112,19 +122,26 @@ class Driver:
             del self._dials[(rec.edge_id, SEND)]
         self._after()
 
-    async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object) -> None:
-        self.table.check_new(edge_id, ring_id, RECV)
-        if tx_node_id == 0:
-            raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
+    async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object,
+                             owner_id: int = 0) -> None:
+        self._check_request(edge_id, ring_id, RECV, tx_node_id)
         ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
         try:
             rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
-                                      self._loop.time(), _now_us())
+                                      self._loop.time(), _now_us(), owner_id)
         except EdgeError:
             ring.release()
             raise
         self._watch_ring(rec)
         self._after()
+
+    def _check_request(self, edge_id: int, ring_id: int, role: int, peer_node_id: int) -> None:
+        """Refused before the ring is opened: no arena, an end already established, or no peer named."""
+        self._check_arena()
+        self.table.check_new(edge_id, ring_id, role)
+        if peer_node_id == 0:
+            raise EdgeError("rx_node_id must be set" if role == SEND
+                            else "tx_node_id (the edge's planned producer node) must be set")
 
     async def _open_ring(self, open_end: Callable[[int, Any], Awaitable[Any]], edge_id: int, role: int,
                          ring_id: int, layout: object) -> Any:
@@ -135,26 +152,71 @@ class Driver:
             raise EdgeError(f"edge {edge_id}: cannot open {which} ring {ring_id}: {e}", "ring") from e
         try:
             self.table.check_new(edge_id, ring_id, role)  # a concurrent establish may have won meanwhile
+            self._check_arena()  # ... or the arena went away
         except EdgeError:
             ring.release()
             raise
         return ring
 
-    def stop_edge(self, edge_id: int, ring_id: int = 0) -> bool:
+    def _check_arena(self) -> None:
+        if self.arena_gone is not None:
+            raise EdgeError(f"the host's arena-manager is gone ({self.arena_gone}); this driver is retiring", "ring")
+
+    def stop_edge(self, edge_id: int, ring_id: int = 0, cause: EdgeStopCause = EdgeStopCause.STOP_EDGE) -> bool:
         """Stop the end of `edge_id` on `ring_id` (0: both ends this host has); False when it has none."""
-        recs = self.table.stop_edge(edge_id, ring_id)
+        recs = self.table.stop_edge(edge_id, ring_id, cause)
+        self._stopped(recs)
+        return bool(recs)
+
+    def _stopped(self, recs: list[EdgeRecord]) -> None:
         for rec in recs:
-            dial = self._dials.pop((edge_id, rec.role), None)
+            dial = self._dials.pop((rec.edge_id, rec.role), None)
             if dial is not None:
                 dial.cancel()
             self._unwatch_ring(rec)
             rec.pump.ring.release()  # the pump is Stopped: it never touches the ring again
         self._after()
-        return bool(recs)
+        if self.arena_gone is not None and not self.table.edges:
+            self.retired.set()
 
-    def watch(self, edge_ids: set[int], replay_current: bool, object_timings: bool = False) -> Watcher:
+    def watch(self, edge_ids: set[int], replay_current: bool, object_timings: bool = False,
+              owner_id: int = 0) -> Watcher:
         replay = [(r.last_event, r.edge_id) for r in self.table.edges.values() if r.last_event is not None]
-        return self.watchers.watch(edge_ids, replay if replay_current else [], object_timings)
+        watcher = self.watchers.watch(edge_ids, replay if replay_current else [], object_timings, owner_id)
+        self.owners.opened(owner_id)
+        return watcher
+
+    def unwatch(self, watcher: Watcher) -> None:
+        """A WatchEdges stream ended; its owner's last one: the owner is gone, so are its edges."""
+        self.watchers.discard(watcher)
+        if self.owners.closed(watcher.owner_id):
+            self.stop_owner(watcher.owner_id)
+
+    def stop_owner(self, owner_id: int) -> None:
+        keys = self.table.owned_by(owner_id)
+        # An owner that ended its last stream after a clean teardown has no edges left: not news.
+        (log.warning if keys else log.debug)("edge.owner_gone", owner_id=owner_id, edges=len(keys),
+                                              cause=EdgeStopCause.OWNER_GONE.value)
+        self._stopped([rec for edge_id, role in keys
+                       if (rec := self.table.stop_end(edge_id, role, EdgeStopCause.OWNER_GONE)) is not None])
+
+    # ---- the arena-manager gone ----
+
+    def arena_lost(self, detail: str) -> None:
+        """The arena's hand-out connection ended: every ring here belongs to a memfd nobody manages
+        any more, and a new arena-manager hands out a new one. Refuse new edges; let the owners tear
+        theirs down (they notice too), then retire."""
+        if self.arena_gone is not None:
+            return
+        self.arena_gone = detail
+        log.error("edge.arena_lost", detail=detail, edges=len(self.table.edges), cause=EdgeStopCause.ARENA_LOST.value)
+        self._loop.call_later(ARENA_LOST_GRACE_S, self._arena_grace_over)
+        self._stopped([])
+
+    def _arena_grace_over(self) -> None:
+        self._stopped([rec for key in list(self.table.edges)
+                       if (rec := self.table.stop_end(*key, EdgeStopCause.ARENA_LOST)) is not None])
+        self.retired.set()
 
     def status(self) -> edge_pb2.EdgeDriverStatus:
         return driver_status(self.node_id, self.identity.fingerprint, self.endpoint, self.table)

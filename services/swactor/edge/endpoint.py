@@ -24,6 +24,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from aioquic import tls
 from aioquic.quic.configuration import QuicConfiguration
@@ -45,34 +46,30 @@ CID_LEN = 8
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
 
 
+@dataclass(eq=False, kw_only=True)
 class Endpoint:
-    def __init__(
-        self,
-        *,
-        node_id: int,
-        identity: EdgeIdentity,
-        config: EdgeConfig,
-        directory: PeerDirectory,
-        listener: ConnectionListener,
-    ) -> None:
-        self.node_id = node_id
-        self.identity = identity
-        self.config = config
-        self.directory = directory
-        self.listener = listener
-        self.loop = asyncio.get_running_loop()
-        self.sock: socket.socket | None = None
-        self.address: tuple[str, int] | None = None
-        self._cids: dict[bytes, EdgeConnection] = {}
-        self._cache: dict[tuple[int, str], EdgeConnection] = {}
-        self._by_peer: dict[int, set[EdgeConnection]] = {}  # handshaken connections per peer node
-        self._dials: dict[int, asyncio.Task[EdgeConnection]] = {}
-        self.connections: set[EdgeConnection] = set()
-        self.send_errors = 0
+    node_id: int
+    identity: EdgeIdentity
+    config: EdgeConfig
+    directory: PeerDirectory
+    listener: ConnectionListener
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop, init=False)
+    sock: socket.socket | None = field(default=None, init=False)
+    address: tuple[str, int] | None = field(default=None, init=False)
+    _cids: dict[bytes, EdgeConnection] = field(default_factory=dict, init=False)
+    _cache: dict[tuple[int, str], EdgeConnection] = field(default_factory=dict, init=False)
+    _by_peer: dict[int, set[EdgeConnection]] = field(default_factory=dict, init=False)  # handshaken, per peer node
+    _dials: dict[int, asyncio.Task[EdgeConnection]] = field(default_factory=dict, init=False)
+    connections: set[EdgeConnection] = field(default_factory=set, init=False)
+    send_errors: int = field(default=0, init=False)
+    admission: ConnectionAdmission = field(init=False)
+    guard: AdmissionGuard = field(init=False)
+
+    def __post_init__(self) -> None:
         self.admission = ConnectionAdmission(
-            AdmissionLimits.of(config), QuicConfiguration(is_client=False).supported_versions,
-            now=self.loop.time(), is_member=directory.is_member_host)
-        self.guard = AdmissionGuard(self.admission, self.loop, config.refusal_log_interval, self._filter_target)
+            AdmissionLimits.of(self.config), QuicConfiguration(is_client=False).supported_versions,
+            now=self.loop.time(), is_member=self.directory.is_member_host)
+        self.guard = AdmissionGuard(self.admission, self.loop, self.config.refusal_log_interval, self._filter_target)
 
     # ---- socket ----
 

@@ -89,7 +89,7 @@ async def serve(cfg: EdgeConfig, stop: asyncio.Event) -> int:
     node_id = load_or_create_node_id(cfg.state_dir)
     # Before importing the driver modules: their module-level loggers bind the config at import.
     configure_logging("swactor-edge", node_id=node_id)
-    from swactor.arena.client import ArenaHandoutError, AsyncArenaClient, connect_holder
+    from swactor.arena.client import EXIT_ARENA_LOST, ArenaHandoutError, AsyncArenaClient, connect_holder
     from swactor.edge.driver import Driver
     from swactor.edge.peers import MembershipPeerDirectory, PeerDirectory, StaticPeerDirectory
     from swactor.edge.ring_source import ArenaRingSource
@@ -111,6 +111,7 @@ async def serve(cfg: EdgeConfig, stop: asyncio.Event) -> int:
     rings = ArenaRingSource(hold, AsyncArenaClient(hold, cfg.arena_socket))
     driver = Driver(node_id=node_id, config=cfg, identity=identity, directory=directory, rings=rings)
     host, port = driver.start()
+    hold.on_end(driver.arena_lost)  # the arena-manager died: retire once the owners stopped their edges
     advertise = cfg.advertise or f"{host}:{port}"
     wake = WakeFdServer(cfg.wake_socket, rings.wake)
     wake.start()
@@ -129,16 +130,22 @@ async def serve(cfg: EdgeConfig, stop: asyncio.Event) -> int:
     )
     notify_ready(f"endpoint {host}:{port}; {driver.status_line()}")
     start_watchdog()
-    await stop.wait()
-    notify_stopping("stopping")
-    log.info("edge.stopping")
+    retired = asyncio.ensure_future(driver.retired.wait())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([retired, stopping], return_when=asyncio.FIRST_COMPLETED)
+    retired.cancel()
+    stopping.cancel()
+    # Retired: our rings belong to a dead arena's memfd; the service manager restarts us on the new one.
+    rc = EXIT_ARENA_LOST if driver.retired.is_set() else 0
+    notify_stopping("arena-manager gone" if rc else "stopping")
+    log.info("edge.stopping", exit_status=rc, detail=driver.arena_gone or "")
     await server.stop(1.0)
     await driver.close()
     wake.close()
     await directory.close()
     await rings.close()
     hold.close()
-    return 0
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,12 @@ logged at debug level; the rest at info.
 from __future__ import annotations
 
 import enum
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.edge.objtap import ObjectTap
+from swactor.edge.streamport import StreamPort
 from swactor.v1 import common_pb2
 
 log = get_logger(component="COMPONENT_EDGE_DRIVER")
@@ -46,27 +49,48 @@ class SendState(enum.Enum):
     STOPPED = "Stopped"
 
 
+def _from_streaming(E: Any) -> dict[Any, frozenset[Any]]:
+    """The rows both directions share, from Streaming on (they name the same states in each enum)."""
+    return {
+        E.STREAMING: frozenset({E.BACKPRESSURED, E.CLOSED, E.FAULTED, E.STOPPED}),
+        E.BACKPRESSURED: frozenset({E.STREAMING, E.FAULTED, E.STOPPED}),
+        E.CLOSED: frozenset({E.STOPPED}),
+        E.FAULTED: frozenset({E.STOPPED}),
+        E.STOPPED: frozenset(),
+    }
+
+
+@dataclass(frozen=True)
+class PumpFsm:
+    """One direction's §25 FSM: its role name in logs, start state, transition table, end states."""
+
+    role: str  # "SEND" | "RECV"
+    initial: Any
+    transitions: dict[Any, frozenset[Any]]
+    terminal: frozenset[Any]
+    backpressured: Any
+
+
 R, S = RecvState, SendState
-RECV_TRANSITIONS: dict[RecvState, frozenset[RecvState]] = {
-    R.WAITING_FOR_SPEC_AND_STREAM: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.STREAMING: frozenset({R.BACKPRESSURED, R.CLOSED, R.FAULTED, R.STOPPED}),
-    R.BACKPRESSURED: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}),
-    R.CLOSED: frozenset({R.STOPPED}),
-    R.FAULTED: frozenset({R.STOPPED}),
-    R.STOPPED: frozenset(),
-}
-SEND_TRANSITIONS: dict[SendState, frozenset[SendState]] = {
-    S.WAITING_FOR_CONNECTION: frozenset({S.WAITING_FOR_BYTES, S.FAULTED, S.STOPPED}),
-    S.WAITING_FOR_BYTES: frozenset({S.OPEN_STREAM, S.CLOSED, S.FAULTED, S.STOPPED}),
-    S.OPEN_STREAM: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.STREAMING: frozenset({S.BACKPRESSURED, S.CLOSED, S.FAULTED, S.STOPPED}),
-    S.BACKPRESSURED: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
-    S.CLOSED: frozenset({S.STOPPED}),
-    S.FAULTED: frozenset({S.STOPPED}),
-    S.STOPPED: frozenset(),
-}
-RECV_TERMINAL = frozenset({R.CLOSED, R.FAULTED, R.STOPPED})
-SEND_TERMINAL = frozenset({S.CLOSED, S.FAULTED, S.STOPPED})
+RECV_FSM = PumpFsm(
+    role="RECV",
+    initial=R.WAITING_FOR_SPEC_AND_STREAM,
+    transitions={R.WAITING_FOR_SPEC_AND_STREAM: frozenset({R.STREAMING, R.FAULTED, R.STOPPED}), **_from_streaming(R)},
+    terminal=frozenset({R.CLOSED, R.FAULTED, R.STOPPED}),
+    backpressured=R.BACKPRESSURED,
+)
+SEND_FSM = PumpFsm(
+    role="SEND",
+    initial=S.WAITING_FOR_CONNECTION,
+    transitions={
+        S.WAITING_FOR_CONNECTION: frozenset({S.WAITING_FOR_BYTES, S.FAULTED, S.STOPPED}),
+        S.WAITING_FOR_BYTES: frozenset({S.OPEN_STREAM, S.CLOSED, S.FAULTED, S.STOPPED}),
+        S.OPEN_STREAM: frozenset({S.STREAMING, S.FAULTED, S.STOPPED}),
+        **_from_streaming(S),
+    },
+    terminal=frozenset({S.CLOSED, S.FAULTED, S.STOPPED}),
+    backpressured=S.BACKPRESSURED,
+)
 _FLAPS = frozenset({(R.STREAMING, R.BACKPRESSURED), (R.BACKPRESSURED, R.STREAMING),
                     (S.STREAMING, S.BACKPRESSURED), (S.BACKPRESSURED, S.STREAMING)})
 
@@ -78,38 +102,37 @@ class InvalidTransition(RuntimeError):
 
 
 class Pump:
-    """What both pumps share: identity, state, the fault that ended it, and `_set_state`."""
+    """What both pumps share: identity, state, the fault that ended it, `_set_state`, the QUIC
+    connection its stream is on (once there is one) and the per-object timing tap."""
 
-    ROLE: ClassVar[str]  # "SEND" | "RECV"
-    TRANSITIONS: ClassVar[dict[Any, frozenset[Any]]]
-    TERMINAL: ClassVar[frozenset[Any]]
-    BACKPRESSURED: ClassVar[Any]
-
-    def __init__(self, edge_id: int, ring_id: int, initial: enum.Enum) -> None:
+    def __init__(self, fsm: PumpFsm, edge_id: int, ring_id: int, tap: ObjectTap | None) -> None:
+        self.fsm = fsm
         self.edge_id = edge_id
         self.ring_id = ring_id
-        self.state: Any = initial  # the FSM's start; every later change goes through _set_state
+        self.tap = tap
+        self.conn: StreamPort | None = None
+        self.state: Any = fsm.initial  # the FSM's start; every later change goes through _set_state
         self.fault_reason = 0  # StreamFaultReason, set on the way into Faulted
         self.fault_detail = ""
         self.bytes = 0  # payload bytes moved (after the preamble)
         # Bound once: a pump lives as long as its edge, and a bound logger is cheap to call.
-        self._log = log.bind(edge_id=edge_id, ring_id=ring_id, role=self.ROLE)
+        self._log = log.bind(edge_id=edge_id, ring_id=ring_id, role=fsm.role)
 
     @property
     def done(self) -> bool:
-        return self.state in self.TERMINAL
+        return self.state in self.fsm.terminal
 
     @property
     def backpressured(self) -> bool:
-        return self.state is self.BACKPRESSURED
+        return self.state is self.fsm.backpressured
 
     def _set_state(self, new: Any, reason: int = 0, detail: str = "") -> None:
         """The one transition function: validate against the direction's table, record, log."""
         old = self.state
         if new is old:
             return
-        if new not in self.TRANSITIONS[old]:
-            raise InvalidTransition(self.ROLE, self.edge_id, old, new)
+        if new not in self.fsm.transitions[old]:
+            raise InvalidTransition(self.fsm.role, self.edge_id, old, new)
         self.state = new
         if reason:
             self.fault_reason, self.fault_detail = reason, detail

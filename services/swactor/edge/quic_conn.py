@@ -72,6 +72,15 @@ class _PinnedTls(tls.Context):
             raise tls.AlertBadCertificate("a client certificate is required")
 
 
+def _credit_frame(builder: QuicPacketBuilder, frame_type: int, capacity: int, on_delivery: Callable[..., None],
+                  limit: Any, *values: int) -> None:
+    """Write one credit frame (MAX_STREAM_DATA, MAX_DATA, MAX_STREAMS_*) as aioquic does: its values as
+    varints, and `on_delivery(delivery, limit)` when the packet carrying it is acknowledged or lost."""
+    buf = builder.start_frame(frame_type, capacity=capacity, handler=on_delivery, handler_args=(limit,))
+    for value in values:
+        buf.push_uint_var(value)
+
+
 class EdgeQuicConnection(QuicConnection):
     def __init__(
         self,
@@ -141,14 +150,8 @@ class EdgeQuicConnection(QuicConnection):
     def _write_stream_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream) -> None:
         # Unlike aioquic, never raise the limit here: only grant_stream_credit moves it.
         if stream.max_stream_data_local and stream.max_stream_data_local_sent != stream.max_stream_data_local:
-            buf = builder.start_frame(
-                QuicFrameType.MAX_STREAM_DATA,
-                capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
-                handler=self._on_max_stream_data_delivery,
-                handler_args=(stream,),
-            )
-            buf.push_uint_var(stream.stream_id)
-            buf.push_uint_var(stream.max_stream_data_local)
+            _credit_frame(builder, QuicFrameType.MAX_STREAM_DATA, MAX_STREAM_DATA_FRAME_CAPACITY,
+                          self._on_max_stream_data_delivery, stream, stream.stream_id, stream.max_stream_data_local)
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
@@ -159,13 +162,8 @@ class EdgeQuicConnection(QuicConnection):
             if limit is not max_data and limit.sent - limit.used >= limit.value - limit.sent:
                 continue  # batch MAX_STREAMS as aioquic does
             if limit.value != limit.sent:
-                buf = builder.start_frame(
-                    limit.frame_type,
-                    capacity=CONNECTION_LIMIT_FRAME_CAPACITY,
-                    handler=self._on_connection_limit_delivery,
-                    handler_args=(limit,),
-                )
-                buf.push_uint_var(limit.value)
+                _credit_frame(builder, limit.frame_type, CONNECTION_LIMIT_FRAME_CAPACITY,
+                              self._on_connection_limit_delivery, limit, limit.value)
                 limit.sent = limit.value
 
     # ---- sending ----

@@ -23,7 +23,7 @@ from swactor.common.ringerrors import RingBroken
 from swactor.common.ringport import ProducerEnd
 from swactor.edge import credit, preamble
 from swactor.edge.objtap import ObjectTap
-from swactor.edge.pumpstate import RECV_TERMINAL, RECV_TRANSITIONS, Pump, RecvState
+from swactor.edge.pumpstate import RECV_FSM, Pump, RecvState
 from swactor.edge.streamport import AppError, StreamPort
 from swactor.v1 import common_pb2
 
@@ -31,17 +31,10 @@ R = RecvState
 
 
 class RecvPump(Pump):
-    ROLE = "RECV"
-    TRANSITIONS = RECV_TRANSITIONS
-    TERMINAL = RECV_TERMINAL
-    BACKPRESSURED = R.BACKPRESSURED
-
     def __init__(self, *, edge_id: int, ring: ProducerEnd, window: int, tap: ObjectTap | None = None) -> None:
-        super().__init__(edge_id, ring.ring_id, R.WAITING_FOR_SPEC_AND_STREAM)
+        super().__init__(RECV_FSM, edge_id, ring.ring_id, tap)
         self.ring = ring
-        self.tap = tap
         self.window = max(1, min(window, ring.capacity))
-        self.conn: StreamPort | None = None
         self.stream_id = 0
         self.delivered = preamble.PREAMBLE_LEN  # stream offset written into the ring
         self._pending: deque[memoryview] = deque()  # arrived, not yet in the ring
@@ -57,7 +50,7 @@ class RecvPump(Pump):
         return self.on_data(initial, eof, now_us)
 
     def on_data(self, data: bytes, end: bool, now_us: int) -> bool:
-        if self.state in RECV_TERMINAL:
+        if self.done:
             return False
         if data:
             self._pending.append(memoryview(data))
@@ -67,7 +60,7 @@ class RecvPump(Pump):
         return self._step(now_us)
 
     def on_ring_wake(self, now_us: int) -> bool:
-        if self.conn is None or self.state in RECV_TERMINAL:
+        if self.conn is None or self.done:
             return False
         return self._step(now_us)
 
@@ -134,7 +127,7 @@ class RecvPump(Pump):
 
     def fault(self, reason: int, detail: str, code: AppError | None = None) -> bool:
         """End with a fault; with `code`, STOP_SENDING so the peer faults too."""
-        if self.state in RECV_TERMINAL:
+        if self.done:
             return False
         self._pending.clear()
         conn, stop = self.conn, False
@@ -148,7 +141,7 @@ class RecvPump(Pump):
         """StopEdge: stop reading (STOP_SENDING to the peer); the caller releases the ring."""
         conn, stop = self.conn, False
         self._pending.clear()
-        if self.state not in RECV_TERMINAL and conn is not None and not conn.closed:
+        if not self.done and conn is not None and not conn.closed:
             conn.stop_stream(self.stream_id, AppError.EDGE_STOPPED)
             stop = True
         self._set_state(R.STOPPED)

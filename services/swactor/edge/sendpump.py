@@ -23,7 +23,7 @@ from swactor.common.ringerrors import RingBroken, RingClosed
 from swactor.common.ringport import ConsumerEnd
 from swactor.edge import preamble
 from swactor.edge.objtap import ObjectTap
-from swactor.edge.pumpstate import SEND_TERMINAL, SEND_TRANSITIONS, Pump, SendState
+from swactor.edge.pumpstate import SEND_FSM, Pump, SendState
 from swactor.edge.streamport import AppError, StreamPort
 from swactor.v1 import common_pb2
 
@@ -31,17 +31,10 @@ S = SendState
 
 
 class SendPump(Pump):
-    ROLE = "SEND"
-    TRANSITIONS = SEND_TRANSITIONS
-    TERMINAL = SEND_TERMINAL
-    BACKPRESSURED = S.BACKPRESSURED
-
     def __init__(self, *, edge_id: int, ring: ConsumerEnd, queue_limit: int, tap: ObjectTap | None = None) -> None:
-        super().__init__(edge_id, ring.ring_id, S.WAITING_FOR_CONNECTION)
+        super().__init__(SEND_FSM, edge_id, ring.ring_id, tap)
         self.ring = ring
         self.queue_limit = queue_limit
-        self.tap = tap
-        self.conn: StreamPort | None = None
         self.stream_id: int | None = None
 
     def attach(self, conn: StreamPort, now_us: int) -> bool:
@@ -52,7 +45,7 @@ class SendPump(Pump):
     def step(self, now_us: int) -> bool:
         """Hand committed bytes to QUIC while the send queue has room."""
         conn = self.conn
-        if conn is None or self.state in SEND_TERMINAL:
+        if conn is None or self.done:
             return False
         ring, sid = self.ring, self.stream_id
         sent = False
@@ -100,7 +93,7 @@ class SendPump(Pump):
 
     def fault(self, reason: int, detail: str, code: AppError | None = None) -> bool:
         """End with a fault; with `code`, reset the stream so the peer faults too."""
-        if self.state in SEND_TERMINAL:
+        if self.done:
             return False
         conn, sid, reset = self.conn, self.stream_id, False
         if code is not None and conn is not None and sid is not None and not conn.closed:
@@ -112,7 +105,7 @@ class SendPump(Pump):
     def stop(self) -> bool:
         """StopEdge: FIN after what QUIC already holds; the caller releases the ring."""
         conn, sid, fin = self.conn, self.stream_id, False
-        if self.state not in SEND_TERMINAL and conn is not None and sid is not None and not conn.closed:
+        if not self.done and conn is not None and sid is not None and not conn.closed:
             conn.send(sid, b"", end=True)
             fin = True
         self._set_state(S.STOPPED)

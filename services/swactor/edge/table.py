@@ -25,6 +25,7 @@ from swactor.common.events import get_logger
 from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edge import preamble
 from swactor.edge.objtap import ObjectTap
+from swactor.edge.owners import EdgeStopCause
 from swactor.edge.pumpstate import RecvState
 from swactor.edge.recvpump import RecvPump
 from swactor.edge.rendezvous import ProducerMissing, RejectStream, Rendezvous, StartRecvPump
@@ -68,6 +69,7 @@ class _Edge:
     edge_id: int
     ring_id: int
     peer_node_id: int = 0
+    owner_id: int = 0  # the local process that established it (owners.py); 0: unowned
     last_event: edge_pb2.EdgeEvent | None = None  # replayed to new watchers
     ended: bool = False  # its closed / fault / pump_stopped event is out
 
@@ -116,15 +118,16 @@ class EdgeTable:
         if (edge_id, role) in self.edges:
             raise EdgeError(f"edge {edge_id} is already established on this driver", "exists")
 
-    def add_send(self, edge_id: int, ring_id: int, rx_node_id: int, ring: ConsumerEnd, tap: ObjectTap | None) -> SendEdge:
+    def add_send(self, edge_id: int, ring_id: int, rx_node_id: int, ring: ConsumerEnd, tap: ObjectTap | None,
+                 owner_id: int = 0) -> SendEdge:
         """EstablishSend with its egress ring open: the pump waits for the connection."""
         self.check_new(edge_id, ring_id, SEND)
         if rx_node_id == 0:
             raise EdgeError("rx_node_id must be set")
         pump = SendPump(edge_id=edge_id, ring=ring, queue_limit=self.send_queue_limit, tap=tap)
-        rec = SendEdge(edge_id, ring_id, peer_node_id=rx_node_id, pump=pump)
+        rec = SendEdge(edge_id, ring_id, peer_node_id=rx_node_id, owner_id=owner_id, pump=pump)
         self.edges[(edge_id, SEND)] = rec
-        log.info("edge.establish_send", edge_id=edge_id, ring_id=ring_id, rx_node_id=rx_node_id)
+        log.info("edge.establish_send", edge_id=edge_id, ring_id=ring_id, rx_node_id=rx_node_id, owner_id=owner_id)
         return rec
 
     def connected(self, rec: SendEdge, conn: StreamPort, now_us: int) -> None:
@@ -139,16 +142,17 @@ class EdgeTable:
             self._settle(rec, rec.pump.fault(reason, detail))
 
     def add_recv(self, edge_id: int, ring_id: int, tx_node_id: int, ring: ProducerEnd, tap: ObjectTap | None,
-                 now: float, now_us: int) -> RecvEdge:
+                 now: float, now_us: int, owner_id: int = 0) -> RecvEdge:
         """EstablishRecv with its ingress ring open: ready at once; the producer's stream may
         already wait (streams parked for the edge from other nodes are refused now)."""
         self.check_new(edge_id, ring_id, RECV)
         if tx_node_id == 0:
             raise EdgeError("tx_node_id (the edge's planned producer node) must be set")
         pump = RecvPump(edge_id=edge_id, ring=ring, window=self.stream_window, tap=tap)
-        rec = RecvEdge(edge_id, ring_id, peer_node_id=tx_node_id, producer_node_id=tx_node_id, pump=pump)
+        rec = RecvEdge(edge_id, ring_id, peer_node_id=tx_node_id, producer_node_id=tx_node_id, owner_id=owner_id,
+                       pump=pump)
         self.edges[(edge_id, RECV)] = rec
-        log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id, tx_node_id=tx_node_id)
+        log.info("edge.establish_recv", edge_id=edge_id, ring_id=ring_id, tx_node_id=tx_node_id, owner_id=owner_id)
         self._emit(rec, edge_pb2.EdgeEvent(ready=edge_pb2.DriverEdgeReady(edge_id=edge_id, ring_id=ring_id)))
         for action in self.rendezvous.establish_recv(edge_id, tx_node_id, rec, now):
             if isinstance(action, StartRecvPump):
@@ -158,25 +162,39 @@ class EdgeTable:
         self.deadline_moved = True
         return rec
 
-    def stop_edge(self, edge_id: int, ring_id: int = 0) -> list[EdgeRecord]:
+    def stop_edge(self, edge_id: int, ring_id: int = 0,
+                  cause: EdgeStopCause = EdgeStopCause.STOP_EDGE) -> list[EdgeRecord]:
         """StopEdge for the end of `edge_id` on `ring_id` (0: both ends this host has): the stopped
         records, whose rings the caller releases (an empty list: unknown edge or ring)."""
-        recs = [r for role in (SEND, RECV)
-                if (r := self.edges.get((edge_id, role))) is not None and ring_id in (0, r.ring_id)]
-        for rec in recs:
-            del self.edges[(edge_id, rec.role)]
-            pump = rec.pump
-            if isinstance(rec, RecvEdge):
-                for parked in self.rendezvous.stop(edge_id):
-                    self._reject(parked, AppError.EDGE_STOPPED)
-                self.deadline_moved = True
-                self._refusal_logged.discard(edge_id)
-            self._unroute(rec)
-            if pump.stop() and pump.conn is not None:
-                self.transmit.add(pump.conn)
-            rec.ended = True
-            self._emit(rec, edge_pb2.EdgeEvent(pump_stopped=edge_pb2.PumpStopped(edge_id=edge_id, ring_id=rec.ring_id)))
-        return recs
+        return [rec for role in (SEND, RECV)
+                if (r := self.edges.get((edge_id, role))) is not None and ring_id in (0, r.ring_id)
+                and (rec := self.stop_end(edge_id, role, cause)) is not None]
+
+    def owned_by(self, owner_id: int) -> list[tuple[int, int]]:
+        """The (edge_id, role) keys of every end `owner_id` established (none for owner 0)."""
+        return [key for key, rec in self.edges.items() if owner_id and rec.owner_id == owner_id]
+
+    def stop_end(self, edge_id: int, role: int, cause: EdgeStopCause) -> EdgeRecord | None:
+        """Stop one end: its pump never touches the ring again; the caller releases the ring."""
+        rec = self.edges.pop((edge_id, role), None)
+        if rec is None:
+            return None
+        pump = rec.pump
+        if isinstance(rec, RecvEdge):
+            for parked in self.rendezvous.stop(edge_id):
+                self._reject(parked, AppError.EDGE_STOPPED)
+            self.deadline_moved = True
+            self._refusal_logged.discard(edge_id)
+        self._unroute(rec)
+        if pump.stop() and pump.conn is not None:
+            self.transmit.add(pump.conn)
+        rec.ended = True
+        (log.info if cause is EdgeStopCause.STOP_EDGE else log.warning)(
+            "edge.pump_stopped", edge_id=edge_id, ring_id=rec.ring_id, role=edge_pb2.EdgeRole.Name(role),  # type: ignore[arg-type]
+            owner_id=rec.owner_id, cause=cause.value)
+        self._emit(rec, edge_pb2.EdgeEvent(pump_stopped=edge_pb2.PumpStopped(edge_id=edge_id, ring_id=rec.ring_id)),
+                   logged=True)
+        return rec
 
     def ring_wake(self, rec: EdgeRecord, now_us: int) -> None:
         """The ring's other side made progress (send: bytes committed; recv: space freed)."""

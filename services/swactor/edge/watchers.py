@@ -18,9 +18,10 @@ WATCH_QUEUE = 4096
 
 
 class Watcher:
-    def __init__(self, edge_ids: set[int], object_timings: bool = False) -> None:
+    def __init__(self, edge_ids: set[int], object_timings: bool = False, owner_id: int = 0) -> None:
         self.edge_ids = edge_ids  # empty: every edge
         self.object_timings = object_timings
+        self.owner_id = owner_id  # non-zero: this stream holds that owner's edges (owners.py)
         self.queue: asyncio.Queue[edge_pb2.EdgeEvent | None] = asyncio.Queue(WATCH_QUEUE)
         self.overflowed = False
 
@@ -42,9 +43,9 @@ class Watchers:
         return len(self._all)
 
     def watch(self, edge_ids: set[int], replay: Iterable[tuple[edge_pb2.EdgeEvent, int]],
-              object_timings: bool = False) -> Watcher:
+              object_timings: bool = False, owner_id: int = 0) -> Watcher:
         """A new subscriber; `replay` (event, edge_id) pairs are queued to it first."""
-        w = Watcher(edge_ids, object_timings)
+        w = Watcher(edge_ids, object_timings, owner_id)
         for event, edge_id in replay:
             w.offer(event, edge_id)
         self._all.add(w)

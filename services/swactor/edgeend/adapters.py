@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ import grpc
 from swactor.arena import client as arena_client
 from swactor.common.events import get_logger
 from swactor.common.grpcio import LocalClient
+from swactor.common.ids import new_id
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
-from swactor.edgeend.ports import Cancelled, DriverEvent, Leased, LeaseOutcome, Rejected
+from swactor.edgeend.ports import DriverEvent, LeaseOutcome
 from swactor.v1 import arena_pb2, common_pb2, edge_pb2, edge_pb2_grpc
 
 _DIRECTION = {"Ingress": common_pb2.RING_DIRECTION_INGRESS, "Egress": common_pb2.RING_DIRECTION_EGRESS}
@@ -33,10 +35,10 @@ class ArenaClientPort:
                                       direction=_DIRECTION[direction], ring_spec=ring_spec)
         match out:
             case arena_client.Leased():
-                return Leased(Layout.from_pb(out.layout))
+                return est.RingLeased(request_id, Layout.from_pb(out.layout))
             case arena_client.Rejected():
-                return Rejected(out.reason, out.detail)
-        return Cancelled()
+                return est.RingLeaseRejected(request_id, out.reason, out.detail)
+        return None  # cancelled
 
     async def cancel(self, request_id: int) -> None:
         try:
@@ -62,27 +64,34 @@ class ArenaClientPort:
 
 
 class EdgeDriverPort(LocalClient):
-    """DriverPort over the edge-driver's gRPC Unix socket and its wake-fd hand-out socket."""
+    """DriverPort over the edge-driver's gRPC Unix socket and its wake-fd hand-out socket.
+
+    The edges it establishes are owned by `owner_id` (one per port, so per process): `events()`
+    streams hold them, and when the last one ends (this process exited) the driver stops them
+    (swactor.edge.owners)."""
 
     def __init__(self, socket_path: Path, wake_socket: Path) -> None:
         super().__init__(socket_path)
         self._stub = edge_pb2_grpc.EdgeDriverStub(self._channel)
         self.wake_socket = wake_socket
+        self.owner_id = new_id()
 
     async def establish_send(self, edge_id: int, rx_node_id: int, layout: Layout) -> None:
         await self._stub.EstablishSend(edge_pb2.EstablishSendRequest(
-            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=layout.to_pb()))
+            edge_id=edge_id, rx_node_id=rx_node_id, ring_id=layout.ring_id, ring_layout=layout.to_pb(),
+            owner_id=self.owner_id))
 
     async def establish_recv(self, edge_id: int, tx_node_id: int, layout: Layout) -> None:
         await self._stub.EstablishRecv(edge_pb2.EstablishRecvRequest(
-            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb(), tx_node_id=tx_node_id))
+            edge_id=edge_id, ring_id=layout.ring_id, ring_layout=layout.to_pb(), tx_node_id=tx_node_id,
+            owner_id=self.owner_id))
 
     async def stop_edge(self, edge_id: int, ring_id: int) -> bool:
         resp = await self._stub.StopEdge(edge_pb2.StopEdgeRequest(edge_id=edge_id, ring_id=ring_id))
         return bool(resp.known)
 
     async def events(self) -> AsyncIterator[DriverEvent]:
-        async for ev in self._stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True)):
+        async for ev in self._stub.WatchEdges(edge_pb2.WatchEdgesRequest(replay_current=True, owner_id=self.owner_id)):
             match ev.WhichOneof("event"):
                 case "ready":
                     yield est.DriverEdgeReady(ev.ready.edge_id, ev.ready.ring_id)
@@ -92,6 +101,11 @@ class EdgeDriverPort(LocalClient):
                     yield est.StreamFault(ev.fault.edge_id, ev.fault.ring_id, ev.fault.reason, ev.fault.detail)
                 case "pump_stopped":
                     yield est.PumpStopped(ev.pump_stopped.edge_id, ev.pump_stopped.ring_id)
+
+    def for_new_owner(self) -> EdgeDriverPort:
+        port = copy.copy(self)  # the same channel (closed by this port's owner) under a new owner id
+        port.owner_id = new_id()
+        return port
 
     def object_timings(self, edge_ids: set[int]) -> AsyncIterator[edge_pb2.ObjectTimings]:
         """Per-object pump timings of these edges (issue 7; swactor.edgeend.timings)."""

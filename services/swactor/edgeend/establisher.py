@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.common.msgbase import Failure, OfEdge, OfRing
 from swactor.common.reasons import name, stream_fault_run_reason
 from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
@@ -56,6 +57,13 @@ class EdgeProvision:
     ring_spec: Any  # common_pb2.RingSpec
 
 
+@dataclass(frozen=True)
+class _Request:
+    """Messages about one lease request list its id first, as those about a ring or an edge do theirs
+    (swactor.common.msgbase); an input's base says how the core finds its record (`_record_for`)."""
+    request_id: int
+
+
 # ---- inputs ----
 
 
@@ -66,99 +74,91 @@ class Provision:
 
 
 @dataclass(frozen=True)
-class RingLeased:
-    request_id: int
+class RingLeased(_Request):
     layout: Any  # common.layout.Layout
 
 
 @dataclass(frozen=True)
-class RingLeaseRejected:
-    request_id: int
-    reason: int  # arena_pb2.LeaseRejectReason; UNSPECIFIED: the arena-manager gave no answer
-    detail: str = ""
+class RingLeaseRejected(Failure, _Request):
+    """A LeaseRejectReason; UNSPECIFIED: the arena-manager gave no answer."""
 
 
 @dataclass(frozen=True)
-class LeaseTimedOut:
+class LeaseTimedOut(_Request):
     """The lease was not granted within the shell's pressure timeout (the arena queued it: §36
     temporary pressure timeout)."""
 
-    request_id: int
     waited_s: float
 
 
 @dataclass(frozen=True)
-class WakeFdsUnavailable:
+class WakeFdsUnavailable(OfEdge):
     """The driver accepted the edge but its pump's wake eventfds could not be fetched: the ring host
     would never be woken (the compute process does not poll), so the edge cannot work."""
 
-    edge_id: int
     detail: str
 
 
 @dataclass(frozen=True)
-class RingInstalled:
-    ring_id: int
+class RingInstalled(OfRing):
+    """The ring host opened the ring."""
 
 
 @dataclass(frozen=True)
-class RingFault:
-    ring_id: int
-    reason: int  # RingFaultReason
-    detail: str = ""
+class RingFault(Failure, OfRing):
+    """The ring host reports the ring unusable: a RingFaultReason."""
 
 
 @dataclass(frozen=True)
-class RingQuiesced:
-    ring_id: int
-
-
-# The driver's events name the end by its ring as well as its edge: both ends of one edge can
-# live on one host with two owners (the orchestrator's token edge into a co-located first stage),
-# and one owner must never take the other's end for its own (seen: a stage took the orchestrator's
-# PumpStopped for its own, released its ring under a live pump and leaked it).
-@dataclass(frozen=True)
-class DriverEdgeReady:
-    edge_id: int
-    ring_id: int
+class RingQuiesced(OfRing):
+    """The ring host no longer touches the ring."""
 
 
 @dataclass(frozen=True)
-class StreamFault:
-    edge_id: int
-    ring_id: int  # 0: no end is established (a parked stream expired): matched by edge alone
-    reason: int  # StreamFaultReason
-    detail: str = ""
+class _EdgeEnd(OfEdge):
+    """The edge-driver's events (and StopPump) name the end by its ring as well as its edge: both ends
+    of one edge can live on one host with two owners (the orchestrator's token edge into a co-located
+    first stage), and one owner must never take the other's end for its own (seen: a stage took the
+    orchestrator's PumpStopped for its own, released its ring under a live pump and leaked it)."""
+
+    ring_id: int  # 0 (StreamFault only): no end is established (a parked stream expired): matched by edge
 
 
 @dataclass(frozen=True)
-class StreamClosed:
-    edge_id: int
-    ring_id: int
+class DriverEdgeReady(_EdgeEnd):
+    """The edge-driver reports the edge established (EdgeEvent.ready)."""
 
 
 @dataclass(frozen=True)
-class PumpStopped:
-    edge_id: int
-    ring_id: int
+class StreamFault(Failure, _EdgeEnd):
+    """The edge-driver reports the edge's stream failed (EdgeEvent.fault): a StreamFaultReason."""
 
 
 @dataclass(frozen=True)
-class DriverFailed:
+class StreamClosed(_EdgeEnd):
+    """The edge-driver reports the edge's stream ended in order (EdgeEvent.closed)."""
+
+
+@dataclass(frozen=True)
+class PumpStopped(_EdgeEnd):
+    """The edge-driver stopped the edge's pump (EdgeEvent.pump_stopped): it no longer touches the ring."""
+
+
+@dataclass(frozen=True)
+class DriverFailed(OfEdge):
     """EstablishSend/Recv or StopEdge could not be delivered to the edge-driver."""
 
-    edge_id: int
     detail: str
 
 
 @dataclass(frozen=True)
-class Released:
-    ring_id: int
+class Released(OfRing):
+    """The arena-manager took the ring's lease back (ReleaseRing done)."""
 
 
 @dataclass(frozen=True)
-class StopEdge:
-    edge_id: int
+class StopEdge(OfEdge):
+    """The run no longer needs the edge: tear it down (§38)."""
 
 
 Input = (Provision | RingLeased | RingLeaseRejected | LeaseTimedOut | RingInstalled | RingFault | RingQuiesced
@@ -169,16 +169,15 @@ Input = (Provision | RingLeased | RingLeaseRejected | LeaseTimedOut | RingInstal
 
 
 @dataclass(frozen=True)
-class LeaseRing:
-    request_id: int
+class LeaseRing(_Request):
     edge_id: int
     direction: str
     ring_spec: Any
 
 
 @dataclass(frozen=True)
-class CancelLease:
-    request_id: int
+class CancelLease(_Request):
+    """Withdraw a lease request the arena still queues."""
 
 
 @dataclass(frozen=True)
@@ -188,56 +187,49 @@ class InstallRing:
 
 
 @dataclass(frozen=True)
-class UninstallRing:
-    ring_id: int
+class UninstallRing(OfRing):
     reason: int  # UninstallReason
 
 
 @dataclass(frozen=True)
-class EstablishSend:
-    edge_id: int
+class EstablishSend(OfEdge):
     rx_node_id: int
     layout: Any
 
 
 @dataclass(frozen=True)
-class EstablishRecv:
-    edge_id: int
+class EstablishRecv(OfEdge):
     tx_node_id: int  # the plan's producer node: the driver refuses streams for the edge from others
     layout: Any
 
 
 @dataclass(frozen=True)
-class StopPump:
-    edge_id: int
-    ring_id: int  # the driver stops this owner's end only
+class StopPump(_EdgeEnd):
+    """Ask the driver to stop this owner's end of the edge (PumpStopped answers)."""
 
 
 @dataclass(frozen=True)
-class ReleaseRing:
-    ring_id: int
+class ReleaseRing(OfRing):
     never_installed: bool  # proof NEVER_INSTALLED (§26 stale grant) vs QUIESCED (§38)
 
 
 @dataclass(frozen=True)
-class EdgeReady:
+class EdgeReady(OfEdge):
     """To the local Tx/Rx actor / StageController."""
 
-    edge_id: int
     ring_id: int
 
 
 @dataclass(frozen=True)
-class EdgeFailed:
-    edge_id: int
+class EdgeFailed(OfEdge):
     reason: int  # RunFaultReason
     component: int  # Component of the detector
     detail: str
 
 
 @dataclass(frozen=True)
-class EdgeStopped:
-    edge_id: int
+class EdgeStopped(OfEdge):
+    """The edge holds nothing any more: its pump stopped, its ring quiesced and released."""
 
 
 Action = (LeaseRing | CancelLease | InstallRing | UninstallRing | EstablishSend | EstablishRecv | StopPump
@@ -337,14 +329,17 @@ class EdgeEstablisher:
         raise TypeError(f"unknown establisher input {inp!r}")  # pragma: no cover
 
     def _record_for(self, inp: Input) -> EdgeRecord | None:
-        ring_id = getattr(inp, "ring_id", None)
-        edge_id = getattr(inp, "edge_id", None)
-        if ring_id:
-            eid = self.by_ring.get(ring_id)
-            if edge_id is not None and eid != edge_id:
-                return None  # another owner's end of the edge on this host, or a ring since reused
-        else:
-            eid = edge_id
+        match inp:
+            case _EdgeEnd(edge_id, ring_id) if ring_id:
+                eid = self.by_ring.get(ring_id)
+                if eid != edge_id:
+                    return None  # another owner's end of the edge on this host, or a ring since reused
+            case OfRing(ring_id):
+                eid = self.by_ring.get(ring_id)
+            case OfEdge(edge_id):
+                eid = edge_id
+            case _:
+                return None
         return self.records.get(eid) if eid is not None else None
 
     # ---- setup ----
@@ -360,10 +355,15 @@ class EdgeEstablisher:
         self._transition(rec, EdgeState.WAITING_FOR_LEASE, request_id=request_id)
         return [LeaseRing(request_id, edge.edge_id, edge.direction, edge.ring_spec)]
 
-    def _leased(self, request_id: int, layout: Any) -> list[Action]:
+    def _waiting(self, request_id: int) -> EdgeRecord | None:
+        """The record that made this lease request, while it still waits for the lease."""
         eid = self.by_request.get(request_id)
         rec = self.records.get(eid) if eid is not None else None
-        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+        return rec if rec is not None and rec.state is EdgeState.WAITING_FOR_LEASE else None
+
+    def _leased(self, request_id: int, layout: Any) -> list[Action]:
+        rec = self._waiting(request_id)
+        if rec is None:
             # §26: an unused fresh lease granted after cancellation is released, never installed.
             get_logger(ring_id=layout.ring_id).info("edge_stale_lease_released", request_id=request_id)
             return [ReleaseRing(layout.ring_id, never_installed=True)]
@@ -374,29 +374,29 @@ class EdgeEstablisher:
         return [InstallRing(rec.edge, layout)]
 
     def _rejected(self, request_id: int, reason: int, detail: str) -> list[Action]:
-        eid = self.by_request.get(request_id)
-        rec = self.records.get(eid) if eid is not None else None
-        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+        rec = self._waiting(request_id)
+        if rec is None:
             return []
         run_reason = (pb.RUN_FAULT_RING_REQUEST_OVERSIZED if reason == arena_pb2.LEASE_REJECT_EXCEEDS_CEILING
                       else pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED)
         reason_name = name(arena_pb2.LeaseRejectReason, reason)
-        failure = EdgeFailed(rec.edge.edge_id, run_reason, pb.COMPONENT_ARENA, f"{reason_name}: {detail}")
-        rec.failed = failure
-        self._transition(rec, EdgeState.FAILED, reason=reason_name)
-        return [failure]
+        return [self._lease_failed(rec, run_reason, f"{reason_name}: {detail}", reason_name)]
 
     def _lease_timed_out(self, request_id: int, waited_s: float) -> list[Action]:
-        eid = self.by_request.get(request_id)
-        rec = self.records.get(eid) if eid is not None else None
-        if rec is None or rec.state is not EdgeState.WAITING_FOR_LEASE:
+        rec = self._waiting(request_id)
+        if rec is None:
             return []
-        failure = EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_ARENA_PRESSURE_TIMEOUT, pb.COMPONENT_ARENA,
-                             f"ring lease not granted within {waited_s:g}s: the arena is under pressure")
-        rec.failed = failure
-        self._transition(rec, EdgeState.FAILED, reason="PressureTimeout")
+        failure = self._lease_failed(rec, pb.RUN_FAULT_ARENA_PRESSURE_TIMEOUT,
+                                     f"ring lease not granted within {waited_s:g}s: the arena is under pressure",
+                                     "PressureTimeout")
         # A grant racing the cancel is released as stale (_leased: the record is no longer waiting).
         return [failure, CancelLease(request_id)]
+
+    def _lease_failed(self, rec: EdgeRecord, run_reason: int, detail: str, why: str) -> EdgeFailed:
+        """The record never got its ring: Failed, with nothing to tear down."""
+        rec.failed = EdgeFailed(rec.edge.edge_id, run_reason, pb.COMPONENT_ARENA, detail)
+        self._transition(rec, EdgeState.FAILED, reason=why)
+        return rec.failed
 
     # ---- teardown (§38) ----
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from swactor.common.ringerrors import RingBroken
 from swactor.edgeend import establisher as est
-from swactor.edgeend.ports import ArenaPort, Cancelled, DriverEvent, DriverPort, Leased, Rejected
+from swactor.edgeend.ports import ArenaPort, DriverEvent, DriverPort
 from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 
@@ -130,17 +130,13 @@ class EstablisherShell:
         try:
             out = await self.arena.lease(a.request_id, a.edge_id, a.direction, a.ring_spec)
         except Exception as e:
-            out = Rejected(arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED, f"arena-manager unreachable: {type(e).__name__}: {e}")
+            out = est.RingLeaseRejected(a.request_id, arena_pb2.LEASE_REJECT_REASON_UNSPECIFIED,
+                                        f"arena-manager unreachable: {type(e).__name__}: {e}")
         finally:
             if timer is not None:
                 timer.cancel()
-        match out:
-            case Leased(layout):
-                self.handle(est.RingLeased(a.request_id, layout))
-            case Rejected(reason, detail):
-                self.handle(est.RingLeaseRejected(a.request_id, reason, detail))
-            case Cancelled():
-                pass
+        if out is not None:
+            self.handle(out)
 
     async def _install(self, edge: est.EdgeProvision, layout: Any) -> None:
         try:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.events import get_logger
+from swactor.common.msgbase import Failure
 from swactor.common.reasons import ReasonError, name
 from swactor.common.ringerrors import RingBroken, RingClosed
 from swactor.v1 import common_pb2 as pb
@@ -153,11 +154,9 @@ class Loaded:
 
 
 @dataclass(frozen=True)
-class Failed:
-    """ObjectFailed; object_id/sequence are None when the header never parsed."""
+class Failed(Failure):
+    """ObjectFailed: an ObjectFailure; object_id/sequence are None when the header never parsed."""
 
-    reason: int  # ObjectFailure
-    detail: str
     object_id: int | None = None
     sequence: int | None = None
 
@@ -173,11 +172,8 @@ class Produced:
 
 
 @dataclass(frozen=True)
-class Broken:
-    """RingFault: the ring is unusable."""
-
-    reason: int  # RingFaultReason
-    detail: str
+class Broken(Failure):
+    """RingFault: the ring is unusable: a RingFaultReason."""
 
 
 IngressEvent = Loaded | Failed | Closed | Broken

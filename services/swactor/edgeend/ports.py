@@ -9,30 +9,14 @@ in in-memory fakes.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 
-
-@dataclass(frozen=True)
-class Leased:
-    layout: Layout
-
-
-@dataclass(frozen=True)
-class Rejected:
-    reason: int  # arena_pb2.LeaseRejectReason
-    detail: str
-
-
-@dataclass(frozen=True)
-class Cancelled:
-    pass
-
-
-LeaseOutcome = Leased | Rejected | Cancelled
+# A lease's outcome is the establisher's input as it is; None: the lease was cancelled (the core
+# asked for that itself: nothing to tell it).
+LeaseOutcome = est.RingLeased | est.RingLeaseRejected | None
 
 
 class ArenaPort(Protocol):
@@ -69,3 +53,8 @@ class DriverPort(Protocol):
         that shares none (test fakes); raises when a driver that shares them cannot hand them over."""
 
     async def healthy(self) -> bool: ...
+
+    def for_new_owner(self) -> DriverPort:
+        """The same driver under a new edge owner (swactor.edge.owners): edges established through the
+        result end with the result's own `events()` streams, not with those of other users of this
+        port (the orchestrator: one owner per run)."""

@@ -3,6 +3,13 @@ arena-manager, edge-driver, worker) and state/run dirs, plus the orchestrator on
 
     with LocalCluster(ClusterSpec(hosts=3)) as cluster:
         stub = cluster.orchestrator_stub()
+
+  cluster   LocalCluster: bring up the hosts, wait for the pool, tear it all down
+  layout    each host's dirs, sockets, ports and swactor.toml (pure)
+  procs     service processes, each in its own session      ready    readiness evidence, polled
+  netns     hosts in network namespaces (root only)          signals  SIGTERM for the foreground programs
+  run       submit one run and follow it, timing what the client sees
+  __main__  `python -m swactor.localcluster`: bring up a pool and print how to reach it
 """
 
 from swactor.localcluster.cluster import ClusterError, ClusterSpec, LocalCluster

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import fields
 
 import kinship
 
@@ -115,17 +116,8 @@ class KinshipBackend:
         await self._cluster.set_meta(dict(meta))
 
     def counters(self) -> SwimCounters:
-        st = self._cluster.stats()
-        return SwimCounters(
-            packets_received=st.packets_received,
-            decrypt_failures=st.decrypt_failures,
-            decode_errors=st.decode_errors,
-            probes_sent=st.probes_sent,
-            probes_failed=st.probes_failed,
-            suspicions=st.suspicions,
-            refutations=st.refutations,
-            local_health=st.local_health,
-        )
+        st = self._cluster.stats()  # kinship names each of its counters as SwimCounters does
+        return SwimCounters(**{f.name: getattr(st, f.name) for f in fields(SwimCounters)})
 
     async def leave(self, timeout_s: float) -> None:
         await self._cluster.leave(timeout_s)

@@ -11,6 +11,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 from swactor.common.aio import cancel_and_wait
 from swactor.common.events import get_logger
@@ -26,6 +28,14 @@ _STATE_EVENTS = {
     pb.NODE_STATE_AVAILABLE: "node_available",
     pb.NODE_STATE_FAULTED: "node_faulted",
     pb.NODE_STATE_BOOTING: "node_booting",
+}
+# The optional fields of SetLocalStateRequest a node gossips, each with its check (it returns the value to keep).
+_LOCAL_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "edge_endpoint": partial(check_endpoint, "edge_endpoint"),
+    "edge_cert_fingerprint": check_fingerprint,
+    "control_endpoint": partial(check_endpoint, "control_endpoint"),
+    "worker_generation": int,
+    "stage_memory_bytes": int,
 }
 
 
@@ -163,18 +173,10 @@ class MembershipNode:
 
     # ---- local state ----
 
-    async def set_local_state(
-        self,
-        state: pb.NodeState.ValueType,
-        reason: str = "",
-        *,
-        edge_endpoint: str | None = None,
-        edge_cert_fingerprint: str | None = None,
-        control_endpoint: str | None = None,
-        worker_generation: int | None = None,
-        stage_memory_bytes: int | None = None,
-    ) -> MemberRecord:
-        """Change this node's gossiped state (endpoint material, stage memory); raises ValueError on bad input."""
+    async def set_local_state(self, request: pb.SetLocalStateRequest) -> MemberRecord:
+        """Change this node's gossiped state and the endpoint material / stage memory the request sets
+        (a field it leaves unset keeps its value); raises ValueError on bad input."""
+        state, reason = request.state, request.reason
         if state not in _STATE_EVENTS:
             raise ValueError(f"state must be BOOTING, AVAILABLE or FAULTED, got {pb.NodeState.Name(state)}")
         if state != pb.NODE_STATE_FAULTED and reason:
@@ -182,16 +184,9 @@ class MembershipNode:
         md = pb.NodeMetadata()
         md.CopyFrom(self._metadata)
         md.state, md.state_reason = state, reason
-        if edge_endpoint is not None:
-            md.edge_endpoint = check_endpoint("edge_endpoint", edge_endpoint)
-        if edge_cert_fingerprint is not None:
-            md.edge_cert_fingerprint = check_fingerprint(edge_cert_fingerprint)
-        if control_endpoint is not None:
-            md.control_endpoint = check_endpoint("control_endpoint", control_endpoint)
-        if worker_generation is not None:
-            md.worker_generation = worker_generation
-        if stage_memory_bytes is not None:
-            md.stage_memory_bytes = stage_memory_bytes
+        for name, check in _LOCAL_FIELDS.items():
+            if request.HasField(name):
+                setattr(md, name, check(getattr(request, name)))
         tags = encode_tags(md)
         async with self._meta_lock:
             if md != self._metadata:

@@ -94,17 +94,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self, request: pb.SetLocalStateRequest, context: grpc.aio.ServicerContext
     ) -> pb.SetLocalStateResponse:
         try:
-            record = await self._node.set_local_state(
-                request.state,
-                request.reason,
-                edge_endpoint=request.edge_endpoint if request.HasField("edge_endpoint") else None,
-                edge_cert_fingerprint=(
-                    request.edge_cert_fingerprint if request.HasField("edge_cert_fingerprint") else None
-                ),
-                control_endpoint=request.control_endpoint if request.HasField("control_endpoint") else None,
-                worker_generation=request.worker_generation if request.HasField("worker_generation") else None,
-                stage_memory_bytes=request.stage_memory_bytes if request.HasField("stage_memory_bytes") else None,
-            )
+            record = await self._node.set_local_state(request)
         except (ValueError, MetadataError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.SetLocalStateResponse(self=self._member(record))

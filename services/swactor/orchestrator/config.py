@@ -7,6 +7,7 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
+from swactor.orchestrator.run_messages import Timeouts
 from swactor.orchestrator.sources import ModelSource
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -15,7 +16,7 @@ REPO_MODEL_DIR = Path(__file__).resolve().parents[3] / ".cache" / "models"
 
 
 @dataclass
-class OrchestratorConfig:
+class OrchestratorConfig(sockets.EdgeEndSockets):
     socket: Path = sockets.ORCHESTRATOR
     # The TCP API ("host:port"), off by default ("": the Unix socket only). When set it serves TLS
     # with tls_cert/tls_key and refuses calls without the bearer token from token_file (0600), see
@@ -51,11 +52,6 @@ class OrchestratorConfig:
     secret_file: Path | None = None
     # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
     node_model_path: Path | None = None
-    # The local arena-manager and edge-driver the token endpoints use (this host is a node too).
-    arena_socket: Path = sockets.ARENA
-    arena_fd_socket: Path = sockets.ARENA_FD
-    edge_socket: Path = sockets.EDGE
-    edge_wake_socket: Path = sockets.EDGE_WAKE
     default_stages: int = 1
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20
@@ -64,11 +60,12 @@ class OrchestratorConfig:
     # one object that the stages run row by row.
     prefill_chunk: int = 64
     pool_window_s: float = 2.0
-    pool_timeout_s: float = 60.0
-    readiness_timeout_s: float = 600.0
-    first_token_timeout_s: float = 300.0
-    step_timeout_s: float = 60.0
-    teardown_timeout_s: float = 30.0
+    # The run FSM's timeouts; their defaults are Timeouts' own.
+    pool_timeout_s: float = Timeouts.pool_s
+    readiness_timeout_s: float = Timeouts.readiness_s
+    first_token_timeout_s: float = Timeouts.first_token_s
+    step_timeout_s: float = Timeouts.step_s
+    teardown_timeout_s: float = Timeouts.teardown_s
     # HTTP/2 keepalive on the channels to the nodes' control API (control_tls.keepalive_options): a
     # dead or partitioned stage host ends its WatchStage stream (and faults the run) within ~3 intervals.
     control_keepalive_s: float = 1.0
@@ -82,6 +79,11 @@ class OrchestratorConfig:
     max_request_bytes: int = 1 << 20
     runs_max: int = 1000
     runs_max_age_s: float = 30 * 86400.0
+
+    def timeouts(self) -> Timeouts:
+        return Timeouts(pool_s=self.pool_timeout_s, readiness_s=self.readiness_timeout_s,
+                        first_token_s=self.first_token_timeout_s, step_s=self.step_timeout_s,
+                        teardown_s=self.teardown_timeout_s)
 
     def model_sources(self) -> dict[str, ModelSource]:
         default = self.model_source or (f"{self.model_path}" if self.model_path is not None else "")

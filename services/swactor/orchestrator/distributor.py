@@ -14,7 +14,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 
 from swactor.common.events import get_logger
@@ -31,6 +31,7 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import stage_pb2
 
 PROGRESS_EVERY_S = 1.0
+log = get_logger(component="distributor")
 
 
 @dataclass(frozen=True)
@@ -75,26 +76,27 @@ class ManifestCache:
         return m, raw
 
 
+@dataclass(eq=False)
 class Distributor:
-    def __init__(self, registry: ModelRegistry, files: FileTable, *, state_dir: Path, cache_dir: Path,
-                 node_id: int, server_port: int, advertise: str = "", piece_bytes: int = 0,
-                 members: Callable[[], tuple[NodeInfo, ...]] = tuple, node_paths: dict[str, Path] | None = None,
-                 stall_timeout_s: float = 30.0) -> None:
-        self.registry = registry
-        self.files = files
+    registry: ModelRegistry
+    files: FileTable
+    _: KW_ONLY
+    state_dir: InitVar[Path]  # manifests are cached under its "manifests"
+    cache_dir: Path
+    node_id: int
+    server_port: int
+    advertise: str = ""
+    piece_bytes: int = 0
+    members: Callable[[], tuple[NodeInfo, ...]] = tuple
+    node_paths: dict[str, Path] = field(default_factory=dict)
+    stall_timeout_s: float = 30.0
+    manifests: ManifestCache = field(init=False)
+    _tasks: dict[str, asyncio.Task[Prepared]] = field(default_factory=dict, init=False)
+    _listeners: dict[str, set[Callable[[pb.LifecycleEvent], None]]] = field(default_factory=dict, init=False)
+    state: dict[str, tuple[str, str]] = field(default_factory=dict, init=False)  # name -> (state, detail) for ListModels
+
+    def __post_init__(self, state_dir: Path) -> None:
         self.manifests = ManifestCache(state_dir / "manifests")
-        self.cache_dir = cache_dir
-        self.node_id = node_id
-        self.server_port = server_port
-        self.advertise = advertise
-        self.piece_bytes = piece_bytes
-        self.members = members
-        self.node_paths = node_paths or {}
-        self.stall_timeout_s = stall_timeout_s
-        self._tasks: dict[str, asyncio.Task[Prepared]] = {}
-        self._listeners: dict[str, set[Callable[[pb.LifecycleEvent], None]]] = {}
-        self.state: dict[str, tuple[str, str]] = {}  # name -> (state, detail) for ListModels
-        self.log = get_logger(component="distributor")
 
     # ---- preparing a file ----
 
@@ -140,12 +142,12 @@ class Distributor:
         except (SourceError, ManifestError, GgufFormatError, ModelUnusable, OSError) as e:
             detail = e.detail if isinstance(e, SourceError) else str(e)
             self.state[name] = ("failed", detail)
-            self.log.error("model_prepare_failed", model=name, detail=detail)
+            log.error("model_prepare_failed", model=name, detail=detail)
             raise
         prepared = Prepared(name, path, m, raw, m.digest(), self.manifests.version_key(path, self.piece_bytes))
         self.files.replace_path(ServedFile(m.file_sha256, path, m.size, raw))
         self.state[name] = ("ready", "")
-        self.log.info("model_served", model=name, sha256=m.file_sha256, size=m.size, pieces=len(m.pieces))
+        log.info("model_served", model=name, sha256=m.file_sha256, size=m.size, pieces=len(m.pieces))
         return prepared
 
     async def _materialise(self, src: ModelSource) -> Path:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -87,8 +88,10 @@ def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry,
         def sources(plan: RunPlan, report: Report) -> Path:
             return node_paths[plan.model.model_id].resolve()
 
+    endpoints = RingEndpointFactory(local_ports(cfg, lambda detail: endpoints.forget(detail)),
+                                    lease_timeout_s=cfg.arena_pressure_timeout_s)
     return StageControlFleet(mtls_channels(secret, node_id, keepalive_s=cfg.control_keepalive_s), sources,
-                             endpoints=RingEndpointFactory(local_ports(cfg), lease_timeout_s=cfg.arena_pressure_timeout_s))
+                             endpoints=endpoints)
 
 
 def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry):
@@ -123,14 +126,21 @@ async def judge_models(models: ModelRegistry) -> str | None:
     return None
 
 
-def local_ports(cfg: OrchestratorConfig):
-    """Connects (on first use) to this host's arena-manager and edge-driver for the token endpoints."""
+def local_ports(cfg: OrchestratorConfig, on_arena_lost: Callable[[str], None]):
+    """Connects (on first use) to this host's arena-manager and edge-driver for the token endpoints;
+    `on_arena_lost` when that arena-manager is gone (ArenaHold.on_end)."""
 
     async def connect():
         from swactor.arena import client as arena_client
         from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
 
         hold = await asyncio.to_thread(arena_client.connect_holder, cfg.arena_fd_socket)
+
+        def lost(detail: str) -> None:
+            hold.close()  # its memfd and connection; the mapping stays valid for runs still using it
+            on_arena_lost(detail)
+
+        hold.on_end(lost)
         client = arena_client.AsyncArenaClient(hold, cfg.arena_socket)
         driver = EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket)
         return ArenaClientPort(client, requester="orchestrator"), driver, hold.map()
@@ -172,9 +182,7 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
         ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
-        timeouts=F.Timeouts(pool_s=cfg.pool_timeout_s, readiness_s=cfg.readiness_timeout_s,
-                            first_token_s=cfg.first_token_timeout_s, step_s=cfg.step_timeout_s,
-                            teardown_s=cfg.teardown_timeout_s),
+        timeouts=cfg.timeouts(),
     )
 
 

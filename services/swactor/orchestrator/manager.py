@@ -29,7 +29,7 @@ from swactor.orchestrator.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.prompting import PromptPreparer
 from swactor.orchestrator.queue import QueueFull, RunLobby
 from swactor.orchestrator.retention import RetentionPolicy, RetentionSchedule
-from swactor.orchestrator.runner import RunHandle, replay, wall_us
+from swactor.orchestrator.runner import RunHandle, RunUpdates, replay, wall_us
 from swactor.orchestrator.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokenizer import Tokenizer
 from swactor.orchestrator.validation import MAX_REQUEST_BYTES, check_fields, check_max_tokens
@@ -196,10 +196,10 @@ class Orchestrator:
             except QueueFull as e:
                 raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
 
-    def _start(self, record: opb.Run, prepared: Prepared) -> RunHandle:
+    def _start(self, record: opb.Run, prepared: Prepared, updates: RunUpdates | None = None) -> RunHandle:
         fsm = F.RunFsm(prepared.request, self.fsm_config, self.clock(), pool_view=self._gate)
         record.state = opb.RUN_STATE_WAITING_POOL
-        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock)
+        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates)
         self._active = handle
         handle.report(F.MembershipChanged(self.members))
         self._task = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
@@ -215,7 +215,7 @@ class Orchestrator:
         if not self._closing:
             queued = self._lobby.take_next()
             if queued is not None:
-                queued.started(self._start(queued.record, queued.start))
+                self._start(queued.record, queued.start, queued.updates)
         self.maintain()
 
     def maintain(self) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from swactor.common.reasons import ReasonError
 from swactor.modelfile.memory import MemoryProfile, StageBytes
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.v1 import common_pb2
@@ -23,12 +24,11 @@ from swactor.v1 import common_pb2
 BISECT_STEPS = 40
 
 
-class PlanError(ValueError):
+class PlanError(ReasonError, ValueError):
     """The request cannot become a valid plan on this pool; `reason` is a RunFaultReason value."""
 
     def __init__(self, message: str, reason: int = common_pb2.RUN_FAULT_NODE_UNAVAILABLE) -> None:
-        super().__init__(message)
-        self.reason = reason
+        super().__init__(reason, message)
 
 
 @dataclass(frozen=True)

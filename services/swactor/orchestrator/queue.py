@@ -9,13 +9,12 @@ events (RUN_QUEUED, RUN_QUEUE_MOVED, RUN_DEQUEUED, RUN_STOPPED for a queued run 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.orchestrator.runner import wall_us
+from swactor.orchestrator.runner import RunUpdates, wall_us
 from swactor.orchestrator.store import RunStore, StoreWriteError
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
@@ -80,43 +79,19 @@ class RunQueue:
 
 
 class QueuedRun:
-    """One waiting run: its record, what starting it needs, and its updates for WatchRun."""
+    """One waiting run: its record, what starting it needs, and its updates for WatchRun (its RunHandle
+    goes on publishing into the same RunUpdates once it starts, so a watcher follows it through)."""
 
     def __init__(self, record: opb.Run, start: Any) -> None:
         self.record = record
         self.start = start  # the manager's prepared request, opaque here
-        self.updates: list[opb.RunUpdate] = []
-        self.handle: Any = None  # the RunHandle once started
-        self._changed = asyncio.Event()
+        self.updates = RunUpdates()
 
     def publish(self, update: opb.RunUpdate) -> None:
         self.updates.append(update)
-        self._changed.set()
 
-    def started(self, handle: Any) -> None:
-        """The run left the queue: its handle, seeded with the queue's updates, takes over."""
-        handle.updates[:0] = self.updates
-        self.handle = handle
-        self._changed.set()
-
-    async def watch(self) -> AsyncIterator[opb.RunUpdate]:
-        """The queue's updates as they come; once started, the rest from the run's handle."""
-        index = 0
-        while self.handle is None:
-            while index < len(self.updates):
-                update = self.updates[index]
-                index += 1
-                yield update
-                if update.HasField("finished"):
-                    return
-            if self.handle is None:
-                self._changed.clear()
-                await self._changed.wait()
-        seen = 0
-        async for update in self.handle.watch():
-            seen += 1
-            if seen > index:
-                yield update
+    def watch(self) -> AsyncIterator[opb.RunUpdate]:
+        return self.updates.watch()
 
 
 class RunLobby:

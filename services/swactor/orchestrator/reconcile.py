@@ -77,6 +77,14 @@ class Target:
     sent: bool = False      # stop_run_sent emitted
 
 
+@dataclass(frozen=True)
+class _Stage:
+    """Messages about one leftover stage list its run and index first."""
+
+    run_id: int
+    stage_index: int
+
+
 # ---- inputs ----
 
 
@@ -86,31 +94,26 @@ class View:
 
 
 @dataclass(frozen=True)
-class StopAnswered:
-    run_id: int
-    stage_index: int
-    known: bool
+class StopAnswered(_Stage):
+    known: bool  # the node held the run (it now stops it); False: nothing to stop
 
 
 @dataclass(frozen=True)
-class StopFailed:
-    run_id: int
-    stage_index: int
+class StopFailed(_Stage):
+    """The StopRun call failed."""
+
     detail: str
 
 
 @dataclass(frozen=True)
-class StageStoppedSeen:
-    run_id: int
-    stage_index: int
+class StageStoppedSeen(_Stage):
+    """The node reported the stage's StageStopped."""
 
 
 @dataclass(frozen=True)
-class ConfirmLost:
+class ConfirmLost(_Stage):
     """The WatchStage that follows a stopping stage broke before StageStopped."""
 
-    run_id: int
-    stage_index: int
     detail: str
 
 
@@ -133,16 +136,14 @@ Input = View | StopAnswered | StopFailed | StageStoppedSeen | ConfirmLost | Loca
 
 
 @dataclass(frozen=True)
-class SendStopRun:
-    run_id: int
-    stage_index: int
+class SendStopRun(_Stage):
     node: NodeInfo
 
 
 @dataclass(frozen=True)
-class WatchUntilStopped:
-    run_id: int
-    stage_index: int
+class WatchUntilStopped(_Stage):
+    """Follow the stage's WatchStage until StageStopped (StageStoppedSeen | ConfirmLost)."""
+
     node: NodeInfo
 
 

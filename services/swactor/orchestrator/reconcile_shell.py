@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
 
 from swactor.common.events import get_logger
+from swactor.common.grpcio import response_stream
 from swactor.orchestrator import reconcile as R
 from swactor.orchestrator.nodes import NodeInfo
 from swactor.orchestrator.store import RunStore
@@ -26,6 +28,7 @@ CALL_TIMEOUT_S = 5.0
 # re-reads its Stats a few times (0.1 s doubling, `settle_s` in all) before naming a lease as left.
 SETTLE_S = 5.0
 ORCHESTRATOR_REQUESTER = "orchestrator"
+log = get_logger(component="reconcile")
 
 
 class ControlPort(Protocol):
@@ -59,10 +62,11 @@ class MtlsControl:
     async def wait_stopped(self, node: NodeInfo, run_id: int) -> None:
         async with self._channel(node) as ch:
             try:
-                async for update in stage_pb2_grpc.StageControlStub(ch).WatchStage(
-                        stage_pb2.WatchStageRequest(run_id=run_id)):
-                    if update.HasField("stopped"):
-                        return
+                call = stage_pb2_grpc.StageControlStub(ch).WatchStage(stage_pb2.WatchStageRequest(run_id=run_id))
+                async with response_stream(call) as updates:
+                    async for update in updates:
+                        if update.HasField("stopped"):
+                            return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.NOT_FOUND:  # forgotten there: nothing of it is left
                     return
@@ -108,19 +112,17 @@ class LocalEdges:
                          f"attached holders: {list(le.attached_holder_ids)})" for le in left)
 
 
+@dataclass(eq=False)
 class ReconcileShell:
-    def __init__(self, core: R.Reconciler, control: ControlPort, local: LocalPort, store: RunStore,
-                 publish: Callable[[tuple[NodeInfo, ...]], None], clock: Callable[[], float] = time.monotonic) -> None:
-        self.core = core
-        self.control = control
-        self.local = local
-        self.store = store
-        self.publish = publish
-        self.clock = clock
-        self.inputs: asyncio.Queue[R.Input] = asyncio.Queue()
-        self.view: tuple[NodeInfo, ...] = ()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.log = get_logger(component="reconcile")
+    core: R.Reconciler
+    control: ControlPort
+    local: LocalPort
+    store: RunStore
+    publish: Callable[[tuple[NodeInfo, ...]], None]
+    clock: Callable[[], float] = time.monotonic
+    inputs: asyncio.Queue[R.Input] = field(default_factory=asyncio.Queue, init=False)
+    view: tuple[NodeInfo, ...] = field(default=(), init=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False)
 
     def on_view(self, members: tuple[NodeInfo, ...]) -> None:
         self.view = tuple(members)
@@ -130,7 +132,7 @@ class ReconcileShell:
     async def run(self) -> None:
         """Until every leftover run is torn down (or given up on, by name)."""
         started = self.clock()
-        self.log.info("reconcile_started", runs=[r.run_id for r in self.core.leftovers])
+        log.info("reconcile_started", runs=[r.run_id for r in self.core.leftovers])
         try:
             self._step(R.Tick())
             while not self.core.done:
@@ -145,7 +147,7 @@ class ReconcileShell:
             for task in list(self._tasks):
                 task.cancel()
             self.publish(self.core.mask_view(self.view))
-        self.log.info("reconcile_done", seconds=round(self.clock() - started, 3))
+        log.info("reconcile_done", seconds=round(self.clock() - started, 3))
 
     def _step(self, inp: R.Input) -> None:
         for action in self.core.handle(inp, self.clock()):
@@ -237,7 +239,7 @@ def start(leftovers: list[R.Leftover], *, secret: bytes, node_id: int, edge_sock
 
     def finished(task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:  # a bug here must not pass in silence
-            shell.log.error("reconcile_failed", detail=repr(task.exception()))
+            log.error("reconcile_failed", detail=repr(task.exception()))
             publish(shell.view)
 
     task = asyncio.create_task(run(), name="reconcile")

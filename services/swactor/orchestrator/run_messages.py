@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from swactor.common.msgbase import Failure
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.gguf_model import ModelFacts
 from swactor.orchestrator.nodes import NodeInfo
@@ -51,35 +52,38 @@ class FsmConfig:
 
 
 @dataclass(frozen=True)
+class _Stage:
+    """What a stage's node reports lists the stage's index first (a failure then its RunFaultReason
+    and detail: swactor.common.msgbase)."""
+
+    stage_index: int
+
+
+@dataclass(frozen=True)
 class MembershipChanged:
     members: tuple[NodeInfo, ...]
 
 
 @dataclass(frozen=True)
-class ProvisionFailed:
+class ProvisionFailed(Failure, _Stage):
     """The ProvisionStage call itself failed (rejected or the node was unreachable)."""
 
-    stage_index: int
-    reason: int  # RunFaultReason
-    detail: str
+
+@dataclass(frozen=True)
+class StageReady(_Stage):
+    """The stage's node reports it ready (StageUpdate.ready)."""
 
 
 @dataclass(frozen=True)
-class StageReady:
-    stage_index: int
-
-
-@dataclass(frozen=True)
-class StageFault:
-    stage_index: int
+class StageFault(_Stage):
     reason: int  # RunFaultReason
     component: int  # Component
     detail: str = ""
 
 
 @dataclass(frozen=True)
-class StageStopped:
-    stage_index: int
+class StageStopped(_Stage):
+    """The stage's node reports it stopped (StageUpdate.stopped)."""
 
 
 @dataclass(frozen=True)
@@ -96,9 +100,8 @@ class EndpointsClosed:
 
 
 @dataclass(frozen=True)
-class EndpointFault:
-    reason: int
-    detail: str = ""
+class EndpointFault(Failure):
+    """A local token endpoint failed: a RunFaultReason."""
 
 
 @dataclass(frozen=True)
@@ -120,11 +123,9 @@ class OperatorStop:
 
 
 @dataclass(frozen=True)
-class OrchestratorFault:
-    """The orchestrator cannot carry the run on (its run store cannot be written): fault and tear down."""
-
-    reason: int  # RunFaultReason
-    detail: str
+class OrchestratorFault(Failure):
+    """The orchestrator cannot carry the run on (its run store cannot be written): a RunFaultReason;
+    fault and tear down."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ persisted after every step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -31,19 +30,43 @@ PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJE
 # Kept in the run's events but not journaled either: up to two per stage per second for a whole download.
 UNJOURNALED_KINDS = PER_OBJECT_KINDS | {pb.WEIGHTS_DOWNLOAD_PROGRESS}
 
+class RunUpdates:
+    """A run's WatchRun updates in order, from the first (RUN_QUEUED when it waited) to `finished`:
+    each watcher replays them from the first, then follows new ones as they come."""
+
+    def __init__(self) -> None:
+        self.items: list[opb.RunUpdate] = []
+        self._more = asyncio.Event()
+
+    def append(self, update: opb.RunUpdate) -> None:
+        self.items.append(update)
+        self._more.set()
+
+    async def watch(self) -> AsyncIterator[opb.RunUpdate]:
+        index = 0
+        while True:
+            while index < len(self.items):
+                update = self.items[index]
+                index += 1
+                yield update
+                if update.HasField("finished"):
+                    return
+            self._more.clear()  # no await since the last look: nothing can be appended in between
+            await self._more.wait()
+
+
 class RunHandle:
     """One live run: its FSM, its input queue, its published updates and its record."""
 
     def __init__(self, fsm: F.RunFsm, record: opb.Run, tokenizer: Tokenizer, fleet: StageFleet, store: RunStore,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, updates: RunUpdates | None = None) -> None:
         self.fsm = fsm
         self.record = record
         self.fleet = fleet
         self.store = store
         self.clock = clock
         self.inputs: asyncio.Queue[F.Input] = asyncio.Queue()
-        self.updates: list[opb.RunUpdate] = []
-        self._changed = asyncio.Condition()
+        self.updates = RunUpdates() if updates is None else updates  # a queued run's, when it waited
         self._decoder = StreamDecoder(tokenizer)
         self._endpoints: TokenEndpoints | None = None
         self._endpoints_ready = asyncio.Event()
@@ -86,8 +109,6 @@ class RunHandle:
             for t in list(self._tasks):
                 t.cancel()
             self._finalize()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._notify()
 
     async def _step(self, event: F.Input) -> None:
         actions = self.fsm.handle(event, self.clock())
@@ -104,8 +125,6 @@ class RunHandle:
                 self.store.put(self.record)
         except StoreWriteError as e:
             self._store_failed(e)
-        if actions:
-            await self._notify()
 
     def _perform(self, action: F.Action, emitted: list[pb.LifecycleEvent]) -> None:
         match action:
@@ -189,23 +208,9 @@ class RunHandle:
         self.updates.append(opb.RunUpdate(finished=final))
         self.done.set()
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def watch(self) -> AsyncIterator[opb.RunUpdate]:
+    def watch(self) -> AsyncIterator[opb.RunUpdate]:
         """Every update from the start, then live ones, ending with the `finished` Run."""
-        index = 0
-        while True:
-            while index < len(self.updates):
-                update = self.updates[index]
-                index += 1
-                yield update
-                if update.HasField("finished"):
-                    return
-            async with self._changed:
-                if index >= len(self.updates):
-                    await self._changed.wait()
+        return self.updates.watch()
 
     # ---- fleet calls (each reports its outcome as an FSM input) ----
 

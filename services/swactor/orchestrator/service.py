@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import message_factory
@@ -40,21 +41,22 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         self.log.info("request_refused", method=method, code=e.code.name, detail=e.message)
         await context.abort(e.code, e.message)
 
-    async def SubmitRun(self, request, context):
+    async def _submitted(self, context: grpc.aio.ServicerContext, method: str,
+                         request: opb.SubmitRunRequest | RefusedRequest,
+                         call: Callable[[opb.SubmitRunRequest], Awaitable[Any]]) -> Any:
+        """SubmitRun and Plan: a request the deserializer refused, or one `call` refuses, is answered by name."""
         try:
             if isinstance(request, RefusedRequest):
                 raise RequestError.invalid(request.message)
-            return await self.o.submit(request)
+            return await call(request)
         except RequestError as e:
-            await self._refuse(context, "SubmitRun", e)
+            await self._refuse(context, method, e)
+
+    async def SubmitRun(self, request, context):
+        return await self._submitted(context, "SubmitRun", request, self.o.submit)
 
     async def Plan(self, request, context):
-        try:
-            if isinstance(request, RefusedRequest):
-                raise RequestError.invalid(request.message)
-            return await self.o.plan(request)
-        except RequestError as e:
-            await self._refuse(context, "Plan", e)
+        return await self._submitted(context, "Plan", request, self.o.plan)
 
     async def WatchRun(self, request, context) -> AsyncIterator[opb.RunUpdate]:
         try:

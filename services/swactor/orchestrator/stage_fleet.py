@@ -17,6 +17,7 @@ from typing import Protocol
 import grpc
 
 from swactor.common.events import get_logger
+from swactor.common.grpcio import response_stream
 from swactor.orchestrator import fsm as F
 from swactor.orchestrator.fleet import FleetError, Report, TokenEndpoints
 from swactor.orchestrator.planner import RunPlan, StagePlan
@@ -147,7 +148,14 @@ class StageControlFleet:
         req = provision_request(plan, stage, source)
         try:
             await self._provision_when_free(stub, req)
-        except grpc.aio.AioRpcError as e:
+        except BaseException as e:
+            # No watch will close the channel: close it here, or it lives on, reconnecting to the node
+            # when it comes back and holding that connection for good (seen with a host killed).
+            channel = self._open.pop((plan.run_id, stage.stage_index), None)
+            if channel is not None:
+                await channel.close()
+            if not isinstance(e, grpc.aio.AioRpcError):
+                raise
             reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
             raise FleetError(reason, f"ProvisionStage on node {stage.node_id} ({stage.node.control_endpoint}): "
                                      f"{e.code().name}: {e.details()}") from None
@@ -173,12 +181,13 @@ class StageControlFleet:
     async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
                      report: Report) -> None:
         try:
-            async for update in stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id)):
-                inp = stage_input(stage, update)
-                if inp is not None:
-                    report(inp)
-                if update.HasField("stopped"):
-                    return
+            async with response_stream(stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id))) as updates:
+                async for update in updates:
+                    inp = stage_input(stage, update)
+                    if inp is not None:
+                        report(inp)
+                    if update.HasField("stopped"):
+                        return
             report(F.StageFault(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ORCHESTRATOR,
                                 "WatchStage ended before StageStopped"))
         except grpc.aio.AioRpcError as e:

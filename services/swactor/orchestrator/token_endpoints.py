@@ -203,13 +203,21 @@ class RingTokenEndpoints:
 
 
 class RingEndpointFactory:
-    """`EndpointFactory` for StageControlFleet: the local arena-manager and edge-driver, made on first use."""
+    """`EndpointFactory` for StageControlFleet: the local arena-manager and edge-driver, made on first use
+    and made again after `forget` (the arena-manager they were made with is gone)."""
 
     def __init__(self, connect: Callable[[], Awaitable[tuple[ArenaPort, DriverPort, Any]]], *,
                  lease_timeout_s: float | None = DEFAULT_LEASE_TIMEOUT_S) -> None:
         self._connect = connect
         self.lease_timeout_s = lease_timeout_s
         self._ports: tuple[ArenaPort, DriverPort, Any] | None = None
+
+    def forget(self, detail: str) -> None:
+        """The local arena-manager's hand-out connection ended: the next run connects to its successor
+        (a new memfd, a new holder id); runs still using the old ports fail on their own."""
+        if self._ports is not None:
+            get_logger(component="token_endpoints").warning("arena_lost_reconnect_next_run", detail=detail)
+        self._ports = None
 
     async def open(self, plan: RunPlan, report: Report) -> RingTokenEndpoints:
         if self._ports is None:
@@ -219,6 +227,8 @@ class RingEndpointFactory:
                 raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
                                  f"local arena-manager / edge-driver unreachable: {type(e).__name__}: {e}") from None
         arena, driver, arena_map = self._ports
-        endpoints = RingTokenEndpoints(plan, report, arena, driver, arena_map, lease_timeout_s=self.lease_timeout_s)
+        # One edge owner per run: a run's edges end with its own driver stream, whatever other runs do.
+        endpoints = RingTokenEndpoints(plan, report, arena, driver.for_new_owner(), arena_map,
+                                       lease_timeout_s=self.lease_timeout_s)
         await endpoints.start()
         return endpoints

@@ -11,7 +11,7 @@ from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
 
 
 @dataclass
-class WorkerConfig:
+class WorkerConfig(sockets.EdgeEndSockets):
     # TCP listener of the node control API (stage.proto), mutual TLS.
     control_address: str = "0.0.0.0:7441"
     # host:port the orchestrator should dial (gossiped as control_endpoint); "" = control_address.
@@ -20,10 +20,6 @@ class WorkerConfig:
     orchestrator_node_id: int = 0
     secret_file: Path = Path("/etc/swactor/cluster.secret")
     state_dir: Path = DEFAULT_STATE_DIR
-    arena_socket: Path = sockets.ARENA
-    arena_fd_socket: Path = sockets.ARENA_FD
-    edge_socket: Path = sockets.EDGE
-    edge_wake_socket: Path = sockets.EDGE_WAKE
     membership_socket: Path = sockets.MEMBERSHIP
     # tinygrad device for the compute process ("" = tinygrad's default: CUDA/NV on GPU hosts).
     device: str = ""

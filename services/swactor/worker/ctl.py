@@ -69,10 +69,10 @@ class GpuWorkerCtl:
     # ---- inputs ----
 
     def start(self) -> None:
-        self._feed(Start(time.monotonic()))
+        self._feed(Start())
 
     def send(self, command: wire.Command) -> None:
-        self._feed(Send(command, time.monotonic()))
+        self._feed(Send(command))
 
     def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool:
         """Hand the ring's eventfds to the running worker (fds stay owned by the caller)."""
@@ -86,7 +86,7 @@ class GpuWorkerCtl:
         return True
 
     def _feed(self, inp: Input) -> None:
-        for action in self.core.handle(inp):
+        for action in self.core.handle(inp, time.monotonic()):
             self._do(action)
         self._arm_timer()
 
@@ -96,7 +96,7 @@ class GpuWorkerCtl:
             self._timer = None
         if self.core.deadline is not None:
             delay = max(0.0, self.core.deadline - time.monotonic())
-            self._timer = asyncio.get_running_loop().call_later(delay, lambda: self._feed(Tick(time.monotonic())))
+            self._timer = asyncio.get_running_loop().call_later(delay, lambda: self._feed(Tick()))
 
     # ---- actions ----
 
@@ -138,7 +138,7 @@ class GpuWorkerCtl:
         finally:
             theirs.close()
         self._log.info("worker_spawned", pid=self.proc.pid, worker_generation=generation)
-        self._feed(Spawned(self.proc.pid, time.monotonic()))
+        self._feed(Spawned(self.proc.pid))
         self._spawn_task(self._read_stdout(self.proc))
 
     def _write(self, cmd: wire.Command) -> None:

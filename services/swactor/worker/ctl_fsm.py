@@ -1,7 +1,7 @@
 """GpuWorkerCtl FSM of spec §31, as an I/O-free core.
 
-The core takes inputs (controller commands, worker events, process notifications, timer ticks with
-`now`) and returns actions for the asyncio shell in `ctl.py`: spawn/kill the process, write a
+The core takes inputs (controller commands, worker events, process notifications, timer ticks) with
+`now` passed in and returns actions for the asyncio shell in `ctl.py`: spawn/kill the process, write a
 command line, deliver an event to subscribers. It owns worker_generation numbering, the table of
 installed rings and the live device handles of the current generation, and synthesizes the §30
 events a dead worker can no longer send (WorkerCrashed, RingFault, StepFailed, RingQuiesced).
@@ -36,13 +36,12 @@ class CtlState(enum.Enum):
 
 @dataclass(frozen=True)
 class Start:
-    now: float
+    """Spawn a new worker generation (from NotStarted, Failed or Stopped)."""
 
 
 @dataclass(frozen=True)
 class Spawned:
     pid: int
-    now: float
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,12 @@ class ProcessExited:
 
 @dataclass(frozen=True)
 class Tick:
-    now: float
+    """The deadline may have passed."""
 
 
 @dataclass(frozen=True)
 class Send:
     command: wire.Command
-    now: float = 0.0
 
 
 Input = Start | Spawned | SpawnFailed | FromWorker | StdoutMalformed | ProcessExited | Tick | Send
@@ -175,11 +173,11 @@ class CtlCore:
 
     # ---- the one entry point ----
 
-    def handle(self, inp: Input) -> list[Action]:
+    def handle(self, inp: Input, now: float) -> list[Action]:
         match inp:
-            case Start(now):
+            case Start():
                 return self._start(now)
-            case Spawned(pid, now):
+            case Spawned(pid):
                 return self._spawned(pid, now)
             case SpawnFailed(detail):
                 return self._never_ready(NeverReady.SPAWN_FAILED, detail)
@@ -189,9 +187,9 @@ class CtlCore:
                 return self._process_broken(f"malformed worker event: {detail}", kill=True)
             case ProcessExited(rc):
                 return self._exited(rc)
-            case Tick(now):
+            case Tick():
                 return self._tick(now)
-            case Send(command, now):
+            case Send(command):
                 return self._send(command, now)
         raise TypeError(f"unknown ctl input {inp!r}")  # pragma: no cover
 

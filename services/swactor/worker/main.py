@@ -60,7 +60,7 @@ async def serve(cfg: WorkerConfig) -> int:
 
 async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextlib.AsyncExitStack) -> int:
     import swactor_ring
-    from swactor.arena.client import AsyncArenaClient, connect_holder
+    from swactor.arena.client import EXIT_ARENA_LOST, AsyncArenaClient, connect_holder
     from swactor.common import control_tls
     from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
     from swactor.worker.ctl import GpuWorkerCtl
@@ -93,6 +93,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
     await server.start()
     await node.start()
+    hold.on_end(node.arena_lost)  # the arena-manager died: fault the run, tear down, retire (exit, restarted)
     keeper = asyncio.create_task(membership.keep_published())  # re-says our state after a membership restart
     await set_serving(health, [SERVICE_NAME])
     log.info("worker_service_started", node_id=node_id, control_port=port)
@@ -102,12 +103,18 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    while not stop.is_set():
+    while not stop.is_set() and not node.retired.is_set():
         with_status = f"node {node_id}: available={node.available} worker={ctl.state.value}"
         notify_status(with_status)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=30)
-    notify_stopping("shutting down")
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.retired.wait())]
+        await asyncio.wait(waits, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
+    # Retired: this process and its compute process mapped a dead arena's memfd; the service manager
+    # (Restart=on-failure) starts us again, on the new arena.
+    rc = EXIT_ARENA_LOST if node.retired.is_set() else 0
+    notify_stopping("arena-manager gone" if rc else "shutting down")
+    log.info("worker_service_stopping", exit_status=rc, detail=node.arena_gone or "")
     keeper.cancel()
     from swactor.worker.process import wire
 
@@ -117,7 +124,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     await ctl.close()
     await server.stop(grace=2)
     await node.close()
-    return 0
+    return rc
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,9 @@ a later run of the same weights re-uses them (warm ConfigureRole). NodeAvailable
 only once the arena is mapped, the worker said WorkerReady and the edge-driver answers. A run is held
 under the orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` the
 stage faults fail-stop and tears itself down. Every stage event carries the worker's generation.
+When the host's arena-manager dies (`arena_lost`) the running stage faults fail-stop
+(RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired`
+is set once no run is left: the service then exits for its manager to restart it on the new arena.
 """
 
 from __future__ import annotations
@@ -16,11 +19,10 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 from swactor.edgeend.establisher_shell import DEFAULT_LEASE_TIMEOUT_S, EdgeOutcome, EstablisherShell
 from swactor.edgeend.ports import ArenaPort, DriverPort
@@ -28,6 +30,7 @@ from swactor.edgeend.timings import relay_object_timings
 from swactor.v1 import common_pb2, edge_pb2, stage_pb2
 from swactor.worker import stage_fsm
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
+from swactor.worker.ctl_port import WorkerCtlLike, WorkerRingHost
 from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
@@ -37,22 +40,6 @@ from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 MAX_WORKER_RESTARTS = 3
 KEEP_FINISHED_RUNS = 16
-
-
-class WorkerCtlLike(Protocol):
-    @property
-    def state(self) -> CtlState: ...
-
-    @property
-    def worker_generation(self) -> int: ...
-
-    def start(self) -> None: ...
-
-    def send(self, command: wire.Command) -> None: ...
-
-    def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool: ...
-
-    def subscribe(self, fn: Callable[[Any], None]) -> None: ...
 
 
 class ProvisionError(Exception):
@@ -107,6 +94,8 @@ class StageNode:
         self.worker_ready = False
         self.driver_up = False
         self.available = False
+        self.arena_gone: str | None = None  # why, once the arena-manager's hand-out connection ended
+        self.retired = asyncio.Event()  # arena gone and no run left here: the service should exit
         self.restarts = 0
         self.warm_weights = False
         self.weights = WeightsShell(weights, self._stage_input)
@@ -145,12 +134,14 @@ class StageNode:
         return True
 
     def _check_available(self) -> None:
-        now = self.worker_ready and self.driver_up
+        if self.arena_gone is not None and not self.retired.is_set():
+            return  # withdrawn once retired: membership must not beat the stage's own fault report
+        now = self.worker_ready and self.driver_up and self.arena_gone is None
         if now == self.available:
             return
         self.available = now
         self._log.info("node_available" if now else "node_unavailable", worker_ready=self.worker_ready,
-                       driver_up=self.driver_up)
+                       driver_up=self.driver_up, arena_up=self.arena_gone is None)
         if self.membership is not None:
             generation = self.ctl.worker_generation
             if now:
@@ -203,6 +194,8 @@ class StageNode:
             raise ProvisionError("FAILED_PRECONDITION", f"run {run} is still active here")
         if not self.worker_ready:
             raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
+        if self.arena_gone is not None:
+            raise ProvisionError("FAILED_PRECONDITION", f"the node's arena-manager is gone: {self.arena_gone}")
         try:
             plan = build_plan(req, node_id=self.node_id, role_id=new_id())
         except PlanRejected as e:
@@ -312,6 +305,33 @@ class StageNode:
                     self._report(event, cause, detail)
         if self.stage.state is stage_fsm.StageState.STOPPED:
             self._maybe_restart_worker()
+            self._check_retired()
+
+    # ---- the arena-manager gone ----
+
+    def arena_lost(self, detail: str) -> None:
+        """The arena's hand-out connection ended (ArenaHold.on_end). The stage's rings live in a memfd
+        nobody manages any more, and a new arena-manager hands out a new one that neither this process
+        nor its compute process has mapped: fault the run here first (the orchestrator hears why),
+        tear it down, withdraw the node, then retire."""
+        if self.arena_gone is not None:
+            return
+        self.arena_gone = detail
+        run_id = self.stage.plan.run_id if self.stage is not None and self.stage.plan is not None else None
+        self._log.error("arena_lost", detail=detail, run_id=run_id, reason="RUN_FAULT_NODE_UNAVAILABLE",
+                        component="COMPONENT_ARENA")
+        if run_id is not None:
+            self._stage_input(run_id, stage_fsm.ArenaLost(detail))
+            self._stage_input(run_id, stage_fsm.StopRun())
+        self._check_retired()
+
+    def _check_retired(self) -> None:
+        idle = self.stage is None or self.stage.state in (stage_fsm.StageState.STOPPED,
+                                                          stage_fsm.StageState.UNPROVISIONED)
+        if self.arena_gone is not None and idle and not self.retired.is_set():
+            self._log.info("node_retiring", detail=self.arena_gone)
+            self.retired.set()
+            self._check_available()
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
         ev.time_us = _now_us()
@@ -422,24 +442,3 @@ class StageNode:
 
     def _edge_outcome(self, a: EdgeOutcome) -> None:
         self._stage(a)  # the StageController takes the establisher's outcomes as they are
-
-
-class WorkerRingHost:
-    """The ring host of a stage node: its GPU worker process, which reports RingInstalled /
-    RingFault / RingQuiesced itself (StageNode._on_worker)."""
-
-    def __init__(self, ctl: WorkerCtlLike) -> None:
-        self.ctl = ctl
-
-    def install(self, edge: est.EdgeProvision, layout: Layout) -> bool:
-        self.ctl.send(wire.InstallRing(layout.ring_id, edge.edge_id, edge.port_id, edge.direction, layout,
-                                       edge.object_spec))
-        return False
-
-    def uninstall(self, ring_id: int, reason: int) -> bool:
-        self.ctl.send(wire.UninstallRing(ring_id, reason))
-        return False
-
-    def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
-        if fds is not None:
-            self.ctl.share_wake_fds(ring_id, *fds)

@@ -32,8 +32,11 @@ from swactor.worker.process import wire
 # the FSM's vocabulary lives in stage_messages; importers may take it from here too
 from swactor.worker.stage_messages import (
     Action,
+    ArenaLost,
     CancelFetch,
     ControlLost,
+    FetchProgress,
+    FetchStarted,
     FetchWeights,
     Input,
     Provision,
@@ -45,8 +48,6 @@ from swactor.worker.stage_messages import (
     ToWorker,
     WeightsFetched,
     WeightsFetchFailed,
-    WeightsFetchProgress,
-    WeightsFetchStarted,
     WorkerGone,
 )
 
@@ -149,10 +150,10 @@ class StageController:
             return []
         p = self.plan
         match inp:
-            case WeightsFetchStarted(total, cached) if self.fetching:
+            case FetchStarted(total, cached) if self.fetching:
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_STARTED,
                                     counters={"bytes_total": total, "bytes_cached": cached})]
-            case WeightsFetchProgress(done, total, rate, eta) if self.fetching:
+            case FetchProgress(done, total, rate, eta) if self.fetching:
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_PROGRESS, counters={
                     "bytes_done": done, "bytes_total": total, "rate_bps": rate, "eta_ms": int(eta * 1000)})]
             case WeightsFetched(path, total, fetched, seconds) if self.fetching:
@@ -198,6 +199,9 @@ class StageController:
             case ControlLost(detail):
                 return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_STAGE_CONTROLLER,
                                      "StageLease.Expired", detail)
+            case ArenaLost(detail):  # §36 "node unavailable during run": its arena is gone
+                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_ARENA,
+                                     "ArenaManager.Gone", detail)
             case wire.ObjectLoaded():
                 return self._loaded(inp)
             case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):

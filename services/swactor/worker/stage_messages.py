@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from swactor.distribution.request import FetchRequest
-from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped
+from swactor.common.msgbase import Failure
+from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
+from swactor.edgeend.establisher import EdgeFailed, EdgeProvision, EdgeReady, EdgeStopped, StopEdge
 from swactor.v1 import common_pb2
 from swactor.worker.process import wire
 
@@ -46,20 +47,6 @@ class StopRun:
 
 
 @dataclass(frozen=True)
-class WeightsFetchStarted:
-    bytes_total: int
-    bytes_cached: int
-
-
-@dataclass(frozen=True)
-class WeightsFetchProgress:
-    bytes_done: int
-    bytes_total: int
-    rate_bps: int
-    eta_s: float
-
-
-@dataclass(frozen=True)
 class WeightsFetched:
     path: str
     bytes_total: int
@@ -74,11 +61,8 @@ class WeightsFetchFailed:
 
 
 @dataclass(frozen=True)
-class WorkerGone:
-    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl."""
-
-    reason: int  # RunFaultReason: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL
-    detail: str
+class WorkerGone(Failure):
+    """WorkerCrashed / WorkerFailed / WorkerFatal from the ctl: RUN_FAULT_WORKER_CRASHED | RUN_FAULT_WORKER_FATAL."""
 
 
 @dataclass(frozen=True)
@@ -88,22 +72,27 @@ class ControlLost:
     detail: str
 
 
-Input = (Provision | StopRun | ControlLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone | WeightsFetchStarted
-         | WeightsFetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
+@dataclass(frozen=True)
+class ArenaLost:
+    """The host's arena-manager is gone (its hand-out connection ended): every ring of the run lives in
+    a memfd nobody manages any more. Fault fail-stop; StopRun follows."""
+
+    detail: str
+
+
+# The weights fetch's own reports (FetchStarted, FetchProgress) are inputs as they are.
+Input = (Provision | StopRun | ControlLost | ArenaLost | EdgeReady | EdgeFailed | EdgeStopped | WorkerGone
+         | FetchStarted | FetchProgress | WeightsFetched | WeightsFetchFailed | wire.RoleProgress
          | wire.RoleConfigured | wire.RoleFailed | wire.ObjectLoaded | wire.ObjectFailed | wire.ObjectProduced
          | wire.StepCompleted | wire.StepFailed)
 
 # ---- actions ----
+# (StopEdge: the establisher's own input, swactor.edgeend.establisher.StopEdge)
 
 
 @dataclass(frozen=True)
 class ProvisionEdge:
     edge: EdgeProvision
-
-
-@dataclass(frozen=True)
-class StopEdge:
-    edge_id: int
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The stage node's weight fetch (docs/distribution.md): the asyncio shell between the
 StageController's FetchWeights / CancelFetch actions and the node-wide FetchPool.
 
-One fetch per active stage; its outcome comes back as StageController inputs (WeightsFetchStarted,
-WeightsFetchProgress, WeightsFetched, WeightsFetchFailed) tagged with the run. The lease on the
+One fetch per active stage; its outcome comes back as StageController inputs (the pool's FetchStarted
+and FetchProgress as they are, then WeightsFetched or WeightsFetchFailed) tagged with the run. The lease on the
 cache file is held until that run's stage stopped, and the file stays pinned as the worker's
 resident weights (never evicted while the compute process maps it) until another file replaces it.
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from functools import partial
 from typing import Protocol
 
 from swactor.common.events import get_logger
-from swactor.distribution.request import FetchRequest
-from swactor.distribution.stagefetch import FetchFailed, FetchProgress, FetchStarted, Lease
+from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
+from swactor.distribution.stagefetch import FetchFailed, Lease
 from swactor.v1 import stage_pb2
 from swactor.worker import stage_fsm
 
@@ -68,11 +69,9 @@ class WeightsShell:
             self.feed(run_id, stage_fsm.WeightsFetchFailed(
                 "Unavailable", "this node has no weights cache configured, so it cannot fetch from a URL"))
             return
+        report = partial(self.feed, run_id)
         try:
-            lease = await self.pool.acquire(
-                req, lambda s: self.feed(run_id, stage_fsm.WeightsFetchStarted(s.bytes_total, s.bytes_cached)),
-                lambda p: self.feed(run_id, stage_fsm.WeightsFetchProgress(p.bytes_done, p.bytes_total, p.rate_bps,
-                                                                            p.eta_s)))
+            lease = await self.pool.acquire(req, report, report)
         except FetchFailed as e:
             if e.reason == "CacheIo":
                 self.distrust(sha256=req.sha256)

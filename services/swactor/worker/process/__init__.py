@@ -15,7 +15,8 @@ A pure core and a thin I/O shell:
 - `fdpass.py`: the SCM_RIGHTS side channel carrying ring eventfds from GpuWorkerCtl (both halves);
 - `device.py`: §33 device bridge over tinygrad buffers (a `DeviceAllocation` is the FSMs' sink and source);
 - `roles.py`, `llama_role.py`: role code, the llama stage role over `swactor.worker.compute`;
-- `role_loader.py`: cold loads on their own threads, reporting through a queue and a wakeup pipe.
+- `role_loader.py`: cold loads on their own threads, reporting through a queue and a wakeup pipe;
+- `testhooks.py`: test-only fault hooks (tests/faults/), each off unless its variable is set.
 
 Importing this package imports nothing: GpuWorkerCtl imports `wire` and `fdpass` from here without
 loading the process's dependencies.

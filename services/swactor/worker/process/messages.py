@@ -6,8 +6,8 @@ Ring ends, device objects, roles and the ingress sink are opaque to the core; it
 between its tables and the actions (and lets the §32 ring-object FSMs pump ring ends through their
 narrow interfaces).
 
-Messages about one ring, one role or one step list that identity first (the bases below, as in
-`wire`); a failure ends with its reason (a common.proto enum value) and detail.
+Messages about one ring, one role or one step list that identity first, and a failure ends with its
+reason and detail (swactor.common.msgbase, as in `wire`).
 """
 
 from __future__ import annotations
@@ -16,29 +16,14 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from swactor.common.msgbase import Failure, OfRing, OfRole
 from swactor.edgeend.objects import HeaderCodec, ObjectSink
 from swactor.worker.process import wire
 
 
 @dataclass(frozen=True)
-class _Ring:
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class _Role:
-    role_id: int
-
-
-@dataclass(frozen=True)
 class _Step:
     step_id: int
-
-
-@dataclass(frozen=True)
-class _Failure:
-    reason: int  # the enum each subclass names
-    detail: str
 
 
 # ---- inputs (besides wire.Command) ----
@@ -77,39 +62,39 @@ class BackendReady:
 
 
 @dataclass(frozen=True)
-class HostFailed(_Failure):
+class HostFailed(Failure):
     """The shell could not do what an action asked and the process cannot go on: a WorkerFatalReason."""
 
 
 @dataclass(frozen=True)
-class RingOpened(_Ring):
+class RingOpened(OfRing):
     end: Any  # ringport.ConsumerEnd (Ingress) | ringport.ProducerEnd (Egress)
 
 
 @dataclass(frozen=True)
-class RingOpenFailed(_Failure, _Ring):
+class RingOpenFailed(Failure, OfRing):
     """The ring end could not be opened: a RingFaultReason."""
 
 
 @dataclass(frozen=True)
-class LoadProgress(_Role):
+class LoadProgress(OfRole):
     done: int
     total: int
     phase: str = "weights"  # "weights": layers read; "compile": graph calls of StageModel.prepare
 
 
 @dataclass(frozen=True)
-class LoadDone(_Role):
+class LoadDone(OfRole):
     role: Any  # roles.Role
 
 
 @dataclass(frozen=True)
-class LoadFailed(_Failure, _Role):
+class LoadFailed(Failure, OfRole):
     """The load failed (or was cancelled): a RoleFailure."""
 
 
 @dataclass(frozen=True)
-class RoleReset(_Role):
+class RoleReset(OfRole):
     """ResetRole's outcome: the resident role starts a new run, or (reason: a RoleFailure) it refused
     the new config and stays resident, unconfigured."""
 
@@ -123,7 +108,7 @@ class StepRan(_Step):
 
 
 @dataclass(frozen=True)
-class StepRaised(_Failure, _Step):
+class StepRaised(Failure, _Step):
     """Role code raised: a StepFailure (failures.STEP_FAILURES)."""
 
 
@@ -166,7 +151,7 @@ class OpenRing:
 
 
 @dataclass(frozen=True)
-class ShareFds(_Ring):
+class ShareFds(OfRing):
     """Take the eventfds ShareWakeFds announced off the fd socket and reopen `end` on them (None: the
     ring is not installed, the fds are just closed) -> nothing | HostFailed."""
 
@@ -181,7 +166,7 @@ class CloseRing:
 
 
 @dataclass(frozen=True)
-class StartLoad(_Role):
+class StartLoad(OfRole):
     """Load a role on a loader thread -> LoadProgress*, then LoadDone | LoadFailed. threads: CPU cores
     of the compute kernels (None: auto); graph_cache: the compiled-graph cache directory ("" = none)."""
 
@@ -191,12 +176,12 @@ class StartLoad(_Role):
 
 
 @dataclass(frozen=True)
-class CancelLoad(_Role):
+class CancelLoad(OfRole):
     """Ask the load to stop at its next layer (its outcome still arrives)."""
 
 
 @dataclass(frozen=True)
-class ResetRole(_Role):
+class ResetRole(OfRole):
     """Reset the resident role's per-run state for `config` -> RoleReset."""
 
     role: Any

@@ -20,6 +20,7 @@ from typing import Annotated, Any, TypeVar
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
 from swactor.common.layout import Layout
+from swactor.common.msgbase import OfRing, OfRole
 from swactor.edgeend.objects import ObjSpec
 from swactor.v1 import common_pb2 as pb
 
@@ -69,18 +70,14 @@ class OutputBinding:
     flags: int = 0
 
 
-# The identities messages about one ring, one installed ring end, one object on it, or one step
-# share: each message lists them first, so its positional order is the base's fields, then its own.
+# The identities messages about one ring or role (swactor.common.msgbase), one installed ring end, one
+# object on it, or one step share: each message lists them first, so its positional order is the base's
+# fields, then its own; a failure ends with its reason (typed with its enum for the codec) and detail.
 # (The bases are never sent or matched themselves.)
 
 
 @dataclass(frozen=True)
-class _Ring:
-    ring_id: int
-
-
-@dataclass(frozen=True)
-class _RingEnd(_Ring):
+class _RingEnd(OfRing):
     edge_id: int
     port_id: int
 
@@ -110,20 +107,17 @@ class InitializeWorker:
 
 
 @dataclass(frozen=True)
-class ConfigureRole:
-    role_id: int
+class ConfigureRole(OfRole):
     config: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class CancelRole:
+class CancelRole(OfRole):
     """Abandon the ConfigureRole load of `role_id` if it is still loading (StopRun during Preparing).
 
     Adapter extension (§15 "stop or reset worker role state according to local policy"): the load
     ends at its next layer and answers RoleFailed(role_id, LoadCancelled). A role that is already
     configured stays resident (warm for the next run); an unknown role_id is ignored."""
-
-    role_id: int
 
 
 @dataclass(frozen=True)
@@ -138,23 +132,23 @@ class InstallRing(_RingEnd):
 
 
 @dataclass(frozen=True)
-class UninstallRing(_Ring):
+class UninstallRing(OfRing):
     reason: UninstallReason
 
 
 @dataclass(frozen=True)
-class ShareWakeFds(_Ring):
+class ShareWakeFds(OfRing):
     """Re-open an installed ring's handle with the eventfds sent just before on the fd socket
     (the edge-driver makes a pump's eventfds only once the edge is established, after InstallRing)."""
 
 
 @dataclass(frozen=True)
-class RingReadable(_Ring):
+class RingReadable(OfRing):
     """A hint: committed bytes may be waiting (also an event the worker may send)."""
 
 
 @dataclass(frozen=True)
-class RingWritable(_Ring):
+class RingWritable(OfRing):
     """A hint: free space may be waiting (also an event the worker may send)."""
 
 
@@ -213,26 +207,23 @@ class WorkerStopped:
 
 
 @dataclass(frozen=True)
-class RoleProgress:
+class RoleProgress(OfRole):
     """Load progress of ConfigureRole: phase "weights" counts layers read (§40 weights_load_progress), then phase
     "compile" counts graph calls while the role compiles its decode / prefill graphs (done/total; total 0: every
     graph came from the compiled-graph cache)."""
 
-    role_id: int
     layers_loaded: int
     layers_total: int
     phase: str = "weights"
 
 
 @dataclass(frozen=True)
-class RoleConfigured:
-    role_id: int
+class RoleConfigured(OfRole):
     warm: bool = False  # weights were already resident; only role state was reset
 
 
 @dataclass(frozen=True)
-class RoleFailed:
-    role_id: int
+class RoleFailed(OfRole):
     reason: RoleFailure
     detail: str = ""
 
@@ -249,7 +240,7 @@ class RingFault(_RingEnd):
 
 
 @dataclass(frozen=True)
-class RingQuiesced(_Ring):
+class RingQuiesced(OfRing):
     """The worker no longer touches the ring (UninstallRing done)."""
 
 
