@@ -5,6 +5,7 @@ restarts h1's services with another config (or the step hook's environment) and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -30,6 +31,17 @@ def worker_restarted(pool: FaultPool, name: str, **worker: object) -> float:
     return time.time()
 
 
+@contextlib.contextmanager
+def worker_put_back(pool: FaultPool) -> Iterator[None]:
+    """h1's worker back on its own config and environment when the test fails, so later tests do not run
+    against this one's fault."""
+    try:
+        yield
+    except BaseException:
+        pool.restart(f"h{INTERIOR}/worker")
+        raise
+
+
 def test_provisioning_rejected(pool: FaultPool, request: pytest.FixtureRequest) -> None:
     """h1's worker trusts another orchestrator only ([worker].orchestrator_node_id): it refuses
     ProvisionStage from this one by name."""
@@ -38,14 +50,11 @@ def test_provisioning_rejected(pool: FaultPool, request: pytest.FixtureRequest) 
                               detail_has="is not the authorised orchestrator"),
                        killed=(f"h{INTERIOR}/worker",), test=request.node.nodeid)
     other = pool.node_id(0) ^ 0x5A5A  # no node of this pool
-    try:
+    with worker_put_back(pool):
         t = worker_restarted(pool, "other-orchestrator", orchestrator_node_id=other)
         with_detail(check, check.outcome(pool.submit(max_tokens=4), t))
         check.no_leases((0, 1, 2))
         check.survivors_alive()
-    except BaseException:
-        pool.restart(f"h{INTERIOR}/worker")
-        raise
     check.next_run(restart=lambda: pool.restart(f"h{INTERIOR}/worker"))
 
 
@@ -57,16 +66,13 @@ def test_device_out_of_memory(pool: FaultPool, request: pytest.FixtureRequest) -
                        expect((pb.RUN_FAULT_DEVICE_OUT_OF_MEMORY, C.COMPONENT_WORKER),
                               detail_has="ROLE_FAILURE_DEVICE_OUT_OF_MEMORY"),
                        killed=(f"h{INTERIOR}/worker",), test=request.node.nodeid)
-    try:
+    with worker_put_back(pool):
         t = worker_restarted(pool, "device-1mib", device_memory_limit_bytes=1 << 20)
         ev = check.outcome(pool.submit(max_tokens=4), t)
         assert "device memory limit" in ev.detail, ev.detail  # the operator is told which limit it was
         with_detail(check, ev)
         check.no_leases((0, 1, 2))
         check.survivors_alive()
-    except BaseException:
-        pool.restart(f"h{INTERIOR}/worker")
-        raise
     check.next_run(restart=lambda: pool.restart(f"h{INTERIOR}/worker"))
 
 
@@ -77,7 +83,7 @@ def test_step_failure(pool: FaultPool, request: pytest.FixtureRequest) -> None:
                        expect((pb.RUN_FAULT_STEP_FAILED, C.COMPONENT_WORKER),
                               detail_has=f"{FAIL_STEP_ENV}: step {FAILING_STEP} fails"),
                        killed=(f"h{INTERIOR}/worker",), test=request.node.nodeid)
-    try:
+    with worker_put_back(pool):
         pool.restart(f"h{INTERIOR}/worker", env={FAIL_STEP_ENV: str(FAILING_STEP)})
         pool.wait_pool()
         t = time.time()
@@ -86,9 +92,6 @@ def test_step_failure(pool: FaultPool, request: pytest.FixtureRequest) -> None:
         assert run.tokens, f"the run faulted before any token: {run.describe()}"
         check.no_leases((0, 1, 2))
         check.survivors_alive()
-    except BaseException:
-        pool.restart(f"h{INTERIOR}/worker")
-        raise
     check.next_run(restart=lambda: pool.restart(f"h{INTERIOR}/worker"))
 
 

@@ -5,6 +5,8 @@ the cache over StageControl.ListWeights. Worker and edges are the node fakes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -48,26 +50,36 @@ async def updates(s, run_id: int, until: str) -> list[stage_pb2.StageUpdate]:
     return out
 
 
+@contextlib.asynccontextmanager
+async def stage_control(tmp_path: Path, ctl: FakeCtl) -> AsyncIterator[stage_pb2_grpc.StageControlStub]:
+    """A stage node fetching into tmp_path/weights from the test model server, behind its real mTLS
+    StageControl server; the orchestrator's stub to it."""
+    ctx = control_tls.model_client_context(SERVER_SECRET, NODE)
+    pool = FetchPool(WeightsCache(tmp_path / "weights"), lambda u, name: Target(u, ctx, name), progress_interval_s=0.0)
+    node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
+                     lease_window_s=UNLEASED)
+    server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
+                                    server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE),
+                                    options=control_tls.keepalive_options(server=True))
+    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
+    await server.start()
+    await node.start()
+    ch = control_tls.channel(SERVER_SECRET, SERVER_ORCH, f"127.0.0.1:{port}", NODE)
+    try:
+        yield stage_pb2_grpc.StageControlStub(ch)
+    finally:
+        await ch.close()
+        await server.stop(None)
+        await node.close()
+
+
 def test_a_url_stage_fetches_then_configures_and_lists_its_cache(tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
     served = serve_model(write_gguf(tmp_path / "src" / "m.gguf", SHAPE), piece_bytes=64 << 10)
     ctl = FakeCtl()
 
     async def body() -> None:
-        ctx = control_tls.model_client_context(SERVER_SECRET, NODE)
-        pool = FetchPool(WeightsCache(tmp_path / "weights"), lambda u, name: Target(u, ctx, name),
-                         progress_interval_s=0.0)
-        node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
-                         lease_window_s=UNLEASED)
-        server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
-                                        server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE),
-            options=control_tls.keepalive_options(server=True))
-        stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
-        await server.start()
-        await node.start()
-        ch = control_tls.channel(SERVER_SECRET, SERVER_ORCH, f"127.0.0.1:{port}", NODE)
-        try:
-            s = stage_pb2_grpc.StageControlStub(ch)
+        async with stage_control(tmp_path, ctl) as s:
             await s.ProvisionStage(url_provision(served, run_id=77))
             ups = await updates(s, 77, "ready")
             assert ups[-1].HasField("ready"), ups[-1]
@@ -89,10 +101,6 @@ def test_a_url_stage_fetches_then_configures_and_lists_its_cache(tmp_path: Path)
             assert fault.reason == common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED
             assert fault.cause == "WeightsFetch.ManifestMismatch"
             await s.StopRun(stage_pb2.StopStageRunRequest(run_id=78))
-        finally:
-            await ch.close()
-            await server.stop(None)
-            await node.close()
 
     try:
         asyncio.run(body())
@@ -110,21 +118,8 @@ def test_a_load_failure_makes_the_next_fetch_recheck_the_cache_copy(tmp_path: Pa
     ctl = FakeCtl(role_failure=common_pb2.ROLE_FAILURE_WEIGHTS_LOAD_FAILED)
 
     async def body() -> None:
-        ctx = control_tls.model_client_context(SERVER_SECRET, NODE)
-        pool = FetchPool(WeightsCache(tmp_path / "weights"), lambda u, name: Target(u, ctx, name),
-                         progress_interval_s=0.0)
-        node = StageNode(NODE, ctl, FakeArenaPort(), FakeDriverPort(), FakeMembership(), weights=pool,
-                         lease_window_s=UNLEASED)
-        server, port, _ = create_server(tcp_address="127.0.0.1:0", service_names=[SERVICE_NAME],
-                                        server_credentials=control_tls.server_credentials(SERVER_SECRET, NODE),
-                                        options=control_tls.keepalive_options(server=True))
-        stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
-        await server.start()
-        await node.start()
-        ch = control_tls.channel(SERVER_SECRET, SERVER_ORCH, f"127.0.0.1:{port}", NODE)
         path = tmp_path / "weights" / f"{served.manifest.file_sha256}.gguf"
-        try:
-            s = stage_pb2_grpc.StageControlStub(ch)
+        async with stage_control(tmp_path, ctl) as s:
             await s.ProvisionStage(url_provision(served, run_id=81))
             first = (await updates(s, 81, "fault"))[-1]
             assert first.fault.cause == "ROLE_FAILURE_WEIGHTS_LOAD_FAILED", first
@@ -140,10 +135,6 @@ def test_a_load_failure_makes_the_next_fetch_recheck_the_cache_copy(tmp_path: Pa
             assert 0 < again < fetched, (again, fetched)  # the cut part only, not the whole stage
             await s.StopRun(stage_pb2.StopStageRunRequest(run_id=82))
             await updates(s, 82, "stopped")
-        finally:
-            await ch.close()
-            await server.stop(None)
-            await node.close()
 
     try:
         asyncio.run(body())
