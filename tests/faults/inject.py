@@ -77,43 +77,28 @@ def clear_rules(pool: FaultPool, host: int) -> None:
 
 
 @contextlib.contextmanager
-def partition(pool: FaultPool, host: int, direction: str) -> Iterator[float]:
+def _nft_rules(pool: FaultPool, host: int, rules: list[str]) -> Iterator[float]:
+    """These rules in `host`'s namespace for the with block; the time they took effect."""
+    _ensure_table(pool, host)
+    t = time.time()
+    _nft(pool, host, "".join(f"add rule inet {TABLE} {rule}\n" for rule in rules))
+    try:
+        yield t
+    finally:
+        clear_rules(pool, host)
+
+
+def partition(pool: FaultPool, host: int, direction: str) -> contextlib.AbstractContextManager[float]:
     """Cut `host` off the bridge: "in" drops what it receives (one-way), "both" also what it sends."""
-    _ensure_table(pool, host)
-    rules = [f'add rule inet {TABLE} input iifname "eth0" drop']
+    rules = ['input iifname "eth0" drop']
     if direction == "both":
-        rules.append(f'add rule inet {TABLE} output oifname "eth0" drop')
-    t = time.time()
-    _nft(pool, host, "\n".join(rules) + "\n")
-    try:
-        yield t
-    finally:
-        clear_rules(pool, host)
+        rules.append('output oifname "eth0" drop')
+    return _nft_rules(pool, host, rules)
 
 
-@contextlib.contextmanager
-def block_udp(pool: FaultPool, host: int, *, sport: int, to_host: int | None = None) -> Iterator[float]:
-    """Drop UDP `host` sends from port `sport` (to `to_host` only, if given)."""
-    _ensure_table(pool, host)
-    dst = f"ip daddr {pool.hosts[to_host].addr} " if to_host is not None else ""
-    t = time.time()
-    _nft(pool, host, f"add rule inet {TABLE} output {dst}udp sport {sport} drop\n")
-    try:
-        yield t
-    finally:
-        clear_rules(pool, host)
-
-
-@contextlib.contextmanager
-def block_udp_to(pool: FaultPool, host: int, *, dport: int, to_host: int) -> Iterator[float]:
+def block_udp_to(pool: FaultPool, host: int, *, dport: int, to_host: int) -> contextlib.AbstractContextManager[float]:
     """Drop UDP `host` sends to port `dport` of `to_host` (that service there never answers)."""
-    _ensure_table(pool, host)
-    t = time.time()
-    _nft(pool, host, f"add rule inet {TABLE} output ip daddr {pool.hosts[to_host].addr} udp dport {dport} drop\n")
-    try:
-        yield t
-    finally:
-        clear_rules(pool, host)
+    return _nft_rules(pool, host, [f"output ip daddr {pool.hosts[to_host].addr} udp dport {dport} drop"])
 
 
 @contextlib.contextmanager
