@@ -62,10 +62,10 @@ def test_nodes_advertise_memory_and_dry_run_places_by_it(cluster: LocalCluster) 
     assert lines[-1] == "SubmitRun would accept it"
 
     short = cli(cluster, "submit", "--prompt", "Hello", "--stages", "3", "--dry-run")
-    assert short.returncode == 2 and "DOES NOT FIT" in short.stdout
+    assert short.returncode == 1 and "DOES NOT FIT" in short.stdout
     assert f"on node {h2} needs" in short.stdout and "the node offers 200.0 MiB" in short.stdout
     refused = cli(cluster, "submit", "--prompt", "Hello", "--stages", "3")
-    assert refused.returncode == 2 and "FAILED_PRECONDITION: RUN_FAULT_DEVICE_OUT_OF_MEMORY" in refused.stderr
+    assert refused.returncode == 1 and "FAILED_PRECONDITION: RUN_FAULT_DEVICE_OUT_OF_MEMORY" in refused.stderr
     assert cli(cluster, "runs").stdout == ""  # neither the dry runs nor the refusal started anything
 
 

@@ -124,6 +124,7 @@ def test_tcp_api_wants_tls_and_the_token_unix_socket_does_not(tmp_path: Path) ->
             r["cli_token_without_tls"] = await cli("--address", addr, "--token-file", str(token_file), "runs")
             r["cli_wrong_ca"] = await cli("--address", addr, "--tls-ca", str(tmp_path / "o.pem"), "runs")
             r["cli_tls_on_unix"] = await cli("--address", f"unix:{s.socket}", "--tls-ca", str(cert), "runs")
+            r["cli_ca_not_a_cert"] = await cli("--address", addr, "--tls-ca", str(token_file), "runs")
             return r
 
     create_key_pair(tmp_path / "o.pem", tmp_path / "o.key", ["127.0.0.1"])  # a certificate the server does not have
@@ -142,15 +143,17 @@ def test_tcp_api_wants_tls_and_the_token_unix_socket_does_not(tmp_path: Path) ->
     assert rc == 0, err
     assert json.loads(out.splitlines()[0])["run_id"] == r["submitted"]["run_id"]
     rc, _, err = r["cli_no_token"]
-    assert rc == 2 and "UNAUTHENTICATED: missing bearer token" in err, err
+    assert rc == 1 and "UNAUTHENTICATED: missing bearer token" in err, err
     rc, _, err = r["cli_wrong_token"]
-    assert rc == 2 and "UNAUTHENTICATED: wrong bearer token" in err, err
+    assert rc == 1 and "UNAUTHENTICATED: wrong bearer token" in err, err
     rc, _, err = r["cli_token_without_tls"]
     assert rc == 2 and "--token-file needs --tls-ca" in err, err
     rc, _, err = r["cli_wrong_ca"]
-    assert rc == 2 and "cannot reach the orchestrator" in err, err
+    assert rc == 1 and "cannot reach the orchestrator" in err, err
     rc, _, err = r["cli_tls_on_unix"]
     assert rc == 2 and "--tls-ca is for the TCP API" in err, err
+    rc, _, err = r["cli_ca_not_a_cert"]  # said as such, not as an unreachable orchestrator
+    assert rc == 2 and f"--tls-ca {token_file} is not a PEM certificate" in err, err
 
 
 @pytest.mark.skipif(not MODEL_PATH.exists(), reason=f"{MODEL_PATH} missing: run `make model`")

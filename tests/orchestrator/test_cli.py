@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -61,8 +62,8 @@ def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
     assert events[1].splitlines()[0].split()[2] == "pool_ready" and "run_torn_down" in events[1].splitlines()[-1]
     assert nodes[1].splitlines()[0].startswith("1 ") and "CUDA H100 80GiB" in nodes[1] and "pool ready" in nodes[1]
     assert stop_done[0] == 0 and "completed (eos)" in stop_done[1]  # stopping a finished run changes nothing
-    assert bad[0] == 2 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
-    assert missing[0] == 2 and "NOT_FOUND: unknown run_id 12345" in missing[2]
+    assert bad[0] == 1 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
+    assert missing[0] == 1 and "NOT_FOUND: unknown run_id 12345" in missing[2]
 
 
 def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) -> None:
@@ -93,7 +94,7 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
     assert as_json[0] == 0 and [p["node_id"] for p in plan["placement"]] == ["2", "1"]
     assert all(int(p["total_bytes"]) > 0 and p["fits"] for p in plan["placement"])
     rc, out, err = short
-    assert rc == 2 and "stage 2: node 3 blocks" in out and "DOES NOT FIT" in out.splitlines()[3]
+    assert rc == 1 and "stage 2: node 3 blocks" in out and "DOES NOT FIT" in out.splitlines()[3]
     assert "would be refused: RUN_FAULT_DEVICE_OUT_OF_MEMORY: the model does not fit the nodes' memory: stage 2" in out
     assert runs == (0, "", "")  # nothing was started
 
@@ -161,9 +162,7 @@ def test_version_and_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("swactor 0.1.0\npython ") and "grpcio " in out and "tinygrad " in out
     assert cli_main(["demo", "--stages", "3", "--hosts", "2"]) == 2
     assert "cannot hold --stages 3" in capsys.readouterr().err
-    assert cli_main(["demo", "--prompt", "hi", "--top-p", "0"]) == 2
-    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
-    assert cli_main(["--address", "unix:/nonexistent/orch.sock", "--timeout", "2", "runs"]) == 2
+    assert cli_main(["--address", "unix:/nonexistent/orch.sock", "--timeout", "2", "runs"]) == 1
     assert "cannot reach the orchestrator at unix:/nonexistent/orch.sock" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["watch", "not-a-number"])
@@ -215,3 +214,84 @@ def test_demo_is_quiet_by_default_and_shows_every_event_with_events(capsys: pyte
             assert [w.split("weights ")[1].split("%")[0] for w in weights] == ["0", "25", "50", "75", "100"]
             assert compiled[-1].endswith("compile 100% (10/10 graph calls)") and len(compiled) == 5
             assert len(lines) == len(weights) + len(compiled) + 1  # + the barrier line
+
+
+async def interrupted_cli(sock: Path, fleet: FakeFleet, *args: str) -> tuple[int, str]:
+    """The CLI watching a run, sent Ctrl-C (SIGINT) once the run's first token was injected back."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "swactor.cli.main", "--address", f"unix:{sock}", *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None
+    await asyncio.wait_for(proc.stdout.read(1), 30)  # the first token's text: the CLI is streaming
+    proc.send_signal(signal.SIGINT)
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode is not None
+    return proc.returncode, err.decode()
+
+
+def test_ctrl_c_on_a_watch_leaves_the_run_going_unless_asked_to_stop_it(tmp_path: Path) -> None:
+    fleet = FakeFleet([100, 101, 102], hold_after=1)
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            left = await interrupted_cli(s.socket, fleet, "submit", "--prompt", "x", "--raw", "--max-tokens", "10",
+                                         "--watch")
+            run_id = s.orch.live_run_ids()[0]
+            still = s.orch.get(run_id)
+            stopped = await interrupted_cli(s.socket, fleet, "watch", str(run_id), "--stop-on-interrupt")
+            fleet.release.set()
+            while s.orch.get(run_id).state != opb.RUN_STATE_DONE:
+                await asyncio.sleep(0.01)
+            return left, still, stopped, s.orch.get(run_id)
+
+    (rc, err), still, (rc2, err2), final = asyncio.run(main())
+    assert rc == 130 and f"interrupted; run {still.run_id} goes on" in err and f"swactor stop {still.run_id}" in err
+    assert still.state == opb.RUN_STATE_RUNNING  # Ctrl-C ended the watch, not the run
+    assert "Traceback" not in err + err2
+    assert rc2 == 130 and f"interrupted; stopped run {still.run_id}" in err2
+    assert final.outcome == opb.RUN_OUTCOME_STOPPED and "--stop-on-interrupt" in final.detail
+
+
+def test_a_sampled_run_without_seed_shows_the_seed_it_got(tmp_path: Path) -> None:
+    fleet = FakeFleet([100, 2])
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            sampled = await cli(s.socket, "submit", "--prompt", "x", "--raw", "--temperature", "0.7", "--watch")
+            greedy = await cli(s.socket, "submit", "--prompt", "x", "--raw", "--watch")
+            return sampled, greedy, s.orch.list(2)
+
+    (rc, _, err), (rc2, _, err2), (greedy_run, sampled_run) = asyncio.run(main())
+    assert rc == 0 and rc2 == 0, err + err2
+    seed = sampled_run.sampling.seed
+    assert seed != 0 and f"sampling: temperature 0.7 seed {seed} (replay with --seed {seed})" in err
+    assert "seed" not in err2 and greedy_run.sampling.temperature == 0
+
+
+def test_a_submit_that_timed_out_is_sent_again_under_its_request_id_and_makes_one_run(tmp_path: Path) -> None:
+    """The orchestrator made the run but its answer came after the CLI's deadline: the retry gets the same run."""
+    fleet = FakeFleet([100, 2])
+
+    async def main():
+        async with serving(tmp_path, fleet, pool(1)) as s:
+            await asyncio.sleep(0.06)
+            real, ids = s.orch.submit, []
+
+            async def slow_first_answer(req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
+                ids.append(req.client_request_id)
+                resp = await real(req)
+                if len(ids) == 1:
+                    await asyncio.sleep(2.0)  # past the CLI's --timeout 1: it sees DEADLINE_EXCEEDED
+                return resp
+
+            s.orch.submit = slow_first_answer  # type: ignore[method-assign]
+            out = await cli(s.socket, "--timeout", "1", "submit", "--prompt", "x", "--raw", "--max-tokens", "2")
+            return out, ids, s.orch.list(10)
+
+    (rc, out, err), ids, runs = asyncio.run(main())
+    assert rc == 0, err
+    assert "SubmitRun DEADLINE_EXCEEDED; sending it again" in err
+    assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 32  # one request id, sent twice
+    assert len(runs) == 1 and out.strip() == str(runs[0].run_id)

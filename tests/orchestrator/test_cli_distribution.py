@@ -40,6 +40,15 @@ def test_download_events_become_one_progress_line_each() -> None:
     assert render.download_line(ev(pb.STAGE_READY)) is None
 
 
+def test_cached_weights_print_no_download_at_zero_bytes_per_second() -> None:
+    """A stage whose cache holds every byte says so once, with no "download started" and no "0 B/s" lines."""
+    assert render.download_line(ev(pb.WEIGHTS_DOWNLOAD_STARTED, bytes_total=24_000_000, bytes_cached=24_000_000)) is None
+    assert render.download_line(ev(pb.WEIGHTS_DOWNLOAD_PROGRESS, bytes_done=24_000_000, bytes_total=24_000_000,
+                                   rate_bps=0, eta_ms=0)) is None
+    assert render.download_line(ev(pb.WEIGHTS_DOWNLOADED, bytes_total=24_000_000, bytes_fetched=0, duration_ms=3)) == \
+        "stage 1: weights already cached: 24.0 MB, nothing fetched"
+
+
 def test_models_lines_name_models_and_each_hosts_cache() -> None:
     resp = opb.ListModelsResponse(
         models=[opb.ServedModel(name="m", source="/m.gguf", state="ready", sha256="ab" * 32, size=98_000_000,

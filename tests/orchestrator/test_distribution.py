@@ -228,3 +228,16 @@ def test_a_url_whose_file_changed_into_an_unsupported_one_is_refused_on_its_copy
     err = asyncio.run(go())
     assert err.reason == pb.RUN_FAULT_MODEL_REFUSED and "UnsupportedQuantType" in err.detail
     assert files.get(hashlib.sha256(http.path.read_bytes()).hexdigest()) is None  # never served
+
+
+def test_a_model_source_path_may_hold_spaces_and_shell_characters() -> None:
+    sha = "ab" * 32
+    assert ModelSource.parse("m", "/srv/my models/smol 'q4' $x.gguf") == \
+        ModelSource("m", "/srv/my models/smol 'q4' $x.gguf")
+    assert ModelSource.parse("m", f"/srv/my models/m.gguf sha256={sha.upper()}") == \
+        ModelSource("m", "/srv/my models/m.gguf", sha)
+    assert ModelSource.parse("m", "https://example.org/m.gguf").is_url
+    for bad, needle in [("", "empty source"), ("/m.gguf sha256=12", "is not 'sha256=<64 hex digits>'"),
+                        (f"sha256={sha}", "neither an absolute path"), ("models/m.gguf", "neither an absolute path")]:
+        with pytest.raises(ValueError, match=needle):
+            ModelSource.parse("m", bad)

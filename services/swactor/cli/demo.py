@@ -2,31 +2,52 @@
 edge-driver and worker; the orchestrator on host 0), run one prompt through S pipeline stages,
 stream the answer, print a summary, tear everything down.
 
-Exit status: 0 completed, 1 the run faulted, 3 it was stopped, 2 the pool could not be brought up
-(the message names the failing service and quotes its log), 130 interrupted."""
+Everything is judged before any host exists (`preflight`): hosts against the address plan and this machine's
+memory, stages against the model's layers, --max-tokens against its context, the placement against each simulated
+host's share of memory. Exit status (cli/args.py): 0 completed, 1 the run faulted or the pool could not be brought
+up (the message names the failing service and quotes its log), 2 a bad argument (nothing was started), 3 stopped,
+130 interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
-import signal
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from swactor.cli import render
+from swactor.cli.args import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STOPPED, CliError
+from swactor.cli.main import sampling
 from swactor.common.events import configure_logging
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
+from swactor.localcluster.cluster import DEFAULT_MODEL, check_model
+from swactor.localcluster.layout import MAX_HOSTS
 from swactor.localcluster.run import RunResult, follow
-from swactor.localcluster.signals import terminate_on_sigterm
+from swactor.localcluster.signals import terminate_on_signals
+from swactor.membership.gpus import host_memory_available
+from swactor.modelfile.memory import memory_profile
+from swactor.modelfile.params import ModelRefused, open_header
+from swactor.orchestrator.config import OrchestratorConfig
+from swactor.orchestrator.dry_run import pool_refusal
+from swactor.orchestrator.gguf_model import read_model
+from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.orchestrator.planner import memory_need
+from swactor.orchestrator.pool import Demand
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
+from swactor.worker.stage_memory import advertised_memory
 
-EXIT_OK, EXIT_RUN_FAILED, EXIT_ERROR, EXIT_STOPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# What one simulated host's four services hold in memory (RSS measured with the default model: membership, arena and
+# edge ~60-90 MB each, the worker and its compute process ~300 MB), with room to spare.
+HOST_SERVICES_BYTES = 640 << 20
 QUIET_EVENTS = {pb.OBJECT_LOADED, pb.OBJECT_PRODUCED, pb.EXECUTE_STEP_STARTED, pb.STEP_COMPLETED, pb.TOKEN_RECEIVED,
                 pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED}
 # Shown without --events: what went wrong (the rest of the lifecycle is bring-up progress lines, or nothing).
@@ -113,30 +134,71 @@ class Printer:
         print(f"[demo] {line}", file=sys.stderr, flush=True)
         if s["detail"]:
             print(f"[demo] detail: {s['detail']}", file=sys.stderr, flush=True)
+        if res.finished is not None and (seed := render.seed_line(res.finished)):
+            print(f"[demo] {seed}", file=sys.stderr, flush=True)
 
 
-def request(args: argparse.Namespace) -> opb.SubmitRunRequest:
+@dataclass(frozen=True)
+class DemoPlan:
+    """What the demo will bring up and submit, every part checked before anything is created."""
+
+    hosts: int
+    stages: int
+    model: Path
+    request: opb.SubmitRunRequest
+
+
+def preflight(args: argparse.Namespace) -> DemoPlan:
+    """Judge hosts, stages, token limits and memory against the model's header and this machine, so a demo that
+    cannot work says why in a second rather than after bringing up its hosts. Raises CliError naming the argument."""
+    hosts = args.hosts or max(3, args.stages or 0)
+    stages = args.stages or hosts  # the default model split across every simulated host
+    if hosts < stages:
+        raise CliError(f"--hosts {hosts} cannot hold --stages {stages} (one stage per host)")
     if not args.prompt.strip():
-        raise ValueError("--prompt is empty")
-    return opb.SubmitRunRequest(prompt=args.prompt, raw=args.raw, stages=args.stages, max_tokens=args.max_tokens,
-                                sampling=opb.Sampling(temperature=args.temperature, top_k=args.top_k,
-                                                      top_p=args.top_p, seed=args.seed))
+        raise CliError("--prompt is empty")
+    model = Path(args.model) if args.model else DEFAULT_MODEL
+    if not model.is_file():
+        hint = " (run `make model`)" if args.model is None else ""
+        raise CliError(f"--model {model}: no such file{hint}")
+    try:
+        check_model(model)
+        header = open_header(model)
+        facts, _ = read_model(model, header=header)
+    except (ClusterError, ModelRefused, OSError, ValueError) as e:
+        raise CliError(f"--model {model}: {e}") from None
+    if stages > facts.num_layers:
+        raise CliError(f"--stages {stages}: model {model.name} has {facts.num_layers} layers, so at most "
+                       f"{facts.num_layers} stages")
+    if hosts > MAX_HOSTS:
+        raise CliError(f"--stages {stages} needs {hosts} hosts; the local address plan holds at most {MAX_HOSTS}")
+    context = min(facts.max_seq_len, OrchestratorConfig.max_seq_len)
+    if args.max_tokens > context:
+        raise CliError(f"--max-tokens {args.max_tokens}: the context holds {context} tokens, prompt included")
+    # The simulated hosts share this machine: each one's services, and each stage's part of the model in its share.
+    available = host_memory_available()
+    if available and hosts * HOST_SERVICES_BYTES > available:
+        raise CliError(f"--hosts {hosts}: their services need about {hosts * HOST_SERVICES_BYTES / 2**30:.1f} GiB "
+                       f"and this machine has {available / 2**30:.1f} GiB available")
+    share = advertised_memory("CPU", 0) // hosts
+    members = tuple(NodeInfo(i + 1, NodeState.AVAILABLE, "edge", "control", memory_bytes=share) for i in range(hosts))
+    demand = Demand(stages, (), facts.num_layers, memory_need(dataclasses.replace(facts, memory=memory_profile(header)),
+                                                              OrchestratorConfig.max_seq_len))
+    refusal = pool_refusal(members, demand)
+    if refusal:
+        raise CliError(f"--hosts {hosts} --stages {stages}: this machine cannot hold model {model.name} so: {refusal}")
+    req = opb.SubmitRunRequest(prompt=args.prompt, raw=args.raw, stages=stages, max_tokens=args.max_tokens,
+                               sampling=sampling(args))
+    return DemoPlan(hosts, stages, model, req)
 
 
-def run_demo(args: argparse.Namespace) -> int:
+def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
     out = Printer(args.json, events=getattr(args, "events", False))
     configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
-    hosts = args.hosts or max(3, args.stages or 0)
-    args.stages = args.stages or hosts  # the default model split across every simulated host
-    try:
-        req = request(args)
-    except ValueError as e:
-        print(f"swactor demo: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    spec = ClusterSpec(hosts=hosts, netns=False if getattr(args, "loopback", False) else None,
-                       **({"model": args.model} if getattr(args, "model", None) else {}))
-    # SIGTERM tears down like Ctrl-C, even when SIGINT was inherited ignored (localcluster/signals.py).
-    prev = terminate_on_sigterm()
+    hosts, req = plan.hosts, plan.request
+    spec = ClusterSpec(hosts=hosts, model=plan.model)
+    # SIGTERM and SIGHUP tear down like Ctrl-C, even when SIGINT was inherited ignored (localcluster/signals.py).
+    restore_signals = terminate_on_signals()
     res: RunResult | None = None
     try:
         with LocalCluster(spec, progress=out.progress) as cluster:
@@ -149,7 +211,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 def submitted(r: RunResult) -> None:
                     nonlocal res
                     res = r
-                    out.progress(f"run {r.run_id}: {r.prompt_tokens} prompt token(s), {args.stages} stage(s) "
+                    out.progress(f"run {r.run_id}: {r.prompt_tokens} prompt token(s), {plan.stages} stage(s) "
                                  f"on {hosts} host(s)")
 
                 try:
@@ -162,24 +224,24 @@ def run_demo(args: argparse.Namespace) -> int:
                                          timeout=30)
                     raise
             out.progress("tearing the local cluster down")
-        out.summary(res, hosts, args.stages)
+        out.summary(res, hosts, plan.stages)
         out.progress(f"teardown: {cluster.teardown_report['services']} service(s) stopped"
                      + (f", killed after timeout: {cluster.teardown_report['killed']}"
                         if cluster.teardown_report["killed"] else ""))
     except ClusterError as e:
         print(f"swactor demo: the local cluster failed: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILED
     except TimeoutError as e:
         print(f"swactor demo: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FAILED
     except grpc.RpcError as e:
         print(f"swactor demo: orchestrator call failed: {e.code().name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
-        return EXIT_ERROR
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("swactor demo: interrupted; the local cluster was torn down", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:
-        signal.signal(signal.SIGTERM, prev)
+        restore_signals()
     assert res is not None and res.finished is not None
     return {opb.RUN_OUTCOME_COMPLETED: EXIT_OK, opb.RUN_OUTCOME_STOPPED: EXIT_STOPPED}.get(
-        res.finished.outcome, EXIT_RUN_FAILED)
+        res.finished.outcome, EXIT_FAILED)

@@ -24,25 +24,46 @@ import json
 import os
 import platform
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from importlib import metadata
-from pathlib import Path
 
 import grpc
 
 from swactor import __version__
 from swactor.cli import render
+from swactor.cli.args import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_STATUSES,
+    EXIT_STOPPED,
+    INT32_MAX,
+    UINT32_MAX,
+    UINT64_MAX,
+    CliError,
+    Parser,
+    add_sampling,
+    address,
+    chat_message,
+    host_name,
+    integer,
+    model_path,
+    number,
+    run_id,
+    text,
+    token_ids,
+)
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
 DEFAULT_ADDRESS = "unix:/run/swactor/orchestrator.sock"
-EXIT_OK, EXIT_RUN_FAILED, EXIT_ERROR, EXIT_STOPPED = 0, 1, 2, 3
 VERSIONED = ("grpcio", "protobuf", "gguf", "tinygrad", "numpy", "aioquic", "regex")
-
-
-class CliError(Exception):
-    pass
+# A SubmitRun that timed out or lost its connection may still have created the run: it is sent again with the same
+# client_request_id, which the orchestrator answers with the first run instead of a second one.
+RETRIED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
 
 def versions() -> str:
@@ -64,100 +85,65 @@ class VersionAction(argparse.Action):
         parser.exit()
 
 
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def run_id_arg(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"run id {text!r} is not an integer") from None
-    if not 0 < value < 2**64:
-        raise argparse.ArgumentTypeError(f"run id {value} is out of range")
-    return value
-
-
-def message_arg(text: str) -> opb.ChatMessage:
-    role, sep, content = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--message wants ROLE:TEXT, got {text!r}")
-    return opb.ChatMessage(role=role, content=content)
-
-
-def ids_arg(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids wants comma-separated token ids, got {text!r}") from None
-    if not ids or min(ids) < 0 or max(ids) >= 2**32:
-        raise argparse.ArgumentTypeError(f"--prompt-ids wants token ids in 0..2^32-1, got {text!r}")
-    return ids
-
-
-def add_sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=int, default=0)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="swactor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="swactor", description=__doc__, epilog=EXIT_STATUSES,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=VersionAction)
-    p.add_argument("--address", default=os.environ.get("SWACTOR_ADDRESS", DEFAULT_ADDRESS),
+    p.add_argument("--address", type=address, default=os.environ.get("SWACTOR_ADDRESS") or DEFAULT_ADDRESS,
                    help=f"orchestrator gRPC address: unix:/path or host:port (default {DEFAULT_ADDRESS})")
     p.add_argument("--tls-ca", default=os.environ.get("SWACTOR_TLS_CA") or None, metavar="PEM",
                    help="TCP API: the certificate (or its CA) to trust; the orchestrator host's tls_cert")
     p.add_argument("--token-file", default=os.environ.get("SWACTOR_TOKEN_FILE") or None, metavar="FILE",
                    help="TCP API: file holding the bearer token (sent only over TLS)")
-    p.add_argument("--tls-server-name", default=None, metavar="NAME",
+    p.add_argument("--tls-server-name", type=host_name, default=None, metavar="NAME",
                    help="TCP API: the name to check the certificate for, when it differs from --address's host")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds for unary calls (default 10)")
+    p.add_argument("--timeout", type=number(0.0, 86400.0, lo_open=True), default=10.0,
+                   help="seconds for unary calls (default 10)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("submit", help="start a run")
     src = s.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="prompt text (one user message in the model's chat template)")
-    src.add_argument("--message", action="append", type=message_arg, metavar="ROLE:TEXT",
-                     help="a chat message (repeatable)")
-    src.add_argument("--prompt-ids", type=ids_arg, metavar="ID,ID,...", help="prompt token ids, sent as is")
+    src.add_argument("--prompt", type=text, help="prompt text (one user message in the model's chat template)")
+    src.add_argument("--message", action="append", type=chat_message, metavar="ROLE:TEXT",
+                     help="a chat message (repeatable); ROLE is system, user, assistant or tool")
+    src.add_argument("--prompt-ids", type=token_ids, metavar="ID,ID,...", help="prompt token ids, sent as is")
     s.add_argument("--raw", action="store_true", help="send --prompt as is, without the chat template")
-    s.add_argument("--model", default="", help="model name (default: the orchestrator's default)")
-    s.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: the orchestrator's)")
-    s.add_argument("--max-tokens", type=positive, default=64)
+    s.add_argument("--model", type=text, default="", help="model name (default: the orchestrator's default)")
+    s.add_argument("--stages", type=integer(1, UINT32_MAX), default=None,
+                   help="pipeline stages (default: the orchestrator's)")
+    s.add_argument("--max-tokens", type=integer(1, INT32_MAX), default=64)
     s.add_argument("--ignore-eos", action="store_true", help="generate through EOS: stop only at --max-tokens")
-    s.add_argument("--node", action="append", type=int, default=[], metavar="NODE_ID",
+    s.add_argument("--node", action="append", type=integer(1, UINT64_MAX), default=[], metavar="NODE_ID",
                    help="place stage k on the k-th --node (repeatable)")
     add_sampling(s)
     s.add_argument("--dry-run", action="store_true",
                    help="print the placement (nodes, blocks, estimated memory per stage) and start nothing")
+    s.add_argument("--retries", type=integer(0, 10), default=3,
+                   help="resend SubmitRun this often after a timeout or a lost connection, with the same request id "
+                        "(the orchestrator then answers with the run already made; default 3)")
     s.add_argument("--watch", action="store_true", help="stream the run after submitting")
     s.add_argument("--events", action="store_true", help="with --watch: print lifecycle events to stderr")
+    s.add_argument("--stop-on-interrupt", action="store_true",
+                   help="with --watch: Ctrl-C stops the run (default: the run goes on, and the CLI says how to stop it)")
     s.add_argument("--json", action="store_true", help="JSON output")
 
     w = sub.add_parser("watch", help="stream a run until it ends")
-    w.add_argument("run_id", type=run_id_arg)
+    w.add_argument("run_id", type=run_id)
     w.add_argument("--events", action="store_true", help="print lifecycle events to stderr")
+    w.add_argument("--stop-on-interrupt", action="store_true", help="Ctrl-C stops the run (default: it goes on)")
     w.add_argument("--json", action="store_true", help="one JSON object per update")
 
     r = sub.add_parser("runs", help="list runs, newest first")
-    r.add_argument("--limit", type=positive, default=20)
+    r.add_argument("--limit", type=integer(1, 1000), default=20, help="at most this many (1..1000, default 20)")
     r.add_argument("--json", action="store_true")
 
     g = sub.add_parser("show", help="one run in detail")
-    g.add_argument("run_id", type=run_id_arg)
+    g.add_argument("run_id", type=run_id)
     g.add_argument("--json", action="store_true")
 
     e = sub.add_parser("events", help="a run's lifecycle events; without RUN_ID the pool's node events "
                                       "(node_started / node_available / node_faulted)")
-    e.add_argument("run_id", type=run_id_arg, nargs="?", default=0)
+    e.add_argument("run_id", type=run_id, nargs="?", default=0)
     e.add_argument("--json", action="store_true")
 
     n = sub.add_parser("nodes", help="membership view, readiness and GPU inventory")
@@ -167,17 +153,23 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
 
     t = sub.add_parser("stop", help="operator stop of a run")
-    t.add_argument("run_id", type=run_id_arg)
-    t.add_argument("--detail", default="operator stop (swactor stop)")
+    t.add_argument("run_id", type=run_id)
+    t.add_argument("--detail", type=text, default="operator stop (swactor stop)")
     t.add_argument("--json", action="store_true")
 
-    d = sub.add_parser("demo", help="bring up a local pool and run one prompt end to end")
-    d.add_argument("--prompt", default="What is the capital of France?")
+    from swactor.localcluster.layout import MAX_HOSTS
+
+    d = sub.add_parser("demo", help="bring up a local pool and run one prompt end to end",
+                       description="Bring up a local pool of simulated hosts, run one prompt, tear everything down. "
+                                   "Everything is checked against the model's header and this machine first.")
+    d.add_argument("--prompt", type=text, default="What is the capital of France?")
     d.add_argument("--raw", action="store_true", help="send the prompt without the chat template")
-    d.add_argument("--max-tokens", type=positive, default=64)
-    d.add_argument("--hosts", type=positive, default=None, help="simulated hosts (default: 3, or --stages if more)")
-    d.add_argument("--stages", type=positive, default=None, help="pipeline stages (default: one per host)")
-    d.add_argument("--model", type=Path, default=None, metavar="PATH",
+    d.add_argument("--max-tokens", type=integer(1, INT32_MAX), default=64)
+    d.add_argument("--hosts", type=integer(1, MAX_HOSTS), default=None,
+                   help=f"simulated hosts, at most {MAX_HOSTS} (default: 3, or --stages if more)")
+    d.add_argument("--stages", type=integer(1, UINT32_MAX), default=None,
+                   help="pipeline stages (default: one per host)")
+    d.add_argument("--model", type=model_path, default=None, metavar="PATH",
                    help="GGUF file to serve (default: the shipped SmolLM2-135M-Instruct Q4_1)")
     add_sampling(d)
     d.add_argument("--json", action="store_true")
@@ -194,6 +186,19 @@ def _read_file(path: str, what: str) -> bytes:
         raise CliError(f"{what} {path}: {e.strerror}") from None
 
 
+def trusted_certificates(path: str) -> bytes:
+    """--tls-ca's bytes, refused by name unless they hold a PEM certificate: gRPC would only say "unavailable"."""
+    from cryptography import x509
+
+    data = _read_file(path, "--tls-ca")
+    try:
+        x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise CliError(f"--tls-ca {path} is not a PEM certificate (want the orchestrator host's "
+                       "/etc/swactor/api/cert.pem, or its CA)") from None
+    return data
+
+
 def channel(args: argparse.Namespace) -> grpc.Channel:
     """Plain for the Unix socket; TLS (plus the token as call credentials) for the TCP API."""
     if args.tls_ca is None:
@@ -202,30 +207,32 @@ def channel(args: argparse.Namespace) -> grpc.Channel:
         return grpc.insecure_channel(args.address)
     if args.address.startswith("unix:"):
         raise CliError("--tls-ca is for the TCP API (--address HOST:PORT), not for a Unix socket")
-    creds = grpc.ssl_channel_credentials(root_certificates=_read_file(args.tls_ca, "--tls-ca"))
+    creds = grpc.ssl_channel_credentials(root_certificates=trusted_certificates(args.tls_ca))
     if args.token_file is not None:
-        token = _read_file(args.token_file, "--token-file").decode(errors="replace").strip()
-        if not token:
+        raw = _read_file(args.token_file, "--token-file").strip()
+        if not raw:
             raise CliError(f"--token-file {args.token_file} is empty")
+        try:
+            token = raw.decode("ascii")
+        except UnicodeDecodeError:
+            raise CliError(f"--token-file {args.token_file} does not hold a token (not ASCII text)") from None
         # Sends `authorization: Bearer <token>` with every call, over this TLS channel only.
         creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
     options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
     return grpc.secure_channel(args.address, creds, options)
 
 
-def _sampling(args: argparse.Namespace) -> opb.Sampling:
-    if args.temperature < 0:
-        raise CliError(f"--temperature must be >= 0, got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise CliError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.top_k < 0:
-        raise CliError(f"--top-k must be >= 0, got {args.top_k}")
-    return opb.Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+def sampling(args: argparse.Namespace) -> opb.Sampling:
+    """The run's sampling; no --seed leaves the seed unset, so a sampled run gets a recorded random one."""
+    s = opb.Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.seed is not None:
+        s.seed = args.seed
+    return s
 
 
 def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
     req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
-                               sampling=_sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos)
+                               sampling=sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos)
     if args.prompt_ids is not None:
         if args.raw:
             raise CliError("--raw applies to --prompt only")
@@ -239,6 +246,23 @@ def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
             raise CliError("--raw applies to --prompt only")
         req.messages.messages.extend(args.message)
     return req
+
+
+def submit(stub, req: opb.SubmitRunRequest, timeout: float, retries: int) -> opb.SubmitRunResponse:
+    """SubmitRun under one client request id, resent after a timeout or a lost connection (never a second run)."""
+    req.client_request_id = req.client_request_id or uuid.uuid4().hex
+    for attempt in range(retries + 1):
+        try:
+            return stub.SubmitRun(req, timeout=timeout)
+        except grpc.RpcError as e:
+            code = e.code()  # type: ignore[attr-defined]
+            if code not in RETRIED_CODES or attempt == retries:
+                raise
+            pause = min(0.5 * 2**attempt, 4.0)
+            print(f"swactor: SubmitRun {code.name}; sending it again in {pause:g} s with the same request id "
+                  f"{req.client_request_id} ({attempt + 1}/{retries})", file=sys.stderr, flush=True)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
@@ -258,13 +282,32 @@ def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
         if u.HasField("finished"):
             final = u.finished
     if final is None:
-        raise CliError(f"the stream for run {run_id} ended without an outcome")
+        raise CliError(f"the stream for run {run_id} ended without an outcome", EXIT_FAILED)
     if not as_json:
         out.write("\n")
         print(render.run_detail(final).splitlines()[0], file=sys.stderr)
         if final.detail:
             print(f"  detail: {final.detail}", file=sys.stderr)
-    return {opb.RUN_OUTCOME_COMPLETED: EXIT_OK, opb.RUN_OUTCOME_STOPPED: EXIT_STOPPED}.get(final.outcome, EXIT_RUN_FAILED)
+        if seed := render.seed_line(final):
+            print(f"  {seed}", file=sys.stderr)
+    return {opb.RUN_OUTCOME_COMPLETED: EXIT_OK, opb.RUN_OUTCOME_STOPPED: EXIT_STOPPED}.get(final.outcome, EXIT_FAILED)
+
+
+def follow(stub, args: argparse.Namespace, run: int) -> int:
+    """Stream a run; Ctrl-C leaves it running and says how to stop it, or stops it with --stop-on-interrupt."""
+    try:
+        return stream(stub, run, events=args.events, as_json=args.json)
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.write("\n")
+    if not args.stop_on_interrupt:
+        print(f"swactor: interrupted; run {run} goes on in the pool. Follow it again with `swactor watch {run}`, "
+              f"stop it with `swactor stop {run}`", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    stopped = stub.StopRun(opb.StopRunRequest(run_id=run, detail="swactor watch interrupted (--stop-on-interrupt)"),
+                           timeout=args.timeout).run
+    print(f"swactor: interrupted; stopped run {run}: {render.run_line(stopped)}", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def all_events(stub, run_id: int, timeout: float) -> Iterator[pb.LifecycleEvent]:
@@ -278,12 +321,11 @@ def all_events(stub, run_id: int, timeout: float) -> Iterator[pb.LifecycleEvent]
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        _sampling(args)
-        if args.hosts is not None and args.stages is not None and args.hosts < args.stages:
-            raise CliError(f"--hosts {args.hosts} cannot hold --stages {args.stages} (one stage per host)")
-        from swactor.cli.demo import run_demo
+        from swactor.cli.demo import preflight, run_demo
 
-        return run_demo(args)
+        return run_demo(args, preflight(args))
+    if getattr(args, "stop_on_interrupt", False) and args.command == "submit" and not args.watch:
+        raise CliError("--stop-on-interrupt applies to --watch only")
     with channel(args) as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         t = args.timeout
@@ -291,9 +333,9 @@ def dispatch(args: argparse.Namespace) -> int:
             case "submit" if args.dry_run:
                 plan = stub.Plan(submit_request(args), timeout=t)
                 print(json.dumps(render.as_json(plan)) if args.json else "\n".join(render.plan_lines(plan)))
-                return EXIT_ERROR if plan.refusal else EXIT_OK
+                return EXIT_FAILED if plan.refusal else EXIT_OK
             case "submit":
-                resp = stub.SubmitRun(submit_request(args), timeout=t)
+                resp = submit(stub, submit_request(args), t, args.retries)
                 if args.json and not args.watch:
                     print(json.dumps(render.as_json(resp)))
                 elif not args.watch:
@@ -301,9 +343,9 @@ def dispatch(args: argparse.Namespace) -> int:
                 else:
                     queued = f", queued at position {resp.queue_position}" if resp.queue_position else ""
                     print(f"run {resp.run_id} ({resp.prompt_tokens} prompt tokens{queued})", file=sys.stderr)
-                    return stream(stub, resp.run_id, events=args.events, as_json=args.json)
+                    return follow(stub, args, resp.run_id)
             case "watch":
-                return stream(stub, args.run_id, events=args.events, as_json=args.json)
+                return follow(stub, args, args.run_id)
             case "runs":
                 runs = stub.ListRuns(opb.ListRunsRequest(limit=args.limit), timeout=t).runs
                 for r in runs:
@@ -334,28 +376,38 @@ def dispatch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def rpc_failure(e: grpc.RpcError, address: str) -> str:
+    code, details = e.code(), e.details()  # type: ignore[attr-defined]
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return (f"UNAUTHENTICATED: {details} (the orchestrator's TCP API wants --token-file with the token from its "
+                "host's token_file)")
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"cannot reach the orchestrator at {address} ({details}); is swactor-orchestrator running? (--address)"
+    return f"{code.name}: {details}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return dispatch(args)
     except CliError as e:
         print(f"swactor: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        return e.status
     except grpc.RpcError as e:
-        code, details = e.code(), e.details()  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.UNAUTHENTICATED:
-            print(f"swactor: UNAUTHENTICATED: {details} (the orchestrator's TCP API wants --token-file "
-                  "with the token from its host's token_file)", file=sys.stderr)
-        elif code == grpc.StatusCode.UNAVAILABLE:
-            print(f"swactor: cannot reach the orchestrator at {args.address} ({details}); "
-                  "is swactor-orchestrator running? (--address)", file=sys.stderr)
-        else:
-            print(f"swactor: {code.name}: {details}", file=sys.stderr)
-        return EXIT_ERROR
+        print(f"swactor: {rpc_failure(e, args.address)}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
+        # stdout was closed early (`swactor events | head`): quiet, and no second error at interpreter exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except Exception as e:  # the last line of defence: one line, never a traceback (SWACTOR_DEBUG=1 shows it)
+        if os.environ.get("SWACTOR_DEBUG"):
+            raise
+        print(f"swactor: internal error: {type(e).__name__}: {e} (SWACTOR_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -45,7 +45,18 @@ def run_detail(run: opb.Run) -> str:
                      f"edges {p.inbound_edge_id} -> {p.outbound_edge_id}")
     if run.text:
         lines.append(f"  text: {run.text!r}")
+    if seed := seed_line(run):
+        lines.append(f"  {seed}")
     return "\n".join(lines)
+
+
+def seed_line(run: opb.Run) -> str | None:
+    """How to replay a sampled run (greedy runs need no seed)."""
+    s = run.sampling
+    if s.temperature <= 0:
+        return None
+    cuts = (f" top-k {s.top_k}" if s.top_k else "") + (f" top-p {s.top_p:g}" if 0 < s.top_p < 1 else "")
+    return f"sampling: temperature {s.temperature:g}{cuts} seed {s.seed} (replay with --seed {s.seed})"
 
 
 def node_line(n: opb.Node) -> str:
@@ -132,15 +143,21 @@ def download_line(ev: pb.LifecycleEvent) -> str | None:
     total = c.get("bytes_total", 0)
     if ev.kind == pb.WEIGHTS_DOWNLOAD_STARTED:
         cached = c.get("bytes_cached", 0)
+        if total and cached >= total:
+            return None  # nothing to download: the WEIGHTS_DOWNLOADED line says it was all cached
         held = f", {size(cached)} already cached" if cached else ""
         return f"{who}: weights download started: {size(total)}{held}" if total else f"{who}: {ev.detail}"
     if ev.kind == pb.WEIGHTS_DOWNLOAD_PROGRESS:
         done, rate, eta = c.get("bytes_done", 0), c.get("rate_bps", 0), c.get("eta_ms", -1)
+        if rate <= 0:
+            return None  # nothing moved since the last update (all cached, or not started): no "0 B/s" line
         pct = f" ({100 * done / total:.0f}%)" if total else ""
         eta_text = f", ETA {eta / 1000:.1f} s" if eta >= 0 else ""
         return f"{who}: weights {size(done)}/{size(total)}{pct}, {size(rate)}/s{eta_text}"
     fetched, ms = c.get("bytes_fetched", total), c.get("duration_ms", 0)
-    rate = f" ({size(fetched / (ms / 1000))}/s)" if ms > 0 and fetched else ""
+    if fetched == 0:
+        return f"{who}: weights already cached: {size(total)}, nothing fetched"
+    rate = f" ({size(fetched / (ms / 1000))}/s)" if ms > 0 else ""
     return f"{who}: weights downloaded: {size(fetched)} fetched of {size(total)} in {ms / 1000:.1f} s{rate}"
 
 

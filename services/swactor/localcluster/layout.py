@@ -5,6 +5,7 @@ Pure: builds paths and config tables from the cluster spec; nothing is created h
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,9 @@ from typing import Any
 MEMBERSHIP_PORT, EDGE_PORT, CONTROL_PORT = 7946, 7400, 7441
 # The orchestrator's model server (host 0): the other hosts fetch their weight ranges from it.
 MODEL_PORT = 7442
+# The address plan: host i is X.Y.Z.(i+1) in one /24 (a loopback block 127.X.Y.0, or the namespaces' bridge subnet),
+# and .254 stays free for one outsider (a test's hostile peer, Netns.add_host).
+MAX_HOSTS = 253
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,8 @@ def _toml_value(v: Any) -> str:
     if isinstance(v, int | float):
         return repr(v)
     if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        # A TOML basic string takes JSON's escapes; DEL must be escaped too (paths may hold any character).
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {v!r} as TOML")

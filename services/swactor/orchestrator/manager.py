@@ -2,7 +2,8 @@
 and the membership view. One active run at a time (spec §43 defers concurrent runs on a chain); runs
 submitted meanwhile wait in a bounded FIFO queue (queue.py) and start one after another. A run's
 memory is dropped when it finishes: reads of finished runs come from the run store, whose retention
-(retention.py) bounds what it keeps."""
+(retention.py) bounds what it keeps. A SubmitRun with a client request id that names a run returns that
+run (client_requests.py), so a client may retry one it does not know the fate of."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ import grpc
 
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
-from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator import dry_run
+from swactor.orchestrator import dry_run, run_sampling
 from swactor.orchestrator import fsm as F
+from swactor.orchestrator.client_requests import RequestIds, RequestKey, request_key
 from swactor.orchestrator.errors import RequestError
 from swactor.orchestrator.fleet import StageFleet
 from swactor.orchestrator.models import LoadedModel, ModelRegistry
@@ -83,6 +84,7 @@ class Orchestrator:
         self._prompts = PromptPreparer(models, fsm_config.max_seq_len_cap)
         self._lobby = RunLobby(limits.queue_depth, store, clock)
         self._retention = RetentionSchedule(limits.retention, clock())
+        self._request_ids = RequestIds(store.request_run)
         self._active: RunHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -151,6 +153,26 @@ class Orchestrator:
 
     async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
         self._check_open()
+        key = request_key(req)
+        if key is None:
+            return await self._submit(req, None)
+        # Before the queue's room is checked: a retry of a queued run gets that run even when the queue is full.
+        repeated = await self._request_ids.claim(key)
+        if repeated is not None:
+            return self._repeat(repeated, key)
+        try:
+            return await self._submit(req, key)
+        finally:
+            self._request_ids.release(key)
+
+    def _repeat(self, run_id: int, key: RequestKey) -> opb.SubmitRunResponse:
+        """What the SubmitRun that created the run answered, with the run's queue position now."""
+        run = self._known(run_id)
+        self.log.info("run_submit_repeated", run_id=run_id, client_request_id=key.request_id,
+                      state=opb.RunState.Name(run.state), queue_position=run.queue_position)
+        return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=run.prompt_tokens, queue_position=run.queue_position)
+
+    async def _submit(self, req: opb.SubmitRunRequest, key: RequestKey | None) -> opb.SubmitRunResponse:
         self._check_queue_room()  # before the tokenizer's work; again once it is done
         model, prompt_ids, stages = await self._admit(req)
         refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids))
@@ -159,17 +181,18 @@ class Orchestrator:
         self._check_open()
 
         run_id = new_id()
-        s = req.sampling
-        sampling = SamplingPolicy(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p or 1.0, seed=s.seed)
+        sampling, recorded_sampling = run_sampling.applied(req.sampling)
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
                                trace_objects=req.trace_objects)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
-                         sampling=opb.Sampling(temperature=s.temperature, top_k=s.top_k, top_p=sampling.top_p, seed=s.seed))
+                         sampling=recorded_sampling, client_request_id=req.client_request_id)
         prepared = Prepared(request, model.tokenizer)
         position = 0
+        if key is not None:  # written with the run's first record, below
+            self.store.remember_request(key.request_id, run_id, key.digest)
         try:
             if self._active is None and not len(self._lobby):
                 self.store.put(record)
@@ -177,12 +200,14 @@ class Orchestrator:
             else:
                 position = self._lobby.enqueue(record, prepared)
         except QueueFull as e:
+            self.store.discard(run_id)  # the client request id staged for it
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
         except StoreWriteError as e:
             self.store.discard(run_id)
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"the run store cannot be written: {e}") from None
         self.log.info("run_submitted", run_id=run_id, model=model.name, stages=stages, max_tokens=req.max_tokens,
-                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos, queue_position=position)
+                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos, queue_position=position,
+                      client_request_id=req.client_request_id, seed=sampling.seed)
         return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids), queue_position=position)
 
     def _check_open(self) -> None:

@@ -47,19 +47,19 @@ class ModelSource:
 
     @classmethod
     def parse(cls, name: str, text: str) -> ModelSource:
-        """`SOURCE` or `SOURCE sha256=HEX` (SOURCE: an absolute path or an http(s) URL)."""
-        parts = text.split()
-        if not parts:
+        """`SOURCE` or `SOURCE sha256=HEX` (SOURCE: an absolute path, which may hold spaces, or an http(s) URL)."""
+        location, sha = text.strip(), ""
+        head, sep, last = location.rpartition(" ")
+        if sep and last.startswith("sha256="):
+            value = last.removeprefix("sha256=")
+            if len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower()):
+                raise ValueError(f"model {name!r}: {last!r} is not 'sha256=<64 hex digits>'")
+            location, sha = head.rstrip(), value.lower()
+        if not location:
             raise ValueError(f"model {name!r}: empty source")
-        sha = ""
-        for extra in parts[1:]:
-            key, _, value = extra.partition("=")
-            if key != "sha256" or len(value) != 64 or any(c not in "0123456789abcdef" for c in value.lower()):
-                raise ValueError(f"model {name!r}: {extra!r} is not 'sha256=<64 hex digits>'")
-            sha = value.lower()
-        src = cls(name, parts[0], sha)
+        src = cls(name, location, sha)
         if not src.is_url and not src.path.is_absolute():
-            raise ValueError(f"model {name!r}: source {parts[0]!r} is neither an absolute path nor an http(s) URL")
+            raise ValueError(f"model {name!r}: source {location!r} is neither an absolute path nor an http(s) URL")
         return src
 
     def describe(self) -> str:

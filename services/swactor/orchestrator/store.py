@@ -1,7 +1,9 @@
 """The run store: SQLite in the state directory, one row per run plus every §40 lifecycle event.
 
 Run records are `orchestrator_pb2.Run` messages stored whole (with indexed columns for queries);
-events are `common_pb2.LifecycleEvent` messages in arrival order. `recover()` runs at startup: a
+events are `common_pb2.LifecycleEvent` messages in arrival order. A run submitted with a client request
+id has a `client_requests` row (the id, the run, the request's digest: client_requests.py), written in
+the transaction that writes the run's first record and deleted with the run. `recover()` runs at startup: a
 run that was not DONE when the previous orchestrator process ended can never finish, so it is
 marked faulted with reason RUN_FAULT_ORCHESTRATOR_RESTARTED (never left "running" or "queued").
 
@@ -59,6 +61,12 @@ CREATE TABLE IF NOT EXISTS events (
     PRIMARY KEY (run_id, seq)
 );
 CREATE INDEX IF NOT EXISTS events_kind ON events (run_id, kind);
+CREATE TABLE IF NOT EXISTS client_requests (
+    client_request_id TEXT PRIMARY KEY,
+    run_id            INTEGER NOT NULL,
+    digest            BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS client_requests_run ON client_requests (run_id);
 """
 
 
@@ -85,6 +93,8 @@ class RunStore:
         self._clock = clock
         self._events: list[tuple] = []             # held event rows
         self._records: dict[int, tuple] = {}       # held record rows, the latest per run
+        self._requests: dict[int, tuple] = {}      # held client_requests rows, by run
+        self._staged_requests: dict[int, tuple] = {}  # client_requests rows waiting for their run's first put
         self._states: dict[int, tuple[int, int]] = {}  # (state, outcome) last put per run
         self._held_since: float | None = None
         self.dropped_events = 0
@@ -103,13 +113,14 @@ class RunStore:
 
     def flush(self) -> None:
         """Write everything held, in one transaction; StoreWriteError if it fails (rows stay held)."""
-        if not self._events and not self._records:
+        if not self._events and not self._records and not self._requests:
             return
         try:
             with self._db:  # BEGIN ... COMMIT, ROLLBACK on error
                 self._db.execute("BEGIN")
                 self._db.executemany(_PUT, list(self._records.values()))
                 self._db.executemany("INSERT INTO events VALUES (?, ?, ?, ?, ?, ?, ?)", self._events)
+                self._db.executemany("INSERT INTO client_requests VALUES (?, ?, ?)", list(self._requests.values()))
         except sqlite3.Error as e:
             self._held_since = self._clock()  # retried by the next write after FLUSH_AFTER_S
             excess = len(self._events) - MAX_HELD_EVENTS
@@ -119,6 +130,7 @@ class RunStore:
             raise StoreWriteError(f"{type(e).__name__}: {e} ({self.path})") from None
         self._events.clear()
         self._records.clear()
+        self._requests.clear()
         self._held_since = None
 
     def _hold(self) -> None:
@@ -138,6 +150,9 @@ class RunStore:
 
     def put(self, run: orchestrator_pb2.Run) -> None:
         """Store the record; written at once when its state or outcome changed, else held like events."""
+        request = self._staged_requests.pop(run.run_id, None)
+        if request is not None:
+            self._requests[run.run_id] = request
         self._records[run.run_id] = (run.run_id, run.state, run.outcome, run.created_us, run.SerializeToString())
         if self._states.get(run.run_id) != (run.state, run.outcome):
             self._states[run.run_id] = (run.state, run.outcome)
@@ -176,10 +191,31 @@ class RunStore:
         self._states.pop(run_id, None)
 
     def discard(self, run_id: int) -> None:
-        """Drop a run's held (unwritten) rows: its submission was refused because they could not be written."""
+        """Drop a run's held (unwritten) rows: its submission was refused (its rows could not be written, or it
+        was refused after its client request id was held)."""
         self._records.pop(run_id, None)
         self._events = [e for e in self._events if e[0] != run_id]
+        self._requests.pop(run_id, None)
+        self._staged_requests.pop(run_id, None)
         self.release(run_id)
+
+    # ---- client request ids ----
+
+    def remember_request(self, client_request_id: str, run_id: int, digest: bytes) -> None:
+        """Stage the id's row for the run's first `put` (a new state: written at once), which writes both in one
+        transaction: an id never names a run the store does not have, nor a kept run lose its id. A flush before
+        that put (an event of the run held first) leaves it staged."""
+        self._staged_requests[run_id] = (client_request_id, run_id, digest)
+
+    def request_run(self, client_request_id: str) -> tuple[int, bytes] | None:
+        """(run_id, request digest) recorded for the id; None when no kept run has it."""
+        self._flush_for_read()
+        held = next((row for row in self._requests.values() if row[0] == client_request_id), None)
+        if held is not None:  # a failed write left it held, with its run's record
+            return held[1], held[2]
+        row = self._db.execute("SELECT run_id, digest FROM client_requests WHERE client_request_id = ?",
+                               (client_request_id,)).fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
 
     # ---- events ----
 
@@ -236,7 +272,7 @@ class RunStore:
                                 "rowid DESC", (orchestrator_pb2.RUN_STATE_DONE,)).fetchall()
 
     def delete_runs(self, run_ids: Sequence[int]) -> None:
-        """Delete runs with their events, and give the freed pages back to the file system."""
+        """Delete runs with their events and client request ids, and give the freed pages back to the file system."""
         if not run_ids:
             return
         self.flush()
@@ -245,6 +281,7 @@ class RunStore:
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.execute(f"DELETE FROM events WHERE run_id IN ({marks})", tuple(run_ids))
+                self._db.execute(f"DELETE FROM client_requests WHERE run_id IN ({marks})", tuple(run_ids))
                 self._db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", tuple(run_ids))
             # One freed page per statement step: executescript steps it to the end (execute would not).
             self._db.executescript("PRAGMA incremental_vacuum;")

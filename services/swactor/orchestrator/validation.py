@@ -1,5 +1,5 @@
 """SubmitRun request checks that need no model: size (on the received bytes, before parsing), UTF-8
-(named by field path), NaN/inf and range of the sampling values, max_tokens, raw.
+(named by field path), NaN/inf and range of the sampling values, max_tokens, raw, client_request_id's form.
 
 protobuf refuses a string field that is not UTF-8 while parsing, and gRPC would answer INTERNAL
 without saying which; `SubmitDeserializer` parses leniently instead: a refused request reaches the
@@ -18,6 +18,10 @@ from swactor.orchestrator.errors import RequestError
 from swactor.v1 import orchestrator_pb2 as opb
 
 MAX_REQUEST_BYTES = 1 << 20
+# A client request id is a key in the run store and goes into logs as is: short, and only visible ASCII so that it
+# cannot carry control characters or look-alike spaces into either (UUIDs, ULIDs and base64 all fit).
+MAX_CLIENT_REQUEST_ID = 128
+_ID_CHARS = frozenset(chr(c) for c in range(0x21, 0x7F))
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,17 @@ def check_fields(req: opb.SubmitRunRequest) -> None:
     if req.raw and req.WhichOneof("input") != "prompt":
         raise RequestError.invalid("raw applies to prompt only (messages always use the chat template, "
                                    "prompt_ids are sent as is)")
+    check_client_request_id(req.client_request_id)
+
+
+def check_client_request_id(value: str) -> None:
+    """"" (no id) or 1..MAX_CLIENT_REQUEST_ID visible ASCII characters; RequestError naming the field otherwise."""
+    if len(value) > MAX_CLIENT_REQUEST_ID:
+        raise RequestError.invalid(f"client_request_id is {len(value)} characters; at most {MAX_CLIENT_REQUEST_ID}")
+    bad = next((i for i, c in enumerate(value) if c not in _ID_CHARS), None)
+    if bad is not None:
+        raise RequestError.invalid(f"client_request_id[{bad}] is {value[bad]!r}: only visible ASCII (0x21-0x7E) is "
+                                   "allowed")
 
 
 def check_max_tokens(req: opb.SubmitRunRequest, context: int) -> None:

@@ -1,0 +1,175 @@
+"""What the CLI accepts and how it ends: argument types that refuse a bad value by name before anything is
+called, the one-line error discipline, and the exit statuses (documented in `swactor --help` and
+docs/operations.md).
+
+Every value bound for the orchestrator is checked against its proto field's range here, so an operator
+sees "argument --max-tokens: ..." rather than a protobuf ValueError or a server round trip."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+from collections.abc import Callable
+from typing import NoReturn
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the operation was refused or failed: the orchestrator said no, the run faulted, no pool came up
+EXIT_USAGE = 2  # a bad invocation: an argument was wrong, nothing was asked of anyone
+EXIT_STOPPED = 3  # the run was stopped (swactor stop, or --stop-on-interrupt)
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT); 128 + the signal for SIGTERM / SIGHUP
+
+EXIT_STATUSES = f"""exit status:
+  {EXIT_OK}    done (a watched run completed)
+  {EXIT_FAILED}    refused or failed: the orchestrator refused the request or could not be reached,
+       the run faulted, the local pool could not be brought up
+  {EXIT_USAGE}    bad invocation: an argument was wrong (the message names it); nothing was sent
+  {EXIT_STOPPED}    the watched run was stopped
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C); 143 SIGTERM, 129 SIGHUP"""
+
+INT32_MAX = 2**31 - 1
+UINT32_MAX = 2**32 - 1
+UINT64_MAX = 2**64 - 1
+FLOAT32_MAX = 3.4028234663852886e38  # a larger value is infinite once in the proto's float field
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+_HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+
+
+class CliError(Exception):
+    """A one-line refusal; `status` is EXIT_USAGE for a bad invocation, EXIT_FAILED for a failed operation."""
+
+    def __init__(self, message: str, status: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that ends a bad invocation with one line naming what was wrong (not the usage block), status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def not_utf8(text: str) -> str | None:
+    """Why `text` (an argv string: undecodable bytes arrive as surrogate escapes) is not UTF-8, or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = os.fsencode(text)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"is not valid UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start})"
+        return "is not valid UTF-8"
+    return None
+
+
+def text(value: str) -> str:
+    """Text that travels to the orchestrator (protobuf strings are UTF-8)."""
+    why = not_utf8(value)
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return value
+
+
+def integer(lo: int, hi: int) -> Callable[[str], int]:
+    """An integer in lo..hi (the proto field's range, or tighter)."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(text(value).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if not lo <= number <= hi:
+            raise argparse.ArgumentTypeError(f"must be in {lo}..{hi}, got {number}")
+        return number
+
+    parse.__name__ = "integer"  # argparse names the type in some messages
+    return parse
+
+
+def number(lo: float, hi: float, *, lo_open: bool = False) -> Callable[[str], float]:
+    """A finite float in [lo, hi] ((lo, hi] with lo_open): NaN and infinities are refused by name."""
+
+    def parse(value: str) -> float:
+        try:
+            x = float(text(value).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not math.isfinite(x):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
+        if x < lo or x > hi or (lo_open and x == lo):
+            raise argparse.ArgumentTypeError(f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {x:g}")
+        return x
+
+    parse.__name__ = "number"
+    return parse
+
+
+def run_id(value: str) -> int:
+    try:
+        n = int(text(value).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"run id {value!r} is not an integer") from None
+    if not 0 < n <= UINT64_MAX:
+        raise argparse.ArgumentTypeError(f"run id {n} is out of range (1..{UINT64_MAX})")
+    return n
+
+
+def address(value: str) -> str:
+    """unix:/path or HOST:PORT ([v6]:PORT): anything else would make gRPC guess (DNS, port 443) and hang."""
+    text(value)
+    if value.startswith("unix:"):
+        if len(value) == len("unix:"):
+            raise argparse.ArgumentTypeError("unix: needs a socket path (unix:/run/swactor/orchestrator.sock)")
+        return value
+    m = _HOST_PORT.match(value)
+    if m is None or not 0 < int(m[1]) <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is neither unix:/path nor HOST:PORT (port 1..65535)")
+    return value
+
+
+def host_name(value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._:-]+", text(value)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a host name or IP address")
+    return value
+
+
+def chat_message(value: str):  # -> opb.ChatMessage (imported late: the stubs are generated)
+    from swactor.v1 import orchestrator_pb2 as opb
+
+    role, sep, content = text(value).partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"wants ROLE:TEXT, got {value!r}")
+    if role not in CHAT_ROLES:
+        raise argparse.ArgumentTypeError(f"role {role!r} is not one of {', '.join(CHAT_ROLES)}")
+    return opb.ChatMessage(role=role, content=content)
+
+
+def token_ids(value: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text(value).replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants comma-separated token ids, got {value!r}") from None
+    if not ids or min(ids) < 0 or max(ids) > UINT32_MAX:
+        raise argparse.ArgumentTypeError(f"wants token ids in 0..2^32-1, got {value!r}")
+    return ids
+
+
+def model_path(value: str) -> str:
+    """A GGUF path for the local pool: written into each host's UTF-8 config, so it must be UTF-8 itself."""
+    text(value)
+    if not value.strip():
+        raise argparse.ArgumentTypeError("is empty")
+    return value
+
+
+def add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=number(0.0, FLOAT32_MAX), default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=integer(0, UINT32_MAX), default=0, help="0 = off (default)")
+    p.add_argument("--top-p", type=number(0.0, 1.0), default=1.0,
+                   help="nucleus cut in [0, 1]; 0 or 1 = off (default 1), as the orchestrator reads it")
+    p.add_argument("--seed", type=integer(0, UINT64_MAX), default=None,
+                   help="sampling seed (default: with --temperature > 0, the orchestrator picks a random one and "
+                        "records it in the run, so `swactor show` tells you how to replay it)")
