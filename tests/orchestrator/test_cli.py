@@ -295,3 +295,22 @@ def test_a_submit_that_timed_out_is_sent_again_under_its_request_id_and_makes_on
     assert "SubmitRun DEADLINE_EXCEEDED; sending it again" in err
     assert len(ids) == 2 and ids[0] == ids[1] and len(ids[0]) == 32  # one request id, sent twice
     assert len(runs) == 1 and out.strip() == str(runs[0].run_id)
+
+
+def test_demo_shows_a_stage_fault_before_the_outcome_but_not_teardown_racing_teardown(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from swactor.cli.demo import Printer
+    from swactor.localcluster.run import RunResult
+    from swactor.v1 import common_pb2 as pb
+
+    def ev(kind: int, detail: str = "") -> opb.RunUpdate:
+        return opb.RunUpdate(event=pb.LifecycleEvent(kind=kind, stage_index=1, reason="RUN_FAULT_STREAM_FAULT",
+                                                     detail=detail))
+
+    for events in (False, True):
+        out = Printer(as_json=False, events=events)
+        for u in (ev(pb.STAGE_FAULTED, "mid-run"), ev(pb.RUN_FAULTED), ev(pb.STAGE_FAULTED, "in teardown")):
+            out.update(u, RunResult())
+        err = capsys.readouterr().err
+        assert "mid-run" in err and "run_faulted" in err
+        assert ("in teardown" in err) == events

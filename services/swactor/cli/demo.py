@@ -45,13 +45,14 @@ from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 from swactor.worker.stage_memory import advertised_memory
 
-# What one simulated host's four services hold in memory (RSS measured with the default model: membership, arena and
-# edge ~60-90 MB each, the worker and its compute process ~300 MB), with room to spare.
+# What one simulated host's services hold besides its weights (RSS measured with the default model, one host: arena
+# 47 MB, membership 58, edge 65, worker 89, its compute process 483 with the whole 30-layer model of ~100 MB loaded).
 HOST_SERVICES_BYTES = 640 << 20
 QUIET_EVENTS = {pb.OBJECT_LOADED, pb.OBJECT_PRODUCED, pb.EXECUTE_STEP_STARTED, pb.STEP_COMPLETED, pb.TOKEN_RECEIVED,
                 pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED}
 # Shown without --events: what went wrong (the rest of the lifecycle is bring-up progress lines, or nothing).
 FAULT_EVENTS = {pb.NODE_FAULTED, pb.STAGE_FAULTED, pb.RUN_FAULTED, pb.RUN_STOPPED}
+OUTCOME_EVENTS = {pb.RUN_COMPLETED, pb.RUN_FAULTED, pb.RUN_STOPPED}
 PROGRESS_STEP = 25  # percent between two progress lines of one stage and phase
 
 
@@ -61,6 +62,9 @@ class Printer:
     def __init__(self, as_json: bool, events: bool = False) -> None:
         self.as_json = as_json
         self.events = events  # every lifecycle event as a line (--events / --verbose), not just progress
+        # Once the run has its outcome, a stage's stream fault is teardown racing teardown (the spec stops the token
+        # endpoints while StopRun travels): not what went wrong with the answer, so shown with --events only.
+        self.outcome_seen = False
         self._shown: dict[tuple[int, str], int] = {}  # (stage, phase) -> the last percentage shown
 
     def emit(self, obj: dict[str, Any]) -> None:
@@ -97,8 +101,9 @@ class Printer:
                 self.progress(line)  # weights fetched from host 0's model server, a line per stage update
             elif ev.kind == pb.READINESS_BARRIER_PASSED and not self.events:
                 self.progress("every stage is ready (readiness barrier passed): the prompt goes in")
-            elif ev.kind not in QUIET_EVENTS and (self.events or ev.kind in FAULT_EVENTS):
+            elif ev.kind not in QUIET_EVENTS and (self.events or (ev.kind in FAULT_EVENTS and not self.outcome_seen)):
                 self.progress(render.event_line(ev))
+            self.outcome_seen |= ev.kind in OUTCOME_EVENTS
 
     def _percent(self, stage: int, phase: str, done: int, total: int, unit: str) -> None:
         """A line when the stage's `phase` crosses another PROGRESS_STEP percent (every update with --events)."""
