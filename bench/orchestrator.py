@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from swactor.common.sampling import SamplingPolicy  # noqa: E402
-from swactor.orchestrator import fsm as F  # noqa: E402
-from swactor.orchestrator.store import RunStore  # noqa: E402
-from swactor.orchestrator.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
+from swactor.orchestrator.runs import fsm as F  # noqa: E402
+from swactor.orchestrator.runs.store import RunStore  # noqa: E402
+from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer  # noqa: E402
 from swactor.v1 import common_pb2 as pb  # noqa: E402
 from swactor.v1 import orchestrator_pb2 as opb  # noqa: E402
 from tests.orchestrator.fakes import FakeFleet  # noqa: E402

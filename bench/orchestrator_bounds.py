@@ -27,8 +27,8 @@ import grpc
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swactor.orchestrator.manager import Limits  # noqa: E402
-from swactor.orchestrator.retention import RetentionPolicy  # noqa: E402
+from swactor.orchestrator.runs.manager import Limits  # noqa: E402
+from swactor.orchestrator.runs.retention import RetentionPolicy  # noqa: E402
 from swactor.v1 import orchestrator_pb2 as opb  # noqa: E402
 from tests.orchestrator.fakes import FakeFleet  # noqa: E402
 from tests.orchestrator.harness import registry, serving  # noqa: E402

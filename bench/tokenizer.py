@@ -18,8 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from swactor.orchestrator.tokenizer import Message, PromptTooLong, Tokenizer, TokenizerError, render_chat  # noqa: E402
-from swactor.orchestrator.tokenizer.bounds import MAX_WORD_CHARS  # noqa: E402
+from swactor.orchestrator.tokens.tokenizer import (  # noqa: E402
+    Message,
+    PromptTooLong,
+    Tokenizer,
+    TokenizerError,
+    render_chat,
+)
+from swactor.orchestrator.tokens.tokenizer.bounds import MAX_WORD_CHARS  # noqa: E402
 from tests.orchestrator.helpers import MODEL_PATH  # noqa: E402
 from tests.orchestrator.spm_gguf import write_spm_gguf  # noqa: E402
 

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from swactor.modelfile.params import ModelRefused, open_header
-from swactor.orchestrator.gguf_model import read_tokenizer
-from swactor.orchestrator.tokenizer import Tokenizer, TokenizerError
+from swactor.orchestrator.models.gguf_model import read_tokenizer
+from swactor.orchestrator.tokens.tokenizer import Tokenizer, TokenizerError
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 

@@ -54,7 +54,7 @@ def cpp_test_template(source: str, name_part: str) -> str:
 
 def swactor_chat_module():
   """swactor's chat.py alone (it needs only jinja2; the package would pull in grpc stubs)."""
-  spec = importlib.util.spec_from_file_location("chat", ROOT / "services/swactor/orchestrator/tokenizer/chat.py")
+  spec = importlib.util.spec_from_file_location("chat", ROOT / "services/swactor/orchestrator/tokens/tokenizer/chat.py")
   module = importlib.util.module_from_spec(spec)
   sys.modules["chat"] = module  # dataclasses look their module up while the class is created
   spec.loader.exec_module(module)

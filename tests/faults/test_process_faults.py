@@ -9,7 +9,7 @@ import pytest
 
 from swactor.arena.client import EXIT_ARENA_LOST
 from swactor.localcluster import ready as cready
-from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
+from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import orchestrator_pb2 as opb

@@ -29,7 +29,7 @@ from gguf import GGMLQuantizationType as QT
 
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.modelfile.params import open_header
-from swactor.orchestrator.node_events import POOL_EVENTS_RUN_ID
+from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults.checks import C, FaultCheck, expect, refused_at_submit, with_detail

@@ -34,8 +34,8 @@ import pytest
 from swactor.edge.streamport import AppError
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.localcluster.layout import EDGE_PORT
-from swactor.orchestrator.gguf_model import read_model
-from swactor.orchestrator.planner import activation_spec
+from swactor.orchestrator.models.gguf_model import read_model
+from swactor.orchestrator.planning.planner import activation_spec
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import edge_pb2, edge_pb2_grpc
 from swactor.v1 import orchestrator_pb2 as opb

@@ -9,8 +9,8 @@ from gguf import GGMLQuantizationType as QT
 from gguf.constants import GGML_QUANT_SIZES
 
 from swactor.modelfile import support
-from swactor.orchestrator.gguf_model import TokenizerData
-from swactor.orchestrator.tokenizer import Tokenizer
+from swactor.orchestrator.models.gguf_model import TokenizerData
+from swactor.orchestrator.tokens.tokenizer import Tokenizer
 from swactor.worker.compute import gguf_weights, linear, quant
 
 

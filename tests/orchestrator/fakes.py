@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.fleet import FleetError, Report
-from swactor.orchestrator.planner import RunPlan, StagePlan
+from swactor.orchestrator.fleet.fleet import FleetError, Report
+from swactor.orchestrator.planning.planner import RunPlan, StagePlan
+from swactor.orchestrator.runs import fsm as F
 from swactor.v1 import common_pb2 as pb
 
 

@@ -12,14 +12,14 @@ import grpc
 import pytest
 
 from swactor.common.grpcio import set_serving, unix_target
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.api_access import ApiAccess
+from swactor.orchestrator.api.api_access import ApiAccess
+from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.config import DEFAULT_MODEL_NAME, OrchestratorConfig
 from swactor.orchestrator.main import listeners
-from swactor.orchestrator.manager import Limits, Orchestrator
-from swactor.orchestrator.models import ModelRegistry
-from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.models.models import ModelRegistry
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs.manager import Limits, Orchestrator
+from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import orchestrator_pb2_grpc
 
 from .helpers import MODEL_PATH

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.gguf_model import ModelFacts
-from swactor.orchestrator.nodes import GpuInfo, NodeInfo, NodeState
+from swactor.orchestrator.fleet.nodes import GpuInfo, NodeInfo, NodeState
+from swactor.orchestrator.models.gguf_model import ModelFacts
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 

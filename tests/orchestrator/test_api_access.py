@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.api_access import (
+from swactor.orchestrator.api.api_access import (
     ApiAccessError,
     BearerTokenInterceptor,
     create_key_pair,

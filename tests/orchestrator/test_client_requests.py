@@ -13,8 +13,8 @@ import grpc
 import pytest
 from structlog.testing import capture_logs
 
-from swactor.orchestrator import prompting
-from swactor.orchestrator.client_requests import (
+from swactor.orchestrator.api.errors import RequestError
+from swactor.orchestrator.runs.client_requests import (
     Admit,
     Conflict,
     Repeat,
@@ -24,10 +24,10 @@ from swactor.orchestrator.client_requests import (
     decide,
     request_key,
 )
-from swactor.orchestrator.errors import RequestError
-from swactor.orchestrator.manager import Limits
-from swactor.orchestrator.retention import RetentionPolicy
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.runs.manager import Limits
+from swactor.orchestrator.runs.retention import RetentionPolicy
+from swactor.orchestrator.runs.store import RunStore
+from swactor.orchestrator.tokens import prompting
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .fakes import FakeFleet

@@ -15,14 +15,14 @@ import pytest
 
 from swactor.distribution.server import FileTable
 from swactor.modelfile.manifest import Manifest
-from swactor.orchestrator import fsm as F
+from swactor.orchestrator.api.errors import RequestError
 from swactor.orchestrator.config import DEFAULT_MODEL_NAME
-from swactor.orchestrator.distributor import Distributor
-from swactor.orchestrator.errors import RequestError
-from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.models import ModelRegistry
-from swactor.orchestrator.planner import RunPlan
-from swactor.orchestrator.sources import ModelSource, SourceError
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.models.distributor import Distributor
+from swactor.orchestrator.models.models import ModelRegistry
+from swactor.orchestrator.models.sources import ModelSource, SourceError
+from swactor.orchestrator.planning.planner import RunPlan
+from swactor.orchestrator.runs import fsm as F
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.fixtures.http_source import HttpSource

@@ -9,9 +9,9 @@ import pytest
 
 from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.pool import PoolGate
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.planning.pool import PoolGate
+from swactor.orchestrator.runs import fsm as F
 from swactor.v1 import common_pb2 as pb
 
 from .helpers import model_facts, node, pool

@@ -9,8 +9,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.nodes import NodeState
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.runs import fsm as F
 from swactor.v1 import common_pb2 as pb
 
 from .helpers import model_facts, node, pool

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.store import ORCHESTRATOR_RESTARTED, RunStore
+from swactor.orchestrator.runs.store import ORCHESTRATOR_RESTARTED, RunStore
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .helpers import MODEL_PATH
@@ -92,9 +92,9 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
 
 def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:
     from swactor.orchestrator.config import OrchestratorConfig
+    from swactor.orchestrator.fleet.stage_fleet import StageControlFleet
     from swactor.orchestrator.main import NoSecretFleet, build_fleet
-    from swactor.orchestrator.models import ModelRegistry
-    from swactor.orchestrator.stage_fleet import StageControlFleet
+    from swactor.orchestrator.models.models import ModelRegistry
 
     models = ModelRegistry({"m": MODEL_PATH}, "m")
     assert isinstance(build_fleet(OrchestratorConfig(model_name="m"), 5, models), NoSecretFleet)
@@ -102,7 +102,7 @@ def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:
     secret.write_bytes(b"a cluster secret of 32 bytes...!")
     fleet = build_fleet(OrchestratorConfig(model_name="m", secret_file=secret), 5, models)
     assert isinstance(fleet, StageControlFleet)
-    from swactor.orchestrator.token_endpoints import RingEndpointFactory
+    from swactor.orchestrator.tokens.token_endpoints import RingEndpointFactory
 
     assert isinstance(fleet._endpoints, RingEndpointFactory)  # token endpoints on the local arena + edge-driver
     secret.write_bytes(b"short")

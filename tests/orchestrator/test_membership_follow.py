@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.orchestrator.membership_client import follow_membership
+from swactor.orchestrator.fleet.membership_client import follow_membership
 from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import membership_pb2_grpc
 from swactor.v1 import orchestrator_pb2 as opb

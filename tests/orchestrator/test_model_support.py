@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from swactor.modelfile import support
-from swactor.orchestrator.errors import RequestError
-from swactor.orchestrator.models import ModelRegistry
+from swactor.orchestrator.api.errors import RequestError
+from swactor.orchestrator.models.models import ModelRegistry
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 SHAPE = Shape(layers=2, dim=256, ffn=512, vocab=512)

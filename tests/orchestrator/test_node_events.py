@@ -1,4 +1,4 @@
-"""§40 node lifecycle events from membership views (orchestrator/node_events.py), stored as the
+"""§40 node lifecycle events from membership views (orchestrator/fleet/node_events.py), stored as the
 pool's events and relayed into active runs."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator import node_events as N
-from swactor.orchestrator.manager import Orchestrator
-from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.fleet import node_events as N
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs.manager import Orchestrator
+from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import common_pb2 as pb
 
 from .helpers import node

@@ -16,8 +16,8 @@ import pytest
 import swactor_ring as sr
 from swactor.common import control_tls
 from swactor.common.grpcio import create_server
-from swactor.orchestrator import token_endpoints
-from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
+from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels
+from swactor.orchestrator.tokens import token_endpoints
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2_grpc

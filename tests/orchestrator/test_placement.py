@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from swactor.modelfile.memory import RUNTIME_BYTES, MemoryProfile
-from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.placement import (
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.planning.placement import (
     MemoryNeed,
     PlanError,
     Shortfall,

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.placement import balanced_ranges
-from swactor.orchestrator.planner import (
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.planning.placement import balanced_ranges
+from swactor.orchestrator.planning.planner import (
     PlanError,
     SamplingPolicy,
     plan_run,

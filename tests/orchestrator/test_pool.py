@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.placement import MemoryNeed
-from swactor.orchestrator.pool import Demand, PoolGate
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.planning.placement import MemoryNeed
+from swactor.orchestrator.planning.pool import Demand, PoolGate
 
 from .helpers import node
 from .test_placement import LLAMA8B, GiB
@@ -83,7 +83,7 @@ def test_a_snapshot_observes_on_its_own() -> None:
 
 
 def test_a_refused_shortfall_names_the_pinned_nodes_that_are_not_available() -> None:
-    from swactor.orchestrator.dry_run import pool_refusal
+    from swactor.orchestrator.planning.dry_run import pool_refusal
 
     members = (node(1), dataclasses.replace(node(2), state=NodeState.BOOTING), node(3))
     said = pool_refusal(members, Demand(3, (1, 2, 3), 30))

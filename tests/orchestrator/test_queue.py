@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from swactor.orchestrator.queue import Moved, QueueFull, RunQueue
-from swactor.orchestrator.retention import DAY_S, RetentionPolicy, RetentionSchedule
+from swactor.orchestrator.runs.queue import Moved, QueueFull, RunQueue
+from swactor.orchestrator.runs.retention import DAY_S, RetentionPolicy, RetentionSchedule
 
 
 def test_runs_leave_in_submission_order_and_the_rest_move_up() -> None:

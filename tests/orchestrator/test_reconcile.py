@@ -1,9 +1,9 @@
-"""Restart reconciliation core (orchestrator/reconcile.py): every transition on a scripted clock."""
+"""Restart reconciliation core (orchestrator/fleet/reconcile.py): every transition on a scripted clock."""
 
 from __future__ import annotations
 
-from swactor.orchestrator import reconcile as R
-from swactor.orchestrator.nodes import NodeInfo, NodeState
+from swactor.orchestrator.fleet import reconcile as R
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

@@ -13,10 +13,10 @@ import pytest
 
 from swactor.common import control_tls
 from swactor.common.grpcio import create_server
-from swactor.orchestrator import reconcile as R
-from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.reconcile_shell import MtlsControl, ReconcileShell
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.fleet import reconcile as R
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.fleet.reconcile_shell import MtlsControl, ReconcileShell
+from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2_grpc

@@ -10,8 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.orchestrator.manager import Limits
-from swactor.orchestrator.store import ORCHESTRATOR_RESTARTED, RunStore
+from swactor.orchestrator.runs.manager import Limits
+from swactor.orchestrator.runs.store import ORCHESTRATOR_RESTARTED, RunStore
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

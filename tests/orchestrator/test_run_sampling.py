@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.run_sampling import SEED_LIMIT, applied, new_seed
-from swactor.orchestrator.stage_fleet import provision_request
+from swactor.orchestrator.fleet.stage_fleet import provision_request
+from swactor.orchestrator.runs.run_sampling import SEED_LIMIT, applied, new_seed
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.worker import plan as worker_plan
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.tokenizer import Message, render_chat
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.tokens.tokenizer import Message, render_chat
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

@@ -13,9 +13,9 @@ import pytest
 
 from swactor.common import control_tls
 from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import plan_run
-from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels, provision_request
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels, provision_request
+from swactor.orchestrator.planning.planner import plan_run
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import stage_pb2, stage_pb2_grpc

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.store import ORCHESTRATOR_RESTARTED, RunStore, StoreWriteError
+from swactor.orchestrator.runs.store import ORCHESTRATOR_RESTARTED, RunStore, StoreWriteError
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

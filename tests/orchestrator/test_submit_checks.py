@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 from swactor.common.grpcio import unix_target
-from swactor.orchestrator import prompting
-from swactor.orchestrator.manager import Limits
-from swactor.orchestrator.validation import utf8_error
+from swactor.orchestrator.api.validation import utf8_error
+from swactor.orchestrator.runs.manager import Limits
+from swactor.orchestrator.tokens import prompting
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .fakes import FakeFleet

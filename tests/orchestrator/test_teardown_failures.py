@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.nodes import NodeState
-from swactor.orchestrator.runner import RunHandle
-from swactor.orchestrator.store import RunStore
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs.runner import RunHandle
+from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 

@@ -14,10 +14,10 @@ import pytest
 import swactor_ring as sr
 from swactor.common import ringport
 from swactor.common.sampling import SamplingPolicy
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator import token_endpoints, token_rings
-from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import plan_run
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.planning.planner import plan_run
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.tokens import token_endpoints, token_rings
 from swactor.v1 import arena_pb2
 from swactor.v1 import common_pb2 as pb
 from tests.worker_service import harness, node_fakes

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from swactor.edge.wakefd import WakeFdError
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator import token_endpoints
-from swactor.orchestrator.fleet import FleetError
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.tokens import token_endpoints
 from swactor.v1 import common_pb2 as pb
 from tests.worker_service import harness, node_fakes
 

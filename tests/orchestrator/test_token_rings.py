@@ -12,10 +12,10 @@ import pytest
 import swactor_ring as sr
 from swactor.common import ringport
 from swactor.common.layout import Layout
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator import token_rings
-from swactor.orchestrator.fleet import FleetError
-from swactor.orchestrator.planner import token_spec
+from swactor.orchestrator.fleet.fleet import FleetError
+from swactor.orchestrator.planning.planner import token_spec
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.tokens import token_rings
 from swactor.v1 import common_pb2 as pb
 
 pytestmark = pytest.mark.timeout(30)

@@ -13,9 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swactor.orchestrator.tokenizer import Message, StreamDecoder, Tokenizer, TokenizerError, chat_prompt
-from swactor.orchestrator.tokenizer.bytemap import BYTE_TO_CHAR, decode_chars, encode_bytes
-from swactor.orchestrator.tokenizer.pretokenize import LLAMA3, PreTokenizer
+from swactor.orchestrator.tokens.tokenizer import (
+    Message,
+    StreamDecoder,
+    Tokenizer,
+    TokenizerError,
+    chat_prompt,
+)
+from swactor.orchestrator.tokens.tokenizer.bytemap import BYTE_TO_CHAR, decode_chars, encode_bytes
+from swactor.orchestrator.tokens.tokenizer.pretokenize import LLAMA3, PreTokenizer
 
 from .helpers import MODEL_PATH
 

@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.tokenizer import ChatTemplateError, Message, Tokenizer, chat_prompt, render_chat
-from swactor.orchestrator.tokenizer.chat import CHATML_TEMPLATE, LLAMA3_TEMPLATE
+from swactor.orchestrator.tokens.tokenizer import (
+    ChatTemplateError,
+    Message,
+    Tokenizer,
+    chat_prompt,
+    render_chat,
+)
+from swactor.orchestrator.tokens.tokenizer.chat import CHATML_TEMPLATE, LLAMA3_TEMPLATE
 
 from .helpers import MODEL_PATH
 

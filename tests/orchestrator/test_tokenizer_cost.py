@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swactor.orchestrator.manager import Limits
-from swactor.orchestrator.tokenizer import PromptTooLong, Tokenizer, TokenizerError
-from swactor.orchestrator.tokenizer.bounds import MAX_WORD_CHARS, WORD_BOUND_CHARS
-from swactor.orchestrator.tokenizer.merge import merge_pairs
+from swactor.orchestrator.runs.manager import Limits
+from swactor.orchestrator.tokens.tokenizer import PromptTooLong, Tokenizer, TokenizerError
+from swactor.orchestrator.tokens.tokenizer.bounds import MAX_WORD_CHARS, WORD_BOUND_CHARS
+from swactor.orchestrator.tokens.tokenizer.merge import merge_pairs
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .fakes import FakeFleet

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.orchestrator.tokenizer import StreamDecoder, Tokenizer
+from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer
 
 from .helpers import MODEL_PATH
 from .spm_gguf import write_spm_gguf

@@ -12,8 +12,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from swactor.orchestrator.gguf_model import TokenizerData
-from swactor.orchestrator.tokenizer import Message, StreamDecoder, Tokenizer, TokenizerError, chat_prompt
+from swactor.orchestrator.models.gguf_model import TokenizerData
+from swactor.orchestrator.tokens.tokenizer import (
+    Message,
+    StreamDecoder,
+    Tokenizer,
+    TokenizerError,
+    chat_prompt,
+)
 
 from .spm_gguf import load_vocab, mistral_template, write_spm_gguf
 

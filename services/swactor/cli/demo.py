@@ -35,11 +35,11 @@ from swactor.membership.gpus import host_memory_available
 from swactor.modelfile.memory import memory_profile
 from swactor.modelfile.params import ModelRefused, open_header
 from swactor.orchestrator.config import OrchestratorConfig
-from swactor.orchestrator.dry_run import pool_refusal
-from swactor.orchestrator.gguf_model import read_model
-from swactor.orchestrator.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planner import memory_need
-from swactor.orchestrator.pool import Demand
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.models.gguf_model import read_model
+from swactor.orchestrator.planning.dry_run import pool_refusal
+from swactor.orchestrator.planning.planner import memory_need
+from swactor.orchestrator.planning.pool import Demand
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc

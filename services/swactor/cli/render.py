@@ -130,7 +130,7 @@ def size(n: float) -> str:
 
 
 def gib(n: int) -> str:
-    """Memory sizes as the orchestrator's placement refusals give them (orchestrator/placement.py's gib)."""
+    """Memory sizes as the orchestrator's placement refusals give them (orchestrator/planning/placement.py's gib)."""
     return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
-from swactor.orchestrator.run_messages import Timeouts
-from swactor.orchestrator.sources import ModelSource
+from swactor.orchestrator.models.sources import ModelSource
+from swactor.orchestrator.runs.run_messages import Timeouts
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -20,7 +20,7 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     socket: Path = sockets.ORCHESTRATOR
     # The TCP API ("host:port"), off by default ("": the Unix socket only). When set it serves TLS
     # with tls_cert/tls_key and refuses calls without the bearer token from token_file (0600), see
-    # api_access.py; `swactor-orchestrator --init-api-access` makes all three.
+    # api/api_access.py; `swactor-orchestrator --init-api-access` makes all three.
     tcp_address: str = ""
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -3,7 +3,7 @@
 Opens the run store (marking runs a previous process left unfinished as faulted), loads the default
 model's facts and tokenizer, follows the local membership service, and serves the Orchestrator gRPC
 API with reflection and health on a Unix socket and, when configured, on TCP with TLS and a bearer
-token (api_access.py). SIGTERM operator-stops active runs.
+token (api/api_access.py). SIGTERM operator-stops active runs.
 """
 
 from __future__ import annotations
@@ -28,29 +28,29 @@ from swactor.common.ids import load_or_create_node_id
 from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
-from swactor.orchestrator import fsm as F
-from swactor.orchestrator import node_events, reconcile_shell
-from swactor.orchestrator.api_access import (
+from swactor.orchestrator.api.api_access import (
     ApiAccess,
     ApiAccessError,
     BearerTokenInterceptor,
     init_access,
     load_access,
 )
+from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer, add_to_server
 from swactor.orchestrator.config import OrchestratorConfig
-from swactor.orchestrator.distributor import Distributor
-from swactor.orchestrator.fleet import FleetError, Report, StageFleet, TokenEndpoints
-from swactor.orchestrator.manager import Limits, Orchestrator, RunDefaults
-from swactor.orchestrator.membership_client import follow_membership
-from swactor.orchestrator.models import ModelRegistry, ModelUnusable
-from swactor.orchestrator.planner import RunPlan, StagePlan
-from swactor.orchestrator.reconcile import Leftover
-from swactor.orchestrator.retention import RetentionPolicy
-from swactor.orchestrator.runner import wall_us
-from swactor.orchestrator.service import SERVICE_NAME, OrchestratorServicer, add_to_server
-from swactor.orchestrator.stage_fleet import StageControlFleet, mtls_channels
-from swactor.orchestrator.store import RunStore
-from swactor.orchestrator.token_endpoints import RingEndpointFactory
+from swactor.orchestrator.fleet import node_events, reconcile_shell
+from swactor.orchestrator.fleet.fleet import FleetError, Report, StageFleet, TokenEndpoints
+from swactor.orchestrator.fleet.membership_client import follow_membership
+from swactor.orchestrator.fleet.reconcile import Leftover
+from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels
+from swactor.orchestrator.models.distributor import Distributor
+from swactor.orchestrator.models.models import ModelRegistry, ModelUnusable
+from swactor.orchestrator.planning.planner import RunPlan, StagePlan
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs.manager import Limits, Orchestrator, RunDefaults
+from swactor.orchestrator.runs.retention import RetentionPolicy
+from swactor.orchestrator.runs.runner import wall_us
+from swactor.orchestrator.runs.store import RunStore
+from swactor.orchestrator.tokens.token_endpoints import RingEndpointFactory
 from swactor.v1 import common_pb2
 
 EXIT_USAGE = 2
@@ -225,7 +225,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     leftovers = []
     for run in store.recover(wall_us()):
         log.warning("run_interrupted_by_restart", run_id=run.run_id, reason=run.reason, placed=len(run.placement))
-        if run.placement:  # it may still hold stages and token edges: reconcile.py tears them down
+        if run.placement:  # it may still hold stages and token edges: fleet/reconcile.py tears them down
             leftovers.append(Leftover.of(run))
     models = ModelRegistry(cfg.model_sources(), cfg.model_name)
     refused = await judge_models(models)
@@ -245,7 +245,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     if distributor is not None:
         from swactor.common import control_tls
         from swactor.common.secret import read_secret
-        from swactor.orchestrator.model_listing import list_models
+        from swactor.orchestrator.models.model_listing import list_models
 
         secret = read_secret(cfg.secret_file) if cfg.secret_file else b""
 

@@ -1,0 +1,7 @@
+"""The Orchestrator gRPC API: what a caller reaches and how a request is checked and answered.
+
+  service      the thin gRPC servicer: every method delegates to runs.manager; SubmitRun's lenient deserializer
+  validation   SubmitRun checks that need no model: byte limit before parsing, UTF-8 by field, NaN/inf, ranges
+  errors       RequestError: a gRPC status code and a message naming what was wrong
+  api_access   the optional TCP API: TLS and a bearer token on every call
+"""

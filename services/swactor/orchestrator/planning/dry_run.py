@@ -1,0 +1,66 @@
+"""What SubmitRun would do with a request on the pool as it is now: refuse it (and why), or place it (`swactor
+submit --dry-run`, the Plan RPC). Pure: the membership view and the run's Demand in, answers out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.planning.placement import Placement, PlanError, Shortfall, place
+from swactor.orchestrator.planning.pool import Demand, PoolStatus
+from swactor.v1 import common_pb2
+from swactor.v1 import orchestrator_pb2 as opb
+
+
+def _place(members: Sequence[NodeInfo], demand: Demand) -> Placement:
+    return place(members, demand.stages, demand.num_layers, demand.node_ids, demand.memory)
+
+
+def pool_refusal(members: Sequence[NodeInfo], demand: Demand) -> str:
+    """Why SubmitRun refuses the run on this pool (FAILED_PRECONDITION), or "" when it takes it. A pinned node
+    that is a member but not Available yet is waited for by the PoolReady gate, not refused here."""
+    provisionable = [m for m in members if m.provisionable]
+    if demand.stages > len(provisionable):
+        pinned = {m.node_id: m for m in members if m.node_id in demand.node_ids and not m.provisionable}
+        which = "; pinned node(s) not Available: " + ", ".join(
+            f"{n} ({m.state.value}{': ' + m.reason if m.reason else ''})" for n, m in pinned.items()) if pinned else ""
+        return (f"{demand.stages} stage(s) need {demand.stages} Available node(s); the pool has {len(provisionable)} "
+                f"(of {len(members)} known){which}")
+    known = {m.node_id for m in members if m.state is not NodeState.LEFT}
+    unknown = [n for n in demand.node_ids if n not in known]
+    if unknown:
+        return f"node(s) {unknown} named by node_ids are not members of the pool"
+    try:
+        _place(members, demand)
+    except Shortfall as e:
+        return f"{common_pb2.RunFaultReason.Name(e.reason)}: {e}"  # type: ignore[arg-type]
+    except PlanError:
+        pass  # pinned nodes not Available yet: the gate waits for them
+    return ""
+
+
+def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, status: PoolStatus, *,
+                  prompt_tokens: int, max_seq_len: int) -> opb.PlanResponse:
+    """The refusal SubmitRun would give (if any), the §9 gate for this run, and the placement with per-stage bytes
+    (for a memory shortfall, the closest split tried, its stages over their node's memory marked)."""
+    out = opb.PlanResponse(model=model, stages=demand.stages, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len,
+                           refusal=pool_refusal(members, demand), pool_ready=status.ready, pool_detail=status.detail,
+                           memory_known=demand.memory is not None)
+    try:
+        placement = _place(members, demand)
+    except Shortfall as e:
+        placement = e.placement
+    except PlanError as e:
+        out.placement_detail = str(e)
+        return out
+    out.split = placement.split
+    over = set(placement.over())
+    for k, (node, (lo, hi)) in enumerate(zip(placement.nodes, placement.ranges, strict=True)):
+        stage = opb.PlannedStage(stage_index=k, node_id=node.node_id, layer_start=lo, layer_end_exclusive=hi,
+                                 node_memory_bytes=node.memory_bytes, fits=k not in over)
+        if placement.needs:
+            need = placement.needs[k]
+            stage.weights_bytes, stage.kv_cache_bytes = need.weights, need.kv_cache
+            stage.scratch_bytes, stage.runtime_bytes, stage.total_bytes = need.scratch, need.runtime, need.total
+        out.placement.append(stage)
+    return out

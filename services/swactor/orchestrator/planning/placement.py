@@ -1,0 +1,171 @@
+"""Where a run's stages go (spec §11): which nodes, which contiguous block range each, and whether it fits.
+
+Pure functions over the membership view and the model's memory profile (swactor.modelfile.memory):
+- nodes: the `--node` pins in their order; else the provisionable nodes with the most advertised memory when the
+  model's memory is known (node-id order otherwise), stages then in node-id order;
+- blocks: every stage at least one, the rest in proportion to each node's advertised memory (largest remainder,
+  ties to earlier stages: equal memory gives the balanced split, 30 / 4 = 8, 8, 7, 7); balanced when a node did
+  not advertise memory or the model's is unknown;
+- fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its node's memory.
+  When the proportional split does not fit, the split that minimises the largest share of a node's memory used is
+  tried; when that does not fit either, `Shortfall` names every stage over its node's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from swactor.common.reasons import ReasonError
+from swactor.modelfile.memory import MemoryProfile, StageBytes
+from swactor.orchestrator.fleet.nodes import NodeInfo
+from swactor.v1 import common_pb2
+
+BISECT_STEPS = 40
+
+
+class PlanError(ReasonError, ValueError):
+    """The request cannot become a valid plan on this pool; `reason` is a RunFaultReason value."""
+
+    def __init__(self, message: str, reason: int = common_pb2.RUN_FAULT_NODE_UNAVAILABLE) -> None:
+        super().__init__(reason, message)
+
+
+@dataclass(frozen=True)
+class MemoryNeed:
+    """The model's memory as the planner knows it: its profile, and the run's context length."""
+
+    profile: MemoryProfile
+    max_seq_len: int
+
+    def stage(self, start: int, end: int) -> StageBytes:
+        return self.profile.stage(start, end, self.max_seq_len)
+
+
+@dataclass(frozen=True)
+class Placement:
+    nodes: tuple[NodeInfo, ...]
+    ranges: tuple[tuple[int, int], ...]  # () when only the nodes were chosen (no model to split)
+    needs: tuple[StageBytes, ...] = ()  # per stage, when the model's memory is known
+    split: str = "balanced"  # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised)
+
+    def over(self) -> list[int]:
+        """The stages whose estimated bytes exceed what their node advertised."""
+        return [k for k, (n, need) in enumerate(zip(self.nodes, self.needs, strict=False))
+                if n.memory_bytes and need.total > n.memory_bytes]
+
+    def describe_stage(self, k: int) -> str:
+        (lo, hi), n, need = self.ranges[k], self.nodes[k], self.needs[k]
+        return (f"stage {k} (blocks {lo}..{hi}) on node {n.node_id} needs {gib(need.total)} (weights {gib(need.weights)}, "
+                f"KV cache {gib(need.kv_cache)}, scratch {gib(need.scratch)}, runtime {gib(need.runtime)}); "
+                f"the node offers {gib(n.memory_bytes)}")
+
+
+class Shortfall(PlanError):
+    """No split of the blocks over the chosen nodes fits their memory; `placement` is the closest one tried."""
+
+    def __init__(self, placement: Placement) -> None:
+        stages = "; ".join(placement.describe_stage(k) for k in placement.over())
+        super().__init__(f"the model does not fit the nodes' memory: {stages}", common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY)
+        self.placement = placement
+
+
+def gib(n: int) -> str:
+    """A memory size for people: MiB below a GiB (a small model's parts), GiB above."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def balanced_ranges(num_layers: int, stages: int) -> list[tuple[int, int]]:
+    """Contiguous [start, end) ranges covering 0..num_layers; earlier stages take the remainder."""
+    return proportional_ranges(num_layers, [1] * stages)
+
+
+def proportional_ranges(num_layers: int, weights: Sequence[int]) -> list[tuple[int, int]]:
+    """Contiguous ranges covering 0..num_layers: one block each, the rest in proportion to `weights` (largest
+    remainder; ties go to the earlier stage)."""
+    stages = len(weights)
+    if stages < 1:
+        raise PlanError(f"stage count must be at least 1, got {stages}", common_pb2.RUN_FAULT_MODEL_REFUSED)
+    if stages > num_layers:
+        raise PlanError(f"{stages} stages requested but the model has only {num_layers} blocks",
+                        common_pb2.RUN_FAULT_MODEL_REFUSED)
+    rest, total = num_layers - stages, sum(weights)
+    quotas = [rest * w for w in weights]  # each over `total`: integer arithmetic, so equal weights tie exactly
+    counts = [1 + q // total for q in quotas]
+    by_remainder = sorted(range(stages), key=lambda k: (-(quotas[k] % total), k))
+    for k in by_remainder[:num_layers - sum(counts)]:
+        counts[k] += 1
+    out, start = [], 0
+    for c in counts:
+        out.append((start, start + c))
+        start += c
+    return out
+
+
+def fitted_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed) -> list[tuple[int, int]]:
+    """The split whose largest share of a node's memory used is smallest (bisection on that share; for a share, each
+    stage in turn takes as many blocks as fit, leaving one for every later stage)."""
+
+    def split(share: float) -> list[tuple[int, int]] | None:
+        out, start = [], 0
+        for k, n in enumerate(nodes):
+            last = k == len(nodes) - 1
+            end = num_layers if last else start + 1
+            if memory.stage(start, end).total > share * n.memory_bytes:
+                return None
+            while not last and end < num_layers - (len(nodes) - k - 1) and \
+                    memory.stage(start, end + 1).total <= share * n.memory_bytes:
+                end += 1
+            out.append((start, end))
+            start = end
+        return out
+
+    lo, hi = 0.0, 1.0
+    while split(hi) is None:
+        lo, hi = hi, hi * 2
+    for _ in range(BISECT_STEPS):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if split(mid) is not None else (mid, hi)
+    best = split(hi)
+    assert best is not None
+    return best
+
+
+def choose_nodes(pool: Sequence[NodeInfo], stages: int, node_ids: Sequence[int] = (),
+                 by_memory: bool = False) -> tuple[NodeInfo, ...]:
+    """The pinned nodes in their order, else `stages` provisionable ones (the most memory first when `by_memory`)
+    in node-id order."""
+    ready = {n.node_id: n for n in pool if n.provisionable}
+    if node_ids:
+        missing = [n for n in node_ids if n not in ready]
+        if missing:
+            raise PlanError(f"requested node(s) {missing} are not Available in the pool")
+        return tuple(ready[n] for n in node_ids)
+    if len(ready) < stages:
+        raise PlanError(f"{stages} stage(s) need {stages} Available node(s), the pool has {len(ready)}")
+    order = sorted(ready.values(), key=lambda n: (-n.memory_bytes, n.node_id) if by_memory else (0, n.node_id))
+    return tuple(sorted(order[:stages], key=lambda n: n.node_id))
+
+
+def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequence[int] = (),
+          memory: MemoryNeed | None = None) -> Placement:
+    """Nodes and block ranges for a run; PlanError (Shortfall when it is memory) names why there are none."""
+    if num_layers:
+        balanced = balanced_ranges(num_layers, stages)  # refuses a stage count the model cannot take, first
+    nodes = choose_nodes(pool, stages, node_ids, by_memory=memory is not None)
+    if not num_layers:
+        return Placement(nodes, ())
+    if memory is None:
+        return Placement(nodes, tuple(balanced))
+    known = all(n.memory_bytes for n in nodes)
+    ranges = proportional_ranges(num_layers, [n.memory_bytes for n in nodes]) if known else balanced
+    placement = _sized(nodes, ranges, memory, "memory" if known else "balanced")
+    if placement.over() and known:
+        placement = _sized(nodes, fitted_ranges(nodes, num_layers, memory), memory, "fitted")
+    if placement.over():
+        raise Shortfall(placement)
+    return placement
+
+
+def _sized(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed, split: str) -> Placement:
+    return Placement(nodes, tuple(ranges), tuple(memory.stage(lo, hi) for lo, hi in ranges), split)

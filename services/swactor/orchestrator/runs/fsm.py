@@ -1,0 +1,432 @@
+"""The run FSM (spec §13, with §9 PoolReady, §16 sequencing, §36 fault semantics, §38 teardown).
+
+An I/O-free core: `RunFsm.handle(input, now)` takes one input and the current monotonic time and
+returns the actions the adapter must perform (provision, inject tokens, stop stages, emit lifecycle
+events). `deadline()` says when the adapter must deliver a `Tick`. Every state change goes through
+`_set_state`; the outcome is set once, by `_finish`, with the first fault reason.
+
+States (RunState) follow §13; Completed / Faulted / Operator-stopped are the run's Outcome, recorded
+on the way into TEARING_DOWN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable
+
+from swactor.common.ids import new_id
+from swactor.common.objflags import PROMPT_CONTINUES
+from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
+from swactor.orchestrator.planning.planner import PlanError, RunPlan, StagePlan, memory_need, plan_run
+from swactor.orchestrator.planning.pool import Demand, PoolGate
+
+# the FSM's vocabulary lives in run_messages; importers may take it from here too
+from swactor.orchestrator.runs.run_messages import (  # noqa: F401
+    Action,
+    CloseEndpoints,
+    Deliver,
+    Emit,
+    EndpointFault,
+    EndpointsClosed,
+    EndpointsReady,
+    FsmConfig,
+    InjectTokens,
+    Input,
+    MembershipChanged,
+    OpenEndpoints,
+    OperatorStop,
+    OrchestratorFault,
+    PromptChunkDone,
+    Provision,
+    ProvisionFailed,
+    Relay,
+    RelayBatch,
+    RunRequest,
+    StageFault,
+    StageReady,
+    StageStopped,
+    StopStage,
+    Tick,
+    Timeouts,
+    TokenReceived,
+)
+from swactor.v1 import common_pb2 as pb
+
+K = pb.LifecycleEventKind
+
+
+class RunState(enum.Enum):
+    WAITING_POOL = 1
+    PROVISIONING = 2
+    WAITING_READY = 3
+    RUNNING = 4
+    TEARING_DOWN = 5
+    DONE = 6
+
+
+class Outcome(enum.Enum):
+    COMPLETED = 1
+    FAULTED = 2
+    STOPPED = 3
+
+
+_LOST = (NodeState.FAULTED, NodeState.LEFT)
+
+
+def reason_name(reason: int) -> str:
+    return pb.RunFaultReason.Name(reason)  # type: ignore[arg-type]
+
+
+class RunFsm:
+    def __init__(
+        self, request: RunRequest, config: FsmConfig, now: float, *, id_source: Callable[[], int] = new_id,
+        pool_view: PoolGate | None = None,
+    ) -> None:
+        self.request = request
+        self.config = config
+        self._id_source = id_source
+        self.state = RunState.WAITING_POOL
+        self.transitions: list[tuple[RunState, RunState]] = []
+        self.outcome: Outcome | None = None
+        self.reason = ""  # first fault reason name, or the completion reason
+        self.detail = ""
+        self.plan: RunPlan | None = None
+        self.tokens: list[int] = []
+        # pool_view: the orchestrator's gate, which has watched the pool before this run: a pool that has been stable
+        # for the window is ready at once instead of the window being waited again by every run
+        self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
+        self._demand = Demand(request.stages, request.node_ids, request.model.num_layers,
+                              memory_need(request.model, config.max_seq_len_cap))
+        self._pool_ready_at: float | None = None  # when the gate's chosen nodes will have been stable
+        self._waiting_for = ""  # what the closed gate waits for, as last recorded (POOL_WAITING)
+        self._pool_deadline = now + config.timeouts.pool_s
+        self._deadline: float | None = self._pool_deadline
+        self._ready: set[int] = set()
+        self._endpoints_open = False
+        self._endpoints_ready = False
+        self._endpoints_closing = False  # CloseEndpoints sent, EndpointsClosed not yet seen
+        self._teardown_left: list[str] = []  # parts whose teardown could not be confirmed
+        self._provisioned: set[int] = set()
+        self._failed: set[int] = set()
+        self._awaiting_stop: set[int] = set()
+        self._expected_seq = 0
+        self._prompt_objects = 1  # the prompt's chunk objects: sequences 0..n-1, the first token comes with n-1
+        self.teardown_timed_out = False
+        self._now = now
+
+    # ---- public ----
+
+    @property
+    def run_id(self) -> int:
+        return self.request.run_id
+
+    def deadline(self) -> float | None:
+        """When the adapter must deliver Tick (None: no timer pending)."""
+        if self.state is RunState.WAITING_POOL:
+            stable = self._pool_ready_at
+            if stable is None or stable <= self._now:  # no placement yet, or its window passed: only the pool timeout
+                return self._pool_deadline
+            return min(self._pool_deadline, stable)
+        return self._deadline
+
+    def handle(self, event: Input, now: float) -> list[Action]:
+        out: list[Action] = []
+        self._now = max(self._now, now)
+        if isinstance(event, Relay | RelayBatch):
+            if self.state is not RunState.DONE:
+                for relayed in (event.events if isinstance(event, RelayBatch) else (event.event,)):
+                    ev = pb.LifecycleEvent()
+                    ev.CopyFrom(relayed)
+                    ev.run_id = self.run_id
+                    out.append(Emit(ev))
+            return out
+        handler = {
+            RunState.WAITING_POOL: self._on_waiting_pool,
+            RunState.WAITING_READY: self._on_waiting_ready,
+            RunState.RUNNING: self._on_running,
+            RunState.TEARING_DOWN: self._on_tearing_down,
+        }.get(self.state)
+        if handler is not None:
+            handler(event, now, out)
+        return out
+
+    # ---- helpers ----
+
+    def _ev(self, kind: int, **fields: object) -> Emit:
+        counters = fields.pop("counters", None)
+        ev = pb.LifecycleEvent(kind=kind, run_id=self.run_id, **fields)  # type: ignore[arg-type]
+        if counters:
+            ev.counters.update(counters)  # type: ignore[arg-type]
+        return Emit(ev)
+
+    def _set_state(self, new: RunState) -> None:
+        self.transitions.append((self.state, new))
+        self.state = new
+
+    def _stage(self, index: int) -> StagePlan | None:
+        if self.plan is None or not 0 <= index < len(self.plan.stages):
+            return None
+        return self.plan.stages[index]
+
+    def _stage_ev(self, kind: int, stage: StagePlan, **fields: object) -> Emit:
+        return self._ev(kind, node_id=stage.node_id, stage_index=stage.stage_index, **fields)
+
+    def _fault(self, out: list[Action], now: float, reason: int, detail: str, component: int = pb.COMPONENT_ORCHESTRATOR,
+               stage: StagePlan | None = None) -> None:
+        extra: dict[str, object] = {}
+        if stage is not None:
+            extra = {"node_id": stage.node_id, "stage_index": stage.stage_index}
+        self._finish(out, now, Outcome.FAULTED, reason_name(reason), detail,
+                     self._ev(K.RUN_FAULTED, reason=reason_name(reason), component=component, detail=detail, **extra))
+
+    def _finish(self, out: list[Action], now: float, outcome: Outcome, reason: str, detail: str, event: Emit) -> None:
+        """Record the one terminal outcome (first caller wins) and start teardown."""
+        if self.outcome is not None:
+            return
+        self.outcome, self.reason, self.detail = outcome, reason, detail
+        out.append(event)
+        self._start_teardown(out, now)
+
+    def _start_teardown(self, out: list[Action], now: float) -> None:
+        self._set_state(RunState.TEARING_DOWN)
+        for index in sorted(self._provisioned - self._failed):
+            stage = self.plan.stages[index]  # type: ignore[union-attr]
+            out.append(StopStage(stage))
+            out.append(self._stage_ev(K.STOP_RUN_SENT, stage))
+            self._awaiting_stop.add(index)
+        if self._endpoints_open:
+            out.append(CloseEndpoints())
+            self._endpoints_closing = True
+        self._deadline = now + self.config.timeouts.teardown_s
+        self._maybe_done(out)
+
+    def _maybe_done(self, out: list[Action]) -> None:
+        if self.state is not RunState.TEARING_DOWN:
+            return
+        if (self._awaiting_stop or self._endpoints_closing) and not self.teardown_timed_out:
+            return
+        counters = {"stages_stopped": len(self._provisioned - self._failed) - len(self._awaiting_stop),
+                    "stages_unconfirmed": len(self._awaiting_stop)}
+        if self.teardown_timed_out or self._teardown_left:
+            pending = sorted(self._awaiting_stop)
+            what = [f"no StageStopped from stage(s) {pending}"] if pending else []
+            if self._endpoints_closing:
+                what.append("token endpoints not closed")
+            what = [f"{' and '.join(what)} within {self.config.timeouts.teardown_s}s"] if what else []
+            out.append(self._ev(K.RUN_TORN_DOWN, reason=reason_name(pb.RUN_FAULT_TEARDOWN_TIMEOUT),
+                                component=pb.COMPONENT_ORCHESTRATOR, counters=counters,
+                                detail="; ".join(what + self._teardown_left)))
+        else:
+            out.append(self._ev(K.RUN_TORN_DOWN, counters=counters))
+        self._deadline = None
+        self._set_state(RunState.DONE)
+
+    def _lost_nodes(self, members: tuple[NodeInfo, ...]) -> list[StagePlan]:
+        if self.plan is None:
+            return []
+        view = {m.node_id: m for m in members}
+        return [s for s in self.plan.stages if s.node_id not in view or view[s.node_id].state in _LOST]
+
+    def _common(self, event: Input, now: float, out: list[Action]) -> bool:
+        """Inputs every active (provisioned) state treats alike; True when handled."""
+        match event:
+            case OperatorStop(detail=detail):
+                self._finish(out, now, Outcome.STOPPED, "operator_stop", detail,
+                             self._ev(K.RUN_STOPPED, component=pb.COMPONENT_ORCHESTRATOR, detail=detail))
+            case StageFault(stage_index=i, reason=r, component=c, detail=d):
+                stage = self._stage(i)
+                if stage is None:
+                    return True
+                out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r), component=c, detail=d))
+                self._fault(out, now, r, f"stage {i}: {d}" if d else f"stage {i} faulted", c, stage)
+            case ProvisionFailed(stage_index=i, reason=r, detail=d):
+                stage = self._stage(i)
+                if stage is None:
+                    return True
+                self._failed.add(i)
+                out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r),
+                                          component=pb.COMPONENT_ORCHESTRATOR, detail=d))
+                self._fault(out, now, r, f"provisioning stage {i} on node {stage.node_id} failed: {d}", stage=stage)
+            case EndpointFault(reason=r, detail=d):
+                self._fault(out, now, r, f"orchestrator token endpoint: {d}")
+            case OrchestratorFault(reason=r, detail=d):
+                self._fault(out, now, r, d)
+            case MembershipChanged(members=members):
+                lost = self._lost_nodes(members)
+                if lost:
+                    s = lost[0]
+                    self._fault(out, now, pb.RUN_FAULT_MEMBERSHIP_LOST,
+                                f"node {s.node_id} (stage {s.stage_index}) left the pool or faulted",
+                                pb.COMPONENT_MEMBERSHIP, s)
+                    self._on_tearing_down(event, now, out)  # a departed node is not waited for
+            case _:
+                return False
+        return True
+
+    # ---- states ----
+
+    def _on_waiting_pool(self, event: Input, now: float, out: list[Action]) -> None:
+        match event:
+            case MembershipChanged(members=members):
+                self._gate.observe(members, now)
+            case OperatorStop(detail=detail):
+                self._finish(out, now, Outcome.STOPPED, "operator_stop", detail,
+                             self._ev(K.RUN_STOPPED, component=pb.COMPONENT_ORCHESTRATOR, detail=detail))
+                return
+            case OrchestratorFault(reason=r, detail=d):
+                self._fault(out, now, r, d)
+                return
+            case _:
+                pass
+        status = self._gate.check(now, self._demand)
+        self._pool_ready_at = status.ready_at
+        if not status.ready:
+            if status.waiting_for != self._waiting_for:
+                self._waiting_for = status.waiting_for
+                out.append(self._ev(K.POOL_WAITING, detail=f"waiting for {status.waiting_for}"))
+            if now >= self._pool_deadline:
+                self._fault(out, now, pb.RUN_FAULT_NODE_UNAVAILABLE,
+                            f"pool not ready after {self.config.timeouts.pool_s}s: {status.detail}")
+            return
+        out.append(self._ev(K.POOL_READY, counters={"nodes": len(status.candidates)}, detail=status.detail))
+        req, cfg = self.request, self.config
+        try:
+            plan = plan_run(
+                run_id=req.run_id, model=req.model, pool=status.candidates, stages=req.stages,
+                max_tokens=req.max_tokens, prompt_tokens=len(req.prompt_ids), sampling=req.sampling,
+                orchestrator_node_id=cfg.orchestrator_node_id, max_seq_len_cap=cfg.max_seq_len_cap,
+                ring_ceiling_bytes=cfg.ring_ceiling_bytes, node_ids=req.node_ids, id_source=self._id_source,
+                placement=status.placement,
+            )
+        except PlanError as e:
+            self._fault(out, now, e.reason, f"planning refused: {e}")
+            return
+        self.plan = plan = dataclasses.replace(plan, prefill_chunk=cfg.prefill_chunk, trace_objects=req.trace_objects)
+        out.append(self._ev(K.RUN_PLANNED, counters={"stages": len(plan.stages), "edges": len(plan.edges),
+                                                      "layers": plan.model.num_layers, "max_seq_len": plan.max_seq_len}))
+        self._set_state(RunState.PROVISIONING)
+        out.append(OpenEndpoints(plan))
+        self._endpoints_open = True
+        for stage in plan.stages:
+            out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage, counters=stage.counters()))
+            out.append(Provision(plan, stage))
+            self._provisioned.add(stage.stage_index)
+        self._deadline = now + cfg.timeouts.readiness_s
+        self._set_state(RunState.WAITING_READY)
+
+    def _on_waiting_ready(self, event: Input, now: float, out: list[Action]) -> None:
+        if self._common(event, now, out):
+            return
+        match event:
+            case StageReady(stage_index=i):
+                stage = self._stage(i)
+                if stage is None or i in self._ready:
+                    return
+                self._ready.add(i)
+                out.append(self._stage_ev(K.STAGE_READY, stage))
+            case EndpointsReady():
+                self._endpoints_ready = True
+            case Tick():
+                if self._deadline is not None and now >= self._deadline:
+                    waiting = sorted(set(range(self.request.stages)) - self._ready)
+                    what = f"stage(s) {waiting}" if waiting else "the orchestrator token endpoints"
+                    self._fault(out, now, pb.RUN_FAULT_READINESS_TIMEOUT,
+                                f"{what} not ready within {self.config.timeouts.readiness_s}s")
+                return
+            case _:
+                return
+        assert self.plan is not None
+        if len(self._ready) == len(self.plan.stages) and self._endpoints_ready:
+            out.append(self._ev(K.READINESS_BARRIER_PASSED, counters={"stages": len(self._ready)}))
+            self._set_state(RunState.RUNNING)
+            prompt = self.request.prompt_ids
+            size = self.plan.prefill_chunk or len(prompt)
+            chunks = [prompt[i:i + size] for i in range(0, len(prompt), size)]
+            for i, ids in enumerate(chunks):  # all at once: the stages pipeline them (§16 "Prefill chunks" in the docs)
+                out.append(InjectTokens(i, ids, PROMPT_CONTINUES if i < len(chunks) - 1 else 0))
+            out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt), "chunks": len(chunks)}))
+            self._expected_seq, self._prompt_objects = 0, len(chunks)
+            self._deadline = now + self.config.timeouts.first_token_s
+
+    def _on_running(self, event: Input, now: float, out: list[Action]) -> None:
+        if self._common(event, now, out):
+            return
+        match event:
+            case PromptChunkDone(sequence=seq):
+                if seq != self._expected_seq or seq >= self._prompt_objects - 1:
+                    self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
+                                f"token-out delivered no token for sequence {seq}; expected sequence {self._expected_seq}, "
+                                f"the prompt's last chunk is {self._prompt_objects - 1}")
+                    return
+                self._expected_seq = seq + 1  # the first-token deadline covers the whole prompt
+            case TokenReceived(sequence=seq, token_id=tid):
+                if seq != self._expected_seq or seq < self._prompt_objects - 1:
+                    self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
+                                f"token-out delivered a token for sequence {seq}, expected sequence {self._expected_seq}"
+                                f"{' (a prompt chunk: no token)' if seq < self._prompt_objects - 1 else ''}")
+                    return
+                self.tokens.append(tid)
+                eog = tid in self.request.eog_ids
+                out.append(self._ev(K.TOKEN_RECEIVED, sequence=seq, counters={"token_id": tid}))
+                out.append(Deliver(len(self.tokens) - 1, tid, eog))  # the answer's token index, not the object's sequence
+                assert self.plan is not None
+                done = (
+                    "eos" if eog and not self.request.ignore_eos
+                    else "max_tokens" if len(self.tokens) >= self.request.max_tokens
+                    else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self.plan.max_seq_len
+                    else None
+                )
+                if done is not None:
+                    self._finish(out, now, Outcome.COMPLETED, done, "",
+                                 self._ev(K.RUN_COMPLETED, detail=done, counters={"tokens": len(self.tokens)}))
+                    return
+                self._expected_seq = seq + 1
+                out.append(InjectTokens(self._expected_seq, (tid,)))
+                self._deadline = now + self.config.timeouts.step_s
+            case Tick():
+                if self._deadline is not None and now >= self._deadline:
+                    self._fault(out, now, pb.RUN_FAULT_STEP_TIMEOUT,
+                                f"no token for sequence {self._expected_seq} within the step timeout")
+            case _:
+                pass
+
+    def _on_tearing_down(self, event: Input, now: float, out: list[Action]) -> None:
+        match event:
+            case StageStopped(stage_index=i):
+                stage = self._stage(i)
+                if stage is None or i not in self._awaiting_stop:
+                    return
+                self._awaiting_stop.discard(i)
+                out.append(self._stage_ev(K.STAGE_STOPPED, stage))
+            case EndpointsClosed(left=left):
+                self._endpoints_closing = False
+                if left:
+                    self._teardown_left.append(f"token endpoints: {left}")
+            case StageFault(stage_index=i, reason=r, component=c, detail=d):
+                stage = self._stage(i)
+                if stage is not None:
+                    out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r), component=c, detail=d))
+                return
+            case ProvisionFailed(stage_index=i, reason=r, detail=d):
+                # A provisioning call still in flight when teardown began was refused: nothing to stop.
+                stage = self._stage(i)
+                if stage is None:
+                    return
+                self._failed.add(i)
+                self._awaiting_stop.discard(i)
+                out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r),
+                                          component=pb.COMPONENT_ORCHESTRATOR, detail=d))
+            case MembershipChanged(members=members):
+                for s in self._lost_nodes(members):
+                    if s.stage_index in self._awaiting_stop:
+                        # A departed node cannot confirm: its run state died with it.
+                        self._awaiting_stop.discard(s.stage_index)
+                        out.append(self._stage_ev(K.STAGE_STOPPED, s, reason=reason_name(pb.RUN_FAULT_MEMBERSHIP_LOST),
+                                                  component=pb.COMPONENT_MEMBERSHIP, detail="node left the pool"))
+            case Tick():
+                if self._deadline is not None and now >= self._deadline:
+                    self.teardown_timed_out = True
+            case _:
+                return
+        self._maybe_done(out)

@@ -1,0 +1,329 @@
+"""The orchestrator's domain API (what the gRPC servicer delegates to): submit, stop, inspect runs,
+and the membership view. One active run at a time (spec §43 defers concurrent runs on a chain); runs
+submitted meanwhile wait in a bounded FIFO queue (queue.py) and start one after another. A run's
+memory is dropped when it finishes: reads of finished runs come from the run store, whose retention
+(retention.py) bounds what it keeps. A SubmitRun with a client request id that names a run returns that
+run (client_requests.py), so a client may retry one it does not know the fate of."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from swactor.common.events import get_logger
+from swactor.common.ids import new_id
+from swactor.orchestrator.api.errors import RequestError
+from swactor.orchestrator.api.validation import MAX_REQUEST_BYTES, check_fields, check_max_tokens
+from swactor.orchestrator.fleet.fleet import StageFleet
+from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
+from swactor.orchestrator.fleet.nodes import NodeInfo
+from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
+from swactor.orchestrator.planning import dry_run
+from swactor.orchestrator.planning.planner import memory_need, run_max_seq_len
+from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
+from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs import run_sampling
+from swactor.orchestrator.runs.client_requests import RequestIds, RequestKey, request_key
+from swactor.orchestrator.runs.queue import QueueFull, RunLobby
+from swactor.orchestrator.runs.retention import RetentionPolicy, RetentionSchedule
+from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, replay, wall_us
+from swactor.orchestrator.runs.store import RunStore, StoreWriteError
+from swactor.orchestrator.tokens.prompting import PromptPreparer
+from swactor.orchestrator.tokens.tokenizer import Tokenizer
+from swactor.v1 import orchestrator_pb2 as opb
+
+LIST_MAX_RUNS = 1000
+LIST_MAX_BYTES = 3 << 20  # under gRPC's 4 MiB message limit
+EVENTS_PAGE = 1000
+EVENTS_PAGE_MAX = 10000
+EVENTS_PAGE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class RunDefaults:
+    stages: int = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds the orchestrator's memory and store ([orchestrator] queue_depth, max_request_bytes,
+    runs_max, runs_max_age_s)."""
+
+    queue_depth: int = 16
+    max_request_bytes: int = MAX_REQUEST_BYTES
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated, tokenized submission: what starting it needs."""
+
+    request: F.RunRequest
+    tokenizer: Tokenizer
+
+
+class Orchestrator:
+    def __init__(self, *, models: ModelRegistry, fleet: StageFleet, store: RunStore, fsm_config: F.FsmConfig,
+                 defaults: RunDefaults = RunDefaults(), clock: Callable[[], float] = time.monotonic,
+                 model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None,
+                 limits: Limits = Limits()) -> None:
+        self.models = models
+        self._model_lister = model_lister
+        self.fleet = fleet
+        self.store = store
+        self.fsm_config = fsm_config
+        self.defaults = defaults
+        self.limits = limits
+        self.clock = clock
+        self.members: tuple[NodeInfo, ...] = ()
+        self._gate = PoolGate(fsm_config.pool_window_s)
+        self._prompts = PromptPreparer(models, fsm_config.max_seq_len_cap)
+        self._lobby = RunLobby(limits.queue_depth, store, clock)
+        self._retention = RetentionSchedule(limits.retention, clock())
+        self._request_ids = RequestIds(store.request_run)
+        self._active: RunHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self.log = get_logger()
+
+    # ---- membership ----
+
+    def set_members(self, members: tuple[NodeInfo, ...]) -> None:
+        self.members = tuple(members)
+        self._gate.observe(self.members, self.clock())
+        for handle in self.active_runs():
+            handle.report(F.MembershipChanged(self.members))
+
+    def pool_status(self, stages: int = 1) -> PoolStatus:
+        return self._gate.check(self.clock(), Demand(stages))
+
+    async def list_models(self) -> opb.ListModelsResponse:
+        """Served models and every node's weights cache (models only when no lister is wired)."""
+        if self._model_lister is not None:
+            return await self._model_lister(self.members)
+        from swactor.orchestrator.models.model_listing import served_models
+
+        return opb.ListModelsResponse(models=served_models(self.models, None))
+
+    # ---- runs ----
+
+    def active_runs(self) -> list[RunHandle]:
+        return [self._active] if self._active is not None and not self._active.done.is_set() else []
+
+    def queued(self) -> int:
+        return len(self._lobby)
+
+    def live_run_ids(self) -> list[int]:
+        """The runs this process holds in memory: the active one and the queued ones."""
+        active = [self._active.run_id] if self._active is not None else []
+        return active + list(self._lobby.waiting)
+
+    async def _admit(self, req: opb.SubmitRunRequest) -> tuple[LoadedModel, list[int], int]:
+        """The request checked against the model as SubmitRun takes it: (model, prompt ids, stages)."""
+        check_fields(req)
+        model, prompt_ids = await self._prompts.prepare(req)
+        context = self._prompts.context(model)
+        check_max_tokens(req, context)
+        stages = req.stages or len(req.node_ids) or self.defaults.stages  # pinned nodes say how many stages
+        if stages > model.facts.num_layers:
+            raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
+        if len(set(req.node_ids)) != len(req.node_ids) or (req.node_ids and len(req.node_ids) != stages):
+            raise RequestError.invalid(f"node_ids must name {stages} distinct node(s), one per stage; got {list(req.node_ids)}")
+        if len(prompt_ids) >= context:
+            field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
+            raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; the context holds {context}")
+        return model, prompt_ids, stages
+
+    def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
+        return Demand(stages, tuple(node_ids), model.facts.num_layers,
+                      memory_need(model.facts, self.fsm_config.max_seq_len_cap))
+
+    async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
+        """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
+        self._check_open()
+        model, prompt_ids, stages = await self._admit(req)
+        demand = self._demand(model, stages, req.node_ids)
+        return dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
+                                     prompt_tokens=len(prompt_ids),
+                                     max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap))
+
+    async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
+        self._check_open()
+        key = request_key(req)
+        if key is None:
+            return await self._submit(req, None)
+        # Before the queue's room is checked: a retry of a queued run gets that run even when the queue is full.
+        repeated = await self._request_ids.claim(key)
+        if repeated is not None:
+            return self._repeat(repeated, key)
+        try:
+            return await self._submit(req, key)
+        finally:
+            self._request_ids.release(key)
+
+    def _repeat(self, run_id: int, key: RequestKey) -> opb.SubmitRunResponse:
+        """What the SubmitRun that created the run answered, with the run's queue position now."""
+        run = self._known(run_id)
+        self.log.info("run_submit_repeated", run_id=run_id, client_request_id=key.request_id,
+                      state=opb.RunState.Name(run.state), queue_position=run.queue_position)
+        return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=run.prompt_tokens, queue_position=run.queue_position)
+
+    async def _submit(self, req: opb.SubmitRunRequest, key: RequestKey | None) -> opb.SubmitRunResponse:
+        self._check_queue_room()  # before the tokenizer's work; again once it is done
+        model, prompt_ids, stages = await self._admit(req)
+        refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids))
+        if refusal:
+            raise RequestError.precondition(refusal)
+        self._check_open()
+
+        run_id = new_id()
+        sampling, recorded_sampling = run_sampling.applied(req.sampling)
+        request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
+                               max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
+                               node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
+                               trace_objects=req.trace_objects)
+        record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
+                         max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
+                         sampling=recorded_sampling, client_request_id=req.client_request_id)
+        prepared = Prepared(request, model.tokenizer)
+        position = 0
+        if key is not None:  # written with the run's first record, below
+            self.store.remember_request(key.request_id, run_id, key.digest)
+        try:
+            if self._active is None and not len(self._lobby):
+                self.store.put(record)
+                self._start(record, prepared)
+            else:
+                position = self._lobby.enqueue(record, prepared)
+        except QueueFull as e:
+            self.store.discard(run_id)  # the client request id staged for it
+            raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+        except StoreWriteError as e:
+            self.store.discard(run_id)
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, f"the run store cannot be written: {e}") from None
+        self.log.info("run_submitted", run_id=run_id, model=model.name, stages=stages, max_tokens=req.max_tokens,
+                      prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos, queue_position=position,
+                      client_request_id=req.client_request_id, seed=sampling.seed)
+        return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids), queue_position=position)
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RequestError(grpc.StatusCode.UNAVAILABLE, "the orchestrator is shutting down")
+
+    def _check_queue_room(self) -> None:
+        if self._active is not None or len(self._lobby):
+            try:
+                self._lobby.check_room()
+            except QueueFull as e:
+                raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
+
+    def _start(self, record: opb.Run, prepared: Prepared, updates: RunUpdates | None = None) -> RunHandle:
+        fsm = F.RunFsm(prepared.request, self.fsm_config, self.clock(), pool_view=self._gate)
+        record.state = opb.RUN_STATE_WAITING_POOL
+        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates)
+        self._active = handle
+        handle.report(F.MembershipChanged(self.members))
+        self._task = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
+        self._task.add_done_callback(lambda _: self._finished(handle))
+        return handle
+
+    def _finished(self, handle: RunHandle) -> None:
+        """The active run is done: drop it from memory (the store has it) and start the next one."""
+        if self._active is handle:
+            self._active, self._task = None, None
+        self.store.release(handle.run_id)
+        self._retention.run_finished(self.clock())
+        if not self._closing:
+            queued = self._lobby.take_next()
+            if queued is not None:
+                self._start(queued.record, queued.start, queued.updates)
+        self.maintain()
+
+    def maintain(self) -> None:
+        """Retention: delete the finished runs the policy no longer keeps, when a pass is due."""
+        now = self.clock()
+        if not self._retention.due(now):
+            return
+        try:
+            victims = self.limits.retention.victims(self.store.finished_runs(), wall_us())
+            self.store.delete_runs(victims)
+        except StoreWriteError as e:
+            self.log.error("run_store_retention_failed", error=str(e))
+            victims = []
+        self._retention.passed(now, len(victims))
+        if victims:
+            self.log.info("run_store_pruned", runs_deleted=len(victims), store_bytes=self.store.size_bytes())
+
+    def _known(self, run_id: int) -> opb.Run:
+        live = self._active if self._active is not None and self._active.run_id == run_id else self._lobby.get(run_id)
+        if live is not None:
+            run = opb.Run()
+            run.CopyFrom(live.record)
+            return run
+        run = self.store.get(run_id)
+        if run is None:
+            raise RequestError.not_found(f"unknown run_id {run_id}")
+        return run
+
+    def get(self, run_id: int) -> opb.Run:
+        return self._known(run_id)
+
+    def list(self, limit: int) -> list[opb.Run]:
+        return self.store.list(min(limit or 50, LIST_MAX_RUNS), LIST_MAX_BYTES)
+
+    def events(self, run_id: int, kind: int = 0, page_size: int = 0, page_token: str = "") -> opb.GetEventsResponse:
+        """One page of a run's events and the token for the next ("" = last page); run id 0 is the
+        pool's own node lifecycle events (fleet/node_events.py)."""
+        if run_id != POOL_EVENTS_RUN_ID:
+            self._known(run_id)
+        try:
+            start = int(page_token) if page_token else 0
+        except ValueError:
+            start = -1
+        if start < 0:
+            raise RequestError.invalid(f"page_token {page_token!r} is not one this orchestrator gave")
+        size = min(page_size or EVENTS_PAGE, EVENTS_PAGE_MAX)
+        events, after = self.store.events_page(run_id, kind, start, size, EVENTS_PAGE_BYTES)
+        return opb.GetEventsResponse(events=events, next_page_token="" if after is None else str(after))
+
+    async def stop(self, run_id: int, detail: str) -> opb.Run:
+        run = self._known(run_id)
+        detail = detail or "operator stop"
+        if self._lobby.get(run_id) is not None:
+            return self._lobby.stop(run_id, detail)
+        handle = self._active
+        if handle is not None and handle.run_id == run_id and not handle.done.is_set():
+            handle.report(F.OperatorStop(detail))
+            # The reply carries the recorded outcome; teardown continues after it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(handle.outcome_recorded.wait(), 5.0)
+            return self._known(run_id)
+        return run
+
+    def watch(self, run_id: int) -> AsyncIterator[opb.RunUpdate]:
+        run = self._known(run_id)
+        queued = self._lobby.get(run_id)
+        if queued is not None:
+            return queued.watch()
+        if self._active is not None and self._active.run_id == run_id:
+            return self._active.watch()
+        model = self.models.loaded(run.model)
+        return replay(self.store, run, model.tokenizer if model is not None else None)
+
+    async def shutdown(self) -> None:
+        """Operator-stop the active run and give teardown a bounded time. Queued runs stay queued in the
+        store: the next start records them faulted RUN_FAULT_ORCHESTRATOR_RESTARTED."""
+        self._closing = True
+        for handle in self.active_runs():
+            handle.report(F.OperatorStop("orchestrator shutting down"))
+        task = self._task
+        if task is not None and not task.done():
+            _, pending = await asyncio.wait([task], timeout=self.fsm_config.timeouts.teardown_s + 1)
+            for t in pending:
+                t.cancel()
+        self._prompts.close()

@@ -1,0 +1,201 @@
+"""What the run FSM (fsm.py) takes and gives: the run's request and configuration, its inputs and its actions.
+
+Plain frozen values, so the FSM stays I/O-free and a test can build any input or compare any action.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from swactor.common.msgbase import Failure
+from swactor.common.sampling import SamplingPolicy
+from swactor.orchestrator.fleet.nodes import NodeInfo
+from swactor.orchestrator.models.gguf_model import ModelFacts
+from swactor.orchestrator.planning.planner import RunPlan, StagePlan
+from swactor.v1 import common_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    pool_s: float = 60.0
+    readiness_s: float = 600.0  # weights download + load on every stage
+    first_token_s: float = 300.0  # prefill through every stage
+    step_s: float = 60.0  # one decode step through every stage
+    teardown_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    run_id: int
+    model: ModelFacts
+    prompt_ids: tuple[int, ...]
+    stages: int
+    max_tokens: int
+    sampling: SamplingPolicy
+    eog_ids: frozenset[int]
+    node_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # an end-of-generation token does not end the run
+    trace_objects: bool = False  # stages report per-object events (diagnostics)
+
+
+@dataclass(frozen=True)
+class FsmConfig:
+    orchestrator_node_id: int
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    pool_window_s: float = 2.0
+    max_seq_len_cap: int = 4096
+    ring_ceiling_bytes: int = 4 << 20
+    prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
+
+
+# ---- inputs ----
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """What a stage's node reports lists the stage's index first (a failure then its RunFaultReason
+    and detail: swactor.common.msgbase)."""
+
+    stage_index: int
+
+
+@dataclass(frozen=True)
+class MembershipChanged:
+    members: tuple[NodeInfo, ...]
+
+
+@dataclass(frozen=True)
+class ProvisionFailed(Failure, _Stage):
+    """The ProvisionStage call itself failed (rejected or the node was unreachable)."""
+
+
+@dataclass(frozen=True)
+class StageReady(_Stage):
+    """The stage's node reports it ready (StageUpdate.ready)."""
+
+
+@dataclass(frozen=True)
+class StageFault(_Stage):
+    reason: int  # RunFaultReason
+    component: int  # Component
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StageStopped(_Stage):
+    """The stage's node reports it stopped (StageUpdate.stopped)."""
+
+
+@dataclass(frozen=True)
+class EndpointsReady:
+    """The local token-in producer and token-out consumer are established."""
+
+
+@dataclass(frozen=True)
+class EndpointsClosed:
+    """The local token endpoints are torn down (their edges stopped, rings released); `left` names
+    what could not be confirmed ("" = everything)."""
+
+    left: str = ""
+
+
+@dataclass(frozen=True)
+class EndpointFault(Failure):
+    """A local token endpoint failed: a RunFaultReason."""
+
+
+@dataclass(frozen=True)
+class TokenReceived:
+    sequence: int
+    token_id: int
+
+
+@dataclass(frozen=True)
+class PromptChunkDone:
+    """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
+
+    sequence: int
+
+
+@dataclass(frozen=True)
+class OperatorStop:
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class OrchestratorFault(Failure):
+    """The orchestrator cannot carry the run on (its run store cannot be written): a RunFaultReason;
+    fault and tear down."""
+
+
+@dataclass(frozen=True)
+class Relay:
+    """A lifecycle event a node emitted for this run (weights_loaded, edge_ready, ...): recorded as is."""
+
+    event: pb.LifecycleEvent
+
+
+@dataclass(frozen=True)
+class RelayBatch:
+    """Several node events at once (a traced run's per-object events of one sequence): recorded as they are."""
+
+    events: tuple[pb.LifecycleEvent, ...]
+
+
+@dataclass(frozen=True)
+class Tick:
+    pass
+
+
+Input = (
+    MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
+    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
+    | RelayBatch | Tick
+)
+
+# ---- actions ----
+
+
+@dataclass(frozen=True)
+class OpenEndpoints:
+    plan: RunPlan
+
+
+@dataclass(frozen=True)
+class Provision:
+    plan: RunPlan
+    stage: StagePlan
+
+
+@dataclass(frozen=True)
+class InjectTokens:
+    sequence: int
+    token_ids: tuple[int, ...]
+    flags: int = 0  # the object header's flags (PROMPT_CONTINUES on a prompt chunk before the last)
+
+
+@dataclass(frozen=True)
+class StopStage:
+    stage: StagePlan
+
+
+@dataclass(frozen=True)
+class CloseEndpoints:
+    pass
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: pb.LifecycleEvent
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """A generated token, in order, for the output stream."""
+
+    sequence: int  # the token's index in the answer (0 = first); its object's sequence is later with prefill chunks
+    token_id: int
+    end_of_generation: bool
+
+
+Action = OpenEndpoints | Provision | InjectTokens | StopStage | CloseEndpoints | Emit | Deliver
