@@ -13,9 +13,9 @@ import pytest
 
 from swactor.common.grpcio import set_serving, unix_target
 from swactor.orchestrator.api.api_access import ApiAccess
+from swactor.orchestrator.api.server import listeners
 from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.config import DEFAULT_MODEL_NAME, OrchestratorConfig
-from swactor.orchestrator.main import listeners
 from swactor.orchestrator.models.models import ModelRegistry
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.manager import Limits, Orchestrator

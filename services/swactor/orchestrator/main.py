@@ -17,25 +17,17 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health
-
 from swactor import __version__
 from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
-from swactor.common.grpcio import create_server, restrict_unix_socket, set_serving
+from swactor.common.grpcio import restrict_unix_socket, set_serving
 from swactor.common.ids import load_or_create_node_id
 from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
-from swactor.orchestrator.api.api_access import (
-    ApiAccess,
-    ApiAccessError,
-    BearerTokenInterceptor,
-    init_access,
-    load_access,
-)
-from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer, add_to_server
+from swactor.orchestrator.api.api_access import ApiAccess, ApiAccessError, init_access, load_access
+from swactor.orchestrator.api.server import listeners
+from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.fleet import node_events, reconcile_shell
 from swactor.orchestrator.fleet.fleet import FleetError, Report, StageFleet, TokenEndpoints
@@ -198,24 +190,6 @@ def limits(cfg: OrchestratorConfig) -> Limits:
                           f"got {cfg.prefill_chunk}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
-
-
-def listeners(cfg: OrchestratorConfig, access: ApiAccess | None, servicer: OrchestratorServicer,
-              ) -> tuple[list[tuple[grpc.aio.Server, health.aio.HealthServicer]], int | None]:
-    """The Unix-socket server, plus (when `access` is given) the TCP one with TLS and the token
-    check: two servers, because an interceptor sees every call of its server and the Unix socket's
-    callers are authenticated by the socket's permissions instead. Returns them and the TCP port."""
-    unix, _, unix_health = create_server(cfg.socket, service_names=[SERVICE_NAME])
-    servers = [(unix, unix_health)]
-    port = None
-    if access is not None:
-        tcp, port, tcp_health = create_server(None, cfg.tcp_address, service_names=[SERVICE_NAME],
-                                              server_credentials=access.server_credentials(),
-                                              interceptors=[BearerTokenInterceptor(access.token)])
-        servers.append((tcp, tcp_health))
-    for server, _ in servers:
-        add_to_server(servicer, server)
-    return servers, port
 
 
 async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int:
