@@ -53,9 +53,9 @@ def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, 
         assert not stray, f"processes of {root} left after teardown: {stray}"
     assert root is None or not root.exists(), f"cluster dir {root} left after teardown"
     if cluster.netns is None and netns:
-        from swactor.localcluster.netns import _namespaces
+        from swactor.localcluster.netns import namespaces
 
-        assert not [n for n in _namespaces() if n in netns], f"namespaces left: {netns}"
+        assert not [n for n in namespaces() if n in netns], f"namespaces left: {netns}"
 
 
 @pytest.fixture(scope="module")
