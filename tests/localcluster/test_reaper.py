@@ -17,6 +17,7 @@ import pytest
 
 from swactor.localcluster.lifeline import Lifeline
 from swactor.localcluster.netns import Netns, namespaces
+from tests.harness.procs import group_members, pid_alive, processes_mentioning
 
 GONE_WITHIN_S = 2.0
 
@@ -45,40 +46,6 @@ time.sleep(600)
 """
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def mentioning(text: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
-def members(pgid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                found.append(int(entry.name))
-    return found
-
-
 def poll(condition: Callable[[], bool], within_s: float) -> float:
     """Seconds until `condition` held; fails after `within_s`."""
     t0 = time.monotonic()
@@ -104,16 +71,16 @@ def test_an_owner_killed_with_sigkill_has_everything_it_recorded_removed(mode: s
         info = json.loads(owner.stdout.readline())
         root = info["root"]
         group = info["group"]
-        poll(lambda: len(members(group)) == 3, 2.0)  # sh and its two sleeps
+        poll(lambda: len(group_members(group)) == 3, 2.0)  # sh and its two sleeps
         if info["netns"]:
-            poll(lambda: len(mentioning(root)) == 2, 2.0)  # the group's sh and the sh in the namespace
+            poll(lambda: len(processes_mentioning(root)) == 2, 2.0)  # the group's sh and the sh in the namespace
         owner.kill()
         owner.wait()
 
         def gone() -> bool:
             """no process, namespace, dir or reaper left"""
-            return (not members(group) and not mentioning(root) and not os.path.exists(root)
-                    and not alive(info["reaper"])
+            return (not group_members(group) and not processes_mentioning(root) and not os.path.exists(root)
+                    and not pid_alive(info["reaper"])
                     and (info["netns"] is None or info["netns"] not in namespaces()))
 
         took = poll(gone, GONE_WITHIN_S)
@@ -141,7 +108,7 @@ def test_a_clean_close_touches_nothing(group_and_dir: tuple[subprocess.Popen[byt
     line.own_group(proc.pid)
     line.own_dir(root)
     line.close(clean=True)
-    assert not alive(line.reaper_pid)
+    assert not pid_alive(line.reaper_pid)
     assert proc.poll() is None and root.is_dir()
 
 
