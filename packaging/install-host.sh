@@ -25,12 +25,24 @@
 #                            byte ranges from (port 7442, docs/distribution.md)
 #   --wheelhouse DIR         install Python packages from DIR only, no index (air-gapped hosts; make
 #                            it with `bash packaging/wheelhouse.sh DIR` on a machine with PyPI access)
-#   --prefix DIR             install root (default /opt/swactor)
+#   --prefix DIR             install root (default /opt/swactor): a new or empty directory, or one an
+#                            earlier install made; absolute, and of letters, digits and / . _ - + @ only
+#                            (it goes into the systemd units as it is)
 #   --no-start               install and enable, but do not start the services
 #   -h, --help               this text
+#
+# What it makes is listed in /etc/swactor/installed and, as a marker, in PREFIX/.swactor-install
+# (packaging/record.sh): the uninstall removes that and nothing else.
 set -euo pipefail
 
+LOG_TAG="install host"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=packaging/cli.sh
+. "$ROOT/packaging/cli.sh"
+# shellcheck source=packaging/record.sh
+. "$ROOT/packaging/record.sh"
+# shellcheck source=packaging/encode.sh
+. "$ROOT/packaging/encode.sh"
 PREFIX=/opt/swactor
 ETC=/etc/swactor
 STATE=/var/lib/swactor
@@ -47,10 +59,6 @@ API_CERT=""
 API_KEY=""
 SERVICE_USER=swactor
 
-say() { printf '[install host] %s\n' "$*" >&2; }
-die() { printf '[install host] error: %s\n' "$*" >&2; exit 1; }
-usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
-
 # Write stdin to FILE atomically and durably: a temporary file beside it, fsync, rename, fsync of
 # the directory. A crash leaves the old file or the new one, never half of one.
 write_state_file() {
@@ -64,57 +72,87 @@ write_state_file() {
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --advertise-ip) ADVERTISE_IP="${2:?--advertise-ip needs an address}"; shift 2 ;;
-        --seed) SEEDS+=("${2:?--seed needs HOST:PORT}"); shift 2 ;;
-        --secret-file) SECRET_FILE="${2:?--secret-file needs a path}"; shift 2 ;;
+        --advertise-ip) need_value "an address" "$@"; ADVERTISE_IP="$2"; shift 2 ;;
+        --seed) need_value "HOST:PORT" "$@"; SEEDS+=("$2"); shift 2 ;;
+        --secret-file) need_value "a path" "$@"; SECRET_FILE="$2"; shift 2 ;;
         --orchestrator) ORCHESTRATOR=1; shift ;;
-        --model) MODEL="${2:?--model needs a path}"; shift 2 ;;
-        --wheelhouse) WHEELHOUSE="${2:?--wheelhouse needs a directory}"; shift 2 ;;
-        --prefix) PREFIX="${2:?--prefix needs a directory}"; shift 2 ;;
+        --model) need_value "a path" "$@"; MODEL="$2"; shift 2 ;;
+        --wheelhouse) need_value "a directory" "$@"; WHEELHOUSE="$2"; shift 2 ;;
+        --prefix) need_value "a directory" "$@"; PREFIX="$2"; shift 2 ;;
         --no-start) START=0; shift ;;
-        --api) API="${2:?--api needs HOST:PORT}"; shift 2 ;;
-        --api-name) API_NAMES+=("${2:?--api-name needs an IP or DNS name}"); shift 2 ;;
-        --api-cert) API_CERT="${2:?--api-cert needs a path}"; shift 2 ;;
-        --api-key) API_KEY="${2:?--api-key needs a path}"; shift 2 ;;
+        --api) need_value "HOST:PORT" "$@"; API="$2"; shift 2 ;;
+        --api-name) need_value "an IP or DNS name" "$@"; API_NAMES+=("$2"); shift 2 ;;
+        --api-cert) need_value "a path" "$@"; API_CERT="$2"; shift 2 ;;
+        --api-key) need_value "a path" "$@"; API_KEY="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
-        *) die "unknown option '$1' (bash install.sh host --help)" ;;
+        -*) die_usage "unknown option ${1@Q} (bash install.sh host --help)" ;;
+        *) die_usage "unexpected argument ${1@Q}: every value follows its option (bash install.sh host --help)" ;;
     esac
 done
+# What the command line alone shows to be wrong: exit status 2, before anything is looked at.
+[ -n "$ADVERTISE_IP" ] || die_usage "--advertise-ip is required: the address other hosts reach this one at"
+[[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die_usage "--advertise-ip ${ADVERTISE_IP@Q} is not an IP address"
+for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die_usage "--seed ${seed@Q} is not HOST:PORT"; done
+problem="$(prefix_shape_problem "$PREFIX")"
+[ -z "$problem" ] || die_usage "--prefix ${PREFIX@Q} $problem"
+if [ -n "$API" ]; then
+    [ "$ORCHESTRATOR" -eq 1 ] || die_usage "--api serves the orchestrator's API: it needs --orchestrator"
+    [[ "$API" =~ ^[^:]+:[0-9]+$ ]] || [[ "$API" =~ ^\[[0-9a-fA-F:]+\]:[0-9]+$ ]] || die_usage "--api ${API@Q} is not HOST:PORT"
+fi
+[ -z "$API_CERT$API_KEY" ] || [ -n "$API" ] || die_usage "--api-cert/--api-key are for the TCP API: add --api HOST:PORT"
+[ -z "$API_CERT" ] || [ -n "$API_KEY" ] || die_usage "--api-cert needs --api-key (the certificate's private key)"
+[ -z "$API_KEY" ] || [ -n "$API_CERT" ] || die_usage "--api-key needs --api-cert"
 [ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system user"
-[ -n "$ADVERTISE_IP" ] || die "--advertise-ip is required: the address other hosts reach this one at"
-[[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die "--advertise-ip '$ADVERTISE_IP' is not an IP address"
-for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die "--seed '$seed' is not HOST:PORT"; done
-[ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file '$SECRET_FILE' is missing or empty"
-[ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model '$MODEL' is missing or empty"
+# What the host shows to be wrong: exit status 1, still before anything changes.
+[ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file ${SECRET_FILE@Q} is missing or empty"
+[ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model ${MODEL@Q} is missing or empty"
 # A host joining a pool must hold that pool's secret: a fresh one would gossip where no one can
-# read it and never join. Refused here, before anything changes.
+# read it and never join.
 if [ ${#SEEDS[@]} -gt 0 ] && [ -z "$SECRET_FILE" ] && [ ! -s "$ETC/cluster.secret" ]; then
     die "--seed ${SEEDS[0]} joins an existing pool: pass its secret with --secret-file (copy $ETC/cluster.secret from the first host)"
 fi
 if [ -n "$SECRET_FILE" ] && [ -s "$ETC/cluster.secret" ] && [ "$(tr -d '[:space:]' < "$SECRET_FILE")" != "$(tr -d '[:space:]' < "$ETC/cluster.secret")" ]; then
-    die "--secret-file '$SECRET_FILE' differs from this host's $ETC/cluster.secret (of another pool?): uninstall with --purge-secret first to move the host"
+    die "--secret-file ${SECRET_FILE@Q} differs from this host's $ETC/cluster.secret (of another pool?): uninstall with --purge-secret first to move the host"
 fi
-if [ -n "$API" ]; then
-    [ "$ORCHESTRATOR" -eq 1 ] || die "--api serves the orchestrator's API: it needs --orchestrator"
-    [[ "$API" =~ ^[^:]+:[0-9]+$ ]] || [[ "$API" =~ ^\[[0-9a-fA-F:]+\]:[0-9]+$ ]] || die "--api '$API' is not HOST:PORT"
-    if [ -s "$ETC/swactor.toml" ] && ! grep -qx "tcp_address = \"$API\"" "$ETC/swactor.toml"; then
-        die "--api: the existing $ETC/swactor.toml serves no TCP API at $API; add tcp_address, tls_cert, tls_key and token_file to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
-    fi
+if [ -n "$API" ] && [ -s "$ETC/swactor.toml" ] && ! grep -qxF "tcp_address = $(toml_string "$API")" "$ETC/swactor.toml"; then
+    die "--api: the existing $ETC/swactor.toml serves no TCP API at $API; add tcp_address, tls_cert, tls_key and token_file to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
 fi
-[ -z "$API_CERT$API_KEY" ] || [ -n "$API" ] || die "--api-cert/--api-key are for the TCP API: add --api HOST:PORT"
-[ -z "$API_CERT" ] || [ -n "$API_KEY" ] || die "--api-cert needs --api-key (the certificate's private key)"
-[ -z "$API_KEY" ] || [ -n "$API_CERT" ] || die "--api-key needs --api-cert"
-[ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert '$API_CERT' is missing or empty"
-[ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key '$API_KEY' is missing or empty"
+[ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert ${API_CERT@Q} is missing or empty"
+[ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key ${API_KEY@Q} is missing or empty"
 if [ -n "$WHEELHOUSE" ]; then
-    [ -d "$WHEELHOUSE" ] || die "--wheelhouse '$WHEELHOUSE' is not a directory"
-    WHEELHOUSE="$(cd "$WHEELHOUSE" && pwd)"
+    [ -d "$WHEELHOUSE" ] || die "--wheelhouse ${WHEELHOUSE@Q} is not a directory"
+    WHEELHOUSE="$(realpath -e -- "$WHEELHOUSE")"
     ls "$WHEELHOUSE"/swactor_ring-*.whl >/dev/null 2>&1 \
-        || die "--wheelhouse '$WHEELHOUSE' has no swactor_ring wheel (make it with packaging/wheelhouse.sh)"
+        || die "--wheelhouse ${WHEELHOUSE@Q} has no swactor_ring wheel (make it with packaging/wheelhouse.sh)"
     # Every pip call below (and the isolated build of the swactor source tree) reads these.
-    export PIP_NO_INDEX=1 PIP_FIND_LINKS="$WHEELHOUSE"
+    PIP_FIND_LINKS="$(file_url "$WHEELHOUSE")"
+    export PIP_NO_INDEX=1 PIP_FIND_LINKS
 fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# The install root: install writes into a directory only when it is new or empty, or when an earlier
+# install made it (its marker, or the record of an older install.sh). One host, one install root.
+old_lines=()
+if [ -e "$RECORD" ]; then
+    record_read "$RECORD" || die "the install record $RECORD $REC_PROBLEM: fix or remove it by hand"
+    [ "$REC_PREFIX" = "$PREFIX" ] \
+        || die "--prefix ${PREFIX@Q}: swactor is installed in $REC_PREFIX on this host ($RECORD); uninstall it first to move it"
+    old_lines=("${REC_LINES[@]}")
+fi
+if [ -L "$PREFIX" ] || { [ -e "$PREFIX" ] && [ ! -d "$PREFIX" ]; }; then
+    die "--prefix ${PREFIX@Q} is not a directory (a link or a file): give the directory itself"
+elif [ -f "$PREFIX/$MARKER" ]; then
+    if [ ${#old_lines[@]} -eq 0 ]; then  # the record is gone; the marker is its copy
+        record_read "$PREFIX/$MARKER" || die "--prefix ${PREFIX@Q} holds a $MARKER that $REC_PROBLEM"
+        [ "$REC_PREFIX" = "$PREFIX" ] \
+            || die "--prefix ${PREFIX@Q} holds the $MARKER of another install root (a copy?): choose a new or an empty directory"
+        old_lines=("${REC_LINES[@]}")
+    fi
+elif [ -d "$PREFIX" ] && [ -n "$(ls -A "$PREFIX")" ] && ! { [ "${REC_LEGACY:-0}" -eq 1 ] && [ -x "$PREFIX/venv/bin/swactor" ]; }; then
+    die "--prefix ${PREFIX@Q} holds files install.sh host did not put there (it has no $MARKER): choose a new or an empty directory"
+fi
+REC_LINES=("${old_lines[@]}")
+
 command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
 for tool in useradd runuser sync; do command -v "$tool" >/dev/null || die "$tool not found (Debian packages passwd, util-linux, coreutils)"; done
 
@@ -124,6 +162,17 @@ for pkg in clang python3-venv; do dpkg-query -W -f='${Status}' "$pkg" 2>/dev/nul
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The record first, before anything of it exists: an install that stops half-way is still removed by
+# the uninstall. What an earlier install made stays listed (its user, a unit this one does not write).
+say "install record $RECORD"
+units=(swactor-membership swactor-arena swactor-edge swactor-worker)
+[ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
+record="$(install_record_lines "$PREFIX" swactor.target "${units[@]/%/.service}" | record_text)"
+install -d -m 0755 "$PREFIX"
+install -d -m 0750 "$ETC"
+printf '%s\n' "$record" | write_state_file "$PREFIX/$MARKER" 0644 root:root
+printf '%s\n' "$record" | write_state_file "$RECORD" 0644 root:root
 
 say "system user $SERVICE_USER"
 getent group swactor >/dev/null || groupadd --system swactor
@@ -137,8 +186,7 @@ for node in /dev/nvidiactl /dev/nvidia-uvm; do
         usermod -aG "$(stat -c %G "$node")" "$SERVICE_USER"
     fi
 done
-install -d -m 0755 "$PREFIX"
-install -d -m 0750 -g swactor "$ETC"
+chgrp swactor "$ETC"
 install -d -m 0750 -o "$SERVICE_USER" -g swactor "$STATE"
 # What an install by root (before the services ran as swactor) left root's; the models stay
 # root's, read-only to the services.
@@ -170,7 +218,7 @@ fi
 "$PREFIX/venv/bin/python" -m pip install -q "$ROOT"
 rm -rf "$PREFIX/docs" && cp -r "$ROOT/docs" "$PREFIX/docs"
 # The operator CLI on PATH (`swactor nodes`, `swactor submit ...`, as docs/operations.md says).
-ln -sfn "$PREFIX/venv/bin/swactor" /usr/local/bin/swactor
+ln -sfn "$PREFIX/venv/bin/swactor" "$CLI_LINK"
 
 if [ ! -s "$ETC/cluster.secret" ]; then
     if [ -n "$SECRET_FILE" ]; then
@@ -213,32 +261,32 @@ say "edge TLS identity"
 if [ ! -s "$ETC/swactor.toml" ]; then
     say "writing $ETC/swactor.toml"
     seeds_toml=""
-    for seed in "${SEEDS[@]}"; do seeds_toml+="\"$seed\", "; done
+    for seed in "${SEEDS[@]}"; do seeds_toml+="$(toml_string "$seed"), "; done
     {
         echo "# swactor host configuration: one table per service (see $PREFIX/docs)."
         echo "[membership]"
-        echo "advertise = \"$ADVERTISE_IP:7946\""
+        toml advertise "$ADVERTISE_IP:7946"
         echo "seeds = [${seeds_toml%, }]"
-        echo "secret_file = \"$ETC/cluster.secret\""
-        echo "edge_endpoint = \"$ADVERTISE_IP:7400\""
-        echo "control_endpoint = \"$ADVERTISE_IP:7441\""
+        toml secret_file "$ETC/cluster.secret"
+        toml edge_endpoint "$ADVERTISE_IP:7400"
+        toml control_endpoint "$ADVERTISE_IP:7441"
         echo
         echo "[edge]"
-        echo "advertise = \"$ADVERTISE_IP:7400\""
+        toml advertise "$ADVERTISE_IP:7400"
         echo
         echo "[worker]"
-        echo "advertise_control = \"$ADVERTISE_IP:7441\""
-        echo "secret_file = \"$ETC/cluster.secret\""
+        toml advertise_control "$ADVERTISE_IP:7441"
+        toml secret_file "$ETC/cluster.secret"
         if [ "$ORCHESTRATOR" -eq 1 ]; then
             echo
             echo "[orchestrator]"
-            echo "secret_file = \"$ETC/cluster.secret\""
-            echo "model_path = \"$MODEL\""
+            toml secret_file "$ETC/cluster.secret"
+            toml model_path "$MODEL"
             if [ -n "$API" ]; then
-                echo "tcp_address = \"$API\""
-                echo "tls_cert = \"$ETC/api/cert.pem\""
-                echo "tls_key = \"$ETC/api/key.pem\""
-                echo "token_file = \"$ETC/api/token\""
+                toml tcp_address "$API"
+                toml tls_cert "$ETC/api/cert.pem"
+                toml tls_key "$ETC/api/key.pem"
+                toml token_file "$ETC/api/token"
             fi
         fi
     } | write_state_file "$ETC/swactor.toml" 0640 root:swactor
@@ -262,17 +310,15 @@ if [ -n "$API" ]; then
 fi
 
 say "systemd units"
-units=(swactor-membership swactor-arena swactor-edge swactor-worker)
-[ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
 for unit in "${units[@]/%/.service}" swactor.target; do
-    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "/etc/systemd/system/$unit"
+    # PREFIX is of [A-Za-z0-9/._+@-] (prefix_shape_problem): nothing sed's replacement would read
+    # as | & or \, nothing a unit would split or expand.
+    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "$UNIT_DIR/$unit"
 done
 systemctl daemon-reload
 # reenable: links exactly as the units' [Install] says now (an older install linked them into
 # multi-user.target directly).
 systemctl reenable -q swactor.target "${units[@]/%/.service}"
-# What uninstall reads back: where the code went.
-printf 'PREFIX=%q\n' "$PREFIX" | write_state_file "$ETC/installed" 0644 root:root
 if [ "$START" -eq 1 ]; then
     systemctl restart swactor.target "${units[@]/%/.service}"
     say "started: $(systemctl is-active "${units[@]/%/.service}" | tr '\n' ' ')"

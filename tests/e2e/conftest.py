@@ -3,7 +3,6 @@ the end-to-end tests of a module; its teardown is checked: no process, namespace
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,38 +10,12 @@ import pytest
 
 from swactor.localcluster import ClusterSpec, LocalCluster
 from swactor.localcluster.cluster import DEFAULT_MODEL
+from tests.harness.procs import pid_alive, processes_mentioning
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "llamacpp_greedy.json"
 # Small enough that the fixture prompts (30-40 tokens) flow through the stages as several chunk objects.
 PREFILL_CHUNK = 16
 needs_model = pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line mentions `text` (the cluster dir is in every service's argv)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if text in cmd and pid_alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
 
 
 def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, netns: list[str]) -> None:
@@ -53,9 +26,9 @@ def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, 
         assert not stray, f"processes of {root} left after teardown: {stray}"
     assert root is None or not root.exists(), f"cluster dir {root} left after teardown"
     if cluster.netns is None and netns:
-        from swactor.localcluster.netns import _namespaces
+        from swactor.localcluster.netns import namespaces
 
-        assert not [n for n in _namespaces() if n in netns], f"namespaces left: {netns}"
+        assert not [n for n in namespaces() if n in netns], f"namespaces left: {netns}"
 
 
 @pytest.fixture(scope="module")

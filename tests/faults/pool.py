@@ -30,6 +30,7 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import membership_pb2_grpc, orchestrator_pb2_grpc
 from swactor.v1 import orchestrator_pb2 as opb
+from tests.harness.procs import pid_alive
 
 T = TypeVar("T")
 POLL_S = 0.05
@@ -56,14 +57,6 @@ def wait_until(what: str, probe: Callable[[], T], timeout_s: float, poll_s: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout_s:.0f} s: {last}")
         time.sleep(poll_s)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def children(pid: int) -> list[int]:

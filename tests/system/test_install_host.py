@@ -9,7 +9,9 @@ lists both nodes, a 2-stage greedy run completes with llama.cpp's tokens, a seco
 host succeeds and keeps node id, secret, config and edge identity, both hosts reboot into a working
 pool, a hung event loop is restarted by the watchdog, swactor.target stops and starts a host's
 units together, and `install.sh uninstall` leaves nothing running and nothing behind but what it
-was told to keep. Bad installer input is refused by name before anything is created.
+was told to keep, refuses a --prefix that is not the install root, and leaves an operator's files
+beside the install root alone. Bad installer input is refused by name before anything is created.
+The orchestrator's model comes from a path with a space, quotes and a $ (it goes into swactor.toml).
 
 Needs root, systemd-nspawn, debootstrap and git; the first run debootstraps the rootfs (cached
 under .cache/rootfs) and builds the wheelhouse (.cache/wheelhouse). See docs/operations.md.
@@ -25,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +40,10 @@ from .nspawn import PROPAGATE_DIR, Container, ContainerError, nspawn_unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = REPO / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Where the orchestrator host's operator keeps the model: the installer copies it to
+# /var/lib/swactor/models/ under the same name and writes that path into swactor.toml.
+ODD_MODEL_NAME = 'SmolLM2 "135M" it\'s $HOME.gguf'
+ODD_MODEL = f"/root/my models/{ODD_MODEL_NAME}"
 FIXTURE = REPO / "tests" / "fixtures" / "llamacpp_greedy.json"
 RUNS_DIR = REPO / ".cache" / "system"
 UNITS = ["swactor-membership", "swactor-arena", "swactor-edge", "swactor-worker"]
@@ -139,7 +146,10 @@ def install(c: Container, *args: str, timeout: float = 420.0) -> float:
     """`bash install.sh host ...` inside the container; returns its duration in seconds. Only the
     orchestrator host gets the model (the other hosts fetch their ranges from it, issue 14)."""
     t0 = time.monotonic()
-    model = ["--model", f"/mnt/models/{MODEL.name}"] if "--orchestrator" in args else []
+    model = []
+    if "--orchestrator" in args:
+        c.run(["bash", "-c", 'mkdir -p "$(dirname "$1")" && cp -n "$0" "$1"', f"/mnt/models/{MODEL.name}", ODD_MODEL])
+        model = ["--model", ODD_MODEL]
     c.run(["bash", "/root/swactor/install.sh", "host", "--wheelhouse", "/mnt/wheelhouse", *model, *args],
           timeout=timeout)
     return time.monotonic() - t0
@@ -217,21 +227,27 @@ def hosts() -> Iterator[list[Container]]:
         # ExitStack: containers power off (reverse order), then the namespaces, then the copies.
 
 
+# (arguments, exit status, message): 2 for a command line that cannot be right, 1 for one the host
+# shows to be wrong.
 BAD_INPUT = [
-    ([], "--advertise-ip is required"),
-    (["--advertise-ip", "host.example"], "--advertise-ip 'host.example' is not an IP address"),
-    (["--advertise-ip", "10.0.0.5", "--seed", "10.0.0.2"], "--seed '10.0.0.2' is not HOST:PORT"),
-    (["--advertise-ip", "10.0.0.5", "--secret-file", "/nonexistent"], "--secret-file '/nonexistent' is missing"),
-    (["--advertise-ip", "10.0.0.5", "--model", "/nonexistent.gguf"], "--model '/nonexistent.gguf' is missing"),
-    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/nonexistent"], "--wheelhouse '/nonexistent' is not a directory"),
-    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/root"], "--wheelhouse '/root' has no swactor_ring wheel"),
-    (["--advertise-ip", "10.0.0.5", "--frobnicate"], "unknown option '--frobnicate'"),
+    ([], 2, "--advertise-ip is required"),
+    (["--advertise-ip", "host.example"], 2, "--advertise-ip 'host.example' is not an IP address"),
+    (["--advertise-ip", "10.0.0.5", "--seed", "10.0.0.2"], 2, "--seed '10.0.0.2' is not HOST:PORT"),
+    (["--advertise-ip", "10.0.0.5", "--secret-file", "/nonexistent"], 1, "--secret-file '/nonexistent' is missing"),
+    (["--advertise-ip", "10.0.0.5", "--model", "/nonexistent.gguf"], 1, "--model '/nonexistent.gguf' is missing"),
+    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/nonexistent"], 1, "--wheelhouse '/nonexistent' is not a directory"),
+    (["--advertise-ip", "10.0.0.5", "--wheelhouse", "/root"], 1, "--wheelhouse '/root' has no swactor_ring wheel"),
+    (["--advertise-ip", "10.0.0.5", "--frobnicate"], 2, "unknown option '--frobnicate'"),
+    # an option's value is never the next option
+    (["--advertise-ip", "10.0.0.5", "--prefix", "--help"], 2, "--prefix needs a directory, got the option '--help'"),
+    (["--advertise-ip", "10.0.0.5", "--prefix", "/opt"], 2, "--prefix '/opt' is a top-level directory"),
+    (["--advertise-ip", "10.0.0.5", "--prefix", "/root"], 2, "--prefix '/root' is a top-level directory"),
     # a host joining a pool without its secret would never join: refused, not given a new secret
-    (["--advertise-ip", "10.0.0.5", "--seed", "10.0.0.2:7946"],
+    (["--advertise-ip", "10.0.0.5", "--seed", "10.0.0.2:7946"], 1,
      "--seed 10.0.0.2:7946 joins an existing pool: pass its secret with --secret-file"),
-    (["--advertise-ip", "10.0.0.5", "--api", "0.0.0.0:7440"], "--api serves the orchestrator's API: it needs --orchestrator"),
-    (["--advertise-ip", "10.0.0.5", "--orchestrator", "--api", "7440"], "--api '7440' is not HOST:PORT"),
-    (["--advertise-ip", "10.0.0.5", "--orchestrator", "--api", "0.0.0.0:7440", "--api-cert", "/etc/hostname"],
+    (["--advertise-ip", "10.0.0.5", "--api", "0.0.0.0:7440"], 2, "--api serves the orchestrator's API: it needs --orchestrator"),
+    (["--advertise-ip", "10.0.0.5", "--orchestrator", "--api", "7440"], 2, "--api '7440' is not HOST:PORT"),
+    (["--advertise-ip", "10.0.0.5", "--orchestrator", "--api", "0.0.0.0:7440", "--api-cert", "/etc/hostname"], 2,
      "--api-cert needs --api-key"),
 ]
 HELP = [(["--help"], "bash install.sh uninstall"), (["dev", "--help"], "install.sh dev"),
@@ -244,9 +260,9 @@ def test_bad_input_is_refused_before_anything_changes(hosts: list[Container]) ->
     # installer stops before it creates a group, a directory or a unit.
     c = hosts[1]
     fresh = not c.path("/etc/swactor").exists()
-    for args, message in BAD_INPUT:
+    for args, status, message in BAD_INPUT:
         done = c.run(["bash", "/root/swactor/install.sh", "host", *args], check=False)
-        assert done.returncode == 1 and message in done.stderr, (args, done.returncode, done.stderr)
+        assert done.returncode == status and message in done.stderr, (args, done.returncode, done.stderr)
     for args, text in HELP:  # every mode explains itself, and changes nothing doing so
         done = c.run(["bash", "/root/swactor/install.sh", *args], check=False)
         assert done.returncode == 0 and text in done.stdout, (args, done.returncode, done.stdout, done.stderr)
@@ -306,13 +322,51 @@ def check_remote_api(hosts: list[Container]) -> None:
     assert len(nodes["nodes"]) == 2, nodes
     for token in ((), ("--token-file", "/root/wrong.token")):
         done = h1.run(["swactor", *remote, *token, "nodes"], check=False)
-        assert done.returncode == 2 and "UNAUTHENTICATED" in done.stderr, (token, done.stderr)
+        assert done.returncode == 1 and "UNAUTHENTICATED" in done.stderr, (token, done.stderr)
+
+
+def check_record(c: Container, units: list[str]) -> None:
+    """The install record lists what install made (the install root, its units, the user), and the
+    marker in the install root is its copy: what the uninstall will remove."""
+    record = c.path("/etc/swactor/installed").read_text()
+    assert c.path("/opt/swactor/.swactor-install").read_text() == record
+    lines = {line for line in record.splitlines() if not line.startswith("#")}
+    assert {"prefix /opt/swactor", "made /opt/swactor", "tree /opt/swactor/venv", "user swactor", "group swactor",
+            "unit /etc/systemd/system/swactor.target"} <= lines, record
+    assert {f"unit /etc/systemd/system/{u}.service" for u in units} <= lines, record
+
+
+def check_model_path(c: Container) -> None:
+    """swactor.toml names the copied model, its odd characters escaped as TOML wants."""
+    config = tomllib.loads(c.path("/etc/swactor/swactor.toml").read_text())
+    assert config["orchestrator"]["model_path"] == f"/var/lib/swactor/models/{ODD_MODEL_NAME}", config
+    assert c.path(f"/var/lib/swactor/models/{ODD_MODEL_NAME}").stat().st_size == MODEL.stat().st_size
+
+
+# (--prefix, exit status): not the install root; refused with one line, before anything stops.
+NOT_THE_INSTALL_ROOT = [("/opt", 2), ("/root", 2), ("--help", 2), ("/opt/swactor/..", 2), ("/var/lib/swactor-other", 1)]
+# An operator's files beside the install root and under names that start like swactor's.
+BESIDE = ["/opt/keep-me", "/opt/swactor-notes", "/var/lib/swactor-other/keep-me", "/usr/local/bin/other-tool"]
+
+
+def check_prefix_refused(c: Container, units: list[str]) -> None:
+    """A careless --prefix after a real install: refused by name, the host's units still running."""
+    for prefix, status in NOT_THE_INSTALL_ROOT:
+        done = c.run(["bash", "/root/swactor/install.sh", "uninstall", "--prefix", prefix], check=False)
+        assert done.returncode == status and len(done.stderr.splitlines()) == 1, (prefix, done.returncode, done.stderr)
+        assert done.stderr.startswith("[uninstall] error: --prefix"), (prefix, done.stderr)
+    assert units_active(c, units) == dict.fromkeys(units, "active"), journal(c)
+    assert c.path("/opt/swactor/venv/bin/swactor").exists()
 
 
 def check_uninstall(c: Container, *purge: str) -> dict:
-    """`install.sh uninstall`: nothing of swactor runs or stays, but what `purge` does not remove."""
+    """`install.sh uninstall`: nothing of swactor runs or stays, but what `purge` does not remove;
+    the operator's files beside it stay."""
+    for f in BESIDE:
+        c.sh(f'mkdir -p "$(dirname {f})" && echo {f} > {f}')
     t0 = time.monotonic()
     c.run(["bash", "/root/swactor/install.sh", "uninstall", *purge], timeout=120)
+    assert all(c.path(f).read_text() == f"{f}\n" for f in BESIDE), BESIDE
     left = checks.leftovers(c)
     print(f"{c.name}: uninstall {' '.join(purge)} in {time.monotonic() - t0:.1f} s; left {left['files']}", flush=True)
     # systemd may keep a unit whose file is gone loaded a while, as "not-found inactive dead": an
@@ -351,6 +405,8 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert set(active.values()) == {"active"}, (active, journal(h0))
     enabled = h0.run(["systemctl", "is-enabled", *UNITS, "swactor-orchestrator"]).stdout.split()
     assert enabled == ["enabled"] * 5, enabled
+    check_record(h0, [*UNITS, "swactor-orchestrator"])
+    check_model_path(h0)
 
     # The second host joins with the first host's secret, copied as the operator would.
     secret = h0.path("/etc/swactor/cluster.secret").read_bytes()
@@ -441,6 +497,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
 
     # Uninstall: nothing runs or stays; the secret and the model only where not asked to purge.
     # h1 never held the model (its weights cache is state, removed): only the secret stays.
+    check_prefix_refused(h1, UNITS)
     left = check_uninstall(h1)
     assert sorted(left["files"]) == ["/etc/swactor"], left["files"]
     assert sorted(left["files"]["/etc/swactor"]) == ["/etc/swactor root:root",
@@ -451,6 +508,6 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert sorted(left["files"]) == ["/var/lib/swactor"], left["files"]
     assert sorted(left["files"]["/var/lib/swactor"]) == [
         "/var/lib/swactor root:root", "/var/lib/swactor/models root:root",
-        f"/var/lib/swactor/models/{MODEL.name} root:root"], left
+        f"/var/lib/swactor/models/{ODD_MODEL_NAME} root:root"], left
     left = check_uninstall(h0, "--purge-model")
     assert left["files"] == {}, left["files"]

@@ -157,8 +157,8 @@ def token_ids(value: str) -> list[int]:
     return ids
 
 
-def model_path(value: str) -> str:
-    """A GGUF path for the local pool: written into each host's UTF-8 config, so it must be UTF-8 itself."""
+def local_path(value: str) -> str:
+    """A path the local pool writes into its hosts' configs (a GGUF, a cluster dir): TOML is UTF-8, so is the path."""
     text(value)
     if not value.strip():
         raise argparse.ArgumentTypeError("is empty")

@@ -18,7 +18,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 
@@ -30,7 +30,7 @@ from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.cluster import DEFAULT_MODEL, check_model
 from swactor.localcluster.layout import MAX_HOSTS
 from swactor.localcluster.run import RunResult, follow
-from swactor.localcluster.signals import terminate_on_signals
+from swactor.localcluster.signals import Terminated, terminate_on_signals
 from swactor.membership.gpus import host_memory_available
 from swactor.modelfile.memory import memory_profile
 from swactor.modelfile.params import ModelRefused, open_header
@@ -56,6 +56,14 @@ OUTCOME_EVENTS = {pb.RUN_COMPLETED, pb.RUN_FAULTED, pb.RUN_STOPPED}
 PROGRESS_STEP = 25  # percent between two progress lines of one stage and phase
 
 
+def say(text: str, stream: TextIO | None = None) -> None:
+    """Write to the user's terminal; a terminal that is gone (SIGHUP, EIO) must not stop the teardown that follows."""
+    out = stream or sys.stderr
+    with contextlib.suppress(OSError):
+        out.write(text)
+        out.flush()
+
+
 class Printer:
     """Human output: the answer on stdout as it arrives, progress and the summary on stderr."""
 
@@ -68,13 +76,13 @@ class Printer:
         self._shown: dict[tuple[int, str], int] = {}  # (stage, phase) -> the last percentage shown
 
     def emit(self, obj: dict[str, Any]) -> None:
-        print(json.dumps(obj), flush=True)
+        say(json.dumps(obj) + "\n", sys.stdout)
 
     def progress(self, line: str) -> None:
         if self.as_json:
             self.emit({"type": "progress", "message": line})
         else:
-            print(f"[demo] {line}", file=sys.stderr, flush=True)
+            say(f"[demo] {line}\n")
 
     def update(self, u: opb.RunUpdate, res: RunResult) -> None:
         if u.HasField("token"):
@@ -82,8 +90,7 @@ class Printer:
                 self.emit({"type": "token", "sequence": u.token.sequence, "token_id": u.token.token_id,
                            "text": u.token.text, "end_of_generation": u.token.end_of_generation})
             else:
-                sys.stdout.write(u.token.text)
-                sys.stdout.flush()
+                say(u.token.text, sys.stdout)
         elif u.HasField("event"):
             ev = u.event
             if self.as_json:
@@ -126,8 +133,7 @@ class Printer:
         if self.as_json:
             self.emit(s)
             return
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        say("\n", sys.stdout)
 
         def f(v: object, unit: str) -> str:
             return "-" if v is None else f"{v:.2f}{unit}"
@@ -136,11 +142,11 @@ class Printer:
                 f"{s['tokens']} token(s) from {s['prompt_tokens']} prompt token(s); "
                 f"TTFT {f(s['ttft_s'], ' s')} (provision {f(s['provision_s'], ' s')}, prefill {f(s['prefill_s'], ' s')}); "
                 f"decode {f(s['decode_tok_s'], ' tok/s')}; teardown {f(s['teardown_s'], ' s')}")
-        print(f"[demo] {line}", file=sys.stderr, flush=True)
+        say(f"[demo] {line}\n")
         if s["detail"]:
-            print(f"[demo] detail: {s['detail']}", file=sys.stderr, flush=True)
+            say(f"[demo] detail: {s['detail']}\n")
         if res.finished is not None and (seed := render.seed_line(res.finished)):
-            print(f"[demo] {seed}", file=sys.stderr, flush=True)
+            say(f"[demo] {seed}\n")
 
 
 @dataclass(frozen=True)
@@ -234,17 +240,17 @@ def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
                      + (f", killed after timeout: {cluster.teardown_report['killed']}"
                         if cluster.teardown_report["killed"] else ""))
     except ClusterError as e:
-        print(f"swactor demo: the local cluster failed: {e}", file=sys.stderr)
+        say(f"swactor demo: the local cluster failed: {e}\n")
         return EXIT_FAILED
     except TimeoutError as e:
-        print(f"swactor demo: {e}", file=sys.stderr)
+        say(f"swactor demo: {e}\n")
         return EXIT_FAILED
     except grpc.RpcError as e:
-        print(f"swactor demo: orchestrator call failed: {e.code().name}: {e.details()}", file=sys.stderr)  # type: ignore[attr-defined]
+        say(f"swactor demo: orchestrator call failed: {e.code().name}: {e.details()}\n")  # type: ignore[attr-defined]
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print("swactor demo: interrupted; the local cluster was torn down", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        say("swactor demo: interrupted; the local cluster was torn down\n")
+        return e.exit_status if isinstance(e, Terminated) else EXIT_INTERRUPTED
     finally:
         restore_signals()
     assert res is not None and res.finished is not None

@@ -49,7 +49,7 @@ from swactor.cli.args import (
     chat_message,
     host_name,
     integer,
-    model_path,
+    local_path,
     number,
     run_id,
     text,
@@ -169,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"simulated hosts, at most {MAX_HOSTS} (default: 3, or --stages if more)")
     d.add_argument("--stages", type=integer(1, UINT32_MAX), default=None,
                    help="pipeline stages (default: one per host)")
-    d.add_argument("--model", type=model_path, default=None, metavar="PATH",
+    d.add_argument("--model", type=local_path, default=None, metavar="PATH",
                    help="GGUF file to serve (default: the shipped SmolLM2-135M-Instruct Q4_1)")
     add_sampling(d)
     d.add_argument("--json", action="store_true")

@@ -7,7 +7,9 @@ arena-manager, edge-driver, worker) and state/run dirs, plus the orchestrator on
   cluster   LocalCluster: bring up the hosts, wait for the pool, tear it all down
   layout    each host's dirs, sockets, ports and swactor.toml (pure)
   procs     service processes, each in its own session      ready    readiness evidence, polled
-  netns     hosts in network namespaces (root only)          signals  SIGTERM for the foreground programs
+  netns     hosts in network namespaces (root only)          signals  SIGTERM/SIGHUP for the foreground programs
+  reaper    removes the pool when its owner dies             owned    what the reaper removes (pure)
+  lifeline  the owner's pipe to its reaper
   run       submit one run and follow it, timing what the client sees
   __main__  `python -m swactor.localcluster`: bring up a pool and print how to reach it
 """

@@ -7,6 +7,9 @@ Host 0 also runs the orchestrator, sharing host 0's node id, arena and edge-driv
 endpoints. Only host 0 holds the model: every worker fetches its stage's byte ranges from the
 orchestrator's model server into its own weights cache (docs/distribution.md). Readiness is evidence-based: gRPC health SERVING per service, membership shows every
 node Available, the orchestrator's ListNodes shows them provisionable and the pool ready.
+
+Whatever it creates is recorded with its reaper first (lifeline.py, reaper.py), so that the pool goes when its owner goes,
+however the owner ends; `stop()` tears it down in order and then tells the reaper there is nothing left.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from swactor.localcluster.layout import (
     host_config,
     to_toml,
 )
+from swactor.localcluster.lifeline import Lifeline
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
 from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
@@ -133,6 +137,7 @@ class LocalCluster:
         self.netns: Netns | None = None
         self.root: Path | None = None
         self._own_root = False
+        self._lifeline: Lifeline | None = None
         self.teardown_report: dict[str, object] = {}
 
     # --- context manager -------------------------------------------------------------------------
@@ -152,9 +157,15 @@ class LocalCluster:
 
     def start(self) -> None:
         spec = self.spec
+        try:
+            self._lifeline = Lifeline()
+        except OSError as e:
+            raise ClusterError(f"cannot start the local cluster's reaper: {e}") from None
         if spec.base_dir is None:
             self.root = Path(tempfile.mkdtemp(prefix="swl-"))  # short: Unix socket paths are <108 bytes
             self._own_root = True
+            if not spec.keep:
+                self._lifeline.own_dir(self.root)
         else:
             self.root = spec.base_dir
             self.root.mkdir(parents=True, exist_ok=True)
@@ -164,6 +175,7 @@ class LocalCluster:
             if why is not None:
                 raise ClusterError(f"network namespaces unavailable: {why}")
             self.netns = Netns(spec.hosts)
+            self._lifeline.own_netns(self.netns.name)  # before the first one exists: no window without a record
             self.netns.create()
             addrs = self.netns.addrs
         else:
@@ -241,9 +253,14 @@ class LocalCluster:
 
     def _spawn(self, h: HostLayout, name: str, module: str) -> Service:
         svc = Service(f"{h.name}/{name}", self._python(h, module), h.log_dir / f"{name}.log")
-        svc.start(self._prefix(h))
+        self._start(svc, h)
         self.services.append(svc)
         return svc
+
+    def _start(self, svc: Service, h: HostLayout) -> None:
+        svc.start(self._prefix(h))
+        if self._lifeline is not None:
+            self._lifeline.own_group(svc.pid)  # its own session: the group id is its pid
 
     def _start_all(self, name: str, module: str, sock: Callable[[HostLayout], Path], timeout_s: float) -> None:
         for h in self.hosts:
@@ -258,13 +275,15 @@ class LocalCluster:
         unit's Environment=). Readiness is the caller's to wait for."""
         old = self.service(name)
         old.stop(self.spec.stop_timeout_s)
+        if self._lifeline is not None and old.proc is not None:
+            self._lifeline.release_group(old.pid)
         host, kind = name.split("/")
         h = self.hosts[int(host.removeprefix("h"))]
         argv = self._python(h, f"swactor.{kind}.main")
         if config is not None:
             argv[argv.index("--config") + 1] = str(config)
         svc = Service(name, argv, h.log_dir / f"{kind}.log", env=dict(env or {}))
-        svc.start(self._prefix(h))
+        self._start(svc, h)
         self.services[self.services.index(old)] = svc
         return svc
 
@@ -295,19 +314,23 @@ class LocalCluster:
     # --- teardown --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop every service (orchestrator first, arenas last), remove namespaces and the dir.
-        Safe to call twice, and with SIGINT/SIGTERM held off so a second Ctrl-C cannot cut it short."""
+        """Stop every service (orchestrator first, arenas last), remove namespaces and the dir, then let the reaper
+        go. Safe to call twice, and with SIGINT/SIGTERM/SIGHUP held off so a second Ctrl-C cannot cut it short (if
+        anything does, or it fails part way, the reaper removes the rest)."""
         old = {}
+        clean = False
         with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old[sig] = signal.signal(sig, signal.SIG_IGN)
         try:
             order = ["orchestrator", "worker", "edge", "membership", "arena"]
             unclean: list[str] = []
             for kind in order:
-                for svc in [s for s in self.services if s.name.endswith("/" + kind)]:
-                    if not svc.stop(self.spec.stop_timeout_s):
-                        unclean.append(svc.name)
+                # The hosts' services of one kind stop together (a teardown as long as one host's, not N times it)
+                same = [s for s in self.services if s.name.endswith("/" + kind)]
+                for svc in same:
+                    svc.signal(signal.SIGTERM)
+                unclean += [svc.name for svc in same if not svc.finish(self.spec.stop_timeout_s)]
             for svc in self.services:
                 svc.kill_group()
             self.teardown_report = {"services": len(self.services), "killed": unclean}
@@ -317,6 +340,10 @@ class LocalCluster:
                 self.netns = None
             if self.root is not None and self._own_root and not self.spec.keep:
                 shutil.rmtree(self.root, ignore_errors=True)
+            clean = True
         finally:
+            if self._lifeline is not None:
+                self._lifeline.close(clean=clean)
+                self._lifeline = None
             for sig, handler in old.items():
                 signal.signal(sig, handler)

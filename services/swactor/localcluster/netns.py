@@ -2,7 +2,7 @@
 bridge, namespace `{name}-h{i}` holds `eth0` (a veth into the bridge) with 10.78.X.(i+1)/24.
 Nothing is created in the root namespace; `destroy()` kills what still runs inside and deletes the
 namespaces (which deletes the veths and the bridge). `cleanup_stale()` removes namespaces of ours
-whose creating process is gone."""
+whose creating process is gone; the pool's reaper (reaper.py) removes them as soon as it is gone."""
 
 from __future__ import annotations
 
@@ -33,22 +33,24 @@ def _ip(*argv: str, check: bool = True) -> str:
     return done.stdout
 
 
-def _namespaces() -> list[str]:
+def namespaces() -> list[str]:
     return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
 
 
+
 def cleanup_stale() -> None:
-    for ns in _namespaces():
+    for ns in namespaces():
         m = _NAME_RE.match(ns)
         if m and not os.path.exists(f"/proc/{m['pid']}"):
-            _kill_inside(ns)
-            _ip("netns", "del", ns, check=False)
+            remove(ns)
 
 
-def _kill_inside(ns: str) -> None:
+def remove(ns: str) -> None:
+    """SIGKILL whatever runs inside `ns`, then delete it (a namespace outlives its name while a process is in it)."""
     for pid in _ip("netns", "pids", ns, check=False).split():
         with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid), signal.SIGKILL)
+    _ip("netns", "del", ns, check=False)
 
 
 class Netns:
@@ -113,9 +115,8 @@ class Netns:
 
     def destroy(self) -> None:
         for ns in reversed(self.created):
-            _kill_inside(ns)
-            _ip("netns", "del", ns, check=False)
+            remove(ns)
         self.created = []
 
     def remaining(self) -> list[str]:
-        return [ns for ns in _namespaces() if ns.startswith(self.name)]
+        return [ns for ns in namespaces() if ns.startswith(self.name)]

@@ -67,9 +67,13 @@ class Service:
 
     def stop(self, timeout_s: float) -> bool:
         """SIGTERM, wait, then SIGKILL the whole group. True when it stopped on SIGTERM alone."""
+        self.signal(signal.SIGTERM)
+        return self.finish(timeout_s)
+
+    def finish(self, timeout_s: float) -> bool:
+        """The rest of `stop` once SIGTERM was sent: wait, then SIGKILL the whole group."""
         if self.proc is None:
             return True
-        self.signal(signal.SIGTERM)
         clean = True
         try:
             self.proc.wait(timeout_s)
