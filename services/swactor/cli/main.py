@@ -388,13 +388,14 @@ def rpc_failure(e: grpc.RpcError, address: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    who = f"swactor {args.command}"  # as argparse names the command in its own refusals
     try:
         return dispatch(args)
     except CliError as e:
-        print(f"swactor: {e}", file=sys.stderr)
+        print(f"{who}: {e}", file=sys.stderr)
         return e.status
     except grpc.RpcError as e:
-        print(f"swactor: {rpc_failure(e, args.address)}", file=sys.stderr)
+        print(f"{who}: {rpc_failure(e, args.address)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -405,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the last line of defence: one line, never a traceback (SWACTOR_DEBUG=1 shows it)
         if os.environ.get("SWACTOR_DEBUG"):
             raise
-        print(f"swactor: internal error: {type(e).__name__}: {e} (SWACTOR_DEBUG=1 shows the traceback)",
+        print(f"{who}: internal error: {type(e).__name__}: {e} (SWACTOR_DEBUG=1 shows the traceback)",
               file=sys.stderr)
         return EXIT_FAILED
 
