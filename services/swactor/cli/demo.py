@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import sys
@@ -27,16 +26,15 @@ from swactor.cli.args import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STOPPE
 from swactor.cli.main import sampling
 from swactor.common.events import configure_logging
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
-from swactor.localcluster.cluster import DEFAULT_MODEL, check_model
+from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.localcluster.layout import MAX_HOSTS
 from swactor.localcluster.run import RunResult, follow
 from swactor.localcluster.signals import Terminated, terminate_on_signals
 from swactor.membership.gpus import host_memory_available
-from swactor.modelfile.memory import memory_profile
-from swactor.modelfile.params import ModelRefused, open_header
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
-from swactor.orchestrator.models.gguf_model import read_model
+from swactor.orchestrator.models.models import ModelUnusable, load_model
+from swactor.orchestrator.models.sources import ModelSource
 from swactor.orchestrator.planning.dry_run import pool_refusal
 from swactor.orchestrator.planning.planner import memory_need
 from swactor.orchestrator.planning.pool import Demand
@@ -172,11 +170,9 @@ def preflight(args: argparse.Namespace) -> DemoPlan:
     if not model.is_file():
         hint = " (run `make model`)" if args.model is None else ""
         raise CliError(f"--model {model}: no such file{hint}")
-    try:
-        check_model(model)
-        header = open_header(model)
-        facts, _ = read_model(model, header=header)
-    except (ClusterError, ModelRefused, OSError, ValueError) as e:
+    try:  # the orchestrator's own judgement of the file, as its model registry makes it
+        facts = load_model(ModelSource(model.stem, str(model.resolve()))).facts
+    except ModelUnusable as e:
         raise CliError(f"--model {model}: {e}") from None
     if stages > facts.num_layers:
         raise CliError(f"--stages {stages}: model {model.name} has {facts.num_layers} layers, so at most "
@@ -193,8 +189,7 @@ def preflight(args: argparse.Namespace) -> DemoPlan:
                        f"and this machine has {available / 2**30:.1f} GiB available")
     share = advertised_memory("CPU", 0) // hosts
     members = tuple(NodeInfo(i + 1, NodeState.AVAILABLE, "edge", "control", memory_bytes=share) for i in range(hosts))
-    demand = Demand(stages, (), facts.num_layers, memory_need(dataclasses.replace(facts, memory=memory_profile(header)),
-                                                              OrchestratorConfig.max_seq_len))
+    demand = Demand(stages, (), facts.num_layers, memory_need(facts, OrchestratorConfig.max_seq_len))
     refusal = pool_refusal(members, demand)
     if refusal:
         raise CliError(f"--hosts {hosts} --stages {stages}: this machine cannot hold model {model.name} so: {refusal}")
