@@ -4,14 +4,10 @@ Spec §8 (NodeAvailable), §12 (ProvisionStage), §14 (StageController), §26-27
 Tx/Rx lifecycles), §28-33 (worker process boundary, ring FSMs, device bridge), §38 (teardown).
 
   main, config, service  the service: entry point, [worker] table, StageControl gRPC servicer
-  node         StageNode, the asyncio shell: StageController + EdgeEstablisher + GpuWorkerCtl wired to
-               the local services, each decision taken by one of the cores below
+  node         StageNode: StageController + EdgeEstablisher + GpuWorkerCtl wired to the local services
   plan         ProvisionStage validation -> StagePlan
   stage_fsm    StageController core (§14)          edge_actors  Tx/Rx lifecycles (§27)
   stage_messages  the StageController's plan, inputs and actions
-  admission    which run may take the node's stage now, who may stop or follow it, run history
-  availability when the node is offered (NodeAvailable §8) or withdrawn, and when it retires
-  restarts     when a new compute-process generation starts, and when the node gives up
   stage_lease  the orchestrator's hold on a run, kept alive by its control stream
   weights      the stage's weight fetch (shell over swactor.distribution)   tracebatch  per-object trace events
   stage_memory the device memory this node offers a stage (NodeAvailable)

@@ -1,20 +1,15 @@
 """The stage node: StageController + EdgeEstablisher + GpuWorkerCtl wired to the local services.
 
-This is the asyncio shell around I/O-free cores: it feeds them events (worker events, arena and
-driver outcomes, orchestrator calls, timers) and performs the actions they return. Each decision
-lives in its core:
-
-  stage_fsm     the run's stage (§14)                 establisher  its edges (§26, edgeend/)
-  admission     which ProvisionStage may take the stage, who may stop or follow a run, run history
-  availability  when the node is offered (NodeAvailable §8), withdrawn, and retired after arena loss
-  restarts      when a new worker generation starts, and when the node gives up
-  stage_lease   when the orchestrator's hold on the run expires (no WatchStage stream)
-  tracebatch    how a traced run's per-object events are grouped per sequence
-
-What stays here is plumbing: timers, tasks, the driver subscription, the run logs that WatchStage
-replays, and turning a core's action into a call (membership, ctl, stage input). Every stage event
-carries the worker's generation. When the node retires (`retired`) the service exits for its manager
-to restart it on the new arena.
+This is the asyncio shell around the I/O-free cores (stage_fsm, establisher, ctl_fsm): it feeds
+them events (worker events, arena/driver outcomes, orchestrator calls) and executes the actions
+they return. One run at a time per node (§43: concurrent runs on one stage chain are deferred);
+a later run of the same weights re-uses them (warm ConfigureRole). NodeAvailable (§8) is reported
+only once the arena is mapped, the worker said WorkerReady and the edge-driver answers. A run is held
+under the orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` the
+stage faults fail-stop and tears itself down. Every stage event carries the worker's generation.
+When the host's arena-manager dies (`arena_lost`) the running stage faults fail-stop
+(RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired`
+is set once no run is left: the service then exits for its manager to restart it on the new arena.
 """
 
 from __future__ import annotations
@@ -33,18 +28,18 @@ from swactor.edgeend.establisher_shell import DEFAULT_LEASE_TIMEOUT_S, EdgeOutco
 from swactor.edgeend.ports import ArenaPort, DriverPort
 from swactor.edgeend.timings import relay_object_timings
 from swactor.v1 import common_pb2, edge_pb2, stage_pb2
-from swactor.worker import availability as avail
 from swactor.worker import stage_fsm
-from swactor.worker.admission import Ask, RunAdmission, Slot
-from swactor.worker.ctl_fsm import WorkerCrashed, WorkerFailed
+from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
 from swactor.worker.ctl_port import WorkerCtlLike, WorkerRingHost
 from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
-from swactor.worker.restarts import Restart, WorkerRestarts
 from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
 from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
+
+MAX_WORKER_RESTARTS = 3
+KEEP_FINISHED_RUNS = 16
 
 
 class ProvisionError(Exception):
@@ -62,11 +57,11 @@ class RunLog:
 
     run_id: int
     stage_index: int
+    orchestrator_node_id: int  # who provisioned it: the only caller of StopRun / WatchStage for it
     updates: list[stage_pb2.StageUpdate] = field(default_factory=list)
     done: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     traced: SequenceBatches = field(default_factory=SequenceBatches)  # per-object events (trace_objects runs)
-    warm_weights: bool = False  # the run's WEIGHTS_LOADED said its weights were resident already
 
     def add(self, update: stage_pb2.StageUpdate) -> None:
         self.updates.append(update)
@@ -95,11 +90,14 @@ class StageNode:
         self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log,
                                       lease_timeout_s=arena_pressure_timeout_s)
         self.stage: stage_fsm.StageController | None = None
-        self.admission = RunAdmission(node_id, orchestrator_node_id)
-        self.runs: dict[int, RunLog] = {}  # the runs admission remembers, with what WatchStage replays
-        self.availability = avail.NodeAvailability(node_id)
+        self.runs: dict[int, RunLog] = {}
+        self.worker_ready = False
+        self.driver_up = False
+        self.available = False
+        self.arena_gone: str | None = None  # why, once the arena-manager's hand-out connection ended
         self.retired = asyncio.Event()  # arena gone and no run left here: the service should exit
-        self.worker_restarts = WorkerRestarts(node_id)
+        self.restarts = 0
+        self.warm_weights = False
         self.weights = WeightsShell(weights, self._stage_input)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> relay_object_timings task
@@ -109,30 +107,13 @@ class StageNode:
         self._clock = clock
         ctl.subscribe(self._on_worker)
 
-    # ---- what the availability core decides (§8), read by main and tests ----
-
-    @property
-    def available(self) -> bool:
-        return self.availability.available
-
-    @property
-    def worker_ready(self) -> bool:
-        return self.availability.worker_ready
-
-    @property
-    def driver_up(self) -> bool:
-        return self.availability.driver_up
-
-    @property
-    def arena_gone(self) -> str | None:
-        return self.availability.arena_gone
-
     # ---- boot (§8) ----
 
     async def start(self) -> None:
         self.ctl.start()
         self._spawn(self._follow_driver())
-        self._avail(avail.Driver(await self.edges.driver.healthy()))
+        self.driver_up = await self.edges.driver.healthy()
+        self._check_available()
 
     async def _follow_driver(self) -> None:
         while True:
@@ -140,27 +121,34 @@ class StageNode:
                 await self.edges.follow_driver(self._driver_seen)
             except Exception as e:  # the driver restarted or is not up yet: re-subscribe
                 self._log.warning("edge_driver_watch_lost", detail=str(e))
-            self._avail(avail.Driver(False))
+            self.driver_up = False
+            self._check_available()
             await asyncio.sleep(1.0)
-            self._avail(avail.Driver(await self.edges.driver.healthy()))
+            self.driver_up = await self.edges.driver.healthy()
+            self._check_available()
 
     def _driver_seen(self, ev: Any) -> bool:
-        self._avail(avail.Driver(True))
+        if not self.driver_up:
+            self.driver_up = True
+            self._check_available()
         return True
 
-    def _avail(self, inp: avail.Input) -> None:
-        for action in self.availability.handle(inp):
-            match action:
-                case avail.Offer():
-                    if self.membership is not None:
-                        self._spawn(self.membership.set_available(self.control_endpoint, self.ctl.worker_generation))
-                case avail.Withdraw(reason):
-                    if self.membership is not None:
-                        self._spawn(self.membership.set_faulted(reason, self.ctl.worker_generation))
-                case avail.FailStopRun(detail):
-                    self._fail_stop_for_arena(detail)
-                case avail.Retire():
-                    self.retired.set()
+    def _check_available(self) -> None:
+        if self.arena_gone is not None and not self.retired.is_set():
+            return  # withdrawn once retired: membership must not beat the stage's own fault report
+        now = self.worker_ready and self.driver_up and self.arena_gone is None
+        if now == self.available:
+            return
+        self.available = now
+        self._log.info("node_available" if now else "node_unavailable", worker_ready=self.worker_ready,
+                       driver_up=self.driver_up, arena_up=self.arena_gone is None)
+        if self.membership is not None:
+            generation = self.ctl.worker_generation
+            if now:
+                self._spawn(self.membership.set_available(self.control_endpoint, generation))
+            else:
+                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if not self.worker_ready else common_pb2.RUN_FAULT_NODE_UNAVAILABLE
+                self._spawn(self.membership.set_faulted(reason, generation))
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
@@ -186,11 +174,28 @@ class StageNode:
     # ---- orchestrator calls ----
 
     def provision(self, req: stage_pb2.ProvisionStageRequest, caller_orchestrator: int | None) -> None:
-        ask = Ask.of(req, caller_orchestrator)
-        refused = self.admission.check(ask, self._slot(), worker_ready=self.availability.worker_ready,
-                                       arena_gone=self.availability.arena_gone)
-        if refused is not None:
-            raise ProvisionError(refused.code, refused.detail)
+        if caller_orchestrator is None:
+            raise ProvisionError("PERMISSION_DENIED", "the caller's certificate names no orchestrator")
+        if self.orchestrator_node_id is not None and caller_orchestrator != self.orchestrator_node_id:
+            raise ProvisionError("PERMISSION_DENIED", f"orchestrator {caller_orchestrator} is not the authorised "
+                                                      f"orchestrator {self.orchestrator_node_id}")
+        if req.orchestrator_node_id != caller_orchestrator:
+            raise ProvisionError("PERMISSION_DENIED", f"orchestrator_node_id {req.orchestrator_node_id} is not the "
+                                                      f"caller ({caller_orchestrator})")
+        if req.node_id != self.node_id:
+            raise ProvisionError("PERMISSION_DENIED", f"plan is addressed to node {req.node_id}, this is node {self.node_id}")
+        if req.run_id in self.runs:
+            raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
+        if self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED:
+            run = self.stage.plan.run_id if self.stage.plan else 0
+            if self.stage.state in (stage_fsm.StageState.FAULTED, stage_fsm.StageState.STOPPING):
+                # ABORTED: a conflict that ends by itself (the teardown is bounded): the caller may try again
+                raise ProvisionError("ABORTED", f"run {run} is still tearing down here")
+            raise ProvisionError("FAILED_PRECONDITION", f"run {run} is still active here")
+        if not self.worker_ready:
+            raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
+        if self.arena_gone is not None:
+            raise ProvisionError("FAILED_PRECONDITION", f"the node's arena-manager is gone: {self.arena_gone}")
         try:
             plan = build_plan(req, node_id=self.node_id, role_id=new_id())
         except PlanRejected as e:
@@ -199,10 +204,11 @@ class StageNode:
             self.edges.core.forget(eid)
             if self.edges.core.state(eid) is not None:
                 raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
-        for old in self.admission.admit(ask).forget:
+        for old in [r for r, log in self.runs.items() if log.done][:-KEEP_FINISHED_RUNS or None]:
             del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
-        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index)
+        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index, caller_orchestrator)
         self.stage = stage_fsm.StageController(self.node_id)
+        self.warm_weights = False
         if plan.trace:  # the edge timings of this run's ends: only a traced run reports them
             ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
             self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
@@ -216,9 +222,14 @@ class StageNode:
         """StopRun / WatchStage for `run_id` come only from the orchestrator that provisioned it
         (spec §4); ProvisionError PERMISSION_DENIED otherwise. An unknown run passes (the call
         itself answers known=false / NOT_FOUND)."""
-        refused = self.admission.authorize(run_id, caller_orchestrator)
-        if refused is not None:
-            raise ProvisionError(refused.code, refused.detail)
+        if caller_orchestrator is None:
+            raise ProvisionError("PERMISSION_DENIED", "the caller's certificate names no orchestrator")
+        log = self.runs.get(run_id)
+        if log is not None and log.orchestrator_node_id != caller_orchestrator:
+            self._log.warning("run_call_refused", run_id=run_id, caller=caller_orchestrator,
+                              provisioned_by=log.orchestrator_node_id)
+            raise ProvisionError("PERMISSION_DENIED", f"run {run_id} was provisioned by orchestrator "
+                                                      f"{log.orchestrator_node_id}, not {caller_orchestrator}")
 
     def stop_run(self, run_id: int) -> bool:
         if run_id not in self.runs:
@@ -294,15 +305,7 @@ class StageNode:
                     self._report(event, cause, detail)
         if self.stage.state is stage_fsm.StageState.STOPPED:
             self._maybe_restart_worker()
-            self._avail(avail.StageSettled(self.stage.state))
-
-    def _stage_state(self) -> stage_fsm.StageState | None:
-        return self.stage.state if self.stage is not None else None
-
-    def _slot(self) -> Slot | None:
-        if self.stage is None:
-            return None
-        return Slot(self.stage.plan.run_id if self.stage.plan else 0, self.stage.state)
+            self._check_retired()
 
     # ---- the arena-manager gone ----
 
@@ -310,17 +313,25 @@ class StageNode:
         """The arena's hand-out connection ended (ArenaHold.on_end). The stage's rings live in a memfd
         nobody manages any more, and a new arena-manager hands out a new one that neither this process
         nor its compute process has mapped: fault the run here first (the orchestrator hears why),
-        tear it down, withdraw the node, then retire (availability.py decides the order)."""
-        self._avail(avail.ArenaGone(detail))
-
-    def _fail_stop_for_arena(self, detail: str) -> None:
+        tear it down, withdraw the node, then retire."""
+        if self.arena_gone is not None:
+            return
+        self.arena_gone = detail
         run_id = self.stage.plan.run_id if self.stage is not None and self.stage.plan is not None else None
         self._log.error("arena_lost", detail=detail, run_id=run_id, reason="RUN_FAULT_NODE_UNAVAILABLE",
                         component="COMPONENT_ARENA")
         if run_id is not None:
             self._stage_input(run_id, stage_fsm.ArenaLost(detail))
             self._stage_input(run_id, stage_fsm.StopRun())
-        self._avail(avail.StageSettled(self._stage_state()))
+        self._check_retired()
+
+    def _check_retired(self) -> None:
+        idle = self.stage is None or self.stage.state in (stage_fsm.StageState.STOPPED,
+                                                          stage_fsm.StageState.UNPROVISIONED)
+        if self.arena_gone is not None and idle and not self.retired.is_set():
+            self._log.info("node_retiring", detail=self.arena_gone)
+            self.retired.set()
+            self._check_available()
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
         ev.time_us = _now_us()
@@ -340,9 +351,9 @@ class StageNode:
         up = stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
                                    time_us=ev.time_us)
         if ev.kind == common_pb2.WEIGHTS_LOADED:
-            log.warm_weights = bool(ev.counters.get("warm", 0))
+            self.warm_weights = bool(ev.counters.get("warm", 0))
         if ev.kind == common_pb2.STAGE_READY:
-            up.ready.warm_weights = log.warm_weights
+            up.ready.warm_weights = self.warm_weights
         elif ev.kind == common_pb2.STAGE_FAULTED:
             up.fault.reason = common_pb2.RunFaultReason.Value(ev.reason)
             up.fault.component = ev.component
@@ -360,7 +371,6 @@ class StageNode:
             relay = self._timing_relays.pop(ev.run_id, None)
             if relay is not None:
                 relay.cancel()
-            self.admission.finished(ev.run_id)
             up.stopped.SetInParent()
         else:
             up.event.CopyFrom(ev)
@@ -391,9 +401,11 @@ class StageNode:
     def _on_worker(self, ev: Any) -> None:
         match ev:
             case wire.WorkerReady():
-                self._avail(avail.Worker(ready=True))
+                self.worker_ready = True
+                self._check_available()
             case WorkerCrashed() | WorkerFailed():
-                self._avail(avail.Worker(ready=False))
+                self.worker_ready = False
+                self._check_available()
                 reason = common_pb2.RUN_FAULT_WORKER_CRASHED if isinstance(ev, WorkerCrashed) else common_pb2.RUN_FAULT_WORKER_FATAL
                 self._stage(stage_fsm.WorkerGone(reason, ev.detail))
                 self._maybe_restart_worker()
@@ -408,13 +420,20 @@ class StageNode:
             case (wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed() | wire.ObjectLoaded()
                   | wire.ObjectFailed() | wire.ObjectProduced() | wire.StepCompleted() | wire.StepFailed()):
                 if isinstance(ev, wire.RoleConfigured | wire.StepCompleted):
-                    self.worker_restarts.worker_proved()
+                    self.restarts = 0
                 self._stage(ev)
 
     def _maybe_restart_worker(self) -> None:
-        """Crashed -> Restarting (§31), as restarts.py decides."""
-        if isinstance(self.worker_restarts.decide(self.ctl.state, self._stage_state()), Restart):
-            self.ctl.start()
+        """Crashed -> Restarting (§31): a new generation, once no stage still depends on the old one."""
+        busy = self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED
+        if busy or self.ctl.state not in (CtlState.FAILED, CtlState.STOPPED):
+            return
+        if self.restarts >= MAX_WORKER_RESTARTS:
+            self._log.error("worker_restart_limit", restarts=self.restarts)
+            return
+        self.restarts += 1
+        self._log.info("worker_restarting", attempt=self.restarts)
+        self.ctl.start()
 
     # ---- EdgeEstablisher ----
 
