@@ -8,6 +8,7 @@ input, a failure as the input that names it (a role's exception through `failure
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import traceback
@@ -43,11 +44,17 @@ class Shell:
         self.log = get_logger(component="worker")
 
     def feed(self, inp: m.Input) -> None:
-        """Hand `inp` to the core and perform what it asks, outcomes first (depth first), in order."""
-        for action in self.core.handle(inp):
-            outcome = self._perform(action)
-            if outcome is not None:
-                self.feed(outcome)
+        """Hand `inp` to the core and perform what it asks, in order; an action's outcome is the core's next
+        input only once every action of the input before it is performed. Feeding an outcome at once would
+        let the progress it triggers emit events ahead of ones the core decided earlier: an ObjectLoaded
+        the core queued behind a RunStep would reach stdout after the one loaded while that step ran, and
+        the stage would see sequence N+1 before N."""
+        pending = collections.deque([inp])
+        while pending:
+            for action in self.core.handle(pending.popleft()):
+                outcome = self._perform(action)
+                if outcome is not None:
+                    pending.append(outcome)
 
     def command_line(self, line: bytes) -> None:
         try:
