@@ -13,7 +13,7 @@ from swactor.modelfile.header import read_header
 from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
 from swactor.worker.compute.graphcache import GraphCache
-from swactor.worker.compute.model import NO_TOKEN
+from swactor.worker.compute.model import NO_TOKEN, BatchRow
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_greedy.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
@@ -195,3 +195,91 @@ def test_graph_cache_drops_a_corrupt_entry(gguf_model: GGUFModel, reference: dic
   report = again.prepare()
   assert report.cached < report.graphs  # the corrupt graph was captured again ...
   assert len(list(tmp_path.glob("*.graph"))) == len(entries)  # ... and stored again
+
+
+# ---- runs in flight: KV slots and the batched decode step ----
+
+SLOT_SPLITS = {1: [(0, 30)], 3: SPLITS[3]}
+
+
+@pytest.fixture(scope="module")
+def slotted(gguf_model: GGUFModel) -> dict[int, list[StageModel]]:
+  """Stages holding 4 runs at once: batches of 1, 2 and 4 rows, a batch of 3 padded with the scratch slot."""
+  return {s: [StageModel(gguf_model, a, b, max_seq_len=128, prefill_chunk=8, slots=4) for a, b in rng]
+          for s, rng in SLOT_SPLITS.items()}
+
+
+def in_flight(chain: list[StageModel], prompts: dict[int, list[int]], joins: dict[int, int], n: int) -> dict[int, list[int]]:
+  """Drive runs in flight like a stage scheduler: each tick one prefill chunk of one joined run (the lowest slot with
+  prompt left), then one batched step of every decoding run's row; a run leaves its batch once it has n tokens."""
+  chunk = chain[0].chunk
+  left = {s: [p[i:i + chunk] for i in range(0, len(p), chunk)] for s, p in prompts.items()}
+  pos, toks = dict.fromkeys(prompts, 0), {s: [] for s in prompts}
+  for s in prompts:
+    for m in chain:
+      m.reset(slot=s)
+  tick = 0
+  while any(len(t) < n for t in toks.values()):
+    joined = [s for s in sorted(prompts) if joins[s] <= tick and left[s]]
+    if joined:
+      s, part = joined[0], left[joined[0]].pop(0)
+      x: np.ndarray = np.asarray(part, np.int32)
+      for m in chain:
+        x = m.step(x, pos[s], slot=s, sample=not left[s])
+      pos[s] += len(part)
+      if not left[s]:
+        toks[s].append(int(x[0]))
+    decoding = [s for s in sorted(prompts) if not left[s] and 0 < len(toks[s]) < n]
+    if decoding:
+      xs = [np.asarray([toks[s][-1]], np.int32) for s in decoding]
+      for m in chain:
+        xs = m.step_batch([BatchRow(s, pos[s], x) for s, x in zip(decoding, xs, strict=True)])
+      for s, x in zip(decoding, xs, strict=True):
+        toks[s].append(int(x[0]))
+        pos[s] += 1
+    tick += 1
+  return toks
+
+
+@pytest.mark.parametrize("n_stages", [1, 3])
+def test_runs_in_flight_each_equal_the_float64_reference(slotted: dict[int, list[StageModel]],
+                                                         reference: dict[str, list[int]], n_stages: int) -> None:
+  """Four runs in four slots, prompts of 4 to 40 tokens joining at different ticks, one chunk of a joining run between
+  the batched decode steps of the running ones, runs leaving as they finish (batches of 4, 3, 2, 1): every run's greedy
+  tokens are its float64 reference's."""
+  names = {0: "chat_france", 1: "plain_france", 2: "once", 3: "plain_france"}
+  joins = {0: 2, 1: 0, 2: 1, 3: 9}
+  got = in_flight(slotted[n_stages], {s: PROMPTS[k] for s, k in names.items()}, joins, N_STEPS)
+  assert {s: got[s] for s in names} == {s: reference[k] for s, k in names.items()}
+
+
+def test_a_slot_reused_by_a_new_run_forgets_the_old_one(slotted: dict[int, list[StageModel]],
+                                                        reference: dict[str, list[int]]) -> None:
+  chain = slotted[1]
+  in_flight(chain, {2: PROMPTS["chat_france"]}, {2: 0}, 4)
+  assert in_flight(chain, {2: PROMPTS["once"], 0: PROMPTS["plain_france"]}, {2: 0, 0: 0}, N_STEPS) == \
+      {2: reference["once"], 0: reference["plain_france"]}
+
+
+def test_batched_step_refusals_name_the_problem(slotted: dict[int, list[StageModel]], gguf_model: GGUFModel) -> None:
+  first, mid, _ = slotted[3]
+  for s in range(4):
+    first.reset(slot=s)
+    mid.reset(slot=s)
+  one = np.asarray([1], np.int32)
+  with pytest.raises(ValueError, match="at least one row"):
+    first.step_batch([])
+  with pytest.raises(ValueError, match=r"one row per slot, got slots \[1, 1\]"):
+    first.step_batch([BatchRow(1, 0, one), BatchRow(1, 0, one)])
+  with pytest.raises(ValueError, match="slot 4 is not one of this stage's 4"):
+    first.step_batch([BatchRow(4, 0, one)])
+  with pytest.raises(ValueError, match="slot 2 has 2"):
+    first.step_batch([BatchRow(2, 0, np.asarray([1, 2], np.int32))])
+  with pytest.raises(ValueError, match="start_pos 3 != expected 0 in slot 0"):
+    first.step_batch([BatchRow(0, 3, one)])
+  with pytest.raises(ValueError, match="activations"):
+    mid.step_batch([BatchRow(0, 0, np.zeros((1, 575), np.float32))])
+  with pytest.raises(ValueError, match="slot 7"):
+    first.reset(slot=7)
+  with pytest.raises(ValueError, match="slots must be >= 1"):
+    StageModel(gguf_model, 0, 1, slots=0)

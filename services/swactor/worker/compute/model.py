@@ -1,10 +1,14 @@
 """Llama-family forward (llama, qwen2) for one contiguous layer range, in tinygrad (spec §10, §16).
 
-step(rows, start_pos) runs rows at positions start_pos.. through the stage's layers:
+One copy of the stage's weights serves `slots` runs at once, each with its own KV cache slot
+(docs/runs-in-flight.md). step(rows, start_pos, slot=s) runs one run's rows at positions start_pos.. through the
+layers; step_batch(rows) runs one decode row of each of several runs as one batched pass:
   first stage in: int32 token ids [T]; other stages in: float32 activations [T, dim]
   last stage out: int32 [1], the token sampled from the last row; other stages out: float32 [T, dim]
-Decode (T=1) and prefill chunks (T=chunk, zero padded) each run as one TinyJit graph; start_pos is a bound
-Variable, the KV cache is preallocated to max_seq_len (+ one chunk of padding room), weights never change.
+A graph runs a *shape*: the rows of each segment it holds, one segment per run ((1,) a decode row, (chunk,) a prefill
+chunk, zero padded, (1, 1, 1, 1) four runs' decode rows). Each segment's slot and start position are bound Variables,
+so one TinyJit graph per shape serves every slot and position; the KV caches are preallocated to max_seq_len (+ one
+chunk of padding room), weights never change.
 """
 from __future__ import annotations
 
@@ -54,7 +58,21 @@ class CompileReport:
 class StageMemory:
   file_bytes: int    # the GGUF's bytes of the stage's device tensors (a first stage's embedding stays on the host)
   device_bytes: int  # the device's bytes of the stage's weights (norms, matrices, head; not the KV cache)
-  cache_bytes: int   # the KV cache
+  cache_bytes: int   # the KV caches of every slot (and the padding rows' scratch slot)
+  slot_bytes: int    # the KV cache of one slot: what one more run in flight costs
+
+
+Shape = tuple[int, ...]  # rows per segment of a graph, one segment per run
+
+
+@dataclass(frozen=True)
+class BatchRow:
+  """One decode row of one run in a batched step: its slot, its position, its input (a token id [1] on the first stage,
+  an activation row [1, dim] on the others) and, on the last stage, whether to sample a token from it."""
+  slot: int
+  start_pos: int
+  inputs: np.ndarray
+  sample: bool = True
 
 
 def rms_norm(x: Tensor, w: Tensor, eps: float) -> Tensor: return x * (x.square().mean(-1, keepdim=True) + eps).rsqrt() * w
@@ -85,13 +103,14 @@ class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
   p.qkv_bias), *qkv, *attn_output, *gate_up, *ffn_down]."""
-  def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, cache_len: int, device: str, words: bool):
+  def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
+               words: bool):
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
               fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
-    cache = [to_device(np.zeros((p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
+    cache = [to_device(np.zeros((caches, p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
     bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
       if p.qkv_bias else []
     self.tensors: list[Tensor] = norms + cache + bias + [t for g in mats for _, ts in g for t in ts]
@@ -101,9 +120,14 @@ class Layer:
   def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
 
 
-def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor, sp: UOp | int, cos: Tensor, sin: Tensor,
-                  ts: list[Tensor], threads: int = 0) -> Tensor:
-  T, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
+Segment = tuple[UOp | int, UOp | int, int]  # (slot, start position, rows) of one run in a step
+
+
+def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor, segments: list[Segment], cos: Tensor,
+                  sin: Tensor, ts: list[Tensor], threads: int = 0) -> Tensor:
+  """One block over the rows of every segment: the matrix products see all rows at once (one read of the weights for
+  the batch), attention each segment alone, against its own slot of the KV cache."""
+  W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None
   def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
@@ -113,33 +137,47 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
   if bias is not None:
     qkv = qkv + bias
-  q = rope(qkv[:, :nq].reshape(T, p.n_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
-  k = rope(qkv[:, nq:nq + nkv].reshape(T, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
-  v = qkv[:, nq + nkv:].reshape(T, p.n_kv_heads, p.head_dim)
-  cache_k[:, sp:sp + T, :].assign(k.transpose(0, 1))
-  cache_v[:, sp:sp + T, :].assign(v.transpose(0, 1))
-  keys, vals = cache_k[:, 0:sp + T, :], cache_v[:, 0:sp + T, :]  # [KV, L, hd]
-  g = p.n_heads // p.n_kv_heads
-  qg = q.reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
-  # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions and
-  # modulos in the inner loop (3x slower)
-  s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))
-  if T > 1:
-    s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
-  a = (s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim)
+  q = rope(qkv[:, :nq].reshape(W, p.n_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
+  k = rope(qkv[:, nq:nq + nkv].reshape(W, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
+  v = qkv[:, nq + nkv:].reshape(W, p.n_kv_heads, p.head_dim)
+  g, outs, r0 = p.n_heads // p.n_kv_heads, [], 0
+  for slot, sp, T in segments:
+    cache_k[slot:slot + 1, :, sp:sp + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0))
+    cache_v[slot:slot + 1, :, sp:sp + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0))
+    keys, vals = cache_k[slot, :, 0:sp + T, :], cache_v[slot, :, 0:sp + T, :]  # [KV, L, hd]
+    qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
+    # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions
+    # and modulos in the inner loop (3x slower)
+    s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))
+    if T > 1:
+      s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
+    outs.append((s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim))
+    r0 += T
+  a = outs[0] if len(outs) == 1 else Tensor.cat(*outs, dim=0)
   x = x + o_(a)
   gu = gate_up_(rms_norm(x, ffn_norm, p.norm_eps))
   act = (gu[:, :p.ffn_dim].silu() * gu[:, p.ffn_dim:]).contiguous()  # else silu is recomputed inside the down matvec
   return (x + down_(act)).contiguous()
 
 
+def batch_widths(slots: int) -> tuple[int, ...]:
+  """Rows of the batched decode graphs a stage of `slots` runs in flight compiles: powers of two up to the first that
+  holds every slot (a batch of 3 runs pads to 4 with scratch rows)."""
+  widths, b = [1], 1
+  while b < slots:
+    b *= 2
+    widths.append(b)
+  return tuple(widths)
+
+
 class StageModel:
-  """Compute for layers [layer_start, layer_end) of a llama-family GGUF; weights stay loaded across runs (reset())."""
+  """Compute for layers [layer_start, layer_end) of a llama-family GGUF; weights stay loaded across runs (reset()), and
+  `slots` runs may be in flight at once, each in its own KV cache slot."""
 
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
                quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None,
-               graph_cache: GraphCache | None = None):
+               graph_cache: GraphCache | None = None, slots: int = 1):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -147,76 +185,111 @@ class StageModel:
       raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's context_length {p.context_length}")
     if max_seq_len < 1 or prefill_chunk < 1:
       raise ValueError(f"max_seq_len and prefill_chunk must be >= 1, got {max_seq_len}, {prefill_chunk}")
+    if slots < 1:
+      raise ValueError(f"slots must be >= 1, got {slots}")
     keep = frozenset(PACKED) if quantized else frozenset()
     w = load_stage(m, layer_start, layer_end, keep=keep, on_progress=on_progress)
     t1 = time.perf_counter()
     self.device = Device.canonicalize(device) if device is not None else Device.DEFAULT
     self.layer_start, self.layer_end, self.max_seq_len, self.chunk = layer_start, layer_end, max_seq_len, prefill_chunk
     self.is_first, self.is_last, self.beam = w.is_first, w.is_last, beam  # beam: tinygrad kernel search width at capture
+    # the padding rows of a batch narrower than its graph write one scratch slot no run owns
+    self.slots, self.batch_widths = slots, batch_widths(slots)
+    pads = any(next(b for b in self.batch_widths if b >= n) > n for n in range(1, slots + 1))
+    self.scratch = slots if pads else None
+    caches = slots + (self.scratch is not None)
     # CPU cores a matvec's slices run on (None: the cores this process may use, at most 8); tinygrad's own runtime runs
     # them one after another, replay.Plan splits them over native threads
     self.threads = min(len(os.sched_getaffinity(0)), 8) if threads is None else threads
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
-    self.layers = [Layer(L, p, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0) for L in w.layers]
+    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0) for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
       self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
     head_bytes = sum(t.nbytes() for t in [self.head[0], *self.head[1][1]]) if self.head else 0
-    cache_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * 4
-    self.memory = StageMemory(w.device_file_bytes, sum(L.weight_bytes for L in self.layers) + head_bytes, cache_bytes)
+    slot_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * 4
+    self.memory = StageMemory(w.device_file_bytes, sum(L.weight_bytes for L in self.layers) + head_bytes,
+                              caches * slot_bytes, slot_bytes)
     if w.expanded:  # types kept as float32 on the device: say what that costs
       get_logger().info("compute_weights_expanded", tensors=len(w.expanded), types=sorted({e.qtype.name for e in w.expanded}),
                         file_bytes=sum(e.file_bytes for e in w.expanded), float32_bytes=sum(e.float32_bytes for e in w.expanded),
                         layer_start=layer_start, layer_end=layer_end)
     cos, sin = rope_tables(p, w.rope_freqs, max_seq_len + prefill_chunk)
     self.cos, self.sin = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
-    self.v_sp = UOp.variable("start_pos", 0, max_seq_len)
-    # one jitted graph per (rows, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
+    # one jitted graph per (shape, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
     # graphs keeps a layer's input buffer distinct from the output buffer it writes
-    self._layer_jits: dict[tuple[int, tuple[str, ...], int], TinyJit] = {}
-    self._head_jits: dict[int, TinyJit] = {}
-    self._inputs: dict[int, Tensor] = {}
-    self._plans: dict[int, Plan | None] = {}       # per width: the layers' kernels as a direct-replay plan (None: can't)
-    self._head_plans: dict[int, Plan | None] = {}
+    self._layer_jits: dict[tuple[Shape, tuple[str, ...], int], TinyJit] = {}
+    self._head_jits: dict[Shape, TinyJit] = {}
+    self._inputs: dict[Shape, Tensor] = {}
+    self._plans: dict[Shape, Plan | None] = {}       # per shape: the layers' kernels as a direct-replay plan (None: can't)
+    self._head_plans: dict[Shape, Plan | None] = {}
     self.graph_cache = graph_cache
     self.timings = StageTimings(t1 - t0, time.perf_counter() - t1)
-    self.sampler = Sampler(sampling or SamplingPolicy())
-    self.reset()
+    policy = sampling or SamplingPolicy()
+    self.next_pos = [0] * slots
+    self.samplers = [Sampler(policy) for _ in range(slots)]
 
   @property
   def hidden_dim(self) -> int: return self.params.dim
 
-  def reset(self, sampling: SamplingPolicy | None = None) -> None:
-    """Start a new run with the loaded weights: positions restart at 0, the sampler is re-seeded."""
-    self.next_pos, self.sampler = 0, Sampler(sampling if sampling is not None else self.sampler.policy)
+  def reset(self, sampling: SamplingPolicy | None = None, slot: int = 0) -> None:
+    """Start a new run in `slot` with the loaded weights: its positions restart at 0, its sampler is re-seeded."""
+    self._slot(slot)
+    self.next_pos[slot] = 0
+    self.samplers[slot] = Sampler(sampling if sampling is not None else self.samplers[slot].policy)
+
+  def _slot(self, slot: int) -> int:
+    if not 0 <= slot < self.slots:
+      raise ValueError(f"slot {slot} is not one of this stage's {self.slots} slot(s)")
+    return slot
 
   def _capture_context(self) -> Context:
     """Compile settings of a first (capturing) call: BEAM, and room for the matvecs' core_id slices (linear.py)."""
     return Context(BEAM=self.beam, NUM_CPU_THREADS=max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD))
 
-  def _layer_jit(self, width: int, kinds: tuple[str, ...], parity: int) -> TinyJit:
-    key = (width, kinds, parity)
+  # ---- graphs ----
+
+  def _variables(self, shape: Shape) -> list[tuple[UOp, UOp]]:
+    """Each segment's (slot, start position) Variables; the names are what replays bind."""
+    top = self.slots if self.scratch is not None else self.slots - 1
+    return [(UOp.variable(f"slot{i}", 0, top), UOp.variable(f"sp{i}", 0, self.max_seq_len)) for i in range(len(shape))]
+
+  @staticmethod
+  def _var_vals(segments: list[tuple[int, int]]) -> dict[str, int]:
+    return {k: v for i, (slot, sp) in enumerate(segments) for k, v in ((f"slot{i}", slot), (f"sp{i}", sp))}
+
+  def _layer_jit(self, shape: Shape, kinds: tuple[str, ...], parity: int) -> TinyJit:
+    key = (shape, kinds, parity)
     if key not in self._layer_jits:
-      def f(x: Tensor, sp: UOp, ts: list[Tensor]) -> Tensor:
-        return layer_forward(self.params, kinds, x, sp, self.cos[sp:sp + width], self.sin[sp:sp + width], ts, self.mv_threads)
+      def f(x: Tensor, ts: list[Tensor], **bound: UOp) -> Tensor:
+        segs = [(bound[f"slot{i}"], bound[f"sp{i}"], T) for i, T in enumerate(shape)]
+        cos = [self.cos[sp:sp + T] for _, sp, T in segs]
+        sin = [self.sin[sp:sp + T] for _, sp, T in segs]
+        cat = lambda parts: parts[0] if len(parts) == 1 else Tensor.cat(*parts, dim=0)  # noqa: E731
+        return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads)
       self._layer_jits[key] = TinyJit(f)
     return self._layer_jits[key]
 
-  def _head_jit(self, width: int) -> TinyJit:
-    if width not in self._head_jits:
+  def _head_jit(self, shape: Shape) -> TinyJit:
+    """One segment: the logits of its row `row` (a prefill chunk's last); a batch: the logits of every row."""
+    if shape not in self._head_jits:
       assert self.head is not None
       norm, (kind, ts) = self.head
-      self._head_jits[width] = TinyJit(lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps), self.mv_threads).reshape(-1))
-    return self._head_jits[width]
+      if len(shape) == 1:
+        fn = lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps), self.mv_threads).reshape(-1)  # noqa: E731
+      else:
+        fn = lambda x: apply(kind, ts, rms_norm(x, norm, self.params.norm_eps), self.mv_threads)  # noqa: E731
+      self._head_jits[shape] = TinyJit(fn)
+    return self._head_jits[shape]
 
   def _embed(self, ids: np.ndarray) -> np.ndarray:
     assert self.embd is not None
     return dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
 
-  def _check(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+  def _check(self, inputs: np.ndarray, start_pos: int, slot: int, rows: int | None = None) -> np.ndarray:
     x = np.asarray(inputs)
     if self.is_first:
       if x.ndim != 1 or x.dtype.kind not in "iu":
@@ -227,97 +300,113 @@ class StageModel:
       raise ValueError(f"stage takes float32 activations [T, {self.params.dim}], got {x.dtype} {x.shape}")
     if x.shape[0] < 1:
       raise ValueError("step needs at least one row")
-    if start_pos != self.next_pos:
-      raise ValueError(f"start_pos {start_pos} != expected {self.next_pos} (call reset() for a new run)")
+    if rows is not None and x.shape[0] != rows:
+      raise ValueError(f"a batched step takes {rows} row per run, slot {slot} has {x.shape[0]}")
+    if start_pos != self.next_pos[self._slot(slot)]:
+      raise ValueError(f"start_pos {start_pos} != expected {self.next_pos[slot]} in slot {slot} (call reset() for a new run)")
     if start_pos + x.shape[0] > self.max_seq_len:
       raise ValueError(f"positions up to {start_pos + x.shape[0]} exceed max_seq_len {self.max_seq_len}")
     return x
 
-  def _rows(self, rows: np.ndarray, start_pos: int, tick: Callable[[], None] | None = None) -> Tensor:
-    """Run rows (already padded to a jit width) through the layers; returns the last layer's output on device.
-    `tick` is called after each call of a graph still being captured (prepare's progress)."""
-    width = len(rows)
-    if width not in self._inputs:  # one fixed input buffer per width, so a replay plan can bake in its address
-      self._inputs[width] = to_device(np.zeros((width, self.params.dim), np.float32), self.device)
-    xin = copy_in(self._inputs[width], rows.astype(np.float32, copy=False))
-    if width not in self._plans:
-      self._plan_layers(width)
-    if (p := self._plans.get(width)) is not None:
-      p({"start_pos": start_pos})
+  def _rows(self, rows: np.ndarray, shape: Shape, segments: list[tuple[int, int]],
+            tick: Callable[[], None] | None = None) -> Tensor:
+    """Run rows (already padded to the shape's width) through the layers, segment i in slot/position segments[i];
+    returns the last layer's output on device. `tick` is called after each call of a graph still being captured
+    (prepare's progress)."""
+    if shape not in self._inputs:  # one fixed input buffer per shape, so a replay plan can bake in its address
+      self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
+    xin = copy_in(self._inputs[shape], rows.astype(np.float32, copy=False))
+    var_vals = self._var_vals(segments)
+    if shape not in self._plans:
+      self._plan_layers(shape)
+    if (p := self._plans.get(shape)) is not None:
+      p(var_vals)
       return p.out
-    x, sp = xin, self.v_sp.bind(start_pos)
+    x = xin
+    bound = {f"{name}{i}": v.bind(val) for i, ((vs, vp), (slot, sp)) in enumerate(zip(self._variables(shape), segments, strict=True))
+             for name, v, val in (("slot", vs, slot), ("sp", vp, sp))}
     for i, L in enumerate(self.layers):
-      jit = self._layer_jit(width, L.kinds, i % 2)
+      jit = self._layer_jit(shape, L.kinds, i % 2)
       if jit.captured is None:
         with self._capture_context():
-          x = jit(x, sp, L.tensors)
+          x = jit(x, L.tensors, **bound)
         if tick is not None:
           tick()
-      else:  # replay directly: the layer's weight/cache buffers are fixed, only x and start_pos change
-        x = jit.captured([x.uop.base, *L.bufs], {"start_pos": start_pos})
+      else:  # replay directly: the layer's weight/cache buffers are fixed, only x and the segments' variables change
+        x = jit.captured([x.uop.base, *L.bufs], var_vals)
     return x
 
-  def _plan_layers(self, width: int) -> None:
-    """Once every layer graph of `width` is captured, run them without TinyJit from now on (replay.py): layer 0 reads
-    the width's input buffer, layer i layer i-1's output. Not planned (None): TinyJit's own replay keeps running them."""
-    caps = [self._layer_jit(width, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
+  def _plan_layers(self, shape: Shape) -> None:
+    """Once every layer graph of `shape` is captured, run them without TinyJit from now on (replay.py): layer 0 reads
+    the shape's input buffer, layer i layer i-1's output. Not planned (None): TinyJit's own replay keeps running them."""
+    caps = [self._layer_jit(shape, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
     if any(c is None for c in caps):
       return
     p = Plan(out=caps[-1].ret, threads=self.threads)
-    ins = [self._inputs[width], *(c.ret for c in caps[:-1])]
-    self._plans[width] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
+    ins = [self._inputs[shape], *(c.ret for c in caps[:-1])]
+    self._plans[shape] = p if all(plan(c, [t.uop.base, *L.bufs], p) for c, t, L in zip(caps, ins, self.layers, strict=True)) else None
 
-  def _head_logits(self, y: Tensor, width: int, row: int, tick: Callable[[], None] | None = None) -> np.ndarray:
-    jit = self._head_jit(width)
-    if width not in self._head_plans and jit.captured is not None and self._plans.get(width) is not None:
+  def _head_logits(self, y: Tensor, shape: Shape, row: int, tick: Callable[[], None] | None = None) -> np.ndarray:
+    """The logits of row `row` of a one-segment shape ([vocab]), or of every row of a batch ([rows, vocab])."""
+    jit = self._head_jit(shape)
+    if shape not in self._head_plans and jit.captured is not None and self._plans.get(shape) is not None:
       p = Plan(out=jit.captured.ret, threads=self.threads)  # reads the layer plan's output buffer
-      self._head_plans[width] = p if plan(jit.captured, [self._plans[width].out.uop.base], p) else None
-    if (p := self._head_plans.get(width)) is not None:
-      p({"row": row})
-      return read(p.out)
-    capturing = jit.captured is None
-    with self._capture_context():
-      out = jit(y, UOp.variable("row", 0, width - 1).bind(row)).numpy()
-    if capturing and tick is not None:
-      tick()
-    return out
+      self._head_plans[shape] = p if plan(jit.captured, [self._plans[shape].out.uop.base], p) else None
+    batch = len(shape) > 1
+    if (p := self._head_plans.get(shape)) is not None:
+      p({} if batch else {"row": row})
+      out = read(p.out)
+    else:
+      capturing = jit.captured is None
+      with self._capture_context():
+        out = (jit(y) if batch else jit(y, UOp.variable("row", 0, sum(shape) - 1).bind(row))).numpy()
+      if capturing and tick is not None:
+        tick()
+    return out.reshape(len(shape), -1) if batch else out
 
   # ---- compiling ahead ----
 
   @property
-  def widths(self) -> tuple[int, ...]:
-    """Rows per graph a step runs: decode rows (1) and, with prefill_chunk > 1, prefill chunks."""
-    return (1,) if self.chunk == 1 else (1, self.chunk)
+  def shapes(self) -> tuple[Shape, ...]:
+    """The graphs' shapes a step runs: one run's decode row, with prefill_chunk > 1 its prefill chunks, and with several
+    slots the batched decode rows of several runs."""
+    one = ((1,),) if self.chunk == 1 else ((1,), (self.chunk,))
+    return one + tuple((1,) * b for b in self.batch_widths[1:])
 
-  def _graphs(self, width: int) -> list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]]:
-    """(name, jit, model buffers it reads, cache-key facts) of every graph a step of `width` rows runs."""
+  @property
+  def widths(self) -> tuple[int, ...]:
+    """Rows per graph a step runs (what the shapes hold)."""
+    return tuple(dict.fromkeys(sum(s) for s in self.shapes))
+
+  def _graphs(self, shape: Shape) -> list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]]:
+    """(name, jit, model buffers it reads, cache-key facts) of every graph a step of `shape` runs."""
     common = {"params": repr(self.params), "threads": self.threads, "mv_threads": self.mv_threads, "beam": self.beam,
               "cpu_threads": max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD),
-              "cache_len": self.max_seq_len + self.chunk}
+              "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None)}
     shapes = lambda ts: [(t.shape, str(t.dtype)) for t in ts]  # noqa: E731
     out: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]] = []
     rope = {"cos": self.cos.uop.base.buffer, "sin": self.sin.uop.base.buffer}
-    for key in dict.fromkeys((width, L.kinds, i % 2) for i, L in enumerate(self.layers)):
+    for key in dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)):
       L = next(L for L in self.layers if L.kinds == key[1])
       out.append((f"layer {key}", self._layer_jit(*key), rope, {**common, "inputs": shapes(L.tensors)}))
     if self.head is not None:
       norm, (kind, ts) = self.head
       ext = {"head_norm": norm.uop.base.buffer, **{f"head_{j}": t.uop.base.buffer for j, t in enumerate(ts)}}
-      out.append((f"head {width} {kind}", self._head_jit(width), ext, {**common, "inputs": shapes([norm, *ts])}))
+      out.append((f"head {shape} {kind}", self._head_jit(shape), ext, {**common, "inputs": shapes([norm, *ts])}))
     return out
 
   def prepare(self, on_progress: Callable[[int, int], None] | None = None) -> CompileReport:
-    """Make every graph a step runs (decode rows, prefill chunks, the head) ready before the first step: load it from
-    the graph cache, or capture it (and store it there), and build the replay plans. The KV cache is left with rows a
-    run overwrites before it reads them. on_progress(done, total) counts graph calls: two per graph captured here
-    (tinygrad runs a graph once, then captures it on its second call), none for a width the cache holds whole."""
+    """Make every graph a step runs (decode rows, prefill chunks, batched decode rows, the head) ready before the first
+    step: load it from the graph cache, or capture it (and store it there), and build the replay plans. The KV caches
+    are left with rows a run overwrites before it reads them. on_progress(done, total) counts graph calls: two per graph
+    captured here (tinygrad runs a graph once, then captures it on its second call), none for a shape the cache holds."""
     t0 = time.perf_counter()
     cache, cached, todo = self.graph_cache, 0, []
-    for w in self.widths:
-      graphs = self._graphs(w)
+    for shape in self.shapes:
+      graphs = self._graphs(shape)
       keys = [cache.key(self.device, name, **facts) for name, _, _, facts in graphs] if cache else []
       loaded = [cache.load(k, ext) for k, (_, jit, ext, _) in zip(keys, graphs, strict=True)] if cache else []
-      if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(w, loaded):  # type: ignore[arg-type]
+      if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(shape, loaded):  # type: ignore[arg-type]
         cached += len(graphs)
         continue
       if loaded and all(isinstance(g, CapturedJit) for g in loaded):  # other devices: TinyJit replays them
@@ -325,7 +414,7 @@ class StageModel:
           jit.captured, jit.cnt = c, 2
         cached += len(graphs)
         continue
-      todo += [(w, key, *g) for key, g in zip(keys or [None] * len(graphs), graphs, strict=True)]
+      todo += [(shape, key, *g) for key, g in zip(keys or [None] * len(graphs), graphs, strict=True)]
     done, total = 0, 2 * len(todo)
 
     def tick() -> None:
@@ -336,34 +425,35 @@ class StageModel:
 
     if on_progress is not None:
       on_progress(0, total)
-    for w in dict.fromkeys(g[0] for g in todo):
-      zeros = np.zeros((w, self.params.dim), np.float32)
+    for shape in dict.fromkeys(g[0] for g in todo):
+      zeros = np.zeros((sum(shape), self.params.dim), np.float32)
+      segments = [(0, 0)] * len(shape)  # slot 0 from position 0: rows a run overwrites before it reads them
       for _ in range(4):  # a layer graph only one layer uses is captured on the second pass; a head plan needs the layer plan
-        if w in self._plans and (self.head is None or w in self._head_plans or self._plans[w] is None) \
-            and all(g[3].captured is not None for g in todo if g[0] == w):
+        if shape in self._plans and (self.head is None or shape in self._head_plans or self._plans[shape] is None) \
+            and all(g[3].captured is not None for g in todo if g[0] == shape):
           break
-        y = self._rows(zeros, 0, tick)
+        y = self._rows(zeros, shape, segments, tick)
         if self.head is not None:
-          self._head_logits(y, w, w - 1, tick)
+          self._head_logits(y, shape, sum(shape) - 1, tick)
     if on_progress is not None and done < total:
       on_progress(total, total)  # every graph is ready (a graph of one layer parity may need fewer calls)
     if cache is not None:
       for _, key, _, jit, ext, _ in todo:
         if jit.captured is not None:
           cache.store(key, jit.captured, ext)
-    report = CompileReport(sum(len(self._graphs(w)) for w in self.widths), cached, time.perf_counter() - t0)
+    report = CompileReport(sum(len(self._graphs(s)) for s in self.shapes), cached, time.perf_counter() - t0)
     get_logger().info("compute_graphs_prepared", graphs=report.graphs, cached=report.cached, seconds=round(report.seconds, 3),
-                      widths=list(self.widths), layer_start=self.layer_start, layer_end=self.layer_end)
+                      widths=list(self.widths), slots=self.slots, layer_start=self.layer_start, layer_end=self.layer_end)
     return report
 
-  def _plan_loaded(self, width: int, graphs: list[LoadedGraph]) -> bool:
-    """Plans of `width` from graphs the cache held (in _graphs' order: the layer graphs, then the head's)."""
-    by_key = dict(zip(dict.fromkeys((width, L.kinds, i % 2) for i, L in enumerate(self.layers)), graphs, strict=False))
-    layers = [by_key[(width, L.kinds, i % 2)] for i, L in enumerate(self.layers)]
-    if width not in self._inputs:
-      self._inputs[width] = to_device(np.zeros((width, self.params.dim), np.float32), self.device)
+  def _plan_loaded(self, shape: Shape, graphs: list[LoadedGraph]) -> bool:
+    """Plans of `shape` from graphs the cache held (in _graphs' order: the layer graphs, then the head's)."""
+    by_key = dict(zip(dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)), graphs, strict=False))
+    layers = [by_key[(shape, L.kinds, i % 2)] for i, L in enumerate(self.layers)]
+    if shape not in self._inputs:
+      self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
     p = Plan(out=layers[-1].ret, threads=self.threads)
-    ins = [self._inputs[width].uop.base.buffer, *(g.views[g.spec.ret] for g in layers[:-1])]
+    ins = [self._inputs[shape].uop.base.buffer, *(g.views[g.spec.ret] for g in layers[:-1])]
     if not all(plan_graph(g, [x, *(u.buffer for u in L.bufs)], p) for g, x, L in zip(layers, ins, self.layers, strict=True)):
       return False
     hp = None
@@ -371,28 +461,30 @@ class StageModel:
       hp = Plan(out=graphs[-1].ret, threads=self.threads)
       if not plan_graph(graphs[-1], [p.out.uop.base.buffer], hp):
         return False
-    self._plans[width] = p
+    self._plans[shape] = p
     if hp is not None:
-      self._head_plans[width] = hp
+      self._head_plans[shape] = hp
     return True
 
-  def step_logits(self, inputs: np.ndarray, start_pos: int) -> np.ndarray:
+  # ---- steps ----
+
+  def step_logits(self, inputs: np.ndarray, start_pos: int, *, slot: int = 0) -> np.ndarray:
     """Like step() but returns the final logits row (float32 [vocab]) instead of a sampled token (last stage only)."""
     if self.head is None:
       raise ValueError(f"stage [{self.layer_start}, {self.layer_end}) has no output head (not the last stage)")
-    return self._run(inputs, start_pos)
+    return self._run(inputs, start_pos, slot)
 
-  def step(self, inputs: np.ndarray, start_pos: int, *, sample: bool = True) -> np.ndarray:
-    """sample=False on the last stage: a prompt chunk that is not the prompt's last runs through the layers (filling the
-    KV cache) without the head or the sampler, and the step returns int32 [NO_TOKEN]."""
+  def step(self, inputs: np.ndarray, start_pos: int, *, sample: bool = True, slot: int = 0) -> np.ndarray:
+    """One run's rows, in its slot. sample=False on the last stage: a prompt chunk that is not the prompt's last runs
+    through the layers (filling the KV cache) without the head or the sampler, and the step returns int32 [NO_TOKEN]."""
     if self.head is not None and not sample:
-      self._run(inputs, start_pos, head=False)
+      self._run(inputs, start_pos, slot, head=False)
       return np.array([NO_TOKEN], dtype=np.int32)
-    y = self._run(inputs, start_pos)
-    return y if self.head is None else np.array([self.sampler(y)], dtype=np.int32)
+    y = self._run(inputs, start_pos, slot)
+    return y if self.head is None else np.array([self.samplers[slot](y)], dtype=np.int32)
 
-  def _run(self, inputs: np.ndarray, start_pos: int, head: bool = True) -> np.ndarray:
-    x = self._check(inputs, start_pos)
+  def _run(self, inputs: np.ndarray, start_pos: int, slot: int, head: bool = True) -> np.ndarray:
+    x = self._check(inputs, start_pos, slot)
     rows = self._embed(x.astype(np.int64)) if self.is_first else x
     outs, n = [], rows.shape[0]
     for c0 in range(0, n, self.chunk):
@@ -401,12 +493,44 @@ class StageModel:
       width = 1 if t == 1 else self.chunk
       if t < width:
         part = np.concatenate([part, np.zeros((width - t, part.shape[1]), np.float32)])
-      y = self._rows(part, start_pos + c0)
+      y = self._rows(part, (width,), [(slot, start_pos + c0)])
       if self.head is None:
         outs.append(read(y)[:t])
       elif head and c0 + self.chunk >= n:
-        outs.append(self._head_logits(y, width, t - 1))
-    self.next_pos = start_pos + n
+        outs.append(self._head_logits(y, (width,), t - 1))
+    self.next_pos[slot] = start_pos + n
     if self.head is None:
       return np.concatenate(outs).astype(np.float32, copy=False)
     return outs[-1] if head else np.empty(0, np.float32)
+
+  def step_batch(self, batch: list[BatchRow]) -> list[np.ndarray]:
+    """One decode row of each of several runs (distinct slots) as one pass: the weights are read once for all rows.
+    Returns each row's output in order: its activation row [1, dim], or on the last stage its sampled token int32 [1]
+    (NO_TOKEN where it asked for none)."""
+    if not batch:
+      raise ValueError("a batched step needs at least one row")
+    slots = [r.slot for r in batch]
+    if len(set(slots)) != len(slots):
+      raise ValueError(f"a batched step takes one row per slot, got slots {slots}")
+    if len(batch) > self.slots:
+      raise ValueError(f"{len(batch)} rows exceed this stage's {self.slots} slot(s)")
+    xs = [self._check(r.inputs, r.start_pos, r.slot, rows=1) for r in batch]
+    rows = self._embed(np.concatenate(xs).astype(np.int64)) if self.is_first else np.concatenate(xs)
+    width = next(b for b in self.batch_widths if b >= len(batch))
+    segments = [(r.slot, r.start_pos) for r in batch]
+    if width > len(batch):  # padding rows: zeros, in the scratch slot at position 0, their outputs dropped
+      assert self.scratch is not None
+      rows = np.concatenate([rows, np.zeros((width - len(batch), rows.shape[1]), np.float32)])
+      segments += [(self.scratch, 0)] * (width - len(batch))
+    shape = (1,) * width
+    y = self._rows(rows, shape, segments)
+    for r in batch:
+      self.next_pos[r.slot] = r.start_pos + 1
+    if self.head is None:
+      out = read(y)[:len(batch)].astype(np.float32, copy=False)
+      return [out[i:i + 1] for i in range(len(batch))]
+    if not any(r.sample for r in batch):
+      return [np.array([NO_TOKEN], dtype=np.int32) for _ in batch]
+    logits = np.atleast_2d(self._head_logits(y, shape, 0))  # [rows, vocab], a one-row graph's too
+    return [np.array([self.samplers[r.slot](logits[i]) if r.sample else NO_TOKEN], dtype=np.int32)
+            for i, r in enumerate(batch)]

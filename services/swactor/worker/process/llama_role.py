@@ -3,7 +3,9 @@
 ConfigureRole.config for kind "llama_stage":
   gguf_path, gguf_sha256 ("" = unchecked), layer_start, layer_end (exclusive), max_seq_len,
   hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage),
-  prefill_chunk (rows per prefill step the stage compiles for; default 1: prompts run row by row).
+  prefill_chunk (rows per prefill step the stage compiles for; default 1: prompts run row by row),
+  slots (runs in flight the stage holds, one KV cache slot each; default 1), slot (the run's slot; default 0:
+  ConfigureRole of a resident role resets that slot alone, docs/runs-in-flight.md).
 The load reports progress (phase "weights": 0/N once the GGUF is parsed, then once per layer), then
 compiles every graph a step runs before it answers (phase "compile", StageModel.prepare: the
 stage is ready only when its first step can run at full speed); the progress callback may raise to
@@ -11,6 +13,9 @@ abandon the load (role_loader). Compute threads and the compiled-graph cache com
 InitializeWorker.backend.
 Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
 activations [T, hidden] between stages, one int32 token id out of the last stage.
+A step of one input runs one run's rows: runtime {start_pos, sample, slot}. A step of several inputs is a
+batched decode step, one row of each of several runs: runtime {"rows": [{slot, start_pos, sample}, ...]} in
+the inputs' order, one output per input.
 """
 
 from __future__ import annotations
@@ -62,11 +67,15 @@ class LlamaStageRole:
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.prefill_chunk must be a positive integer, got {chunk!r}")
         policy = sampling_policy(config)
+        slots = config.get("slots", 1)
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.slots must be a positive integer, got {slots!r}")
+        _slot(config, slots)  # checked before the load: a bad slot is the config's error, not a later step's
         try:
             gguf = GGUFModel(path)  # metadata + tensor index: seconds for a big file, no progress inside
             progress(0, max(0, end - start))  # parsed: the layers come next (a cancelled load stops here)
             model = StageModel(gguf, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
-                               threads=threads, prefill_chunk=chunk,
+                               threads=threads, prefill_chunk=chunk, slots=slots,
                                graph_cache=GraphCache(graph_cache) if graph_cache else None,
                                on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
         except (ModelRefused, UnsupportedQuant) as e:
@@ -84,19 +93,54 @@ class LlamaStageRole:
         return cls(model, bridge, key)
 
     def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
+        if len(inputs) > 1 or "rows" in runtime:
+            return self._batch(inputs, runtime)
         (x,) = inputs
-        start_pos = runtime.get("start_pos")
-        if not isinstance(start_pos, int):
-            raise ValueError(f"runtime.start_pos must be an integer, got {start_pos!r}")
+        slot, start_pos, sample = _row(runtime, "runtime")
+        out = self.model.step(self._array(x), start_pos, sample=sample, slot=slot)
+        return [self._object(out)]
+
+    def _batch(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
+        from swactor.worker.compute.model import BatchRow
+
+        rows = runtime.get("rows")
+        if not isinstance(rows, list) or len(rows) != len(inputs):
+            raise ValueError(f"runtime.rows must list one {{slot, start_pos, sample}} per input ({len(inputs)}), "
+                             f"got {rows!r}")
+        batch = []
+        for i, (r, x) in enumerate(zip(rows, inputs, strict=True)):
+            slot, start_pos, sample = _row(r, f"runtime.rows[{i}]")
+            batch.append(BatchRow(slot, start_pos, self._array(x), sample))
+        return [self._object(out) for out in self.model.step_batch(batch)]
+
+    def _array(self, x: DeviceAllocation) -> np.ndarray:
         if self.model.is_first:
-            arr = self.bridge.to_numpy(x, np.dtype(np.int32))
-        else:
-            arr = self.bridge.to_numpy(x, np.dtype(np.float32)).reshape(-1, self.model.hidden_dim)
-        sample = runtime.get("sample", True)
-        if not isinstance(sample, bool):
-            raise ValueError(f"runtime.sample must be a boolean, got {sample!r}")
-        out = self.model.step(arr, start_pos, sample=sample)
-        return [self.bridge.from_numpy(out.astype(np.int32 if self.model.is_last else np.float32, copy=False))]
+            return self.bridge.to_numpy(x, np.dtype(np.int32))
+        return self.bridge.to_numpy(x, np.dtype(np.float32)).reshape(-1, self.model.hidden_dim)
+
+    def _object(self, out: np.ndarray) -> DeviceAllocation:
+        return self.bridge.from_numpy(out.astype(np.int32 if self.model.is_last else np.float32, copy=False))
 
     def reset(self, config: dict[str, Any]) -> None:
-        self.model.reset(sampling_policy(config))
+        self.model.reset(sampling_policy(config), slot=_slot(config, self.model.slots))
+
+
+def _slot(config: dict[str, Any], slots: int) -> int:
+    slot = config.get("slot", 0)
+    if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < slots:
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.slot must be one of the stage's {slots} slot(s), got {slot!r}")
+    return slot
+
+
+def _row(r: Any, where: str) -> tuple[int, int, bool]:
+    """(slot, start_pos, sample) of one run's rows in a step's runtime; ValueError (a step failure) names the field."""
+    if not isinstance(r, dict):
+        raise ValueError(f"{where} must be an object, got {r!r}")
+    slot, start_pos, sample = r.get("slot", 0), r.get("start_pos"), r.get("sample", True)
+    if not isinstance(start_pos, int) or isinstance(start_pos, bool):
+        raise ValueError(f"{where}.start_pos must be an integer, got {start_pos!r}")
+    if not isinstance(slot, int) or isinstance(slot, bool):
+        raise ValueError(f"{where}.slot must be an integer, got {slot!r}")
+    if not isinstance(sample, bool):
+        raise ValueError(f"{where}.sample must be a boolean, got {sample!r}")
+    return slot, start_pos, sample
