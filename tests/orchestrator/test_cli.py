@@ -88,13 +88,14 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
     assert "2 stage(s)" in lines[0] and "context 4096" in lines[0] and "in proportion to the nodes' memory" in lines[0]
     # the two nodes with the most memory, blocks 3:1 by memory (one each, the other 28 split 21:7)
     assert lines[1].startswith("  stage 0: node 1 blocks 0..22 needs ") and "weights " in lines[1] and "of 3.00 GiB" in lines[1]
-    assert lines[2].startswith("  stage 1: node 2 blocks 22..30 needs ") and "KV cache " in lines[2]
+    assert lines[2].startswith("  stage 1: node 2 blocks 22..30 needs ") and "KV cache 48.8 MiB per run slot" in lines[2]
+    assert lines[1].endswith("; holds 8 run slots (max_slots_per_stage 8)") and lines[2].endswith("; holds 8 run slots (max_slots_per_stage 8)")
     assert lines[-2].startswith("pool ready: node(s) 1, 2 Available") and lines[-1] == "SubmitRun would accept it"
     plan = json.loads(as_json[1])
     assert as_json[0] == 0 and [p["node_id"] for p in plan["placement"]] == ["2", "1"]
-    assert all(int(p["total_bytes"]) > 0 and p["fits"] for p in plan["placement"])
+    assert all(int(p["total_bytes"]) > 0 and p["fits"] and p["run_slots"] == 8 for p in plan["placement"])
     rc, out, err = short
-    assert rc == 1 and "stage 2: node 3 blocks" in out and "DOES NOT FIT" in out.splitlines()[3]
+    assert rc == 1 and "stage 2: node 3 blocks" in out and out.splitlines()[3].endswith("; holds no run slot  DOES NOT FIT")
     assert "would be refused: RUN_FAULT_DEVICE_OUT_OF_MEMORY: the model does not fit the nodes' memory: stage 2" in out
     assert runs == (0, "", "")  # nothing was started
 

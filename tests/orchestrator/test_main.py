@@ -75,7 +75,8 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
     for line, needle in [("queue_depth = -1", "[orchestrator].queue_depth must be >= 0, got -1"),
                          ("max_request_bytes = 0", "[orchestrator].max_request_bytes must be positive, got 0"),
                          ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0"),
-                         ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024")]:
+                         ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024"),
+                         ("max_slots_per_stage = 0", "[orchestrator].max_slots_per_stage must be 1..64")]:
         cfg.write_text(f"[orchestrator]\n{line}\n")
         r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=30)
@@ -88,6 +89,19 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
                         "--tcp", "", "--state-dir", str(tmp_path), "--model", str(MODEL_PATH),
                         "--secret-file", str(tmp_path / "nope.secret")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "nope.secret does not exist" in r.stderr
+
+
+@pytest.mark.parametrize("slots", [0, -1, 65])
+def test_max_slots_per_stage_out_of_range_is_refused_by_name(slots: int) -> None:
+    from swactor.common.config import ConfigError
+    from swactor.orchestrator.config import OrchestratorConfig
+    from swactor.orchestrator.main import fsm_config, limits
+
+    with pytest.raises(ConfigError, match=rf"\[orchestrator\]\.max_slots_per_stage must be 1\.\.64 .*got {slots}$"):
+        limits(OrchestratorConfig(max_slots_per_stage=slots))
+    limits(OrchestratorConfig(max_slots_per_stage=64))
+    assert fsm_config(OrchestratorConfig(max_slots_per_stage=3), 5).max_slots_per_stage == 3
+    assert fsm_config(OrchestratorConfig(), 5).max_slots_per_stage == 8
 
 
 def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:

@@ -9,8 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from swactor.cli.render import plan_lines
+from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.memory import RUNTIME_BYTES, MemoryProfile
+from swactor.modelfile.params import read_params
+from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.fleet.nodes import NodeState
+from swactor.orchestrator.models.models import load_model
+from swactor.orchestrator.models.sources import ModelSource
+from swactor.orchestrator.planning.dry_run import plan_response
 from swactor.orchestrator.planning.placement import (
     MemoryNeed,
     PlanError,
@@ -20,9 +27,11 @@ from swactor.orchestrator.planning.placement import (
     place,
     proportional_ranges,
 )
+from swactor.orchestrator.planning.planner import memory_need, plan_run
+from swactor.orchestrator.planning.pool import Demand, PoolStatus
 from swactor.v1 import common_pb2 as pb
 
-from .helpers import node
+from .helpers import MODEL_PATH, model_facts, node
 
 GiB = 1 << 30
 # SmolLM2-135M Q4_1 as modelfile.memory reads its header; an 8B Q4_K_M-shaped model (Llama 3.1: 32 blocks, GQA 8x128,
@@ -156,3 +165,79 @@ def test_fitted_ranges_minimise_the_largest_share(layers: int, memory_gib: list[
     best = min(worst(list(itertools.pairwise((0, *cuts, layers))))
                for cuts in itertools.combinations(range(1, layers), stages - 1))
     assert worst(fitted_ranges(pool, layers, m)) <= best * (1 + 1e-9)
+
+
+# ---- run slots: one KV cache per run a stage decodes at once, over one copy of its weights ----
+
+MiB = 1 << 20
+
+
+@pytest.mark.skipif(not MODEL_PATH.exists(), reason=f"{MODEL_PATH} missing: run `make model`")
+def test_a_run_slot_of_the_default_model_costs_its_kv_cache_by_hand() -> None:
+    model = load_model(ModelSource.parse("smol", str(MODEL_PATH)))
+    params = read_params(model.header)
+    assert (params.n_layers, params.n_kv_heads, params.head_dim) == (30, 3, 64)
+    need = memory_need(model.facts, OrchestratorConfig.max_seq_len)
+    assert need is not None and need.max_seq_len == 4096  # the model's 8192 capped by the default context
+    # positions (context + the 64-row prefill chunk the worker pads into) x blocks x K,V x kv heads x head dim x float32
+    per_block = (4096 + 64) * 2 * 3 * 64 * 4
+    assert need.profile.kv_slot_bytes(0, 30, 4096) == 30 * per_block == 191_692_800
+    thirds = [need.stage(lo, hi) for lo, hi in balanced_ranges(30, 3)]
+    assert [s.kv_cache for s in thirds] == [10 * per_block] * 3 == [63_897_600] * 3
+
+
+def test_run_slots_fill_the_memory_after_the_weights_up_to_the_cap() -> None:
+    m = need(SMOL, 4096)
+    stage = m.stage(0, 30)
+    assert stage.shared == stage.weights + stage.scratch + stage.runtime and stage.total == stage.shared + stage.kv_cache
+    room_for = lambda slots: stage.shared + slots * stage.kv_cache  # noqa: E731
+    p = place(nodes(room_for(3) + stage.kv_cache - 1), 1, 30, memory=m)
+    assert p.slots == (3,) and not p.over()
+    assert place(nodes(room_for(100)), 1, 30, memory=m).slots == (8,)  # the default cap
+    assert place(nodes(room_for(100)), 1, 30, memory=dataclasses.replace(m, max_slots=64)).slots == (64,)
+    assert place(nodes(room_for(5)), 1, 30, memory=dataclasses.replace(m, max_slots=2)).slots == (2,)
+    assert place(nodes(0), 1, 30, memory=m).slots == (None,)  # memory not advertised: unknown, not refused
+
+
+def test_a_node_with_room_for_the_weights_but_not_one_run_slot_is_refused() -> None:
+    m = need(SMOL, 4096)
+    stage = m.stage(0, 30)
+    assert place(nodes(stage.shared + stage.kv_cache), 1, 30, memory=m).slots == (1,)
+    with pytest.raises(Shortfall) as e:
+        place(nodes(stage.shared + stage.kv_cache - 1), 1, 30, memory=m)
+    assert e.value.reason == pb.RUN_FAULT_DEVICE_OUT_OF_MEMORY and e.value.placement.slots == (0,)
+    assert str(e.value) == (
+        "the model does not fit the nodes' memory: stage 0 (blocks 0..30) on node 1 needs 595.7 MiB for one run slot "
+        "(weights 135.1 MiB, KV cache 182.8 MiB, scratch 21.7 MiB, runtime 256.0 MiB); the node offers 595.7 MiB")
+
+
+def test_the_stage_plan_carries_its_run_slots() -> None:
+    facts = dataclasses.replace(model_facts(), memory=SMOL)
+    middle = need(SMOL, 4096).stage(10, 20)
+    # equal memory, the balanced split; the first and last stages' embedding and head cost less than 3/4 of a slot
+    memory = middle.shared + 3 * middle.kv_cache + middle.kv_cache * 3 // 4
+    plan = plan_run(run_id=9, model=facts, pool=nodes(memory, memory, memory), stages=3, max_tokens=16,
+                    prompt_tokens=10, sampling=SamplingPolicy(), orchestrator_node_id=100)
+    assert [(s.layer_start, s.run_slots) for s in plan.stages] == [(0, 3), (10, 3), (20, 3)]
+    plan = plan_run(run_id=9, model=facts, pool=nodes(64 * GiB), stages=1, max_tokens=16, prompt_tokens=10,
+                    sampling=SamplingPolicy(), orchestrator_node_id=100, max_slots_per_stage=20)
+    assert plan.stages[0].run_slots == 20
+
+
+def test_the_dry_run_shows_each_stage_s_kv_cache_per_run_slot_and_its_run_slots() -> None:
+    m = need(SMOL, 4096)
+    middle = m.stage(10, 20)
+    members = nodes(2 * GiB, middle.shared + 3 * middle.kv_cache, 0)
+    answer = plan_response("smol", members, Demand(3, (1, 2, 3), 30, m), PoolStatus(True, "ok"),
+                           prompt_tokens=5, max_seq_len=4096)
+    assert [s.run_slots if s.HasField("run_slots") else None for s in answer.placement] == [8, 3, None]
+    assert answer.max_slots_per_stage == 8 and {s.kv_cache_bytes for s in answer.placement} == {63_897_600}
+    lines = plan_lines(answer)
+    assert lines[1].startswith("  stage 0: node 1 blocks 0..10 needs ") and "KV cache 60.9 MiB per run slot" in lines[1]
+    assert lines[1].endswith("of 2.00 GiB; holds 8 run slots (max_slots_per_stage 8)")
+    assert lines[2].endswith("; holds 3 run slots") and lines[3].endswith("of memory not advertised; run slots ?")
+    one_block = m.stage(10, 11)  # room for one block's weights, not for its KV cache: no split fits
+    short = plan_response("smol", nodes(GiB, one_block.shared + one_block.kv_cache - 1, GiB),
+                          Demand(3, (1, 2, 3), 30, m), PoolStatus(True, "ok"), prompt_tokens=5, max_seq_len=4096)
+    assert plan_lines(short)[2].endswith("; holds no run slot  DOES NOT FIT")
+    assert "stage 1 (blocks " in short.refusal and " on node 2 needs " in short.refusal and "stage 0" not in short.refusal

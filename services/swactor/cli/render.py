@@ -73,16 +73,28 @@ SPLITS = {"memory": "blocks in proportion to the nodes' memory", "fitted": "bloc
           "balanced": "blocks balanced"}
 
 
+def run_slots(p: opb.PlanResponse, s: opb.PlannedStage) -> str:
+    """How many runs the stage holds at once, and whether the cap rather than the node's memory set it."""
+    if not s.HasField("run_slots"):
+        return "run slots ?"
+    if s.run_slots == 0:
+        return "holds no run slot"
+    capped = f" (max_slots_per_stage {p.max_slots_per_stage})" if s.run_slots == p.max_slots_per_stage else ""
+    return f"holds {s.run_slots} run slot{'s' if s.run_slots > 1 else ''}{capped}"
+
+
 def plan_lines(p: opb.PlanResponse) -> list[str]:
-    """`swactor submit --dry-run`: the placement with per-stage bytes, the refusal SubmitRun would give, the gate."""
+    """`swactor submit --dry-run`: the placement with per-stage bytes and run slots, the refusal SubmitRun would give,
+    the gate."""
     lines = [f"model {p.model}: {p.stages} stage(s), {p.prompt_tokens} prompt tokens, context {p.max_seq_len}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
     for s in p.placement:
         offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"
-        need = (f"needs {gib(s.total_bytes)} (weights {gib(s.weights_bytes)}, KV cache {gib(s.kv_cache_bytes)}, "
-                f"scratch {gib(s.scratch_bytes)}, runtime {gib(s.runtime_bytes)})" if p.memory_known else "needs ?")
+        need = (f"needs {gib(s.total_bytes)} with one run slot (weights {gib(s.weights_bytes)}, KV cache "
+                f"{gib(s.kv_cache_bytes)} per run slot, scratch {gib(s.scratch_bytes)}, runtime {gib(s.runtime_bytes)})"
+                if p.memory_known else "needs ?")
         lines.append(f"  stage {s.stage_index}: node {s.node_id} blocks {s.layer_start}..{s.layer_end_exclusive} "
-                     f"{need} of {offer}{'' if s.fits else '  DOES NOT FIT'}")
+                     f"{need} of {offer}; {run_slots(p, s)}{'' if s.fits else '  DOES NOT FIT'}")
     if p.placement_detail:
         lines.append(f"  no placement: {p.placement_detail}")
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")

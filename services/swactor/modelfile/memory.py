@@ -6,7 +6,8 @@ vector (norms, biases) is float32. Per stage of blocks [start, end):
   weights   its blocks' tensors; the first stage also the token embedding (kept as the file's bytes on the host,
             only the rows of a step's tokens are dequantized), the last the final norm and the head (`output.weight`,
             or the embedding again, in device form, when the head is tied to it)
-  kv_cache  K and V of every block for max_seq_len positions plus one prefill chunk of padding room, float32
+  kv_cache  one run slot's KV cache (`MemoryProfile.kv_slot_bytes`): K and V of every block for max_seq_len positions
+            plus one prefill chunk of padding room, float32; a stage holds one per run it decodes at once
   scratch   the jitted graphs' buffers for a decode row and a prefill chunk (residual stream, QKV, attention scores,
             FFN), the RoPE tables and the last stage's logits row
   runtime   a fixed allowance for the compute process's own runtime (a CUDA context; tinygrad and Python on CPU)
@@ -57,13 +58,19 @@ def tensor_device_bytes(t: TensorInfo) -> int:
 @dataclass(frozen=True)
 class StageBytes:
     weights: int
-    kv_cache: int
+    kv_cache: int  # one run slot's
     scratch: int
     runtime: int
 
     @property
+    def shared(self) -> int:
+        """What the stage holds once whatever its run slots: the weights, the graphs' scratch, the runtime."""
+        return self.weights + self.scratch + self.runtime
+
+    @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.scratch + self.runtime
+        """With one run slot: the least the stage can run with."""
+        return self.shared + self.kv_cache
 
 
 @dataclass(frozen=True)
@@ -98,10 +105,16 @@ class MemoryProfile:
         weights = self._prefix[end] - self._prefix[start]
         weights += self.embedding if start == 0 else 0
         weights += self.head if end == self.num_layers else 0
-        kv = (end - start) * self.kv_width * positions * FLOAT32
+        kv = self.kv_slot_bytes(start, end, max_seq_len, rows)
         scratch = sum(self._graph_scratch(t, positions) for t in {1, rows}) + positions * self.rope_dim * FLOAT32
         scratch += self.vocab * FLOAT32 if end == self.num_layers else 0
         return StageBytes(weights, kv, scratch, RUNTIME_BYTES)
+
+    def kv_slot_bytes(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> int:
+        """One run slot's KV cache on a stage of blocks [start, end): positions x blocks x (K and V: 2 x n_kv_heads x
+        head_dim, `kv_width`) x float32. The positions are max_seq_len plus a prefill chunk because the worker pads
+        a chunk's rows past the last position (StageModel's cache_bytes, worker/compute/model.py)."""
+        return (end - start) * self.kv_width * (max_seq_len + rows) * FLOAT32
 
     def _graph_scratch(self, t: int, positions: int) -> int:
         """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the

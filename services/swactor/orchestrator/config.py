@@ -8,6 +8,7 @@ from pathlib import Path
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
 from swactor.orchestrator.models.sources import ModelSource
+from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
 from swactor.orchestrator.runs.run_messages import Timeouts
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
@@ -59,6 +60,10 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # compiles a graph of this many rows before it is ready (docs/orchestrator.md "Prefill chunks"). 0 = the prompt is
     # one object that the stages run row by row.
     prefill_chunk: int = 64
+    # The most runs a stage is planned to decode at once, each with its own KV cache (a run slot) over the one copy of
+    # the weights; placement gives a stage fewer when its node's memory holds fewer (docs/orchestrator.md "Run
+    # slots"). 1..64.
+    max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE
     pool_window_s: float = 2.0
     # The run FSM's timeouts; their defaults are Timeouts' own.
     pool_timeout_s: float = Timeouts.pool_s

@@ -36,6 +36,7 @@ from swactor.orchestrator.fleet.reconcile import Leftover
 from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.models.distributor import Distributor
 from swactor.orchestrator.models.models import ModelRegistry, ModelUnusable
+from swactor.orchestrator.planning.placement import MAX_SLOTS_PER_STAGE
 from swactor.orchestrator.planning.planner import RunPlan, StagePlan
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.manager import Limits, Orchestrator, RunDefaults
@@ -174,7 +175,7 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
         ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
-        timeouts=cfg.timeouts(),
+        max_slots_per_stage=cfg.max_slots_per_stage, timeouts=cfg.timeouts(),
     )
 
 
@@ -188,6 +189,9 @@ def limits(cfg: OrchestratorConfig) -> Limits:
     if not 0 <= cfg.prefill_chunk <= MAX_PREFILL_CHUNK:
         raise ConfigError(f"[orchestrator].prefill_chunk must be 0..{MAX_PREFILL_CHUNK} (0 = the prompt in one object), "
                           f"got {cfg.prefill_chunk}")
+    if not 1 <= cfg.max_slots_per_stage <= MAX_SLOTS_PER_STAGE:
+        raise ConfigError(f"[orchestrator].max_slots_per_stage must be 1..{MAX_SLOTS_PER_STAGE} (run slots a stage is "
+                          f"planned to hold), got {cfg.max_slots_per_stage}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
 

@@ -45,7 +45,8 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
     (for a memory shortfall, the closest split tried, its stages over their node's memory marked)."""
     out = opb.PlanResponse(model=model, stages=demand.stages, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len,
                            refusal=pool_refusal(members, demand), pool_ready=status.ready, pool_detail=status.detail,
-                           memory_known=demand.memory is not None)
+                           memory_known=demand.memory is not None,
+                           max_slots_per_stage=demand.memory.max_slots if demand.memory is not None else 0)
     try:
         placement = _place(members, demand)
     except Shortfall as e:
@@ -62,5 +63,7 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
             need = placement.needs[k]
             stage.weights_bytes, stage.kv_cache_bytes = need.weights, need.kv_cache
             stage.scratch_bytes, stage.runtime_bytes, stage.total_bytes = need.scratch, need.runtime, need.total
+            if placement.slots[k] is not None:
+                stage.run_slots = placement.slots[k]
         out.placement.append(stage)
     return out

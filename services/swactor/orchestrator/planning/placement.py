@@ -8,7 +8,9 @@ Pure functions over the membership view and the model's memory profile (swactor.
   not advertise memory or the model's is unknown;
 - fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its node's memory.
   When the proportional split does not fit, the split that minimises the largest share of a node's memory used is
-  tried; when that does not fit either, `Shortfall` names every stage over its node's memory.
+  tried; when that does not fit either, `Shortfall` names every stage over its node's memory;
+- run slots: how many runs' KV caches a stage holds beside its weights (at most max_slots_per_stage), for the
+  admission of several runs at once; a stage fits when it holds at least one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.v1 import common_pb2
 
 BISECT_STEPS = 40
+# [orchestrator].max_slots_per_stage: its default, and the largest value taken (a bound on what one stage is asked to
+# decode at once, whatever its memory).
+DEFAULT_MAX_SLOTS_PER_STAGE = 8
+MAX_SLOTS_PER_STAGE = 64
 
 
 class PlanError(ReasonError, ValueError):
@@ -33,13 +39,23 @@ class PlanError(ReasonError, ValueError):
 
 @dataclass(frozen=True)
 class MemoryNeed:
-    """The model's memory as the planner knows it: its profile, and the run's context length."""
+    """The model's memory as the planner knows it: its profile, the run's context length, the most run slots a stage
+    is given."""
 
     profile: MemoryProfile
     max_seq_len: int
+    max_slots: int = DEFAULT_MAX_SLOTS_PER_STAGE
 
     def stage(self, start: int, end: int) -> StageBytes:
         return self.profile.stage(start, end, self.max_seq_len)
+
+
+def run_slots(need: StageBytes, memory_bytes: int, max_slots: int) -> int | None:
+    """The run slots (one KV cache each) that fit in a node's memory beside what the stage holds once, at most
+    `max_slots`; 0: not even one (the stage does not fit). None: the node did not advertise its memory."""
+    if not memory_bytes:
+        return None
+    return min(max_slots, max(0, (memory_bytes - need.shared) // need.kv_cache))
 
 
 @dataclass(frozen=True)
@@ -48,17 +64,17 @@ class Placement:
     ranges: tuple[tuple[int, int], ...]  # () when only the nodes were chosen (no model to split)
     needs: tuple[StageBytes, ...] = ()  # per stage, when the model's memory is known
     split: str = "balanced"  # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised)
+    slots: tuple[int | None, ...] = ()  # per stage with `needs`: run_slots (None: its node's memory is unknown)
 
     def over(self) -> list[int]:
-        """The stages whose estimated bytes exceed what their node advertised."""
-        return [k for k, (n, need) in enumerate(zip(self.nodes, self.needs, strict=False))
-                if n.memory_bytes and need.total > n.memory_bytes]
+        """The stages whose node cannot hold even one run slot beside what the stage holds once."""
+        return [k for k, s in enumerate(self.slots) if s == 0]
 
     def describe_stage(self, k: int) -> str:
         (lo, hi), n, need = self.ranges[k], self.nodes[k], self.needs[k]
-        return (f"stage {k} (blocks {lo}..{hi}) on node {n.node_id} needs {gib(need.total)} (weights {gib(need.weights)}, "
-                f"KV cache {gib(need.kv_cache)}, scratch {gib(need.scratch)}, runtime {gib(need.runtime)}); "
-                f"the node offers {gib(n.memory_bytes)}")
+        return (f"stage {k} (blocks {lo}..{hi}) on node {n.node_id} needs {gib(need.total)} for one run slot "
+                f"(weights {gib(need.weights)}, KV cache {gib(need.kv_cache)}, scratch {gib(need.scratch)}, "
+                f"runtime {gib(need.runtime)}); the node offers {gib(n.memory_bytes)}")
 
 
 class Shortfall(PlanError):
@@ -168,4 +184,6 @@ def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequ
 
 
 def _sized(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed, split: str) -> Placement:
-    return Placement(nodes, tuple(ranges), tuple(memory.stage(lo, hi) for lo, hi in ranges), split)
+    needs = tuple(memory.stage(lo, hi) for lo, hi in ranges)
+    slots = tuple(run_slots(need, n.memory_bytes, memory.max_slots) for n, need in zip(nodes, needs, strict=True))
+    return Placement(nodes, tuple(ranges), needs, split, slots)

@@ -15,7 +15,13 @@ from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.memory import StageBytes
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.gguf_model import ModelFacts
-from swactor.orchestrator.planning.placement import MemoryNeed, Placement, PlanError, place
+from swactor.orchestrator.planning.placement import (
+    DEFAULT_MAX_SLOTS_PER_STAGE,
+    MemoryNeed,
+    Placement,
+    PlanError,
+    place,
+)
 from swactor.v1 import common_pb2
 
 OBJECT_ALIGNMENT = 64
@@ -61,6 +67,9 @@ class StagePlan:
     outbound_edge: int
     role_id: int
     memory: StageBytes | None = None  # the estimate the placement checked (None: the model's memory is unknown)
+    # Runs whose KV caches fit on the node at once (placement.run_slots; None: unknown). Read by admission of several
+    # runs at once (coming with the scheduler); runs still go one at a time.
+    run_slots: int | None = None
 
     @property
     def node_id(self) -> int:
@@ -108,9 +117,13 @@ def run_max_seq_len(model: ModelFacts, cap: int) -> int:
     return min(model.max_seq_len, cap)
 
 
-def memory_need(model: ModelFacts, max_seq_len_cap: int) -> MemoryNeed | None:
-    """What placement checks stages against: the model's memory profile at the run's context (None: unknown)."""
-    return MemoryNeed(model.memory, run_max_seq_len(model, max_seq_len_cap)) if model.memory is not None else None
+def memory_need(model: ModelFacts, max_seq_len_cap: int,
+                max_slots: int = DEFAULT_MAX_SLOTS_PER_STAGE) -> MemoryNeed | None:
+    """What placement checks stages against: the model's memory profile at the run's context, and the most run slots
+    a stage is given (None: the model's memory is unknown)."""
+    if model.memory is None:
+        return None
+    return MemoryNeed(model.memory, run_max_seq_len(model, max_seq_len_cap), max_slots)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -163,6 +176,7 @@ def plan_run(
     node_ids: Sequence[int] = (),
     id_source: Callable[[], int] = new_id,
     placement: Placement | None = None,
+    max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE,
 ) -> RunPlan:
     """The plan on `placement` (the PoolReady gate's), else on a placement made here from the ready pool
     (`node_ids` pinned in their order)."""
@@ -177,7 +191,8 @@ def plan_run(
             common_pb2.RUN_FAULT_MODEL_REFUSED,
         )
     if placement is None:
-        placement = place(pool, stages, model.num_layers, node_ids, memory_need(model, max_seq_len_cap))
+        placement = place(pool, stages, model.num_layers, node_ids,
+                          memory_need(model, max_seq_len_cap, max_slots_per_stage))
     chosen, ranges = placement.nodes, placement.ranges
     if len(chosen) != stages or len(ranges) != stages:
         raise PlanError(f"the placement has {len(chosen)} node(s) and {len(ranges)} range(s) for {stages} stage(s)")
@@ -199,7 +214,7 @@ def plan_run(
         edges.append(EdgePlan(edge_ids[k], kind, prod, cons, spec, ring_capacity(spec, ring_ceiling_bytes)))
     stage_plans = tuple(
         StagePlan(k, stages, chosen[k], lo, hi, edge_ids[k], edge_ids[k + 1], id_source(),
-                  placement.needs[k] if placement.needs else None)
+                  placement.needs[k] if placement.needs else None, placement.slots[k] if placement.slots else None)
         for k, (lo, hi) in enumerate(ranges)
     )
     plan = RunPlan(

@@ -11,6 +11,7 @@ from swactor.common.msgbase import Failure
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.gguf_model import ModelFacts
+from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
 from swactor.orchestrator.planning.planner import RunPlan, StagePlan
 from swactor.v1 import common_pb2 as pb
 
@@ -46,6 +47,7 @@ class FsmConfig:
     max_seq_len_cap: int = 4096
     ring_ceiling_bytes: int = 4 << 20
     prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
+    max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE  # the most run slots placement gives a stage
 
 
 # ---- inputs ----
