@@ -81,6 +81,15 @@ CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--model", "/etc/hostname"], EXIT_USAGE, "--model /etc/hostname:"),
     (["demo", "--model", NOT_UTF8], EXIT_USAGE, "--model: is not valid UTF-8"),
 ]
+# The local pool's link conditions (tests/localcluster/test_link_arguments.py has python -m swactor.localcluster's)
+LINK_CASES: list[tuple[list[str], int, str]] = [
+    (["demo", "--link-delay-ms", "10001"], EXIT_USAGE, "--link-delay-ms: must be in 0..10000, got 10001"),
+    (["demo", "--link-delay-ms", "40", "--link-jitter-ms", "50"], EXIT_USAGE,
+     "swactor demo: argument --link-jitter-ms: must be in 0..40 (at most --link-delay-ms), got 50"),
+    (["demo", "--link-loss-pct", "-1"], EXIT_USAGE, "--link-loss-pct: must be in [0, 100], got -1"),
+    (["demo", "--link-rate-mbit", "0"], EXIT_USAGE, "--link-rate-mbit: must be in (0, 100000], got 0"),
+    (["demo", "--link-rate-mbit", "inf"], EXIT_USAGE, "--link-rate-mbit: must be a finite number"),
+]
 # Judged against the default model's header (30 layers, a 4096-token context here) before any host exists.
 MODEL_CASES: list[tuple[list[str], int, str]] = [
     (["demo", "--stages", "31"], EXIT_USAGE, "--stages 31: model SmolLM2-135M-Instruct.Q4_1.gguf has 30 layers"),
@@ -115,6 +124,10 @@ def test_every_bad_invocation_is_one_line_with_its_documented_status(tmp_path: P
 @pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
 def test_demo_checks_the_model_header_before_building(tmp_path: Path) -> None:
     run_table(MODEL_CASES, tmp_path)
+
+
+def test_bad_link_conditions_are_refused_by_name(tmp_path: Path) -> None:
+    run_table(LINK_CASES, tmp_path)
 
 
 def test_help_documents_the_exit_statuses() -> None:

@@ -12,7 +12,10 @@ import math
 import os
 import re
 from collections.abc import Callable
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from swactor.localcluster.linkconditions import LinkConditions
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the operation was refused or failed: the orchestrator said no, the run faulted, no pool came up
@@ -173,3 +176,33 @@ def add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=integer(0, UINT64_MAX), default=None,
                    help="sampling seed (default: with --temperature > 0, the orchestrator picks a random one and "
                         "records it in the run, so `swactor show` tells you how to replay it)")
+
+
+def add_link_conditions(p: argparse.ArgumentParser) -> None:
+    """The local pool's link conditions (`python -m swactor.localcluster`, `swactor demo`); read them back with
+    `link_conditions`."""
+    from swactor.localcluster.linkconditions import MAX_DELAY_MS, MAX_RATE_MBIT
+
+    g = p.add_argument_group("link conditions", "one way, on every packet a simulated host sends to another host "
+                             "(network namespaces, root; docs/operations.md \"Trying WAN conditions locally\")")
+    g.add_argument("--link-delay-ms", type=integer(0, MAX_DELAY_MS), default=0, metavar="MS",
+                   help=f"one-way delay, 0..{MAX_DELAY_MS} (default 0): a round trip between two hosts is twice this")
+    g.add_argument("--link-jitter-ms", type=integer(0, MAX_DELAY_MS), default=0, metavar="MS",
+                   help="each packet's delay is uniform in delay +- this, at most --link-delay-ms (default 0); "
+                        "packets of one flow keep their order")
+    g.add_argument("--link-loss-pct", type=number(0.0, 100.0), default=0.0, metavar="PCT",
+                   help="percent of the packets dropped, 0..100 (default 0)")
+    g.add_argument("--link-rate-mbit", type=number(0.0, MAX_RATE_MBIT, lo_open=True), default=None, metavar="MBIT",
+                   help="what one host gets from one other host at most, Mbit/s > 0 (default: no cap)")
+
+
+def link_conditions(args: argparse.Namespace) -> LinkConditions:
+    """The conditions `add_link_conditions`' flags gave; CliError naming --link-jitter-ms when it exceeds the delay
+    (the one range argparse cannot check alone)."""
+    from swactor.localcluster.linkconditions import LinkConditions
+
+    if args.link_jitter_ms > args.link_delay_ms:
+        raise CliError(f"argument --link-jitter-ms: must be in 0..{args.link_delay_ms} (at most --link-delay-ms), "
+                       f"got {args.link_jitter_ms}")
+    return LinkConditions(float(args.link_delay_ms), float(args.link_jitter_ms), args.link_loss_pct,
+                          args.link_rate_mbit)

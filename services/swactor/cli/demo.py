@@ -4,9 +4,9 @@ stream the answer, print a summary, tear everything down.
 
 Everything is judged before any host exists (`preflight`): hosts against the address plan and this machine's
 memory, stages against the model's layers, --max-tokens against its context, the placement against each simulated
-host's share of memory. Exit status (cli/args.py): 0 completed, 1 the run faulted or the pool could not be brought
-up (the message names the failing service and quotes its log), 2 a bad argument (nothing was started), 3 stopped,
-130 interrupted."""
+host's share of memory, --link-* conditions against their ranges and this machine's namespaces. Exit status
+(cli/args.py): 0 completed, 1 the run faulted or the pool could not be brought up (the message names the failing
+service and quotes its log), 2 a bad argument (nothing was started), 3 stopped, 130 interrupted."""
 
 from __future__ import annotations
 
@@ -15,19 +15,22 @@ import contextlib
 import json
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import grpc
 
 from swactor.cli import render
-from swactor.cli.args import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STOPPED, CliError
+from swactor.cli.args import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STOPPED, CliError, link_conditions
 from swactor.cli.main import sampling
 from swactor.common.events import configure_logging
 from swactor.localcluster import ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.localcluster.layout import MAX_HOSTS
+from swactor.localcluster.linkconditions import LinkConditions
+from swactor.localcluster.linkshaping import unavailable as shaping_unavailable
+from swactor.localcluster.netns import Netns
 from swactor.localcluster.run import RunResult, follow
 from swactor.localcluster.signals import Terminated, terminate_on_signals
 from swactor.membership.gpus import host_memory_available
@@ -155,11 +158,17 @@ class DemoPlan:
     stages: int
     model: Path
     request: opb.SubmitRunRequest
+    links: LinkConditions = field(default_factory=LinkConditions)
 
 
 def preflight(args: argparse.Namespace) -> DemoPlan:
     """Judge hosts, stages, token limits and memory against the model's header and this machine, so a demo that
     cannot work says why in a second rather than after bringing up its hosts. Raises CliError naming the argument."""
+    links = link_conditions(args)
+    if links.shaped:
+        why = Netns.available() or shaping_unavailable()
+        if why is not None:
+            raise CliError(f"the --link-* conditions need network namespaces: {why}")
     hosts = args.hosts or max(3, args.stages or 0)
     stages = args.stages or hosts  # the default model split across every simulated host
     if hosts < stages:
@@ -195,14 +204,14 @@ def preflight(args: argparse.Namespace) -> DemoPlan:
         raise CliError(f"--hosts {hosts} --stages {stages}: this machine cannot hold model {model.name} so: {refusal}")
     req = opb.SubmitRunRequest(prompt=args.prompt, raw=args.raw, stages=stages, max_tokens=args.max_tokens,
                                sampling=sampling(args))
-    return DemoPlan(hosts, stages, model, req)
+    return DemoPlan(hosts, stages, model, req, links)
 
 
 def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
     out = Printer(args.json, events=getattr(args, "events", False))
     configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
     hosts, req = plan.hosts, plan.request
-    spec = ClusterSpec(hosts=hosts, model=plan.model)
+    spec = ClusterSpec(hosts=hosts, model=plan.model, links=plan.links)
     # SIGTERM and SIGHUP tear down like Ctrl-C, even when SIGINT was inherited ignored (localcluster/signals.py).
     restore_signals = terminate_on_signals()
     res: RunResult | None = None
@@ -210,7 +219,8 @@ def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
         with LocalCluster(spec, progress=out.progress) as cluster:
             if args.json:
                 out.emit({"type": "cluster", "hosts": hosts, "node_ids": cluster.node_ids,
-                          "addresses": [h.addr for h in cluster.hosts], "netns": cluster.netns is not None})
+                          "addresses": [h.addr for h in cluster.hosts], "netns": cluster.netns is not None,
+                          "links": plan.links.as_dict()})
             with cluster.channel() as ch:
                 stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
 

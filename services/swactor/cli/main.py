@@ -44,6 +44,7 @@ from swactor.cli.args import (
     UINT64_MAX,
     CliError,
     Parser,
+    add_link_conditions,
     add_sampling,
     address,
     chat_message,
@@ -175,6 +176,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--events", "--verbose", action="store_true",
                    help="show every lifecycle event on stderr (default: bring-up progress lines and faults only)")
+    add_link_conditions(d)
     return p
 
 

@@ -10,6 +10,10 @@ arena-manager, edge-driver, worker) and state/run dirs, plus the orchestrator on
   netns     hosts in network namespaces (root only)          signals  SIGTERM/SIGHUP for the foreground programs
   reaper    removes the pool when its owner dies             owned    what the reaper removes (pure)
   lifeline  the owner's pipe to its reaper
+  linkconditions  delay, jitter, loss and rate between hosts (pure)
+  linkshaping     applies them in the hosts' namespaces: an iptables chain and a delayer per host
+  linkdelay       the delayer process                     linkschedule  when each held packet goes (pure)
+  nfqueue         one NFQUEUE queue over raw netlink
   run       submit one run and follow it, timing what the client sees
   __main__  `python -m swactor.localcluster`: bring up a pool and print how to reach it
 """

@@ -1,6 +1,6 @@
-"""`python -m swactor.localcluster [--hosts N] [--keep]`: bring up a local pool, print how to reach
-it, and hold it until Ctrl-C, SIGTERM or SIGHUP (then tear everything down; exit 130 / 143 / 129). Killed any
-other way, its reaper removes the pool within a second."""
+"""`python -m swactor.localcluster [--hosts N] [--keep] [--link-delay-ms MS ...]`: bring up a local pool (the links
+between its hosts at the given conditions), print how to reach it, and hold it until Ctrl-C, SIGTERM or SIGHUP (then
+tear everything down; exit 130 / 143 / 129). Killed any other way, its reaper removes the pool within a second."""
 
 from __future__ import annotations
 
@@ -12,8 +12,11 @@ from swactor.cli.args import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    CliError,
     Parser,
+    add_link_conditions,
     integer,
+    link_conditions,
     local_path,
     number,
     text,
@@ -36,11 +39,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
     p.add_argument("--dir", type=local_path, metavar="DIR", help="cluster directory (default: a temp dir removed at exit)")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
+    add_link_conditions(p)
     args = p.parse_args(argv)
+    try:
+        links = link_conditions(args)
+    except CliError as e:
+        p.error(str(e))
+    if links.shaped and args.loopback:
+        p.error("the --link-* conditions need network namespaces: not with --loopback")
     spec = ClusterSpec(hosts=args.hosts, model=Path(args.model), device=args.device,
                        base_dir=Path(args.dir) if args.dir else None, keep=args.keep,
                        netns=False if args.loopback else None, compute_threads=args.compute_threads,
-                       readiness_timeout_s=args.readiness_timeout)
+                       readiness_timeout_s=args.readiness_timeout, links=links)
     configure_logging("swactor-localcluster")
     try:
         cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))

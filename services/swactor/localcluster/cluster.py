@@ -8,6 +8,9 @@ endpoints. Only host 0 holds the model: every worker fetches its stage's byte ra
 orchestrator's model server into its own weights cache (docs/distribution.md). Readiness is evidence-based: gRPC health SERVING per service, membership shows every
 node Available, the orchestrator's ListNodes shows them provisionable and the pool ready.
 
+With `spec.links` every packet a host sends to another host gets the operator's delay, jitter, loss and rate
+(linkshaping.py; namespaces only), from before the first service starts until after the last one stopped.
+
 Whatever it creates is recorded with its reaper first (lifeline.py, reaper.py), so that the pool goes when its owner goes,
 however the owner ends; `stop()` tears it down in order and then tells the reaper there is nothing left.
 """
@@ -44,6 +47,9 @@ from swactor.localcluster.layout import (
     to_toml,
 )
 from swactor.localcluster.lifeline import Lifeline
+from swactor.localcluster.linkconditions import LinkConditions
+from swactor.localcluster.linkshaping import LinkShaping, LinkShapingError, ShapedHost
+from swactor.localcluster.linkshaping import unavailable as shaping_unavailable
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
 from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
@@ -70,6 +76,8 @@ class ClusterSpec:
     # RUN_FAULT_READINESS_TIMEOUT (production default 600 s: a hang here should look like a fault)
     readiness_timeout_s: float = 120.0
     netns: bool | None = None  # None: namespaces when root and `ip` exists, else loopback addresses
+    # delay, jitter, loss and rate on every packet a host sends to another host (linkshaping.py; namespaces only)
+    links: LinkConditions = field(default_factory=LinkConditions)
     base_dir: Path | None = None  # default: a fresh temp dir, removed at teardown
     keep: bool = False  # keep the dir (logs) after teardown
     ceiling_bytes: int = 1 << 30
@@ -129,12 +137,19 @@ class LocalCluster:
         if not spec.model.is_file():
             raise ClusterError(f"model {spec.model} does not exist (run `bash install.sh model` or `make model`)")
         check_model(spec.model)
+        if spec.links.shaped:
+            if spec.netns is False:
+                raise ValueError("link conditions need network namespaces, not loopback addresses")
+            why = Netns.available() or shaping_unavailable()
+            if why is not None:
+                raise ClusterError(f"link conditions need network namespaces: {why}")
         self.spec = spec
         self.progress = progress or (lambda line: None)
         self.hosts: list[HostLayout] = []
         self.node_ids: list[int] = []
         self.services: list[Service] = []
         self.netns: Netns | None = None
+        self.links: LinkShaping | None = None
         self.root: Path | None = None
         self._own_root = False
         self._lifeline: Lifeline | None = None
@@ -208,6 +223,8 @@ class LocalCluster:
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
                       f" ({'network namespaces' if self.netns else 'loopback addresses'}),"
                       f" {self.compute_threads} compute thread(s) per worker, dir {self.root}")
+        if spec.links.shaped and self.netns is not None:
+            self._shape_links()
         for h in self.hosts:
             self._init_identity(h)
         t = spec.start_timeout_s
@@ -230,6 +247,16 @@ class LocalCluster:
                            check=self.check_alive, progress=self.progress)
         self.progress(f"local cluster ready: nodes {', '.join(str(n) for n in self.node_ids)}")
         log.info("localcluster_ready", hosts=spec.hosts, node_ids=self.node_ids, root=str(self.root))
+
+    def _shape_links(self) -> None:
+        assert self.netns is not None
+        hosts = [ShapedHost(h.name, self.netns.host(h.index), h.log_dir) for h in self.hosts]
+        self.links = LinkShaping(self.spec.links, hosts, self._lifeline)
+        self.progress(f"link conditions: {self.spec.links.describe()}")
+        try:
+            self.links.apply(self.spec.start_timeout_s)
+        except LinkShapingError as e:
+            raise ClusterError(f"link conditions: {e}") from None
 
     @property
     def compute_threads(self) -> int:
@@ -291,6 +318,8 @@ class LocalCluster:
         for svc in self.services:
             if svc.exited() is not None:
                 raise ClusterError(svc.describe_exit())
+        if self.links is not None and (why := self.links.dead()) is not None:
+            raise ClusterError(f"link delayer gone, its host is cut off: {why}")
 
     # --- access ----------------------------------------------------------------------------------
 
@@ -314,9 +343,9 @@ class LocalCluster:
     # --- teardown --------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop every service (orchestrator first, arenas last), remove namespaces and the dir, then let the reaper
-        go. Safe to call twice, and with SIGINT/SIGTERM/SIGHUP held off so a second Ctrl-C cannot cut it short (if
-        anything does, or it fails part way, the reaper removes the rest)."""
+        """Stop every service (orchestrator first, arenas last), remove the link conditions, the namespaces and the
+        dir, then let the reaper go. Safe to call twice, and with SIGINT/SIGTERM/SIGHUP held off so a second Ctrl-C
+        cannot cut it short (if anything does, or it fails part way, the reaper removes the rest)."""
         old = {}
         clean = False
         with contextlib.suppress(ValueError):  # not the main thread: signals stay as they are
@@ -335,6 +364,9 @@ class LocalCluster:
                 svc.kill_group()
             self.teardown_report = {"services": len(self.services), "killed": unclean}
             self.services = []
+            if self.links is not None:  # after the services: their teardown traffic still crosses the links
+                self.links.remove()
+                self.links = None
             if self.netns is not None:
                 self.netns.destroy()
                 self.netns = None

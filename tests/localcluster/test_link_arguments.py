@@ -1,0 +1,77 @@
+"""The --link-* flags of `python -m swactor.localcluster` and `swactor demo`: a bad value is refused in one line
+naming the flag, exit 2, before anything is built (the demo's table is in tests/cli/test_bad_arguments.py); good
+values reach the cluster's spec unchanged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from swactor.cli.args import EXIT_FAILED, EXIT_USAGE
+from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec
+from swactor.localcluster.linkconditions import LinkConditions
+
+pytestmark = pytest.mark.timeout(120)
+
+LOCALCLUSTER_CASES: list[tuple[list[str], str]] = [
+    (["--link-delay-ms", "-1"], "argument --link-delay-ms: must be in 0..10000, got -1"),
+    (["--link-delay-ms", "10001"], "argument --link-delay-ms: must be in 0..10000, got 10001"),
+    (["--link-delay-ms", "4.5"], "argument --link-delay-ms: '4.5' is not an integer"),
+    (["--link-delay-ms", "40", "--link-jitter-ms", "41"],
+     "argument --link-jitter-ms: must be in 0..40 (at most --link-delay-ms), got 41"),
+    (["--link-loss-pct", "100.5"], "argument --link-loss-pct: must be in [0, 100], got 100.5"),
+    (["--link-loss-pct", "nan"], "argument --link-loss-pct: must be a finite number"),
+    (["--link-rate-mbit", "0"], "argument --link-rate-mbit: must be in (0, 100000], got 0"),
+    (["--link-delay-ms", "40", "--loopback"], "the --link-* conditions need network namespaces: not with --loopback"),
+]
+
+
+def localcluster(argv: list[str], tmp: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "swactor.localcluster", *argv], capture_output=True, timeout=60,
+                          env={**os.environ, "TMPDIR": tmp}, stdin=subprocess.DEVNULL)
+
+
+def test_bad_link_values_are_refused_naming_the_flag(tmp_path: Path) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(lambda case: localcluster(case[0], str(tmp_path)), LOCALCLUSTER_CASES))
+    wrong = []
+    for (argv, needle), proc in zip(LOCALCLUSTER_CASES, done, strict=True):
+        err = proc.stderr.decode(errors="backslashreplace")
+        if proc.returncode != EXIT_USAGE or err.count("\n") != 1 or needle not in err or proc.stdout:
+            wrong.append(f"{argv!r}: exit {proc.returncode}, stderr {err!r}, stdout {proc.stdout!r}")
+    assert not wrong, "\n".join(wrong)
+    assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+class Refused:
+    """Stands in for LocalCluster: keeps the spec it was given and refuses, so nothing is built."""
+
+    specs: ClassVar[list[ClusterSpec]] = []
+
+    def __init__(self, spec: ClusterSpec, **_: Any) -> None:
+        Refused.specs.append(spec)
+        raise ClusterError("not building in this test")
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
+def test_the_flags_reach_the_cluster_spec_from_both_programs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swactor.cli.demo as demo
+    import swactor.localcluster.__main__ as localcluster_main
+    from swactor.cli.main import parser
+
+    flags = ["--link-delay-ms", "40", "--link-jitter-ms", "5", "--link-loss-pct", "1.5", "--link-rate-mbit", "8"]
+    want = LinkConditions(delay_ms=40, jitter_ms=5, loss_pct=1.5, rate_mbit=8.0)
+    monkeypatch.setattr(localcluster_main, "LocalCluster", Refused)
+    monkeypatch.setattr(demo, "LocalCluster", Refused)
+    Refused.specs = []
+    assert localcluster_main.main(["--hosts", "2", *flags]) == EXIT_USAGE
+    args = parser().parse_args(["demo", "--hosts", "2", *flags])
+    assert demo.run_demo(args, demo.preflight(args)) == EXIT_FAILED
+    assert [s.links for s in Refused.specs] == [want, want]
+    assert [s.netns for s in Refused.specs] == [None, None]  # namespaces whenever they are available
