@@ -138,7 +138,7 @@ mod tests {
         }
     }
 
-    /// Serial test kernel writing its 16 parameters to `out` (parameter 0).
+    /// Serial test kernel writing its MAX_ARGS (32) parameters to `out` (parameter 0).
     unsafe extern "C" fn record(
         out: u64,
         a1: u64,
@@ -156,11 +156,28 @@ mod tests {
         a13: u64,
         a14: u64,
         a15: u64,
+        a16: u64,
+        a17: u64,
+        a18: u64,
+        a19: u64,
+        a20: u64,
+        a21: u64,
+        a22: u64,
+        a23: u64,
+        a24: u64,
+        a25: u64,
+        a26: u64,
+        a27: u64,
+        a28: u64,
+        a29: u64,
+        a30: u64,
+        a31: u64,
     ) {
         let args = [
-            out, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15,
+            out, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20,
+            a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, a31,
         ];
-        // SAFETY: `out` points to 16 words.
+        // SAFETY: `out` points to MAX_ARGS words.
         unsafe { std::ptr::copy_nonoverlapping(args.as_ptr(), out as *mut u64, MAX_ARGS) };
     }
 
@@ -244,12 +261,28 @@ mod tests {
             u64,
             u64,
             u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
+            u64,
         );
         let mut out = [0u64; MAX_ARGS];
         let mut args: Vec<u64> = (0..MAX_ARGS as u64).map(|i| 100 + i).collect();
         args[0] = out.as_mut_ptr() as u64;
         let mut t = LaunchTable::new();
-        // SAFETY: `record` takes 16 integer parameters and writes 16 words to
+        // SAFETY: `record` takes 32 integer parameters and writes 32 words to
         // parameter 0, which `out` provides for the table's life.
         unsafe {
             t.push(record as Record as usize, &args, None, 0).unwrap();
@@ -282,7 +315,7 @@ mod tests {
                 t.push(k, &[0; MAX_ARGS + 1], None, 0)
                     .unwrap_err()
                     .0
-                    .contains("at most 16")
+                    .contains("at most 32")
             );
             assert!(
                 t.push(k, &[0, 0], Some(2), 4)

@@ -16,7 +16,8 @@ use std::fmt;
 use std::num::NonZeroUsize;
 
 /// The most parameters a kernel may have.
-pub const MAX_ARGS: usize = 16;
+/// (A batched step of 8 runs binds 16 variables, a slot and a position per run, beside its buffers.)
+pub const MAX_ARGS: usize = 32;
 
 /// What was wrong with a table operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,6 +92,32 @@ impl Launch {
             14 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13),
             15 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14),
             16 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15),
+            17 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16),
+            18 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17),
+            19 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18),
+            20 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19),
+            21 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20),
+            22 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21),
+            23 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22),
+            24 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23),
+            25 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24),
+            26 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25),
+            27 => call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26),
+            28 => {
+                call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27)
+            }
+            29 => {
+                call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28)
+            }
+            30 => {
+                call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29)
+            }
+            31 => {
+                call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30)
+            }
+            32 => {
+                call_with!(k, args; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31)
+            }
             n => unreachable!("push refuses {n} > {MAX_ARGS} parameters"),
         }
     }

@@ -135,15 +135,23 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   """out[t, o] = x[t] . row o of the packed weight; w = [xs (kinds in XSUM_BLOCK)] + the weight's device tensors."""
   (T, n_out), cols = out.shape, x.shape[1]
   g = scale_group(n_out) if kind == "q8_0" else 1
+  # Rows of x per iteration: each weight block is read and dequantized once for all of them (a batched decode step's
+  # rows, a prefill chunk's): with the row loop outside, every row would read the whole matrix again. Fewer weight rows
+  # per iteration then, so the accumulators of both stay in registers.
+  tb = next(u for u in (4, 2, 1) if T % u == 0)
   up = rows_per_iteration(n_out // g)
+  while up > 1 and up * tb > 16:
+    up //= 2
   t, og = UOp.range(T, 0), UOp.range(n_out // g, 1)
   oi = UOp.range(g, 2) if g > 1 else None
   acc, unrolls = KERNELS[kind](t, og if oi is None else og * g + oi, og, oi, x, *w)
-  ax = 0 if T == 1 else 1  # the row (group) axis: a size-1 range is dropped before opts are applied
+  # the row (group) axis: a size-1 range is dropped before opts are applied, and x's rows upcast whole leave the loops
+  ax = 0 if tb == T else 1
   # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
   # (replay.py hands them out one by one), each of >= 32K weights (~4 us of one core: much more than taking one)
   most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * cols >> 15))
   th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
-  opts = ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
+  opts = ((Opt(OptOps.UPCAST, 0, tb),) if tb > 1 else ()) + ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls \
+      + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   o = og if oi is None else og * g + oi
   return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))

@@ -63,6 +63,8 @@ class StageMemory:
 
 
 Shape = tuple[int, ...]  # rows per segment of a graph, one segment per run
+# The KV cache's storage types: float16 halves what a run slot costs (docs/runs-in-flight.md "KV in float16")
+KV_DTYPES: dict[str, type] = {"float32": np.float32, "float16": np.float16}
 
 
 @dataclass(frozen=True)
@@ -104,13 +106,13 @@ class Layer:
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
   p.qkv_bias), *qkv, *attn_output, *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
-               words: bool):
+               words: bool, kv_dtype: type = np.float32):
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
               fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
-    cache = [to_device(np.zeros((caches, p.n_kv_heads, cache_len, p.head_dim), np.float32), device) for _ in range(2)]
+    cache = [to_device(np.zeros((caches, p.n_kv_heads, cache_len, p.head_dim), kv_dtype), device) for _ in range(2)]
     bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
       if p.qkv_bias else []
     self.tensors: list[Tensor] = norms + cache + bias + [t for g in mats for _, ts in g for t in ts]
@@ -142,16 +144,19 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   v = qkv[:, nq + nkv:].reshape(W, p.n_kv_heads, p.head_dim)
   g, outs, r0 = p.n_heads // p.n_kv_heads, [], 0
   for slot, sp, T in segments:
-    cache_k[slot:slot + 1, :, sp:sp + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0))
-    cache_v[slot:slot + 1, :, sp:sp + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0))
-    keys, vals = cache_k[slot, :, 0:sp + T, :], cache_v[slot, :, 0:sp + T, :]  # [KV, L, hd]
+    cache_k[slot:slot + 1, :, sp:sp + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_k.dtype))
+    cache_v[slot:slot + 1, :, sp:sp + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_v.dtype))
+    # [KV, L, hd]; a float16 cache is read back as float32: only the storage is halved, the arithmetic is not
+    keys, vals = (c[slot, :, 0:sp + T, :].cast(x.dtype) for c in (cache_k, cache_v))
     qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
     # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions
     # and modulos in the inner loop (3x slower)
     s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))
     if T > 1:
       s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
-    outs.append((s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim))
+    # contiguous: else the concatenation below fuses every segment's attention into one kernel whose each output row
+    # runs every segment's reduction (8 segments: 8x the attention work)
+    outs.append((s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim).contiguous())
     r0 += T
   a = outs[0] if len(outs) == 1 else Tensor.cat(*outs, dim=0)
   x = x + o_(a)
@@ -177,7 +182,7 @@ class StageModel:
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
                quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None,
-               graph_cache: GraphCache | None = None, slots: int = 1):
+               graph_cache: GraphCache | None = None, slots: int = 1, kv_dtype: str = "float32"):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -187,6 +192,9 @@ class StageModel:
       raise ValueError(f"max_seq_len and prefill_chunk must be >= 1, got {max_seq_len}, {prefill_chunk}")
     if slots < 1:
       raise ValueError(f"slots must be >= 1, got {slots}")
+    if kv_dtype not in KV_DTYPES:
+      raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPES)}, got {kv_dtype!r}")
+    self.kv_dtype = kv_dtype
     keep = frozenset(PACKED) if quantized else frozenset()
     w = load_stage(m, layer_start, layer_end, keep=keep, on_progress=on_progress)
     t1 = time.perf_counter()
@@ -204,13 +212,15 @@ class StageModel:
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
-    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0) for L in w.layers]
+    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0, KV_DTYPES[kv_dtype])
+                   for L in w.layers]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
       self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
     head_bytes = sum(t.nbytes() for t in [self.head[0], *self.head[1][1]]) if self.head else 0
-    slot_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * 4
+    slot_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * \
+        np.dtype(KV_DTYPES[kv_dtype]).itemsize
     self.memory = StageMemory(w.device_file_bytes, sum(L.weight_bytes for L in self.layers) + head_bytes,
                               caches * slot_bytes, slot_bytes)
     if w.expanded:  # types kept as float32 on the device: say what that costs
@@ -382,7 +392,7 @@ class StageModel:
     """(name, jit, model buffers it reads, cache-key facts) of every graph a step of `shape` runs."""
     common = {"params": repr(self.params), "threads": self.threads, "mv_threads": self.mv_threads, "beam": self.beam,
               "cpu_threads": max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD),
-              "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None)}
+              "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None), "kv_dtype": self.kv_dtype}
     shapes = lambda ts: [(t.shape, str(t.dtype)) for t in ts]  # noqa: E731
     out: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]] = []
     rope = {"cos": self.cos.uop.base.buffer, "sin": self.sin.uop.base.buffer}
