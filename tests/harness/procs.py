@@ -1,9 +1,13 @@
 """Processes as the tests see them, from /proc: alive (a zombie is dead for our purpose), found by command line,
-found by process group."""
+found by process group; and `poll`, waiting for what they do."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 
 def _stat_fields(pid: int | str) -> list[str] | None:
@@ -42,3 +46,13 @@ def group_members(pgid: int) -> list[int]:
             if fields is not None and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
                 found.append(int(entry.name))
     return found
+
+
+def poll(condition: Callable[[], bool], within_s: float) -> float:
+    """Seconds until `condition` held; fails the test after `within_s`."""
+    t0 = time.monotonic()
+    while not condition():
+        if time.monotonic() - t0 > within_s:
+            pytest.fail(f"not within {within_s} s: {condition.__doc__ or condition}")
+        time.sleep(0.02)
+    return time.monotonic() - t0

@@ -12,8 +12,7 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from swactor.localcluster.linkconditions import LinkConditions
 from swactor.localcluster.linkshaping import LinkShaping, ShapedHost, unavailable
 from swactor.localcluster.netns import Netns, namespaces
-from tests.harness.procs import pid_alive
+from tests.harness.procs import pid_alive, poll
 
 REPO = Path(__file__).resolve().parents[2]
 PORT = 9300
@@ -198,14 +197,6 @@ print(json.dumps({"pids": shaping.delayer_pids, "namespaces": net.created, "reap
 time.sleep(600)
 """
 
-
-def poll(condition: Callable[[], bool], within_s: float) -> float:
-    t0 = time.monotonic()
-    while not condition():
-        if time.monotonic() - t0 > within_s:
-            pytest.fail(f"not within {within_s} s: {condition.__doc__ or condition}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def test_an_owner_killed_while_shaping_leaves_nothing_behind(tmp_path: Path) -> None:

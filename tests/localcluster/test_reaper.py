@@ -9,15 +9,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from swactor.localcluster.lifeline import Lifeline
 from swactor.localcluster.netns import Netns, namespaces
-from tests.harness.procs import group_members, pid_alive, processes_mentioning
+from tests.harness.procs import group_members, pid_alive, poll, processes_mentioning
 
 GONE_WITHIN_S = 2.0
 
@@ -45,15 +44,6 @@ print(json.dumps({"root": str(root), "group": group.pid, "netns": ns, "reaper": 
 time.sleep(600)
 """
 
-
-def poll(condition: Callable[[], bool], within_s: float) -> float:
-    """Seconds until `condition` held; fails after `within_s`."""
-    t0 = time.monotonic()
-    while not condition():
-        if time.monotonic() - t0 > within_s:
-            pytest.fail(f"not within {within_s} s: {condition.__doc__ or condition}")
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def modes() -> list[object]:
