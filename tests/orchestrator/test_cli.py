@@ -66,6 +66,23 @@ def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
     assert missing[0] == 1 and "NOT_FOUND: unknown run_id 12345" in missing[2]
 
 
+def test_the_dry_run_counts_a_float16_kv_cache_at_half_and_says_so(tmp_path: Path) -> None:
+    """[orchestrator].kv_dtype = "float16": the same placement as the float32 example below, each stage's KV cache per
+    run slot half of it (134.1 and 48.8 MiB in float32)."""
+    members = tuple(dataclasses.replace(n, memory_bytes=m) for n, m in zip(pool(1, 2), (3 << 30, 1 << 30), strict=True))
+
+    async def main():
+        async with serving(tmp_path, FakeFleet([2]), members, kv_dtype="float16") as s:
+            return await cli(s.socket, "submit", "--prompt", "Hello", "--stages", "2", "--dry-run")
+
+    rc, out, err = asyncio.run(main())
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert "context 4096, KV cache float16; blocks in proportion to the nodes' memory" in lines[0]
+    assert lines[1].startswith("  stage 0: node 1 blocks 0..22 ") and "KV cache 67.0 MiB per run slot" in lines[1]
+    assert lines[2].startswith("  stage 1: node 2 blocks 22..30 ") and "KV cache 24.4 MiB per run slot" in lines[2]
+
+
 def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) -> None:
     members = tuple(dataclasses.replace(n, memory_bytes=m) for n, m in zip(pool(1, 2, 3), (3 << 30, 1 << 30, 300 << 20),
                                                                               strict=True))
@@ -85,7 +102,7 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
     rc, out, err = fits
     assert rc == 0, err
     lines = out.splitlines()
-    assert "2 stage(s)" in lines[0] and "context 4096" in lines[0] and "in proportion to the nodes' memory" in lines[0]
+    assert "2 stage(s)" in lines[0] and "context 4096, KV cache float32" in lines[0] and "in proportion to the nodes' memory" in lines[0]
     # the two nodes with the most memory, blocks 3:1 by memory (one each, the other 28 split 21:7)
     assert lines[1].startswith("  stage 0: node 1 blocks 0..22 needs ") and "weights " in lines[1] and "of 3.00 GiB" in lines[1]
     assert lines[2].startswith("  stage 1: node 2 blocks 22..30 needs ") and "KV cache 48.8 MiB per run slot" in lines[2]

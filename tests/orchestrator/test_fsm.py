@@ -9,6 +9,7 @@ import pytest
 
 from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.sampling import SamplingPolicy
+from swactor.modelfile.memory import MemoryProfile
 from swactor.orchestrator.fleet.nodes import NodeState
 from swactor.orchestrator.planning.pool import PoolGate
 from swactor.orchestrator.runs import fsm as F
@@ -171,6 +172,23 @@ def test_prompt_in_chunks_then_decode_continues_the_sequences() -> None:
     assert of(acts, F.InjectTokens) == [F.InjectTokens(3, (42,))] and of(acts, F.Deliver) == [F.Deliver(0, 42, False)]
     acts = fsm.handle(F.TokenReceived(3, 43), 3.3)
     assert of(acts, F.InjectTokens) == [F.InjectTokens(4, (43,))]
+
+
+def test_the_configured_kv_dtype_is_what_placement_counts_and_the_plan_carries() -> None:
+    profile = MemoryProfile(layer_weights=(2658816,) * 30, embedding=30081024, head=31852800, kv_width=384, hidden=576,
+                            q_width=576, ffn=1536, n_heads=9, rope_dim=64, vocab=49152)  # SmolLM2-135M Q4_1
+    kv = {}
+    for kv_dtype in ("float32", "float16"):
+        counter = itertools.count(1000)
+        req = F.RunRequest(run_id=77, model=dataclasses.replace(model_facts(), memory=profile), prompt_ids=(1, 2),
+                           stages=2, max_tokens=2, sampling=SamplingPolicy(), eog_ids=frozenset({EOS}))
+        fsm = F.RunFsm(req, F.FsmConfig(orchestrator_node_id=5, pool_window_s=1.0, kv_dtype=kv_dtype), now=0.0,
+                       id_source=lambda c=counter: next(c))
+        fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
+        provs = of(fsm.handle(F.Tick(), 1.0), F.Provision)
+        assert fsm.plan is not None and fsm.plan.kv_dtype == kv_dtype
+        kv[kv_dtype] = [p.stage.memory.kv_cache for p in provs]
+    assert [2 * b for b in kv["float16"]] == kv["float32"] == [15 * 4160 * 384 * 4] * 2
 
 
 @pytest.mark.parametrize("bad", [F.TokenReceived(0, 42), F.PromptChunkDone(1), F.PromptChunkDone(2)])

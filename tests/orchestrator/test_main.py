@@ -76,7 +76,8 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
                          ("max_request_bytes = 0", "[orchestrator].max_request_bytes must be positive, got 0"),
                          ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0"),
                          ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024"),
-                         ("max_slots_per_stage = 0", "[orchestrator].max_slots_per_stage must be 1..64")]:
+                         ("max_slots_per_stage = 0", "[orchestrator].max_slots_per_stage must be 1..64"),
+                         ('kv_dtype = "bfloat16"', "[orchestrator].kv_dtype must be one of 'float32', 'float16'")]:
         cfg.write_text(f"[orchestrator]\n{line}\n")
         r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=30)
@@ -102,6 +103,20 @@ def test_max_slots_per_stage_out_of_range_is_refused_by_name(slots: int) -> None
     limits(OrchestratorConfig(max_slots_per_stage=64))
     assert fsm_config(OrchestratorConfig(max_slots_per_stage=3), 5).max_slots_per_stage == 3
     assert fsm_config(OrchestratorConfig(), 5).max_slots_per_stage == 8
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp16", "", "Float16"])
+def test_kv_dtype_other_than_float32_or_float16_is_refused_by_name(kv_dtype: str) -> None:
+    from swactor.common.config import ConfigError
+    from swactor.orchestrator.config import OrchestratorConfig
+    from swactor.orchestrator.main import fsm_config, limits
+
+    with pytest.raises(ConfigError, match=r"\[orchestrator\]\.kv_dtype must be one of 'float32', 'float16' .*got "
+                                          rf"'{kv_dtype}'$"):
+        limits(OrchestratorConfig(kv_dtype=kv_dtype))
+    limits(OrchestratorConfig(kv_dtype="float16"))
+    assert fsm_config(OrchestratorConfig(kv_dtype="float16"), 5).kv_dtype == "float16"
+    assert fsm_config(OrchestratorConfig(), 5).kv_dtype == "float32"
 
 
 def test_fleet_choice_follows_the_secret(tmp_path: Path) -> None:

@@ -241,3 +241,50 @@ def test_the_dry_run_shows_each_stage_s_kv_cache_per_run_slot_and_its_run_slots(
                           Demand(3, (1, 2, 3), 30, m), PoolStatus(True, "ok"), prompt_tokens=5, max_seq_len=4096)
     assert plan_lines(short)[2].endswith("; holds no run slot  DOES NOT FIT")
     assert "stage 1 (blocks " in short.refusal and " on node 2 needs " in short.refusal and "stage 0" not in short.refusal
+
+
+# ---- the KV dtype: [orchestrator].kv_dtype float16 keeps a run slot's KV cache at half the bytes of float32 ----
+
+
+def test_a_float16_kv_cache_counts_a_run_slot_at_half() -> None:
+    f32 = need(SMOL, 4096)
+    f16 = dataclasses.replace(f32, kv_dtype="float16")
+    assert SMOL.kv_slot_bytes(0, 30, 4096, kv_bytes=2) * 2 == SMOL.kv_slot_bytes(0, 30, 4096) == 191_692_800
+    for lo, hi in balanced_ranges(30, 3):
+        full, half = f32.stage(lo, hi), f16.stage(lo, hi)
+        assert half.kv_cache * 2 == full.kv_cache == 63_897_600 and half.shared == full.shared  # only the KV halves
+    whole = f32.stage(0, 30)
+    room = whole.shared + 3 * whole.kv_cache
+    assert place(nodes(room), 1, 30, memory=f32).slots == (3,) and place(nodes(room), 1, 30, memory=f16).slots == (6,)
+    tight = whole.shared + whole.kv_cache // 2  # the weights and half a float32 slot: one float16 slot
+    with pytest.raises(Shortfall):
+        place(nodes(tight), 1, 30, memory=f32)
+    assert place(nodes(tight), 1, 30, memory=f16).slots == (1,)
+    with pytest.raises(ValueError, match=r"kv_bytes must be one of \[2, 4\], got 8"):
+        SMOL.kv_slot_bytes(0, 30, 4096, kv_bytes=8)
+
+
+def test_the_plan_carries_the_kv_dtype_placement_counted() -> None:
+    facts = dataclasses.replace(model_facts(), memory=SMOL)
+    plan = plan_run(run_id=9, model=facts, pool=nodes(GiB, GiB), stages=2, max_tokens=16, prompt_tokens=10,
+                    sampling=SamplingPolicy(), orchestrator_node_id=100, kv_dtype="float16")
+    assert plan.kv_dtype == "float16"
+    assert [s.memory.kv_cache for s in plan.stages if s.memory] == [15 * 4160 * 384 * 2] * 2
+    default = plan_run(run_id=9, model=facts, pool=nodes(GiB, GiB), stages=2, max_tokens=16, prompt_tokens=10,
+                       sampling=SamplingPolicy(), orchestrator_node_id=100)
+    assert default.kv_dtype == "float32" and [s.memory.kv_cache for s in default.stages if s.memory] == [15 * 4160 * 384 * 4] * 2
+    assert memory_need(facts, 4096, kv_dtype="float16") == MemoryNeed(SMOL, 4096, kv_dtype="float16")
+
+
+def test_the_dry_run_says_which_kv_dtype_it_counted() -> None:
+    for dtype, per_slot, shown in (("float32", 63_897_600, "60.9 MiB"), ("float16", 31_948_800, "30.5 MiB")):
+        m = dataclasses.replace(need(SMOL, 4096), kv_dtype=dtype)
+        answer = plan_response("smol", nodes(2 * GiB, 2 * GiB, 2 * GiB), Demand(3, (1, 2, 3), 30, m),
+                               PoolStatus(True, "ok"), prompt_tokens=5, max_seq_len=4096)
+        assert answer.kv_dtype == dtype and {s.kv_cache_bytes for s in answer.placement} == {per_slot}
+        lines = plan_lines(answer)
+        assert lines[0].startswith(f"model smol: 3 stage(s), 5 prompt tokens, context 4096, KV cache {dtype}; "), lines[0]
+        assert f"KV cache {shown} per run slot" in lines[1]
+    unknown = plan_response("smol", nodes(GiB), Demand(1, (), 30, None), PoolStatus(True, "ok"), prompt_tokens=5,
+                            max_seq_len=4096)
+    assert unknown.kv_dtype == "" and "KV cache" not in plan_lines(unknown)[0]  # nothing was counted

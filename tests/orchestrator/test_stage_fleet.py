@@ -49,6 +49,17 @@ def test_provision_requests_pass_the_worker_validation(stages: int) -> None:
             assert req.inbound.producer_node_id == ORCH
 
 
+def test_the_kv_dtype_reaches_each_stage_s_role_config() -> None:
+    """[orchestrator].kv_dtype -> RunPlan -> StageRuntimeFacts.kv_dtype -> the worker's role config (StageModel's)."""
+    for kv_dtype in ("float16", "float32"):
+        plan = plan_run(run_id=7, model=model_facts(), pool=(node(1), node(2)), stages=2, max_tokens=8,
+                        prompt_tokens=5, sampling=SamplingPolicy(), orchestrator_node_id=ORCH, kv_dtype=kv_dtype)
+        for stage in plan.stages:
+            req = provision_request(plan, stage, Path("/models/m.gguf"))
+            assert req.runtime.kv_dtype == kv_dtype
+            assert worker_plan.build_plan(req, node_id=stage.node_id, role_id=1).role_config["kv_dtype"] == kv_dtype
+
+
 class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
     """One node that accepts, loads, reports ready and stops when told (or refuses, if `reject`)."""
 

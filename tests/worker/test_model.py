@@ -10,10 +10,10 @@ from reference import Reference
 
 from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.header import read_header
-from swactor.modelfile.memory import memory_profile
+from swactor.modelfile.memory import KV_DTYPE_BYTES, memory_profile
 from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
 from swactor.worker.compute.graphcache import GraphCache
-from swactor.worker.compute.model import NO_TOKEN, BatchRow
+from swactor.worker.compute.model import KV_DTYPES, NO_TOKEN, BatchRow
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_greedy.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
@@ -107,6 +107,22 @@ def test_planner_memory_estimate_equals_the_loaded_stages(stages: dict[int, list
       host = m.embd.nbytes if m.is_first else 0
       assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (a, b)
       assert host == (profile.embedding if a == 0 else 0)
+
+
+def test_planner_memory_estimate_equals_the_loaded_stages_with_a_float16_kv_cache(gguf_model: GGUFModel,
+                                                                                  model_path: str) -> None:
+  """The same comparison with the KV cache in float16 ([orchestrator].kv_dtype): the planner counts a run slot at
+  the element size the compute core stores (KV_DTYPE_BYTES agrees with StageModel's KV_DTYPES), half of float32's.
+  Two-block stages (first, middle, last) keep the loads short."""
+  assert {k: np.dtype(v).itemsize for k, v in KV_DTYPES.items()} == KV_DTYPE_BYTES
+  with open(model_path, "rb") as f:
+    profile = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0])
+  for a, b in [(0, 2), (14, 16), (28, 30)]:
+    m = StageModel(gguf_model, a, b, max_seq_len=128, kv_dtype="float16")
+    want = profile.stage(a, b, 128, rows=1, kv_bytes=KV_DTYPE_BYTES["float16"])
+    host = m.embd.nbytes if m.is_first else 0
+    assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (a, b)
+    assert want.kv_cache * 2 == profile.stage(a, b, 128, rows=1).kv_cache
 
 
 def test_reset_reuses_weights_and_sampling_is_seeded(stages: dict[int, list[StageModel]]) -> None:

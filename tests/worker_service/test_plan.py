@@ -24,6 +24,19 @@ def test_valid_plans() -> None:
     assert first.in_row_bytes == 4 and first.role_config["sampling"] == {}
 
 
+def test_the_kv_dtype_passes_to_the_role_config() -> None:
+    """The dtype the planner counted the stage's run slots in is the one its StageModel keeps; "" is float32."""
+    assert build_plan(ok(), node_id=5, role_id=3).role_config["kv_dtype"] == "float32"
+    for kv_dtype in ("float16", "float32"):
+        r = ok()
+        r.runtime.kv_dtype = kv_dtype
+        assert build_plan(r, node_id=5, role_id=3).role_config["kv_dtype"] == kv_dtype
+    r = ok()
+    r.runtime.kv_dtype = "int8"
+    with pytest.raises(PlanRejected, match=r"^runtime\.kv_dtype: 'int8' is not one of float32, float16$"):
+        build_plan(r, node_id=5, role_id=3)
+
+
 def mutate(fn: Callable[[stage_pb2.ProvisionStageRequest], None]) -> stage_pb2.ProvisionStageRequest:
     r = ok()
     fn(r)
@@ -51,6 +64,7 @@ def mutate(fn: Callable[[stage_pb2.ProvisionStageRequest], None]) -> stage_pb2.P
     (lambda r: setattr(r.outbound.ring_spec, "data_capacity", 0), "outbound.ring_spec.data_capacity"),
     (lambda r: setattr(r.runtime.sampling, "top_p", 2.0), "runtime.sampling"),
     (lambda r: setattr(r.model, "dtype_width_bytes", 2), "model.dtype"),
+    (lambda r: setattr(r.runtime, "kv_dtype", "bfloat16"), "runtime.kv_dtype"),
 ])
 def test_rejections_name_the_field(fn: Callable[[stage_pb2.ProvisionStageRequest], None], field: str) -> None:
     with pytest.raises(PlanRejected) as info:

@@ -140,3 +140,40 @@ def test_backend_threads_reach_the_compute_core(arena: Arena) -> None:
         shell.loader_woke()
     assert [e for e in out if isinstance(e, wire.RoleConfigured)] == [wire.RoleConfigured(3, False)]
     assert core.roles.role.model.threads == 1
+
+
+def test_the_kv_dtype_is_part_of_the_weights_key() -> None:
+    """A float16 KV cache is a different resident role (other buffers, other graphs): never reused for float32."""
+    from swactor.worker.process.roles import weights_key
+
+    assert weights_key({**llama(0, 2), "kv_dtype": "float16"}) != weights_key(llama(0, 2))
+    assert weights_key({**llama(0, 2), "kv_dtype": "float32"}) == weights_key(llama(0, 2))  # the default, spelled out
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "", 16, None])
+def test_an_unknown_kv_dtype_is_a_config_error_before_the_load(kv_dtype: object) -> None:
+    from swactor.worker.process.llama_role import LlamaStageRole
+    from swactor.worker.process.roles import RoleError
+
+    def progress(*_: object) -> None:
+        raise AssertionError("the load started")
+
+    with pytest.raises(RoleError) as e:
+        LlamaStageRole.load({**llama(0, 2), "kv_dtype": kv_dtype}, None, progress, ())  # type: ignore[arg-type]
+    assert e.value.reason == pb.ROLE_FAILURE_CONFIG_INVALID
+    assert str(e.value).startswith(f"config.kv_dtype must be one of float32, float16, got {kv_dtype!r}")
+
+
+def test_a_float16_kv_role_loads_in_the_compute_process_as_its_own_resident_role(worker: WorkerProc) -> None:
+    worker.initialize()
+    worker.send(wire.ConfigureRole(5, {**llama(0, 2), "kv_dtype": "bfloat16"}))
+    failed = worker.expect(wire.RoleFailed, role_id=5)
+    assert failed.reason == pb.ROLE_FAILURE_CONFIG_INVALID and "config.kv_dtype" in failed.detail
+    worker.send(wire.ConfigureRole(6, {**llama(0, 2), "kv_dtype": "float16"}))
+    assert worker.expect(wire.RoleConfigured, role_id=6).warm is False
+    worker.send(wire.ConfigureRole(7, {**llama(0, 2), "kv_dtype": "float16"}))
+    assert worker.expect(wire.RoleConfigured, role_id=7).warm is True
+    worker.send(wire.ConfigureRole(8, llama(0, 2)))  # float32: the float16 role is not reused
+    assert worker.expect(wire.RoleConfigured, role_id=8).warm is False
+    worker.send(wire.ShutdownWorker("Graceful"))
+    assert worker.expect(wire.WorkerStopped).reason == pb.WORKER_STOPPED_GRACEFUL

@@ -86,7 +86,9 @@ def run_slots(p: opb.PlanResponse, s: opb.PlannedStage) -> str:
 def plan_lines(p: opb.PlanResponse) -> list[str]:
     """`swactor submit --dry-run`: the placement with per-stage bytes and run slots, the refusal SubmitRun would give,
     the gate."""
-    lines = [f"model {p.model}: {p.stages} stage(s), {p.prompt_tokens} prompt tokens, context {p.max_seq_len}"
+    # the KV bytes below depend on the dtype they were counted in (float16: half), so the dry run names it
+    kv = f", KV cache {p.kv_dtype or 'float32'}" if p.memory_known else ""
+    lines = [f"model {p.model}: {p.stages} stage(s), {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
     for s in p.placement:
         offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"

@@ -7,7 +7,8 @@ vector (norms, biases) is float32. Per stage of blocks [start, end):
             only the rows of a step's tokens are dequantized), the last the final norm and the head (`output.weight`,
             or the embedding again, in device form, when the head is tied to it)
   kv_cache  one run slot's KV cache (`MemoryProfile.kv_slot_bytes`): K and V of every block for max_seq_len positions
-            plus one prefill chunk of padding room, float32; a stage holds one per run it decodes at once
+            plus one prefill chunk of padding room, in the KV dtype ([orchestrator].kv_dtype: float32, or float16 at
+            half); a stage holds one per run it decodes at once
   scratch   the jitted graphs' buffers for a decode row and a prefill chunk (residual stream, QKV, attention scores,
             FFN), the RoPE tables and the last stage's logits row
   runtime   a fixed allowance for the compute process's own runtime (a CUDA context; tinygrad and Python on CPU)
@@ -31,6 +32,10 @@ _BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_
 # A packed type declared in support without its device size here fails at import.
 DEVICE_BLOCK_BYTES: dict[str, int] = {name: _BLOCK_BYTES[name] for name in PACKED_TYPES}
 FLOAT32 = 4
+# Bytes per element of each KV cache dtype the compute core can keep (its KV_DTYPES, worker/compute/model.py; a test
+# checks they agree): float16 is stored half and read back as float32, so only a run slot's bytes change.
+KV_DTYPE_BYTES: dict[str, int] = {"float32": FLOAT32, "float16": 2}
+DEFAULT_KV_DTYPE = "float32"
 # Rows of one prefill chunk the estimate leaves room for (KV cache padding, scratch of the chunk's graphs).
 PREFILL_ROWS = 64
 RUNTIME_BYTES = 256 << 20
@@ -97,24 +102,30 @@ class MemoryProfile:
         """Cumulative block weights, so that a stage's sum costs O(1) (the planner tries many splits)."""
         return (0, *itertools.accumulate(self.layer_weights))
 
-    def stage(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> StageBytes:
-        """What a stage of blocks [start, end) needs for a run of max_seq_len positions."""
+    def stage(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS,
+              kv_bytes: int = FLOAT32) -> StageBytes:
+        """What a stage of blocks [start, end) needs for a run of max_seq_len positions, its KV cache kv_bytes per
+        element (KV_DTYPE_BYTES)."""
         if not 0 <= start < end <= self.num_layers:
             raise ValueError(f"blocks [{start}, {end}) are not within the model's {self.num_layers}")
         positions = max_seq_len + rows
         weights = self._prefix[end] - self._prefix[start]
         weights += self.embedding if start == 0 else 0
         weights += self.head if end == self.num_layers else 0
-        kv = self.kv_slot_bytes(start, end, max_seq_len, rows)
+        kv = self.kv_slot_bytes(start, end, max_seq_len, rows, kv_bytes)
         scratch = sum(self._graph_scratch(t, positions) for t in {1, rows}) + positions * self.rope_dim * FLOAT32
         scratch += self.vocab * FLOAT32 if end == self.num_layers else 0
         return StageBytes(weights, kv, scratch, RUNTIME_BYTES)
 
-    def kv_slot_bytes(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> int:
+    def kv_slot_bytes(self, start: int, end: int, max_seq_len: int, rows: int = PREFILL_ROWS,
+                      kv_bytes: int = FLOAT32) -> int:
         """One run slot's KV cache on a stage of blocks [start, end): positions x blocks x (K and V: 2 x n_kv_heads x
-        head_dim, `kv_width`) x float32. The positions are max_seq_len plus a prefill chunk because the worker pads
-        a chunk's rows past the last position (StageModel's cache_bytes, worker/compute/model.py)."""
-        return (end - start) * self.kv_width * (max_seq_len + rows) * FLOAT32
+        head_dim, `kv_width`) x kv_bytes (4: float32, 2: float16, KV_DTYPE_BYTES). The positions are max_seq_len plus
+        a prefill chunk because the worker pads a chunk's rows past the last position (StageModel's slot_bytes,
+        worker/compute/model.py)."""
+        if kv_bytes not in KV_DTYPE_BYTES.values():
+            raise ValueError(f"kv_bytes must be one of {sorted(set(KV_DTYPE_BYTES.values()))}, got {kv_bytes}")
+        return (end - start) * self.kv_width * (max_seq_len + rows) * kv_bytes
 
     def _graph_scratch(self, t: int, positions: int) -> int:
         """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR, ConfigError
+from swactor.modelfile.memory import DEFAULT_KV_DTYPE
 from swactor.orchestrator.models.sources import ModelSource
 from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
 from swactor.orchestrator.runs.run_messages import Timeouts
@@ -64,6 +65,10 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # the weights; placement gives a stage fewer when its node's memory holds fewer (docs/orchestrator.md "Run
     # slots"). 1..64.
     max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE
+    # The dtype every stage keeps its KV cache in: "float32", or "float16" (stored half, read back as float32): a run
+    # slot costs half, so a node holds about twice the slots; the measured greedy tokens still equal the float64
+    # reference (docs/orchestrator.md "Run slots").
+    kv_dtype: str = DEFAULT_KV_DTYPE
     pool_window_s: float = 2.0
     # The run FSM's timeouts; their defaults are Timeouts' own.
     pool_timeout_s: float = Timeouts.pool_s

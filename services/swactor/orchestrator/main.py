@@ -25,6 +25,7 @@ from swactor.common.ids import load_or_create_node_id
 from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.common.secret import read_secret
 from swactor.common.systemd import notify_ready, notify_status, notify_stopping, start_watchdog
+from swactor.modelfile.memory import KV_DTYPE_BYTES
 from swactor.orchestrator.api.api_access import ApiAccess, ApiAccessError, init_access, load_access
 from swactor.orchestrator.api.server import listeners
 from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
@@ -175,7 +176,7 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
         ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
-        max_slots_per_stage=cfg.max_slots_per_stage, timeouts=cfg.timeouts(),
+        max_slots_per_stage=cfg.max_slots_per_stage, kv_dtype=cfg.kv_dtype, timeouts=cfg.timeouts(),
     )
 
 
@@ -192,6 +193,9 @@ def limits(cfg: OrchestratorConfig) -> Limits:
     if not 1 <= cfg.max_slots_per_stage <= MAX_SLOTS_PER_STAGE:
         raise ConfigError(f"[orchestrator].max_slots_per_stage must be 1..{MAX_SLOTS_PER_STAGE} (run slots a stage is "
                           f"planned to hold), got {cfg.max_slots_per_stage}")
+    if cfg.kv_dtype not in KV_DTYPE_BYTES:
+        raise ConfigError(f"[orchestrator].kv_dtype must be one of {', '.join(map(repr, KV_DTYPE_BYTES))} (the stages' KV "
+                          f"cache dtype), got {cfg.kv_dtype!r}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
 

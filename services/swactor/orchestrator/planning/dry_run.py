@@ -46,7 +46,8 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
     out = opb.PlanResponse(model=model, stages=demand.stages, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len,
                            refusal=pool_refusal(members, demand), pool_ready=status.ready, pool_detail=status.detail,
                            memory_known=demand.memory is not None,
-                           max_slots_per_stage=demand.memory.max_slots if demand.memory is not None else 0)
+                           max_slots_per_stage=demand.memory.max_slots if demand.memory is not None else 0,
+                           kv_dtype=demand.memory.kv_dtype if demand.memory is not None else "")
     try:
         placement = _place(members, demand)
     except Shortfall as e:

@@ -10,7 +10,8 @@ Pure functions over the membership view and the model's memory profile (swactor.
   When the proportional split does not fit, the split that minimises the largest share of a node's memory used is
   tried; when that does not fit either, `Shortfall` names every stage over its node's memory;
 - run slots: how many runs' KV caches a stage holds beside its weights (at most max_slots_per_stage), for the
-  admission of several runs at once; a stage fits when it holds at least one.
+  admission of several runs at once; a stage fits when it holds at least one. A slot is counted in the run's KV dtype
+  ([orchestrator].kv_dtype): float16 costs half of float32.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swactor.common.reasons import ReasonError
-from swactor.modelfile.memory import MemoryProfile, StageBytes
+from swactor.modelfile.memory import DEFAULT_KV_DTYPE, KV_DTYPE_BYTES, MemoryProfile, StageBytes
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.v1 import common_pb2
 
@@ -40,14 +41,15 @@ class PlanError(ReasonError, ValueError):
 @dataclass(frozen=True)
 class MemoryNeed:
     """The model's memory as the planner knows it: its profile, the run's context length, the most run slots a stage
-    is given."""
+    is given, the dtype the stages keep their KV cache in (KV_DTYPE_BYTES)."""
 
     profile: MemoryProfile
     max_seq_len: int
     max_slots: int = DEFAULT_MAX_SLOTS_PER_STAGE
+    kv_dtype: str = DEFAULT_KV_DTYPE
 
     def stage(self, start: int, end: int) -> StageBytes:
-        return self.profile.stage(start, end, self.max_seq_len)
+        return self.profile.stage(start, end, self.max_seq_len, kv_bytes=KV_DTYPE_BYTES[self.kv_dtype])
 
 
 def run_slots(need: StageBytes, memory_bytes: int, max_slots: int) -> int | None:

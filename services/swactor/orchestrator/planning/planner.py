@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from swactor.common.ids import new_id
 from swactor.common.sampling import SamplingPolicy
-from swactor.modelfile.memory import StageBytes
+from swactor.modelfile.memory import DEFAULT_KV_DTYPE, StageBytes
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.gguf_model import ModelFacts
 from swactor.orchestrator.planning.placement import (
@@ -97,6 +97,7 @@ class RunPlan:
     prefill_chunk: int = 0  # tokens per prompt chunk object (docs/orchestrator.md "Prefill chunks"), stages compile for
     # it; 0: the prompt is one object and stages run it row by row
     trace_objects: bool = False  # stages report per-object events (SubmitRunRequest.trace_objects)
+    kv_dtype: str = DEFAULT_KV_DTYPE  # the stages' KV cache dtype ([orchestrator].kv_dtype), as placement counted it
 
     def edge(self, edge_id: int) -> EdgePlan:
         for e in self.edges:
@@ -117,13 +118,13 @@ def run_max_seq_len(model: ModelFacts, cap: int) -> int:
     return min(model.max_seq_len, cap)
 
 
-def memory_need(model: ModelFacts, max_seq_len_cap: int,
-                max_slots: int = DEFAULT_MAX_SLOTS_PER_STAGE) -> MemoryNeed | None:
-    """What placement checks stages against: the model's memory profile at the run's context, and the most run slots
-    a stage is given (None: the model's memory is unknown)."""
+def memory_need(model: ModelFacts, max_seq_len_cap: int, max_slots: int = DEFAULT_MAX_SLOTS_PER_STAGE,
+                kv_dtype: str = DEFAULT_KV_DTYPE) -> MemoryNeed | None:
+    """What placement checks stages against: the model's memory profile at the run's context, the most run slots
+    a stage is given and the KV cache dtype a slot is counted in (None: the model's memory is unknown)."""
     if model.memory is None:
         return None
-    return MemoryNeed(model.memory, run_max_seq_len(model, max_seq_len_cap), max_slots)
+    return MemoryNeed(model.memory, run_max_seq_len(model, max_seq_len_cap), max_slots, kv_dtype)
 
 
 def _round_up(n: int, to: int) -> int:
@@ -177,9 +178,11 @@ def plan_run(
     id_source: Callable[[], int] = new_id,
     placement: Placement | None = None,
     max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE,
+    kv_dtype: str = DEFAULT_KV_DTYPE,
 ) -> RunPlan:
-    """The plan on `placement` (the PoolReady gate's), else on a placement made here from the ready pool
-    (`node_ids` pinned in their order)."""
+    """The plan on `placement` (the PoolReady gate's, counted in the same kv_dtype), else on a placement made here
+    from the ready pool (`node_ids` pinned in their order). The stages are told kv_dtype: they keep the KV cache the
+    planner counted."""
     if max_tokens <= 0:
         raise PlanError(f"max_tokens must be positive, got {max_tokens}", common_pb2.RUN_FAULT_MODEL_REFUSED)
     max_seq_len = run_max_seq_len(model, max_seq_len_cap)
@@ -192,7 +195,7 @@ def plan_run(
         )
     if placement is None:
         placement = place(pool, stages, model.num_layers, node_ids,
-                          memory_need(model, max_seq_len_cap, max_slots_per_stage))
+                          memory_need(model, max_seq_len_cap, max_slots_per_stage, kv_dtype))
     chosen, ranges = placement.nodes, placement.ranges
     if len(chosen) != stages or len(ranges) != stages:
         raise PlanError(f"the placement has {len(chosen)} node(s) and {len(ranges)} range(s) for {stages} stage(s)")
@@ -227,6 +230,7 @@ def plan_run(
         max_tokens=max_tokens,
         sampling=sampling,
         prompt_tokens=prompt_tokens,
+        kv_dtype=kv_dtype,
     )
     validate_plan(plan)
     return plan

@@ -97,7 +97,8 @@ class RunFsm:
         # for the window is ready at once instead of the window being waited again by every run
         self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
         self._demand = Demand(request.stages, request.node_ids, request.model.num_layers,
-                              memory_need(request.model, config.max_seq_len_cap, config.max_slots_per_stage))
+                              memory_need(request.model, config.max_seq_len_cap, config.max_slots_per_stage,
+                                          config.kv_dtype))
         self._pool_ready_at: float | None = None  # when the gate's chosen nodes will have been stable
         self._waiting_for = ""  # what the closed gate waits for, as last recorded (POOL_WAITING)
         self._pool_deadline = now + config.timeouts.pool_s
@@ -297,7 +298,7 @@ class RunFsm:
                 max_tokens=req.max_tokens, prompt_tokens=len(req.prompt_ids), sampling=req.sampling,
                 orchestrator_node_id=cfg.orchestrator_node_id, max_seq_len_cap=cfg.max_seq_len_cap,
                 ring_ceiling_bytes=cfg.ring_ceiling_bytes, node_ids=req.node_ids, id_source=self._id_source,
-                placement=status.placement, max_slots_per_stage=cfg.max_slots_per_stage,
+                placement=status.placement, max_slots_per_stage=cfg.max_slots_per_stage, kv_dtype=cfg.kv_dtype,
             )
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")

@@ -141,7 +141,8 @@ class Orchestrator:
 
     def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
         return Demand(stages, tuple(node_ids), model.facts.num_layers,
-                      memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage))
+                      memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage,
+                                  self.fsm_config.kv_dtype))
 
     async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
         """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from swactor.common.msgbase import Failure
 from swactor.common.sampling import SamplingPolicy
+from swactor.modelfile.memory import DEFAULT_KV_DTYPE
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.gguf_model import ModelFacts
 from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
@@ -48,6 +49,7 @@ class FsmConfig:
     ring_ceiling_bytes: int = 4 << 20
     prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
     max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE  # the most run slots placement gives a stage
+    kv_dtype: str = DEFAULT_KV_DTYPE  # the stages' KV cache dtype: placement counts a run slot in it, stages keep it
 
 
 # ---- inputs ----

@@ -5,7 +5,8 @@ ConfigureRole.config for kind "llama_stage":
   hidden_dim (checked against the GGUF), sampling {temperature, top_k, top_p, seed} (last stage),
   prefill_chunk (rows per prefill step the stage compiles for; default 1: prompts run row by row),
   slots (runs in flight the stage holds, one KV cache slot each; default 1), slot (the run's slot; default 0:
-  ConfigureRole of a resident role resets that slot alone, docs/runs-in-flight.md).
+  ConfigureRole of a resident role resets that slot alone, docs/runs-in-flight.md), kv_dtype (the KV cache's
+  storage: "float32", default, or "float16", stored half and read back as float32).
 The load reports progress (phase "weights": 0/N once the GGUF is parsed, then once per layer), then
 compiles every graph a step runs before it answers (phase "compile", StageModel.prepare: the
 stage is ready only when its first step can run at full speed); the progress callback may raise to
@@ -60,6 +61,7 @@ class LlamaStageRole:
              key: tuple[Any, ...], *, threads: int | None = None, graph_cache: str = "") -> LlamaStageRole:
         from swactor.worker.compute import GGUFModel, ModelRefused, StageModel, UnsupportedQuant
         from swactor.worker.compute.graphcache import GraphCache
+        from swactor.worker.compute.model import KV_DTYPES
 
         path = check_weights_file(config.get("gguf_path"), config.get("gguf_sha256", ""))
         start, end, max_seq = _int(config, "layer_start"), _int(config, "layer_end"), _int(config, "max_seq_len")
@@ -71,11 +73,15 @@ class LlamaStageRole:
         if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.slots must be a positive integer, got {slots!r}")
         _slot(config, slots)  # checked before the load: a bad slot is the config's error, not a later step's
+        kv_dtype = config.get("kv_dtype", "float32")
+        if not isinstance(kv_dtype, str) or kv_dtype not in KV_DTYPES:  # before the load (StageModel: after the parse)
+            raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID,
+                            f"config.kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
         try:
             gguf = GGUFModel(path)  # metadata + tensor index: seconds for a big file, no progress inside
             progress(0, max(0, end - start))  # parsed: the layers come next (a cancelled load stops here)
             model = StageModel(gguf, start, end, max_seq_len=max_seq, device=bridge.device, sampling=policy,
-                               threads=threads, prefill_chunk=chunk, slots=slots,
+                               threads=threads, prefill_chunk=chunk, slots=slots, kv_dtype=kv_dtype,
                                graph_cache=GraphCache(graph_cache) if graph_cache else None,
                                on_progress=lambda p: progress(p.layers_loaded, p.layers_total))
         except (ModelRefused, UnsupportedQuant) as e:

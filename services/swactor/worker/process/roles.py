@@ -48,11 +48,12 @@ class Role(Protocol):
 
 
 def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
-    """What identifies resident weights: kind, source, checksum, layer range, role position, the KV slots it holds
-    (not the run's slot or sampling: runs in other slots of the same stage share the resident role)."""
+    """What identifies resident weights: kind, source, checksum, layer range, role position, the KV slots it holds and
+    their dtype (a float16 KV cache is a different resident role: its buffers and graphs differ); not the run's slot or
+    sampling: runs in other slots of the same stage share the resident role."""
     return (config.get("kind"), config.get("gguf_path"), config.get("gguf_sha256", ""),
             config.get("layer_start"), config.get("layer_end"), config.get("max_seq_len"), config.get("factory"),
-            config.get("prefill_chunk", 1), config.get("slots", 1))
+            config.get("prefill_chunk", 1), config.get("slots", 1), config.get("kv_dtype", "float32"))
 
 
 def load(config: dict[str, Any], bridge: DeviceBridge, progress: Progress, *, threads: int | None = None,
