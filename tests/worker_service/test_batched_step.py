@@ -25,14 +25,18 @@ MAX_SEQ = 32
 TOKENS = spec(64, kind="Tokens", family="Int", row=1)
 
 
-def solo(prompt: list[int]) -> list[int]:
+def solo(prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's tokens from one StageModel in this process, one run after another."""
     from swactor.worker.compute import StageModel
 
-    m = StageModel(MODEL, 0, 30, max_seq_len=MAX_SEQ)
-    out = [int(m.step(np.array(prompt, np.int32), 0)[0])]
-    for k in range(DECODE_STEPS):
-        out.append(int(m.step(np.array([out[-1]], np.int32), len(prompt) + k)[0]))
-    return out
+    m, outs = StageModel(MODEL, 0, 30, max_seq_len=MAX_SEQ), []
+    for prompt in prompts:
+        m.reset()
+        out = [int(m.step(np.array(prompt, np.int32), 0)[0])]
+        for k in range(DECODE_STEPS):
+            out.append(int(m.step(np.array([out[-1]], np.int32), len(prompt) + k)[0]))
+        outs.append(out)
+    return outs
 
 
 def config(slot: int) -> dict[str, Any]:
@@ -96,7 +100,7 @@ def test_two_runs_decode_as_one_batched_step_each_equal_to_its_solo_run() -> Non
             proc.expect(wire.StepCompleted, step_id=step_id)
             for run in runs:
                 run.took(1)
-        assert [run.tokens for run in runs] == [solo(PROMPTS[0]), solo(PROMPTS[1])]
+        assert [run.tokens for run in runs] == solo([PROMPTS[0], PROMPTS[1]])
         step_id += 1  # a batch whose rows do not match its inputs is the step's failure, named
         bound = [run.send(proc, [run.tokens[-1]]) for run in runs]
         proc.send(wire.ExecuteStep(41, step_id, [i for i, _ in bound], [o for _, o in bound],
