@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import structlog
 
 from swactor.cli.args import EXIT_FAILED, EXIT_USAGE
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec
@@ -59,7 +61,20 @@ class Refused:
         raise ClusterError("not building in this test")
 
 
+@pytest.fixture
+def process_logging() -> Iterator[None]:
+    """Both programs configure this process's logging (the demo's at WARNING): put the test session's back, or the
+    events later tests capture (structlog.testing.capture_logs) are filtered out before they are seen."""
+    saved = structlog.get_config()
+    try:
+        yield
+    finally:
+        structlog.configure(**saved)
+        structlog.contextvars.clear_contextvars()
+
+
 @pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
+@pytest.mark.usefixtures("process_logging")
 def test_the_flags_reach_the_cluster_spec_from_both_programs(monkeypatch: pytest.MonkeyPatch) -> None:
     import swactor.cli.demo as demo
     import swactor.localcluster.__main__ as localcluster_main

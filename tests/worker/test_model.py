@@ -215,7 +215,7 @@ def test_graph_cache_drops_a_corrupt_entry(gguf_model: GGUFModel, reference: dic
 
 # ---- runs in flight: KV slots and the batched decode step ----
 
-SLOT_SPLITS = {1: [(0, 30)], 3: SPLITS[3]}
+SLOT_SPLITS = {3: SPLITS[3]}  # a first, an interior and a last stage
 
 
 @pytest.fixture(scope="module")
@@ -257,21 +257,21 @@ def in_flight(chain: list[StageModel], prompts: dict[int, list[int]], joins: dic
   return toks
 
 
-@pytest.mark.parametrize("n_stages", [1, 3])
 def test_runs_in_flight_each_equal_the_float64_reference(slotted: dict[int, list[StageModel]],
-                                                         reference: dict[str, list[int]], n_stages: int) -> None:
+                                                         reference: dict[str, list[int]]) -> None:
   """Four runs in four slots, prompts of 4 to 40 tokens joining at different ticks, one chunk of a joining run between
-  the batched decode steps of the running ones, runs leaving as they finish (batches of 4, 3, 2, 1): every run's greedy
-  tokens are its float64 reference's."""
+  the batched decode steps of the running ones, runs leaving as they finish (batches of 4, 3, 2, 1), through three
+  stages: every run's greedy tokens are its float64 reference's. (Through the real compute process:
+  tests/worker_service/test_batched_step.py.)"""
   names = {0: "chat_france", 1: "plain_france", 2: "once", 3: "plain_france"}
   joins = {0: 2, 1: 0, 2: 1, 3: 9}
-  got = in_flight(slotted[n_stages], {s: PROMPTS[k] for s, k in names.items()}, joins, N_STEPS)
+  got = in_flight(slotted[3], {s: PROMPTS[k] for s, k in names.items()}, joins, N_STEPS)
   assert {s: got[s] for s in names} == {s: reference[k] for s, k in names.items()}
 
 
 def test_a_slot_reused_by_a_new_run_forgets_the_old_one(slotted: dict[int, list[StageModel]],
                                                         reference: dict[str, list[int]]) -> None:
-  chain = slotted[1]
+  chain = slotted[3]
   in_flight(chain, {2: PROMPTS["chat_france"]}, {2: 0}, 4)
   assert in_flight(chain, {2: PROMPTS["once"], 0: PROMPTS["plain_france"]}, {2: 0, 0: 0}, N_STEPS) == \
       {2: reference["once"], 0: reference["plain_france"]}
@@ -305,7 +305,7 @@ def test_float16_kv_cache_keeps_the_float64_tokens_at_half_the_bytes(gguf_model:
                                                                      reference: dict[str, list[int]]) -> None:
   """KV in float16 (stored half, read back to float32): the greedy tokens still equal the float64 reference for every
   prompt (measured over 48 tokens of 8 prompts in docs/runs-in-flight.md), and a slot costs half."""
-  m = StageModel(gguf_model, 0, 30, max_seq_len=128, prefill_chunk=8, kv_dtype="float16")
+  m = StageModel(gguf_model, 0, 30, max_seq_len=128, kv_dtype="float16")  # prompts row by row: one graph to compile
   for name, prompt in PROMPTS.items():
     assert generate([m], prompt, N_STEPS) == reference[name], name
   full = StageModel(gguf_model, 29, 30, max_seq_len=128, prefill_chunk=8)
