@@ -98,13 +98,13 @@ def test_restart_stops_the_previous_processes_stages_and_records_the_teardown(tm
         try:
             for i, m in enumerate(members):
                 await provision_as_previous_process(m, i)
-            await node_fakes_wait(lambda: all(n.stage is not None and n.stage.state is StageState.READY for n in nodes))
+            await node_fakes_wait(lambda: all(any(r.stage.state is StageState.READY for r in n.runs.values()) for n in nodes))
             shell = ReconcileShell(R.Reconciler((R.Leftover.of(run),)), MtlsControl(channel), local, store,
                                    published.append)
             shell.on_view(tuple(members))
             assert [m.state for m in published[-1]] == [NodeState.BOOTING, NodeState.BOOTING]  # busy: masked
             await asyncio.wait_for(shell.run(), 20)
-            assert all(n.stage is not None and n.stage.state is StageState.STOPPED for n in nodes)
+            assert all(r.stage.state is StageState.STOPPED for n in nodes for r in n.runs.values())
             assert [m.state for m in published[-1]] == [NodeState.AVAILABLE, NodeState.AVAILABLE]
         finally:
             for server in servers:

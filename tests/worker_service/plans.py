@@ -29,7 +29,7 @@ def ring(direction: int, capacity: int = 1 << 16) -> common_pb2.RingSpec:
 def provision(*, node_id: int, orchestrator: int, run_id: int = 77, stage_index: int = 1, stage_count: int = 2,
               layers: tuple[int, int] = (15, 30), in_edge: int = 101, out_edge: int = 102, max_seq: int = 64,
               path: str = MODEL, sha256: str = "", peer: int | None = None, prefill_chunk: int = 0,
-              trace: bool = False) -> stage_pb2.ProvisionStageRequest:
+              trace: bool = False, role_id: int = 9, run_slots: int = 0) -> stage_pb2.ProvisionStageRequest:
     """`peer`: the node on the other end of both edges (default: the orchestrator for token edges, 500/600)."""
     first, last = stage_index == 0, stage_index == stage_count - 1
     req = stage_pb2.ProvisionStageRequest(
@@ -49,8 +49,8 @@ def provision(*, node_id: int, orchestrator: int, run_id: int = 77, stage_index:
         model=stage_pb2.StageModelFacts(model_id="smollm2-135m", num_layers=LAYERS, hidden_dim=HIDDEN,
                                         dtype_family=common_pb2.DTYPE_FAMILY_FLOAT, dtype_width_bytes=4,
                                         max_seq_len=max_seq),
-        runtime=stage_pb2.StageRuntimeFacts(role_id=9, input_port=0, output_port=1, prefill_chunk=prefill_chunk,
-                                            trace_objects=trace))
+        runtime=stage_pb2.StageRuntimeFacts(role_id=role_id, input_port=0, output_port=1, prefill_chunk=prefill_chunk,
+                                            trace_objects=trace, run_slots=run_slots))
     if last:
         req.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=0.0))
     return req

@@ -51,7 +51,7 @@ def test_arena_lost_mid_run_faults_tears_down_withdraws_and_retires() -> None:
             assert fault.reason == common_pb2.RUN_FAULT_NODE_UNAVAILABLE
             assert fault.component == common_pb2.COMPONENT_ARENA and fault.cause == "ArenaManager.Gone"
             assert [u for u in ups if u.HasField("fault")] == [u for u in node.runs[77].updates if u.HasField("fault")]
-            assert node.stage is not None and node.stage.state is StageState.STOPPED
+            assert node.runs[77].stage.state is StageState.STOPPED
             await settle()
             assert not node.available and membership.states[-1] == "faulted:RUN_FAULT_NODE_UNAVAILABLE"
             assert node.retired.is_set()

@@ -133,7 +133,7 @@ def test_stop_and_watch_only_from_the_orchestrator_that_provisioned_the_run() ->
                     await call
                 assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert f"provisioned by orchestrator {ORCH}" in (info.value.details() or "")
-            assert node.stage is not None and node.stage.state is StageState.READY  # untouched
+            assert node.runs[77].stage.state is StageState.READY  # untouched
             # a run it does not know: nothing to protect, the usual answers
             assert not (await other.StopRun(stage_pb2.StopStageRunRequest(run_id=12345))).known
             assert (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=77))).known

@@ -41,11 +41,11 @@ def test_stream_gone_faults_and_stops_the_stage_then_the_node_takes_the_next_run
         assert ups[-1].HasField("ready") and all(u.event.worker_generation == 1 for u in ups if u.HasField("event"))
         await ch.close()  # the orchestrator is gone: no WatchStage stream any more
         await stopped(node.runs[77])
-        assert node.lease is not None and node.lease.state is LeaseState.EXPIRED
+        assert node.runs[77].lease.state is LeaseState.EXPIRED
         (fault,) = faults(node.runs[77])
         assert fault.reason == common_pb2.RUN_FAULT_NODE_UNAVAILABLE and fault.cause == "StageLease.Expired"
         assert fault.component == common_pb2.COMPONENT_STAGE_CONTROLLER and "WatchStage" in fault.detail
-        assert node.stage is not None and node.stage.state is StageState.STOPPED
+        assert node.runs[77].stage.state is StageState.STOPPED
         assert membership.states == ["available:127.0.0.1:1"]  # Available all along: the next run is welcome
         ch, s = stub(port)
         async with ch:
@@ -78,12 +78,12 @@ def test_an_open_stream_holds_the_run_and_stop_run_ends_the_lease() -> None:
             async for u in call:
                 if u.HasField("ready"):
                     break
-            assert node.lease is not None and node.lease.state is LeaseState.WATCHED
-            assert node.lease.deadline() is None  # no timer while the orchestrator follows the run
+            assert node.runs[80].lease.state is LeaseState.WATCHED
+            assert node.runs[80].lease.deadline() is None  # no timer while the orchestrator follows the run
             assert (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=80))).known
             async for u in call:
                 if u.HasField("stopped"):
                     break
-            assert node.lease.state is LeaseState.ENDED and faults(node.runs[80]) == []
+            assert node.runs[80].lease.state is LeaseState.ENDED and faults(node.runs[80]) == []
 
     asyncio.run(serve(body, lease_window_s=WINDOW_S))

@@ -405,6 +405,27 @@ def test_uninstalling_an_output_ring_mid_object_fails_the_step() -> None:
     assert m.CloseRing(out) in acts
 
 
+def test_a_run_leaving_a_batched_step_drops_its_output_alone() -> None:
+    """Two runs' rows in one step (outputs to rings 6 and 7): run 7's edge stops mid-object; run 6's output is
+    written and the step completes (docs/runs-in-flight.md: a run stopped while others decode)."""
+    w = Worker()
+    w.role()
+    w.ring(5, "Ingress")
+    w.ring(6, "Egress")
+    w.ring(7, "Egress", capacity=H + 8)  # its output does not fit at once: mid-object when the ring goes
+    a, b = w.load(5, 0, bytes(16)), w.load(5, 1, bytes(16))
+    batched = wire.ExecuteStep(9, 1, [wire.InputBinding(0, 500, 0, a), wire.InputBinding(0, 501, 1, b)],
+                               [wire.OutputBinding(1, 6, 900, 0, 16), wire.OutputBinding(1, 7, 901, 0, 16)],
+                               {"rows": [{"slot": 0, "start_pos": 0}, {"slot": 1, "start_pos": 0}]}, True)
+    assert only(w(batched), m.RunStep)
+    acts = w(m.StepRan(1, [BytesSource(bytes(16)), BytesSource(bytes(16))]))
+    assert [type(e).__name__ for e in events(acts)] == ["ObjectProduced"]  # ring 6's; ring 7 still writing
+    acts = w(wire.UninstallRing(7, pb.UNINSTALL_EDGE_STOPPED))
+    assert [type(e).__name__ for e in events(acts)] == ["DeviceObjectReleased", "DeviceObjectReleased", "StepCompleted",
+                                                        "RingQuiesced"]
+    assert w.core.step is None
+
+
 # ---- role loading ----
 
 
@@ -413,7 +434,7 @@ def test_load_progress_cancel_and_a_queued_config() -> None:
     assert w(wire.ConfigureRole(5, CONFIG)) == [m.StartLoad(5, CONFIG, 2)]
     assert events(w(m.LoadProgress(5, 0, 2))) == [wire.RoleProgress(5, 0, 2)]
     assert events(w(m.LoadProgress(5, 0, 2))) == []  # one event per layer
-    other = {**CONFIG, "layers": 1}
+    other = {**CONFIG, "layers": 1, "layer_end": 1}  # other weights (weights_key differs)
     acts = w(wire.ConfigureRole(6, other))
     assert acts == [m.CancelLoad(5)]  # 6 waits for 5 to end: never two sets of weights
     acts = w(wire.ConfigureRole(7, other))
@@ -440,6 +461,48 @@ def test_cancel_role() -> None:
     assert w(wire.ConfigureRole(8, CONFIG)) == [m.ResetRole(8, role, CONFIG)]
     assert events(w(m.RoleReset(8, pb.ROLE_FAILURE_CONFIG_INVALID, "sampling"))) == [wire.RoleFailed(8, pb.ROLE_FAILURE_CONFIG_INVALID, "sampling")]
     assert events(w(wire.ExecuteStep(7, 1, [], [])))[0].reason == pb.STEP_FAILURE_ROLE_UNAVAILABLE
+
+
+def test_runs_in_flight_share_the_resident_role_one_slot_each() -> None:
+    w = Worker()
+    a, b, c = ({**CONFIG, "slot": i} for i in (0, 1, 0))
+    assert w(wire.ConfigureRole(5, a)) == [m.StartLoad(5, a, None)]
+    assert w(wire.ConfigureRole(6, b)) == []  # the same weights: it waits for the load, never a second one
+    role = SimpleNamespace(key=weights_key(CONFIG))
+    acts = w(m.LoadDone(5, role))
+    assert events(acts) == [wire.RoleConfigured(5, False)] and acts[-1] == m.ResetRole(6, role, b)
+    assert not w.core.roles.ready(6)  # until its slot is reset
+    assert events(w(m.RoleReset(6))) == [wire.RoleConfigured(6, True)]
+    assert w.core.roles.ready(5) and w.core.roles.ready(6)
+    assert w(wire.ConfigureRole(7, c)) == [m.ResetRole(7, role, c)]  # a new run in slot 0: run 5 is gone from it
+    assert events(w(m.RoleReset(7))) == [wire.RoleConfigured(7, True)]
+    assert not w.core.roles.ready(5) and w.core.roles.ready(6) and w.core.roles.ready(7)
+    other = {**CONFIG, "layer_end": 1}  # other weights: every run bound to the resident role loses it
+    assert w(wire.ConfigureRole(8, other))[-1] == m.StartLoad(8, other, None)
+    assert not w.core.roles.ready(6) and not w.core.roles.ready(7)
+
+
+def test_a_run_cancelled_during_the_load_leaves_it_to_the_runs_that_joined() -> None:
+    w = Worker()
+    w(wire.ConfigureRole(5, CONFIG))
+    w(wire.ConfigureRole(6, {**CONFIG, "slot": 1}))
+    acts = w(wire.CancelRole(5))
+    assert events(acts) == [wire.RoleFailed(5, pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole")]
+    assert only(acts, m.CancelLoad) == []  # run 6 still needs the weights
+    role = SimpleNamespace(key=weights_key(CONFIG))
+    acts = w(m.LoadDone(5, role))
+    assert events(acts) == [] and acts[-1] == m.ResetRole(6, role, {**CONFIG, "slot": 1})
+    assert events(w(m.RoleReset(6))) == [wire.RoleConfigured(6, True)]
+    assert not w.core.roles.ready(5) and w.core.roles.ready(6)
+
+
+def test_a_failed_load_fails_every_run_that_joined_it() -> None:
+    w = Worker()
+    w(wire.ConfigureRole(5, CONFIG))
+    w(wire.ConfigureRole(6, {**CONFIG, "slot": 1}))
+    acts = w(m.LoadFailed(5, pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "gone"))
+    assert events(acts) == [wire.RoleFailed(5, pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "gone"),
+                            wire.RoleFailed(6, pb.ROLE_FAILURE_WEIGHTS_NOT_FOUND, "gone")]
 
 
 # ---- draining ----

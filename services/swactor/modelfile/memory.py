@@ -36,6 +36,7 @@ FLOAT32 = 4
 # checks they agree): float16 is stored half and read back as float32, so only a run slot's bytes change.
 KV_DTYPE_BYTES: dict[str, int] = {"float32": FLOAT32, "float16": 2}
 DEFAULT_KV_DTYPE = "float32"
+MAX_RUN_SLOTS = 64  # the most runs in flight one stage holds (a KV slot each): what a role config may ask for
 # Rows of one prefill chunk the estimate leaves room for (KV cache padding, scratch of the chunk's graphs).
 PREFILL_ROWS = 64
 RUNTIME_BYTES = 256 << 20

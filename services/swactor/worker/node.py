@@ -1,15 +1,16 @@
 """The stage node: StageController + EdgeEstablisher + GpuWorkerCtl wired to the local services.
 
-This is the asyncio shell around the I/O-free cores (stage_fsm, establisher, ctl_fsm): it feeds
-them events (worker events, arena/driver outcomes, orchestrator calls) and executes the actions
-they return. One run at a time per node (§43: concurrent runs on one stage chain are deferred);
-a later run of the same weights re-uses them (warm ConfigureRole). NodeAvailable (§8) is reported
-only once the arena is mapped, the worker said WorkerReady and the edge-driver answers. A run is held
-under the orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` the
-stage faults fail-stop and tears itself down. Every stage event carries the worker's generation.
-When the host's arena-manager dies (`arena_lost`) the running stage faults fail-stop
-(RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired`
-is set once no run is left: the service then exits for its manager to restart it on the new arena.
+This is the asyncio shell around the I/O-free cores (stage_fsm, stage_scheduler, establisher, ctl_fsm): it
+feeds them events (worker events, arena/driver outcomes, orchestrator calls) and executes the actions they
+return. Several runs of the same weights may be here at once (runs in flight, docs/runs-in-flight.md): each
+has its own StageController, edges and KV slot of the one resident role; their steps go to the compute process
+through the step scheduler, which batches their decode rows. A later run of the same weights re-uses them (warm
+ConfigureRole). NodeAvailable (§8) is reported only once the arena is mapped, the worker said WorkerReady and
+the edge-driver answers. Each run is held under the orchestrator's lease (stage_lease.py): with no WatchStage
+stream for `lease_window_s` that run's stage faults fail-stop and tears itself down. Every stage event carries
+the worker's generation. When the host's arena-manager dies (`arena_lost`) every running stage faults fail-stop
+(RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired` is set
+once no run is left: the service then exits for its manager to restart it on the new arena.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from swactor.worker.ctl_port import WorkerCtlLike, WorkerRingHost
 from swactor.worker.membership import MembershipPort
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
+from swactor.worker.process.roles import weights_key
 from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
+from swactor.worker.stage_scheduler import Asked, StepScheduler
 from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
@@ -53,15 +56,30 @@ class ProvisionError(Exception):
 
 @dataclass
 class RunLog:
-    """Every StageUpdate of one run, for WatchStage replay and live following."""
+    """One run's stage here: its StageController, KV slot and lease, and every StageUpdate, for WatchStage replay
+    and live following."""
 
     run_id: int
     stage_index: int
     orchestrator_node_id: int  # who provisioned it: the only caller of StopRun / WatchStage for it
+    stage: stage_fsm.StageController
+    slot: int  # its KV cache slot of the resident role
+    weights: WeightsIdentity
+    lease: StageLease
     updates: list[stage_pb2.StageUpdate] = field(default_factory=list)
     done: bool = False
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     traced: SequenceBatches = field(default_factory=SequenceBatches)  # per-object events (trace_objects runs)
+    warm_weights: bool = False
+    timing_relay: asyncio.Future[Any] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.stage.state is not stage_fsm.StageState.STOPPED
+
+    @property
+    def leaving(self) -> bool:
+        return self.stage.state in (stage_fsm.StageState.FAULTED, stage_fsm.StageState.STOPPING)
 
     def add(self, update: stage_pb2.StageUpdate) -> None:
         self.updates.append(update)
@@ -69,6 +87,19 @@ class RunLog:
             self.done = True
         self.changed.set()
         self.changed = asyncio.Event()
+
+
+@dataclass(frozen=True)
+class WeightsIdentity:
+    """What runs in flight on this node must agree on to share its resident role: the compute process's
+    weights key (layer range, context, chunk, slots, KV dtype) and where the weights come from."""
+
+    key: tuple[Any, ...]
+    source: tuple[str, str, int]  # gguf_source url, sha256, model id: a fetched file's path is known only later
+
+    @classmethod
+    def of(cls, req: stage_pb2.ProvisionStageRequest, config: dict[str, Any]) -> WeightsIdentity:
+        return cls(weights_key(config), (req.gguf_source.url, req.gguf_source.sha256, req.model.model_id))
 
 
 def _now_us() -> int:
@@ -89,20 +120,20 @@ class StageNode:
         self._log = get_logger(node_id=node_id, component="stage_node")
         self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log,
                                       lease_timeout_s=arena_pressure_timeout_s)
-        self.stage: stage_fsm.StageController | None = None
-        self.runs: dict[int, RunLog] = {}
+        self.runs: dict[int, RunLog] = {}  # the runs here (active ones, then a bounded history of finished ones)
+        self.scheduler = StepScheduler()
+        self._answering = False  # a step's runs are being answered: the next step waits until all of them were
+        self._run_of_edge: dict[int, int] = {}  # an active run's edge id -> run_id
+        self._run_of_role: dict[int, int] = {}  # an active run's role id -> run_id
         self.worker_ready = False
         self.driver_up = False
         self.available = False
         self.arena_gone: str | None = None  # why, once the arena-manager's hand-out connection ended
         self.retired = asyncio.Event()  # arena gone and no run left here: the service should exit
         self.restarts = 0
-        self.warm_weights = False
         self.weights = WeightsShell(weights, self._stage_input)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._timing_relays: dict[int, asyncio.Task[Any]] = {}  # run_id -> relay_object_timings task
         self.lease_window_s = lease_window_s
-        self.lease: StageLease | None = None  # the orchestrator's hold on the active run
         self._lease_timer: asyncio.TimerHandle | None = None
         self._clock = clock
         ctl.subscribe(self._on_worker)
@@ -171,6 +202,16 @@ class StageNode:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
+    # ---- the runs here ----
+
+    def active_runs(self) -> list[RunLog]:
+        return [log for log in self.runs.values() if log.active]
+
+    def slots_in_use(self) -> tuple[int, int]:
+        """(runs active here, the KV slots of their resident role); (0, 0) when no run is active."""
+        active = self.active_runs()
+        return len(active), (active[0].stage.plan.role_config.get("slots", 1) if active and active[0].stage.plan else 0)
+
     # ---- orchestrator calls ----
 
     def provision(self, req: stage_pb2.ProvisionStageRequest, caller_orchestrator: int | None) -> None:
@@ -186,12 +227,6 @@ class StageNode:
             raise ProvisionError("PERMISSION_DENIED", f"plan is addressed to node {req.node_id}, this is node {self.node_id}")
         if req.run_id in self.runs:
             raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
-        if self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED:
-            run = self.stage.plan.run_id if self.stage.plan else 0
-            if self.stage.state in (stage_fsm.StageState.FAULTED, stage_fsm.StageState.STOPPING):
-                # ABORTED: a conflict that ends by itself (the teardown is bounded): the caller may try again
-                raise ProvisionError("ABORTED", f"run {run} is still tearing down here")
-            raise ProvisionError("FAILED_PRECONDITION", f"run {run} is still active here")
         if not self.worker_ready:
             raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
         if self.arena_gone is not None:
@@ -200,23 +235,52 @@ class StageNode:
             plan = build_plan(req, node_id=self.node_id, role_id=new_id())
         except PlanRejected as e:
             raise ProvisionError("INVALID_ARGUMENT", str(e)) from None
+        identity = WeightsIdentity.of(req, plan.role_config)
+        slot = self._free_slot(identity, plan.role_config.get("slots", 1))
         for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
             self.edges.core.forget(eid)
             if self.edges.core.state(eid) is not None:
                 raise ProvisionError("FAILED_PRECONDITION", f"edge {eid} still has a live record on this node")
-        for old in [r for r, log in self.runs.items() if log.done][:-KEEP_FINISHED_RUNS or None]:
+        finished = [r for r, log in self.runs.items() if log.done]
+        for old in finished[:-KEEP_FINISHED_RUNS or None]:
             del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
-        self.runs[plan.run_id] = RunLog(plan.run_id, plan.stage_index, caller_orchestrator)
-        self.stage = stage_fsm.StageController(self.node_id)
-        self.warm_weights = False
+        plan.role_config["slot"] = slot
+        log = RunLog(plan.run_id, plan.stage_index, caller_orchestrator, stage_fsm.StageController(self.node_id),
+                     slot, identity, StageLease.grant(plan.run_id, self.lease_window_s, self._clock()))
+        self.runs[plan.run_id] = log
+        for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
+            self._run_of_edge[eid] = plan.run_id
+        self._run_of_role[plan.role_id] = plan.run_id
+        self.scheduler.max_batch = plan.role_config.get("slots", 1)
         if plan.trace:  # the edge timings of this run's ends: only a traced run reports them
             ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
-            self._timing_relays[plan.run_id] = self._spawn(relay_object_timings(  # type: ignore[assignment]
+            log.timing_relay = self._spawn(relay_object_timings(
                 self.edges.driver, ends, run_id=plan.run_id, node_id=self.node_id, stage_index=plan.stage_index,
                 emit=self._relay_timing, log=get_logger(component="stage_node")))
-        self._stage(stage_fsm.Provision(plan))
-        self.lease = StageLease.grant(plan.run_id, self.lease_window_s, self._clock())
+        self._log.info("run_slot_taken", run_id=plan.run_id, slot=slot, runs_active=len(self.active_runs()))
+        self._stage(log, stage_fsm.Provision(plan))
         self._arm_lease()
+
+    def _free_slot(self, identity: WeightsIdentity, slots: int) -> int:
+        """The KV slot a new run of `identity` takes here; ProvisionError when none can be given: other weights are
+        resident for runs still active (FAILED_PRECONDITION), or every slot is held, ABORTED (the caller may try
+        again) while one of them is tearing down."""
+        active = self.active_runs()
+        for log in active:
+            if log.weights != identity:
+                if log.leaving:
+                    raise ProvisionError("ABORTED", f"run {log.run_id} is still tearing down here")
+                raise ProvisionError("FAILED_PRECONDITION", f"run {log.run_id} is still active here on other weights "
+                                                            f"(runs in flight share one role: same model, layers, slots)")
+        taken = {log.slot for log in active}
+        free = [k for k in range(slots) if k not in taken]
+        if free:
+            return free[0]
+        if any(log.leaving for log in active):
+            raise ProvisionError("ABORTED", f"all {slots} run slot(s) are held; run(s) "
+                                            f"{sorted(log.run_id for log in active if log.leaving)} are tearing down")
+        raise ProvisionError("FAILED_PRECONDITION", f"all {slots} run slot(s) are held by active runs "
+                                                    f"{sorted(log.run_id for log in active)}")
 
     def authorize(self, run_id: int, caller_orchestrator: int | None) -> None:
         """StopRun / WatchStage for `run_id` come only from the orchestrator that provisioned it
@@ -234,15 +298,14 @@ class StageNode:
     def stop_run(self, run_id: int) -> bool:
         if run_id not in self.runs:
             return False
-        if self.stage is not None and self.stage.plan is not None and self.stage.plan.run_id == run_id:
-            self._stage(stage_fsm.StopRun())
+        self._stage_input(run_id, stage_fsm.StopRun())
         return True
 
     async def watch(self, run_id: int) -> AsyncIterator[stage_pb2.StageUpdate]:
         log = self.runs.get(run_id)
         if log is None:
             raise KeyError(run_id)
-        lease = self.lease if self.lease is not None and self.lease.run_id == run_id else None
+        lease = log.lease if log.lease.live else None
         if lease is not None:
             lease.attach(self._clock())
             self._arm_lease()
@@ -261,74 +324,93 @@ class StageNode:
                 lease.detach(self._clock())
                 self._arm_lease()
 
-    # ---- the orchestrator's lease (stage_lease.py) ----
+    # ---- the orchestrator's lease on each run (stage_lease.py) ----
 
     def _arm_lease(self) -> None:
         if self._lease_timer is not None:
             self._lease_timer.cancel()
             self._lease_timer = None
-        deadline = self.lease.deadline() if self.lease is not None else None
-        if deadline is not None:
-            delay = max(0.0, deadline - self._clock())
+        deadlines = [d for log in self.active_runs() if (d := log.lease.deadline()) is not None]
+        if deadlines:
+            delay = max(0.0, min(deadlines) - self._clock())
             self._lease_timer = asyncio.get_running_loop().call_later(delay, self._lease_tick)
 
     def _lease_tick(self) -> None:
         self._lease_timer = None
-        if self.lease is None:
-            return
-        for expired in self.lease.tick(self._clock()):
-            self._log.warning("stage_lease_expired", run_id=expired.run_id, unwatched_s=round(expired.unwatched_s, 3),
-                              detail=expired.detail)
-            self._stage_input(expired.run_id, stage_fsm.ControlLost(expired.detail))
-            self._stage_input(expired.run_id, stage_fsm.StopRun())
+        for log in self.active_runs():
+            for expired in log.lease.tick(self._clock()):
+                self._log.warning("stage_lease_expired", run_id=expired.run_id,
+                                  unwatched_s=round(expired.unwatched_s, 3), detail=expired.detail)
+                self._stage_input(expired.run_id, stage_fsm.ControlLost(expired.detail))
+                self._stage_input(expired.run_id, stage_fsm.StopRun())
         self._arm_lease()
 
-    # ---- StageController ----
+    # ---- StageControllers ----
 
-    def _stage(self, inp: stage_fsm.Input) -> None:
-        if self.stage is None:
-            return
-        for action in self.stage.handle(inp):
+    def _stage(self, log: RunLog, inp: stage_fsm.Input) -> None:
+        stage = log.stage
+        for action in stage.handle(inp):
             match action:
                 case stage_fsm.ProvisionEdge(edge):
                     self._est(est.Provision(edge, new_id()))
                 case stage_fsm.StopEdge(edge_id):
                     self._est(est.StopEdge(edge_id))
                 case stage_fsm.FetchWeights(request):
-                    assert self.stage.plan is not None
-                    self.weights.fetch(self.stage.plan.run_id, request)
+                    self.weights.fetch(log.run_id, request)
                 case stage_fsm.CancelFetch():
-                    self.weights.cancel()
+                    self.weights.cancel(log.run_id)
+                case stage_fsm.ToWorker(wire.ExecuteStep() as step):
+                    self.scheduler.ask(Asked(log.run_id, log.slot, stage.step_rows, step))
                 case stage_fsm.ToWorker(cmd):
                     self.ctl.send(cmd)
                 case stage_fsm.Report(event, cause, detail):
                     self._report(event, cause, detail)
-        if self.stage.state is stage_fsm.StageState.STOPPED:
-            self._maybe_restart_worker()
-            self._check_retired()
+        if log.leaving or not log.active:
+            withdrawn = self.scheduler.withdraw(log.run_id)  # its step never went out: its input is released here
+            for b in withdrawn.step.inputs if withdrawn is not None else ():
+                self.ctl.send(wire.ReleaseDeviceObject(b.device_handle))
+        if not log.active:
+            self._run_left(log)
+        if not self._answering:
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """The next step (one run's, or several runs' rows batched) to the compute process when it is idle."""
+        dispatch = self.scheduler.next()
+        if dispatch is not None:
+            self.ctl.send(dispatch.step)
+
+    def _run_left(self, log: RunLog) -> None:
+        """The run's stage stopped: its slot, edges and role id are free for the next run."""
+        plan = log.stage.plan
+        if plan is not None:
+            for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
+                if self._run_of_edge.get(eid) == log.run_id:
+                    del self._run_of_edge[eid]
+            self._run_of_role.pop(plan.role_id, None)
+        self._maybe_restart_worker()
+        self._check_retired()
 
     # ---- the arena-manager gone ----
 
     def arena_lost(self, detail: str) -> None:
-        """The arena's hand-out connection ended (ArenaHold.on_end). The stage's rings live in a memfd
+        """The arena's hand-out connection ended (ArenaHold.on_end). The stages' rings live in a memfd
         nobody manages any more, and a new arena-manager hands out a new one that neither this process
-        nor its compute process has mapped: fault the run here first (the orchestrator hears why),
-        tear it down, withdraw the node, then retire."""
+        nor its compute process has mapped: fault every run here first (the orchestrator hears why),
+        tear them down, withdraw the node, then retire."""
         if self.arena_gone is not None:
             return
         self.arena_gone = detail
-        run_id = self.stage.plan.run_id if self.stage is not None and self.stage.plan is not None else None
-        self._log.error("arena_lost", detail=detail, run_id=run_id, reason="RUN_FAULT_NODE_UNAVAILABLE",
+        active = [log.run_id for log in self.active_runs()]
+        self._log.error("arena_lost", detail=detail, run_ids=active, reason="RUN_FAULT_NODE_UNAVAILABLE",
                         component="COMPONENT_ARENA")
-        if run_id is not None:
+        for run_id in active:
             self._stage_input(run_id, stage_fsm.ArenaLost(detail))
             self._stage_input(run_id, stage_fsm.StopRun())
         self._check_retired()
 
     def _check_retired(self) -> None:
-        idle = self.stage is None or self.stage.state in (stage_fsm.StageState.STOPPED,
-                                                          stage_fsm.StageState.UNPROVISIONED)
-        if self.arena_gone is not None and idle and not self.retired.is_set():
+        if self.arena_gone is not None and not self.active_runs() and not self.retired.is_set():
             self._log.info("node_retiring", detail=self.arena_gone)
             self.retired.set()
             self._check_available()
@@ -351,9 +433,9 @@ class StageNode:
         up = stage_pb2.StageUpdate(run_id=ev.run_id, node_id=self.node_id, stage_index=ev.stage_index,
                                    time_us=ev.time_us)
         if ev.kind == common_pb2.WEIGHTS_LOADED:
-            self.warm_weights = bool(ev.counters.get("warm", 0))
+            log.warm_weights = bool(ev.counters.get("warm", 0))
         if ev.kind == common_pb2.STAGE_READY:
-            up.ready.warm_weights = self.warm_weights
+            up.ready.warm_weights = log.warm_weights
         elif ev.kind == common_pb2.STAGE_FAULTED:
             up.fault.reason = common_pb2.RunFaultReason.Value(ev.reason)
             up.fault.component = ev.component
@@ -362,15 +444,14 @@ class StageNode:
             if ev.reason == "RUN_FAULT_WEIGHTS_LOAD_FAILED" and ev.component == common_pb2.COMPONENT_WORKER:
                 self.weights.distrust(ev.run_id)  # the cache copy may be what failed: re-checked before the next run
         elif ev.kind == common_pb2.STAGE_STOPPED:
-            if self.lease is not None and self.lease.run_id == ev.run_id:
-                self.lease.end()
-                self._arm_lease()
+            log.lease.end()
+            self._arm_lease()
             for batch in log.traced.flush():  # what a traced run still held goes out before `stopped`
                 self._add_batch(log, batch)
             self.weights.release(ev.run_id)
-            relay = self._timing_relays.pop(ev.run_id, None)
-            if relay is not None:
-                relay.cancel()
+            if log.timing_relay is not None:
+                log.timing_relay.cancel()
+                log.timing_relay = None
             up.stopped.SetInParent()
         else:
             up.event.CopyFrom(ev)
@@ -392,9 +473,10 @@ class StageNode:
                                           time_us=batch[-1].time_us, events=stage_pb2.EventBatch(events=batch)))
 
     def _stage_input(self, run_id: int, inp: stage_fsm.Input) -> None:
-        """An input for run `run_id`'s StageController, dropped if that run is no longer the one here."""
-        if self.stage is not None and self.stage.plan is not None and self.stage.plan.run_id == run_id:
-            self._stage(inp)
+        """An input for run `run_id`'s StageController, dropped if that run is no longer active here."""
+        log = self.runs.get(run_id)
+        if log is not None and log.active:
+            self._stage(log, inp)
 
     # ---- worker events ----
 
@@ -406,8 +488,10 @@ class StageNode:
             case WorkerCrashed() | WorkerFailed():
                 self.worker_ready = False
                 self._check_available()
+                self.scheduler.reset()  # its steps and device objects went with the process
                 reason = common_pb2.RUN_FAULT_WORKER_CRASHED if isinstance(ev, WorkerCrashed) else common_pb2.RUN_FAULT_WORKER_FATAL
-                self._stage(stage_fsm.WorkerGone(reason, ev.detail))
+                for log in self.active_runs():  # a shared part: every run here ends, each with its reason
+                    self._stage(log, stage_fsm.WorkerGone(reason, ev.detail))
                 self._maybe_restart_worker()
             case wire.RingInstalled(ring_id=rid):
                 self._est(est.RingInstalled(rid))
@@ -417,16 +501,48 @@ class StageNode:
                 self._est(est.RingQuiesced(rid))
             case wire.WorkerStopped() | wire.DeviceObjectReleased() | wire.ReleaseFailed():
                 self._log.info("worker_event", worker_event=type(ev).__name__)
-            case (wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed() | wire.ObjectLoaded()
-                  | wire.ObjectFailed() | wire.ObjectProduced() | wire.StepCompleted() | wire.StepFailed()):
-                if isinstance(ev, wire.RoleConfigured | wire.StepCompleted):
+            case wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed():
+                if isinstance(ev, wire.RoleConfigured):
                     self.restarts = 0
-                self._stage(ev)
+                self._route(self._run_of_role.get(ev.role_id), ev)
+            case wire.ObjectLoaded():
+                run_id = self._run_of_edge.get(ev.edge_id)
+                if run_id is None or not self.runs[run_id].active:  # no run's input: never executed on
+                    self.ctl.send(wire.ReleaseDeviceObject(ev.device_handle))
+                else:
+                    self._stage_input(run_id, ev)
+            case wire.ObjectFailed() | wire.ObjectProduced():
+                self._route(self._run_of_edge.get(ev.edge_id), ev)
+            case wire.StepCompleted() | wire.StepFailed():
+                self._step_ended(ev)
+
+    def _route(self, run_id: int | None, ev: Any) -> None:
+        if run_id is not None:
+            self._stage_input(run_id, ev)
+
+    def _step_ended(self, ev: wire.StepCompleted | wire.StepFailed) -> None:
+        """The compute process ended a step: each run in it hears the outcome of its own step (a batched step's
+        failure is every one of its runs'), then the next step goes out."""
+        ended = self.scheduler.finished(ev.step_id)
+        if ended is None:
+            return
+        if isinstance(ev, wire.StepCompleted):
+            self.restarts = 0
+        self._answering = True  # every run answered first: those that ask again go out together
+        try:
+            for asked in ended.members:
+                own = asked.step
+                if isinstance(ev, wire.StepCompleted):
+                    self._stage_input(asked.run_id, wire.StepCompleted(own.role_id, own.step_id))
+                else:
+                    self._stage_input(asked.run_id, wire.StepFailed(own.role_id, own.step_id, ev.reason, ev.detail))
+        finally:
+            self._answering = False
+        self._dispatch()
 
     def _maybe_restart_worker(self) -> None:
         """Crashed -> Restarting (§31): a new generation, once no stage still depends on the old one."""
-        busy = self.stage is not None and self.stage.state is not stage_fsm.StageState.STOPPED
-        if busy or self.ctl.state not in (CtlState.FAILED, CtlState.STOPPED):
+        if self.active_runs() or self.ctl.state not in (CtlState.FAILED, CtlState.STOPPED):
             return
         if self.restarts >= MAX_WORKER_RESTARTS:
             self._log.error("worker_restart_limit", restarts=self.restarts)
@@ -441,4 +557,4 @@ class StageNode:
         self.edges.handle(inp)
 
     def _edge_outcome(self, a: EdgeOutcome) -> None:
-        self._stage(a)  # the StageController takes the establisher's outcomes as they are
+        self._route(self._run_of_edge.get(a.edge_id), a)  # the run's StageController takes them as they are

@@ -14,7 +14,7 @@ from swactor.common.objflags import MAX_PREFILL_CHUNK
 from swactor.distribution.request import FetchRequest
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.edgeend.objects import ObjSpec
-from swactor.modelfile.memory import DEFAULT_KV_DTYPE, KV_DTYPE_BYTES
+from swactor.modelfile.memory import DEFAULT_KV_DTYPE, KV_DTYPE_BYTES, MAX_RUN_SLOTS
 from swactor.v1 import common_pb2, stage_pb2
 from swactor.worker.stage_fsm import INPUT_PORT, OUTPUT_PORT, StagePlan
 
@@ -139,11 +139,14 @@ def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: i
     # not at the role's load
     kv_dtype = rt.kv_dtype or DEFAULT_KV_DTYPE
     _require(kv_dtype in KV_DTYPE_BYTES, "runtime.kv_dtype", f"{rt.kv_dtype!r} is not one of {', '.join(KV_DTYPE_BYTES)}")
+    slots = rt.run_slots or 1
+    _require(slots <= MAX_RUN_SLOTS, "runtime.run_slots", f"{slots} run slots: at most {MAX_RUN_SLOTS}")
     # With a URL the path is the weights cache's file, known once fetched; its ranges are verified piece
     # by piece, so the compute process does not hash the (sparse) file again.
     config = {"kind": "llama_stage", "gguf_path": src.path, "gguf_sha256": "" if fetch else src.sha256,
               "layer_start": req.layer_start, "layer_end": req.layer_end_exclusive, "max_seq_len": m.max_seq_len,
-              "hidden_dim": m.hidden_dim, "sampling": sampling, "prefill_chunk": chunk, "kv_dtype": kv_dtype}
+              "hidden_dim": m.hidden_dim, "sampling": sampling, "prefill_chunk": chunk, "kv_dtype": kv_dtype,
+              "slots": slots}
     return StagePlan(
         run_id=req.run_id, stage_index=req.stage_index, stage_count=req.stage_count, role_id=rt.role_id or role_id,
         inbound=EdgeProvision(inb.edge_id, "Ingress", inb.producer_node_id, INPUT_PORT, in_spec, inb.ring_spec),

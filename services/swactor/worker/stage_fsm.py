@@ -80,6 +80,7 @@ class StageController:
     position: int = 0
     step_id: int = 0
     step: wire.ExecuteStep | None = None
+    step_rows: int = 0  # rows of the step's input (the node's step scheduler batches steps of one row)
     waiting: deque[wire.ObjectLoaded] = field(default_factory=deque)  # inputs loaded while a step runs, in order
     edges_stopped: set[int] = field(default_factory=set)
     fault: tuple[int, int] | None = None  # (RunFaultReason, Component) of the first fault
@@ -312,6 +313,7 @@ class StageController:
         self.tx.on("StepStarted")
         self._transition(StageState.EXECUTING, sequence=ev.sequence, step_id=self.step_id, start_pos=self.position)
         self.position += rows
+        self.step_rows = rows
         self.next_sequence = ev.sequence + 1
         return [*self._traced(self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
                                           object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows})),

@@ -1,7 +1,7 @@
 """The stage node's weight fetch (docs/distribution.md): the asyncio shell between the
 StageController's FetchWeights / CancelFetch actions and the node-wide FetchPool.
 
-One fetch per active stage; its outcome comes back as StageController inputs (the pool's FetchStarted
+One fetch per run being provisioned (runs in flight of the same weights each ask; the pool shares the work); its outcome comes back as StageController inputs (the pool's FetchStarted
 and FetchProgress as they are, then WeightsFetched or WeightsFetchFailed) tagged with the run. The lease on the
 cache file is held until that run's stage stopped, and the file stays pinned as the worker's
 resident weights (never evicted while the compute process maps it) until another file replaces it.
@@ -37,18 +37,22 @@ class WeightsShell:
     def __init__(self, pool: WeightsFetcher | None, feed: StageInput) -> None:
         self.pool = pool
         self.feed = feed
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # run_id -> its fetch
         self._leases: dict[int, Lease] = {}
         self.log = get_logger(component="stage_weights")
 
     def fetch(self, run_id: int, req: FetchRequest) -> None:
-        self.cancel()
-        self._task = asyncio.ensure_future(self._run(run_id, req))
+        self.cancel(run_id)
+        self._tasks[run_id] = asyncio.ensure_future(self._run(run_id, req))
+        self._tasks[run_id].add_done_callback(lambda t: self._tasks.pop(run_id, None) if self._tasks.get(run_id) is t
+                                              else None)
 
-    def cancel(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        self._task = None
+    def cancel(self, run_id: int | None = None) -> None:
+        """Cancel run `run_id`'s fetch (None: every fetch)."""
+        for rid in list(self._tasks) if run_id is None else [run_id]:
+            task = self._tasks.pop(rid, None)
+            if task is not None and not task.done():
+                task.cancel()
 
     def release(self, run_id: int) -> None:
         lease = self._leases.pop(run_id, None)

@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swactor.common.reasons import ReasonError
-from swactor.modelfile.memory import DEFAULT_KV_DTYPE, KV_DTYPE_BYTES, MemoryProfile, StageBytes
+from swactor.modelfile.memory import (
+    DEFAULT_KV_DTYPE,
+    KV_DTYPE_BYTES,
+    MAX_RUN_SLOTS,
+    MemoryProfile,
+    StageBytes,
+)
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.v1 import common_pb2
 
@@ -28,7 +34,7 @@ BISECT_STEPS = 40
 # [orchestrator].max_slots_per_stage: its default, and the largest value taken (a bound on what one stage is asked to
 # decode at once, whatever its memory).
 DEFAULT_MAX_SLOTS_PER_STAGE = 8
-MAX_SLOTS_PER_STAGE = 64
+MAX_SLOTS_PER_STAGE = MAX_RUN_SLOTS
 
 
 class PlanError(ReasonError, ValueError):

@@ -39,9 +39,13 @@ class Step:
     ran: bool = False  # the role's outputs have come back (StepRan)
     outputs: dict[int, tuple[wire.OutputBinding, Any]] = field(default_factory=dict)  # ring_id -> (binding, obj)
     done: set[int] = field(default_factory=set)  # rings whose output is produced
+    dropped: set[int] = field(default_factory=set)  # output rings uninstalled mid-step (a batched step's run left)
 
     def binds(self, ring_id: int) -> bool:
-        return any(o.ring_id == ring_id for o in self.cmd.outputs)
+        return any(o.ring_id == ring_id for o in self.cmd.outputs) and ring_id not in self.dropped
+
+    def finished(self) -> bool:
+        return self.ran and self.done >= set(self.outputs)
 
 
 class WorkerCore:
@@ -250,10 +254,26 @@ class WorkerCore:
         self._emit(wire.RingFault(cmd.ring_id, cmd.edge_id, cmd.port_id, r.reason, r.detail))
 
     def _uninstall_ring(self, cmd: wire.UninstallRing) -> None:
-        if self.step is not None and self.step.binds(cmd.ring_id):
-            self._fail_step(pb.STEP_FAILURE_INVALID_OUTPUT_RING,
-                            f"ring {cmd.ring_id} uninstalled ({name(pb.UninstallReason, cmd.reason)})")
+        step = self.step
+        if step is not None and step.binds(cmd.ring_id):
+            if len(step.cmd.outputs) - len(step.dropped) > 1:
+                self._drop_output(step, cmd.ring_id)
+            else:
+                self._fail_step(pb.STEP_FAILURE_INVALID_OUTPUT_RING,
+                                f"ring {cmd.ring_id} uninstalled ({name(pb.UninstallReason, cmd.reason)})")
         self._uninstall(cmd.ring_id)
+
+    def _drop_output(self, step: Step, ring_id: int) -> None:
+        """One run of a batched step left (its ring is being uninstalled): its output is dropped, the other runs'
+        outputs go on, and the step completes without it (docs/runs-in-flight.md)."""
+        step.dropped.add(ring_id)
+        self.rings.abandon_output(ring_id)
+        produced = step.outputs.pop(ring_id, None)
+        if produced is not None:
+            self._do(m.FreeDeviceObject(produced[1]))
+        step.done.discard(ring_id)
+        if step.finished():
+            self._complete_step()
 
     def _uninstall(self, ring_id: int) -> None:
         end = self.rings.remove(ring_id)
@@ -295,7 +315,7 @@ class WorkerCore:
                 self._emit(wire.ObjectProduced(c.ring_id, c.edge_id, c.port_id, facts.object_id, facts.sequence,
                                                facts.extent))
                 step.done.add(c.ring_id)
-                if step.done == set(step.outputs):
+                if step.finished():
                     self._complete_step()
             case Broken(reason, detail):
                 self._emit(wire.RingFault(c.ring_id, c.edge_id, c.port_id, reason, detail))
@@ -344,14 +364,18 @@ class WorkerCore:
             self._fail_step(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID, f"role produced {len(r.outputs)} outputs, "
                                                    f"{len(step.cmd.outputs)} bound")
             return
-        step.outputs = {b.ring_id: (b, obj) for b, obj in zip(step.cmd.outputs, r.outputs, strict=True)}
+        kept = [(b, obj) for b, obj in zip(step.cmd.outputs, r.outputs, strict=True) if b.ring_id not in step.dropped]
         for b, obj in zip(step.cmd.outputs, r.outputs, strict=True):
+            if b.ring_id in step.dropped:
+                self._do(m.FreeDeviceObject(obj))
+        step.outputs = {b.ring_id: (b, obj) for b, obj in kept}
+        for b, obj in kept:
             try:
                 self.rings.start_output(b, obj)
             except OutputRejected as e:
                 self._fail_step(e.reason, e.detail)
                 return
-        if not step.cmd.outputs:
+        if not kept:
             self._complete_step()
 
     def _step_raised(self, r: m.StepRaised) -> None:

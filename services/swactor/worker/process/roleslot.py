@@ -1,18 +1,20 @@
 """The compute process's role and its loads (spec §29 ConfigureRole, §15 warm reuse): part of the core.
 
 One role is resident at a time. A ConfigureRole naming the resident weights (`roles.weights_key`)
-resets that role (ResetRole, answered `RoleConfigured{warm}`); any other drops it and loads a new
-one on a loader thread (StartLoad; progress, then LoadDone / LoadFailed come back as inputs). A
-newer ConfigureRole while one loads cancels the load and waits for it to end (so no two sets of
-weights are ever resident), a third one supersedes the waiting second. CancelRole abandons a load
-(or the waiting config); a configured role stays resident. Like the rest of the core: no thread,
+resets that role's KV slot `config.slot` (ResetRole, answered `RoleConfigured{warm}`); any other drops
+it and loads a new one on a loader thread (StartLoad; progress, then LoadDone / LoadFailed come back as
+inputs). Runs in flight share the resident role: each run's role id is bound to its slot, and a step of
+any bound role id runs on it (docs/runs-in-flight.md). A ConfigureRole of the weights being loaded joins
+that load (answered warm once it is done, or failed with it); one of other weights cancels the load and
+waits for it to end (so no two sets of weights are ever resident), a third one supersedes the waiting
+second. CancelRole abandons a load (or the waiting config, or a joiner); a configured role stays resident. Like the rest of the core: no thread,
 no role call here, only actions through `do`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.reasons import name
@@ -27,8 +29,12 @@ class Loading:
     """The cold load in flight (its thread lives in the shell)."""
 
     role_id: int
+    key: tuple[Any, ...]
+    slot: int
     cancel: tuple[int, str] | None = None  # (RoleFailure, detail) once abandoned: reported when it ends
     last_progress: tuple[str, int, int] | None = None
+    joiners: list[wire.ConfigureRole] = field(default_factory=list)  # runs of the same weights: reset once it loaded
+    lead_cancelled: bool = False  # the run that started the load was cancelled (answered): the joiners still wait
 
 
 class RoleSlot:
@@ -38,18 +44,23 @@ class RoleSlot:
         self.threads: int | None = None  # backend.threads: CPU cores of the compute kernels (None: auto)
         self.graph_cache = ""  # backend.graph_cache: where compiled graphs are kept ("" = nowhere)
         self.role: Any = None
-        self.role_id: int | None = None  # the configured role (None while loading, resetting or failed)
+        self.bound: dict[int, int] = {}  # KV slot -> the role id of the run configured in it (runs in flight)
         self.loading: Loading | None = None
         self.pending: wire.ConfigureRole | None = None  # the next load, once the cancelled one has ended
+        self.resetting: dict[int, int] = {}  # role id -> the slot its ResetRole is for
 
     def _emit(self, event: wire.Event) -> None:
         self._do(m.Emit(event))
 
     def ready(self, role_id: int) -> bool:
-        return self.role is not None and self.role_id == role_id
+        return self.role is not None and role_id in self.bound.values()
 
     def configure(self, cmd: wire.ConfigureRole) -> None:
-        if self.loading is not None:  # a newer config wins: the load in flight is abandoned first
+        ld = self.loading
+        if ld is not None and ld.cancel is None and self.pending is None and ld.key == weights_key(cmd.config):
+            ld.joiners.append(cmd)  # another run of the weights being loaded: it waits for them
+            return
+        if ld is not None:  # a config of other weights wins: the load in flight is abandoned first
             self._cancel_load(pb.ROLE_FAILURE_LOAD_CANCELLED, f"superseded by ConfigureRole {cmd.role_id}")
             if self.pending is not None:
                 self._emit(wire.RoleFailed(self.pending.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED,
@@ -59,13 +70,14 @@ class RoleSlot:
         self._start(cmd)
 
     def _start(self, cmd: wire.ConfigureRole) -> None:
-        if self.role is not None and getattr(self.role, "key", None) == weights_key(cmd.config):
-            self.role_id = None  # until the reset succeeded
-            self._do(m.ResetRole(cmd.role_id, self.role, cmd.config))
+        key = weights_key(cmd.config)
+        if self.role is not None and getattr(self.role, "key", None) == key:
+            self._reset(cmd)
             return
-        # Cold: drop the resident role first (its device memory), then load on the loader thread.
-        self.role, self.role_id = None, None
-        self.loading = Loading(cmd.role_id)
+        # Cold: drop the resident role first (its device memory and every run bound to it), then load on the loader thread.
+        self.role = None
+        self.bound.clear()
+        self.loading = Loading(cmd.role_id, key, config_slot(cmd.config))
         self.log.info("role_load_started", role_id=cmd.role_id, threads=self.threads or 0)
         self._do(m.StartLoad(cmd.role_id, cmd.config, self.threads, self.graph_cache))
 
@@ -75,14 +87,29 @@ class RoleSlot:
             self.loading.cancel = (reason, detail)
             self._do(m.CancelLoad(self.loading.role_id))
 
+    def _reset(self, cmd: wire.ConfigureRole) -> None:
+        slot = config_slot(cmd.config)
+        self.bound.pop(slot, None)  # the run that held the slot before is gone from it; bound again once reset
+        self.resetting[cmd.role_id] = slot
+        self._do(m.ResetRole(cmd.role_id, self.role, cmd.config))
+
     def cancel(self, cmd: wire.CancelRole) -> None:
-        if self.pending is not None and self.pending.role_id == cmd.role_id:
+        joiner = next((j for j in self.loading.joiners if j.role_id == cmd.role_id), None) if self.loading else None
+        if joiner is not None:
+            assert self.loading is not None
+            self.loading.joiners.remove(joiner)
+            self._emit(wire.RoleFailed(cmd.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole while the weights load"))
+        elif self.pending is not None and self.pending.role_id == cmd.role_id:
             self.pending = None
             self._emit(wire.RoleFailed(cmd.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole before its load started"))
+        elif self.loading is not None and self.loading.role_id == cmd.role_id and self.loading.joiners:
+            # other runs wait for these weights: the load goes on for them, this run alone is answered cancelled
+            self.loading.lead_cancelled = True
+            self._emit(wire.RoleFailed(cmd.role_id, pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole"))
         elif self.loading is not None and self.loading.role_id == cmd.role_id:
             self._cancel_load(pb.ROLE_FAILURE_LOAD_CANCELLED, "CancelRole")
         else:
-            self.log.info("cancel_role_ignored", role_id=cmd.role_id, loaded=cmd.role_id == self.role_id)
+            self.log.info("cancel_role_ignored", role_id=cmd.role_id, loaded=cmd.role_id in self.bound.values())
 
     def shutdown(self, mode: str) -> None:
         """ShutdownWorker: the waiting config and the load in flight fail now; the load is not waited for."""
@@ -94,14 +121,18 @@ class RoleSlot:
             ld, self.loading = self.loading, None
             if ld.cancel is None:
                 self._do(m.CancelLoad(ld.role_id))
-            self._emit(wire.RoleFailed(ld.role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN,
-                                       f"ShutdownWorker {mode} during the load"))
+            waiting = [] if ld.lead_cancelled else [ld.role_id]
+            for role_id in waiting + [j.role_id for j in ld.joiners]:
+                self._emit(wire.RoleFailed(role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN,
+                                           f"ShutdownWorker {mode} during the load"))
 
     def reset_done(self, r: m.RoleReset) -> None:
-        if r.reason is not None:  # the weights stay resident, unconfigured: a later config may still reuse them
-            self._emit(wire.RoleFailed(r.role_id, r.reason, r.detail))
+        slot = self.resetting.pop(r.role_id, None)
+        if r.reason is not None or slot is None:  # the weights stay resident: a later config may still reuse them
+            self._emit(wire.RoleFailed(r.role_id, r.reason or pb.ROLE_FAILURE_LOAD_CANCELLED,
+                                       r.detail or "the resident role was dropped during the reset"))
             return
-        self.role_id = r.role_id
+        self.bound[slot] = r.role_id
         self._emit(wire.RoleConfigured(r.role_id, True))
 
     def progress(self, p: m.LoadProgress) -> None:
@@ -119,13 +150,25 @@ class RoleSlot:
             return
         self.loading = None
         if isinstance(r, m.LoadDone) and ld.cancel is None:
-            self.role, self.role_id = r.role, r.role_id
-            self.log.info("role_loaded", role_id=r.role_id)
-            self._emit(wire.RoleConfigured(r.role_id, False))
+            self.role = r.role
+            self.bound = {} if ld.lead_cancelled else {ld.slot: r.role_id}
+            self.log.info("role_loaded", role_id=r.role_id, joiners=len(ld.joiners))
+            if not ld.lead_cancelled:
+                self._emit(wire.RoleConfigured(r.role_id, False))
+            for joiner in ld.joiners:  # the other runs of these weights: each resets its own slot
+                self._reset(joiner)
         else:  # cancelled: a role that finished anyway is dropped here (its weights with it)
             reason, detail = ld.cancel or (r.reason, r.detail)  # type: ignore[union-attr]
             self.log.info("role_load_ended", role_id=r.role_id, reason=name(pb.RoleFailure, reason), detail=detail)
-            self._emit(wire.RoleFailed(r.role_id, reason, detail))
+            failed = [j.role_id for j in ld.joiners] if ld.lead_cancelled else [r.role_id, *(j.role_id for j in ld.joiners)]
+            for role_id in failed:
+                self._emit(wire.RoleFailed(role_id, reason, detail))
         if self.pending is not None:
             cmd, self.pending = self.pending, None
             self._start(cmd)
+
+
+def config_slot(config: dict[str, Any]) -> int:
+    """The run's KV slot in a ConfigureRole config (the role checks it against its slots; 0 when absent)."""
+    slot = config.get("slot", 0)
+    return slot if isinstance(slot, int) and not isinstance(slot, bool) else -1

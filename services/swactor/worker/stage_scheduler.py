@@ -1,0 +1,111 @@
+"""Which runs' steps the compute process runs next, and as how many ExecuteSteps: the stage's step scheduler.
+
+An I/O-free core beside the StageControllers (stage_fsm.py). Each run's StageController asks for one step at a
+time (its ExecuteStep: one input object, one output, one run's rows); the compute process runs one step at a time.
+The scheduler stands between them (docs/runs-in-flight.md):
+
+- Steps of one row (a decode step, or a prompt sent row by row) of several runs go through the stage as *one*
+  batched ExecuteStep (inputs and outputs in the runs' order, runtime {"rows": [{slot, start_pos, sample}, ...]}):
+  the stage's weights are read once for every run waiting.
+- A prompt chunk (more than one row) runs alone. When chunks and rows both wait, they alternate: a decode row waits
+  at most one other run's chunk, and a new run's prompt is not stalled behind an endless stream of decode batches.
+- A run joins or leaves between steps: the next dispatch takes whatever waits then.
+
+Step ids: the compute process sees the scheduler's own ids (runs' StageControllers count theirs from 1 each); a
+completion or failure is answered to each run in the step with its own step id (`Dispatch.members`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from swactor.worker.process import wire
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One run's step as its StageController asked for it."""
+
+    run_id: int
+    slot: int
+    rows: int
+    step: wire.ExecuteStep
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One ExecuteStep sent to the compute process and the runs' steps it carries."""
+
+    step: wire.ExecuteStep
+    members: tuple[Asked, ...]
+
+    @property
+    def batched(self) -> bool:
+        return len(self.members) > 1
+
+
+@dataclass
+class StepScheduler:
+    max_batch: int = 1  # the most runs' rows one step carries (the stage's KV slots)
+    waiting: dict[int, Asked] = field(default_factory=dict)  # run_id -> its step, in the order they asked
+    in_flight: Dispatch | None = None
+    chunk_last: bool = False  # the last dispatch was a prompt chunk: rows go next if any wait
+    _next_step_id: int = 0
+
+    def ask(self, asked: Asked) -> None:
+        """A run's StageController asked for a step; it goes out with a later `next`."""
+        if asked.run_id in self.waiting:
+            raise ValueError(f"run {asked.run_id} asked for a second step before its first ran")
+        self.waiting[asked.run_id] = asked
+
+    def finished(self, step_id: int) -> Dispatch | None:
+        """The compute process completed or failed step `step_id`: the dispatch that ended (None: not the one in
+        flight). The caller answers its runs before it asks for `next`, so the runs that ask again join it."""
+        if self.in_flight is None or self.in_flight.step.step_id != step_id:
+            return None
+        ended, self.in_flight = self.in_flight, None
+        return ended
+
+    def withdraw(self, run_id: int) -> Asked | None:
+        """A run left (stopped, faulted): its step that has not been sent, whose input the caller releases."""
+        return self.waiting.pop(run_id, None)
+
+    def reset(self) -> list[Asked]:
+        """The compute process is gone: every step waiting or in flight ends with it."""
+        lost = list(self.waiting.values()) + (list(self.in_flight.members) if self.in_flight else [])
+        self.waiting.clear()
+        self.in_flight = None
+        return lost
+
+    # ---- policy ----
+
+    def next(self) -> Dispatch | None:
+        """The step to send now (one run's, or several runs' rows as one), when the compute process is idle."""
+        if self.in_flight is not None or not self.waiting:
+            return None
+        rows = [a for a in self.waiting.values() if a.rows == 1]
+        chunks = [a for a in self.waiting.values() if a.rows > 1]
+        if chunks and (not rows or not self.chunk_last):
+            self.chunk_last = True
+            return self._send((chunks[0],))
+        self.chunk_last = False
+        return self._send(tuple(rows[:self.max_batch]))
+
+    def _send(self, members: tuple[Asked, ...]) -> Dispatch:
+        for a in members:
+            del self.waiting[a.run_id]
+        self._next_step_id += 1
+        self.in_flight = Dispatch(self._compose(self._next_step_id, members), members)
+        return self.in_flight
+
+    @staticmethod
+    def _compose(step_id: int, members: tuple[Asked, ...]) -> wire.ExecuteStep:
+        first = members[0].step
+        if len(members) == 1:
+            return wire.ExecuteStep(first.role_id, step_id, first.inputs, first.outputs,
+                                    {**first.runtime, "slot": members[0].slot}, first.release_inputs_after)
+        rows: list[dict[str, Any]] = [{"slot": a.slot, "start_pos": a.step.runtime["start_pos"],
+                                       "sample": a.step.runtime.get("sample", True)} for a in members]
+        return wire.ExecuteStep(first.role_id, step_id, [b for a in members for b in a.step.inputs],
+                                [b for a in members for b in a.step.outputs], {"rows": rows}, True)

@@ -1,0 +1,68 @@
+"""The stage's step scheduler (worker/stage_scheduler.py): which runs' steps go next, batched or alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from swactor.worker.process import wire
+from swactor.worker.stage_scheduler import Asked, StepScheduler
+
+
+def asked(run_id: int, rows: int = 1, start_pos: int = 0, own_step: int = 1, **runtime: object) -> Asked:
+    handle = wire.DeviceHandle(1, run_id * 10 + own_step)
+    return Asked(run_id, slot=run_id % 10, rows=rows, step=wire.ExecuteStep(
+        run_id, own_step, [wire.InputBinding(0, run_id, own_step, handle)],
+        [wire.OutputBinding(1, run_id + 1000, run_id, own_step, 4)], {"start_pos": start_pos, **runtime}, True))
+
+
+def test_rows_of_waiting_runs_go_as_one_step_up_to_the_batch_width() -> None:
+    s = StepScheduler(max_batch=2)
+    for run_id in (1, 2, 3):
+        s.ask(asked(run_id, start_pos=run_id))
+    d = s.next()
+    assert d is not None and [a.run_id for a in d.members] == [1, 2] and d.batched
+    assert d.step.runtime == {"rows": [{"slot": 1, "start_pos": 1, "sample": True},
+                                       {"slot": 2, "start_pos": 2, "sample": True}]}
+    assert [o.ring_id for o in d.step.outputs] == [1001, 1002] and d.step.step_id == 1
+    assert s.next() is None  # one step in flight at a time
+    assert s.finished(99) is None  # not the step in flight
+    assert s.finished(1) is d
+    d = s.next()
+    assert d is not None and [a.run_id for a in d.members] == [3] and not d.batched
+    assert d.step.runtime == {"start_pos": 3, "slot": 3} and d.step.step_id == 2
+
+
+def test_prompt_chunks_and_decode_rows_alternate() -> None:
+    """A decode row waits at most one other run's chunk; a chunk waits at most one batch of rows."""
+    s = StepScheduler(max_batch=4)
+    s.ask(asked(1))
+    s.ask(asked(2, rows=64, sample=False))
+    s.ask(asked(3, rows=64))
+    order = []
+    while (d := s.next()) is not None:
+        order.append([a.run_id for a in d.members])
+        s.finished(d.step.step_id)
+        for a in d.members:  # each run asks again: run 1 decodes on, the chunked runs finish their prompts
+            if a.run_id == 1 and len(order) < 6:
+                s.ask(asked(1, own_step=len(order) + 1))
+    assert order[:4] == [[2], [1], [3], [1]]
+
+
+def test_a_run_that_leaves_withdraws_its_unsent_step_and_a_crash_loses_all() -> None:
+    s = StepScheduler(max_batch=4)
+    s.ask(asked(1, rows=8))
+    s.ask(asked(2))
+    d = s.next()
+    assert d is not None and [a.run_id for a in d.members] == [1]
+    s.ask(asked(3))
+    gone = s.withdraw(2)
+    assert gone is not None and gone.run_id == 2 and s.withdraw(2) is None
+    assert sorted(a.run_id for a in s.reset()) == [1, 3]
+    assert s.next() is None and s.in_flight is None
+
+
+def test_a_second_step_of_one_run_before_its_first_ran_is_a_bug() -> None:
+    s = StepScheduler()
+    s.ask(asked(1))
+    with pytest.raises(ValueError, match="second step"):
+        s.ask(asked(1, own_step=2))
