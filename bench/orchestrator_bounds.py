@@ -134,7 +134,8 @@ async def through_queue(runs: int, keep: int) -> None:
     fleet = FakeFleet([100 + k for k in range(tokens)] + [2])
     limits = Limits(queue_depth=32, retention=RetentionPolicy(max_runs=keep, max_age_s=0))
     with tempfile.TemporaryDirectory() as d:
-        async with serving(Path(d), fleet, pool(1), limits=limits) as s:
+        # One run slot: the runs go one at a time through the queue (the fake fleet serves one run at a time).
+        async with serving(Path(d), fleet, pool(1), limits=limits, max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             rss0, store0 = rss_bytes(), s.store.size_bytes()
             peak = {"rss": rss0, "store": store0, "queued": 0}

@@ -49,21 +49,23 @@ def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
             stop_done = await cli(s.socket, "stop", str(run_id))
             bad = await cli(s.socket, "submit", "--prompt", "x", "--stages", "5")
             missing = await cli(s.socket, "show", "12345")
-            return sub, runs, show, events, nodes, stop_done, bad, missing
+            over = await cli(s.socket, "submit", "--prompt", "x", "--max-context", "5000")
+            return sub, runs, show, events, nodes, stop_done, bad, missing, over
 
-    sub, runs, show, events, nodes, stop_done, bad, missing = asyncio.run(main())
+    sub, runs, show, events, nodes, stop_done, bad, missing, over = asyncio.run(main())
     rc, out, err = sub
     assert rc == 0, err
     assert out == " Bonjour !\n"
     assert "readiness_barrier_passed" in err and "run_torn_down" in err and "completed (eos)" in err
     record = json.loads(runs[1].splitlines()[0])
     assert record["outcome"] == "RUN_OUTCOME_COMPLETED" and record["text"] == " Bonjour !"
-    assert "stage 1: node 2 layers 15..30" in show[1]
+    assert "stage 1: node 2 layers 15..30" in show[1] and "  context: 4096 tokens, prompt included" in show[1]
     assert events[1].splitlines()[0].split()[2] == "pool_ready" and "run_torn_down" in events[1].splitlines()[-1]
     assert nodes[1].splitlines()[0].startswith("1 ") and "CUDA H100 80GiB" in nodes[1] and "pool ready" in nodes[1]
     assert stop_done[0] == 0 and "completed (eos)" in stop_done[1]  # stopping a finished run changes nothing
     assert bad[0] == 1 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
     assert missing[0] == 1 and "NOT_FOUND: unknown run_id 12345" in missing[2]
+    assert over[0] == 1 and "INVALID_ARGUMENT" in over[2] and "max_context 5000 is more than model" in over[2]
 
 
 def test_the_dry_run_counts_a_float16_kv_cache_at_half_and_says_so(tmp_path: Path) -> None:
@@ -143,7 +145,7 @@ def test_queued_runs_in_runs_show_and_watch_and_events_over_pages(tmp_path: Path
     fleet = FakeFleet([100 + k % 50 for k in range(1100)] + [2], hold_after=1)
 
     async def main():
-        async with serving(tmp_path, fleet, pool(1)) as s:
+        async with serving(tmp_path, fleet, pool(1), max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             first = await s.stub.SubmitRun(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=2000))
             while len(fleet.injected) < 2:

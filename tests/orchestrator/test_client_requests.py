@@ -267,7 +267,7 @@ def test_a_retry_of_a_queued_run_gets_its_current_position_even_when_the_queue_i
     fleet = FakeFleet([100, 101, 2], hold_after=1)  # the first run holds at sequence 1 until released
 
     async def main():
-        async with serving(tmp_path, fleet, pool(1), limits=Limits(queue_depth=2)) as s:
+        async with serving(tmp_path, fleet, pool(1), limits=Limits(queue_depth=2), max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             active = await s.stub.SubmitRun(submit("a"))
             b = await s.stub.SubmitRun(submit("b"))

@@ -288,3 +288,54 @@ def test_the_dry_run_says_which_kv_dtype_it_counted() -> None:
     unknown = plan_response("smol", nodes(GiB), Demand(1, (), 30, None), PoolStatus(True, "ok"), prompt_tokens=5,
                             max_seq_len=4096)
     assert unknown.kv_dtype == "" and "KV cache" not in plan_lines(unknown)[0]  # nothing was counted
+
+
+# ---- a run that joins the runs in flight is pinned to their nodes: it must get the same seats ----
+
+
+def _seats(p) -> list[tuple[int, tuple[int, int], int | None]]:
+    return [(n.node_id, r, s) for n, r, s in zip(p.nodes, p.ranges, p.slots, strict=True)]
+
+
+def _fitted_pool():
+    """Equal memory, but the last stage also holds a big head: the proportional split overflows it (as above)."""
+    m = need(dataclasses.replace(SMOL, head=100 << 20), 1024)
+    even = [m.stage(lo, hi).total for lo, hi in balanced_ranges(30, 2)]
+    budget = (even[0] + even[1]) // 2 + m.stage(0, 2).total - m.stage(0, 1).total
+    return nodes(budget, budget), m
+
+
+@pytest.mark.parametrize(("case", "split"), [
+    (lambda: (nodes(64 * GiB, 64 * GiB, 64 * GiB), need(SMOL, 4096)), "memory"),  # equal: the balanced split
+    (lambda: (nodes(8 * GiB, 24 * GiB, 80 * GiB, 12 * GiB), need(SMOL, 4096)), "memory"),  # the three largest
+    (lambda: (nodes(0, 24 * GiB, 24 * GiB), need(SMOL, 4096)), "balanced"),  # one node's memory unknown
+    (_fitted_pool, "fitted"),
+], ids=["equal", "proportional", "unknown", "fitted"])
+def test_pinning_a_placement_s_own_nodes_gives_the_same_blocks_and_run_slots(case, split: str) -> None:
+    pool, m = case()
+    stages = min(3, len(pool))
+    first = place(pool, stages, 30, memory=m)
+    assert first.split == split
+    joined = place(pool, stages, 30, node_ids=tuple(n.node_id for n in first.nodes), memory=m)
+    assert _seats(joined) == _seats(first) and joined.split == first.split
+    # a group founded on pins in another order keeps that order
+    pinned = place(pool, stages, 30, node_ids=tuple(n.node_id for n in reversed(first.nodes)), memory=m)
+    again = place(pool, stages, 30, node_ids=tuple(n.node_id for n in pinned.nodes), memory=m)
+    assert _seats(again) == _seats(pinned)
+
+
+def test_a_stage_of_unknown_memory_holds_max_slots_per_stage_in_the_plan_and_in_provisioning() -> None:
+    from pathlib import Path
+
+    from swactor.orchestrator.fleet.stage_fleet import provision_request
+    from swactor.orchestrator.planning.planner import Seat
+
+    facts = dataclasses.replace(model_facts(), memory=SMOL)
+    middle = need(SMOL, 4096).stage(15, 30)
+    plan = plan_run(run_id=9, model=facts, pool=nodes(0, middle.shared + 2 * middle.kv_cache), stages=2,
+                    max_tokens=16, prompt_tokens=10, sampling=SamplingPolicy(), orchestrator_node_id=100,
+                    max_slots_per_stage=5)
+    assert [s.run_slots for s in plan.stages] == [None, 2]
+    assert plan.seats() == (Seat(1, 0, 15, 5), Seat(2, 15, 30, 2))
+    sent = [provision_request(plan, s, Path("/m.gguf")).runtime.run_slots for s in plan.stages]
+    assert sent == [5, 2]

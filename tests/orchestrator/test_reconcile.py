@@ -46,7 +46,7 @@ def test_happy_path_stop_confirm_release_then_run_torn_down() -> None:
     out = core.handle(R.View((node(7), node(8))), 0.1)
     assert [(a.stage_index, a.node.node_id) for a in of(out, R.SendStopRun)] == [(0, 7), (1, 8)]
     assert kinds(out) == ["STOP_RUN_SENT", "STOP_RUN_SENT"]
-    assert core.busy_nodes() == {7: RUN, 8: RUN}
+    assert core.busy_nodes() == {7: (RUN,), 8: (RUN,)}
     masked = core.mask_view((node(7), node(8), node(9)))
     assert [m.state for m in masked] == [NodeState.BOOTING, NodeState.BOOTING, NodeState.AVAILABLE]
     assert f"run {RUN}" in masked[0].reason
@@ -54,13 +54,25 @@ def test_happy_path_stop_confirm_release_then_run_torn_down() -> None:
     assert of(out, R.WatchUntilStopped) == [R.WatchUntilStopped(RUN, 0, node(7))]
     out = core.handle(R.StopAnswered(RUN, 1, known=False), 0.2)  # that node had forgotten the run
     assert kinds(out) == ["STAGE_STOPPED"] and of(out, R.ViewChanged)
-    assert core.busy_nodes() == {7: RUN}
+    assert core.busy_nodes() == {7: (RUN,)}
     out = core.handle(R.StageStoppedSeen(RUN, 0), 0.5)
     assert kinds(out) == ["STAGE_STOPPED"] and not core.done  # the local edges are not released yet
     out = core.handle(R.LocalReleased(RUN, ""), 0.6)
     ev = torn_down(out)
     assert core.done and ev.reason == "" and dict(ev.counters) == {"stages_stopped": 2, "stages_unconfirmed": 0}
     assert core.busy_nodes() == {} and core.deadline() is None
+
+
+def test_a_node_that_held_several_runs_in_flight_stays_masked_until_every_one_is_stopped() -> None:
+    other = R.Leftover(RUN + 1, ((0, 7),), (200, 201))
+    core = R.Reconciler((leftover(7, 8), other))
+    core.handle(R.View((node(7), node(8))), 0.0)
+    assert core.busy_nodes() == {7: (RUN, RUN + 1), 8: (RUN,)}
+    assert core.mask_view((node(7),))[0].reason == f"tearing down runs {RUN}, {RUN + 1} left by the previous orchestrator"
+    core.handle(R.StopAnswered(RUN, 0, known=False), 0.1)
+    assert core.busy_nodes() == {7: (RUN + 1,), 8: (RUN,)}
+    core.handle(R.StopAnswered(RUN + 1, 0, known=False), 0.2)
+    assert core.busy_nodes() == {8: (RUN,)} and core.mask_view((node(7),))[0].state is NodeState.AVAILABLE
 
 
 def test_stop_run_is_retried_with_backoff_until_answered() -> None:
@@ -77,7 +89,7 @@ def test_stop_run_is_retried_with_backoff_until_answered() -> None:
         core.handle(R.Tick(), core.deadline() or 0.0)
         core.handle(R.StopFailed(RUN, 0, "again"), 100.0)
     assert core.deadline() == 100.0 + R.RETRY_MAX_S
-    assert core.busy_nodes() == {7: RUN}  # retried as long as the node is in the pool
+    assert core.busy_nodes() == {7: (RUN,)}  # retried as long as the node is in the pool
 
 
 def test_a_node_that_leaves_the_pool_ends_the_retries() -> None:

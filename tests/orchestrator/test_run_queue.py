@@ -21,6 +21,8 @@ from .helpers import pool
 from .test_service import collect, events_of
 
 pytestmark = pytest.mark.timeout(60)
+# The tests of the queue serve with max_slots_per_stage=1: the pool then holds one run at a time and the others
+# queue (with a free slot, a run joins the runs in flight instead: test_admission.py).
 
 
 def run(coro):
@@ -46,7 +48,7 @@ def test_runs_wait_in_order_with_positions_and_start_one_after_another(tmp_path:
     fleet = FakeFleet([100, 101, 2], hold_after=1)  # the first run holds at sequence 1 until released
 
     async def main():
-        async with serving(tmp_path, fleet, pool(1), limits=Limits(queue_depth=2)) as s:
+        async with serving(tmp_path, fleet, pool(1), limits=Limits(queue_depth=2), max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             a = await s.stub.SubmitRun(submit(0))
             await until(lambda: len(fleet.injected) >= 2, "run a decoding")
@@ -91,7 +93,7 @@ def test_stopping_a_queued_run_removes_it_and_moves_the_others_up(tmp_path: Path
     fleet = FakeFleet([100, 2], hold_after=1)
 
     async def main():
-        async with serving(tmp_path, fleet, pool(1)) as s:
+        async with serving(tmp_path, fleet, pool(1), max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             a = await s.stub.SubmitRun(submit(0))
             await until(lambda: len(fleet.injected) >= 2, "run a decoding")
@@ -126,7 +128,7 @@ def test_queued_runs_are_faulted_orchestrator_restarted_by_the_next_start(tmp_pa
     fleet = FakeFleet([100, 2], hold_after=1)
 
     async def first():
-        async with serving(tmp_path, fleet, pool(1)) as s:
+        async with serving(tmp_path, fleet, pool(1), max_slots_per_stage=1) as s:
             await asyncio.sleep(0.06)
             a = await s.stub.SubmitRun(submit(0))
             await until(lambda: len(fleet.injected) >= 2, "run a decoding")

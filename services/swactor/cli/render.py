@@ -40,6 +40,8 @@ def run_detail(run: opb.Run) -> str:
         lines.append(f"  queue position: {run.queue_position} (1 = next)")
     if run.detail:
         lines.append(f"  detail: {run.detail}")
+    if run.max_context:
+        lines.append(f"  context: {run.max_context} tokens, prompt included")
     for p in run.placement:
         lines.append(f"  stage {p.stage_index}: node {p.node_id} layers {p.layer_start}..{p.layer_end_exclusive} "
                      f"edges {p.inbound_edge_id} -> {p.outbound_edge_id}")
@@ -65,8 +67,9 @@ def node_line(n: opb.Node) -> str:
     mark = "ready" if n.provisionable else "-"
     reason = f" ({n.reason})" if n.reason else ""
     memory = f"stage memory {gib(n.stage_memory_bytes)}" if n.stage_memory_bytes else "stage memory not advertised"
+    slots = f" slots {n.slots_in_use}/{n.run_slots} in use" if n.run_slots else ""  # runs in flight on it
     return (f"{n.node_id:<20} {state:<10}{reason} {mark:<6} edge={n.edge_endpoint or '-'} control={n.control_endpoint or '-'} "
-            f"[{gpus}] {memory}")
+            f"[{gpus}] {memory}{slots}")
 
 
 SPLITS = {"memory": "blocks in proportion to the nodes' memory", "fitted": "blocks fitted to the nodes' memory",

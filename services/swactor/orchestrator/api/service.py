@@ -23,11 +23,12 @@ SERVICE_NAME = opb.DESCRIPTOR.services_by_name["Orchestrator"].full_name
 _READINESS = {s: opb.NodeReadiness.Value(f"NODE_READINESS_{s.name}") for s in NodeState}
 
 
-def node_proto(n: NodeInfo) -> opb.Node:
+def node_proto(n: NodeInfo, slots: tuple[int, int] = (0, 0)) -> opb.Node:
+    """The node as ListNodes shows it; `slots`: (runs in flight on it, the run slots it holds for them)."""
     return opb.Node(
         node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
         edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
-        stage_memory_bytes=n.memory_bytes,
+        stage_memory_bytes=n.memory_bytes, slots_in_use=slots[0], run_slots=slots[1],
         gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
     )
 
@@ -83,9 +84,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
             await self._refuse(context, "StopRun", e)
 
     async def ListNodes(self, request, context):
-        status = self.o.pool_status(1)
-        return opb.ListNodesResponse(nodes=[node_proto(n) for n in sorted(self.o.members, key=lambda n: n.node_id)],
-                                     pool_ready=status.ready, pool_detail=status.detail)
+        status, slots = self.o.pool_status(1), self.o.node_slots()
+        nodes = [node_proto(n, slots.get(n.node_id, (0, 0))) for n in sorted(self.o.members, key=lambda n: n.node_id)]
+        return opb.ListNodesResponse(nodes=nodes, pool_ready=status.ready, pool_detail=status.detail)
 
     async def ListModels(self, request, context):
         return await self.o.list_models()

@@ -189,14 +189,17 @@ class Reconciler:
     def done(self) -> bool:
         return len(self.finished) == len(self.leftovers)
 
-    def busy_nodes(self) -> dict[int, int]:
-        """node_id -> run_id of a leftover run the node may still hold."""
-        return {t.node_id: t.run_id for t in self.targets.values() if t.state not in TERMINAL}
+    def busy_nodes(self) -> dict[int, tuple[int, ...]]:
+        """node_id -> the leftover runs the node may still hold (several: runs in flight shared its stage)."""
+        busy: dict[int, set[int]] = {}
+        for t in self.targets.values():
+            if t.state not in TERMINAL:
+                busy.setdefault(t.node_id, set()).add(t.run_id)
+        return {node_id: tuple(sorted(runs)) for node_id, runs in busy.items()}
 
     def mask_view(self, members: tuple[NodeInfo, ...]) -> tuple[NodeInfo, ...]:
         busy = self.busy_nodes()
-        return tuple(dataclasses.replace(m, state=NodeState.BOOTING,
-                                         reason=f"tearing down run {busy[m.node_id]} left by the previous orchestrator")
+        return tuple(dataclasses.replace(m, state=NodeState.BOOTING, reason=_tearing_down(busy[m.node_id]))
                      if m.node_id in busy and m.state is NodeState.AVAILABLE else m for m in members)
 
     def deadline(self) -> float | None:
@@ -324,6 +327,11 @@ class Reconciler:
         out.append(Emit(ev))
         get_logger(run_id=run.run_id, component="reconcile").info("reconcile_run_done", left="; ".join(what) or None,
                                                                   **counters)
+
+
+def _tearing_down(runs: tuple[int, ...]) -> str:
+    which = f"run {runs[0]}" if len(runs) == 1 else f"runs {', '.join(str(r) for r in runs)}"
+    return f"tearing down {which} left by the previous orchestrator"
 
 
 def _unknown(t: Target) -> NodeInfo:

@@ -74,7 +74,7 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
             max_seq_len=plan.max_seq_len),
         runtime=stage_pb2.StageRuntimeFacts(role_id=stage.role_id, prefill_chunk=plan.prefill_chunk,
                                             trace_objects=plan.trace_objects, kv_dtype=plan.kv_dtype,
-                                            run_slots=stage.run_slots or 1),
+                                            run_slots=plan.slots(stage)),
     )
     if last:
         s = plan.sampling

@@ -67,8 +67,7 @@ class StagePlan:
     outbound_edge: int
     role_id: int
     memory: StageBytes | None = None  # the estimate the placement checked (None: the model's memory is unknown)
-    # Runs whose KV caches fit on the node at once (placement.run_slots; None: unknown). Read by admission of several
-    # runs at once (coming with the scheduler); runs still go one at a time.
+    # Runs whose KV caches fit on the node at once (placement.run_slots; None: unknown, see RunPlan.slots).
     run_slots: int | None = None
 
     @property
@@ -81,6 +80,17 @@ class StagePlan:
         if self.memory is not None:
             out |= {"memory_bytes": self.memory.total, "node_memory_bytes": self.node.memory_bytes}
         return out
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One stage's place in a pipeline: its node, its blocks and the run slots it holds. Runs in flight share a
+    stage's resident weights only when their plans agree on every seat (docs/runs-in-flight.md "Admission")."""
+
+    node_id: int
+    layer_start: int
+    layer_end_exclusive: int
+    run_slots: int
 
 
 @dataclass(frozen=True)
@@ -98,6 +108,17 @@ class RunPlan:
     # it; 0: the prompt is one object and stages run it row by row
     trace_objects: bool = False  # stages report per-object events (SubmitRunRequest.trace_objects)
     kv_dtype: str = DEFAULT_KV_DTYPE  # the stages' KV cache dtype ([orchestrator].kv_dtype), as placement counted it
+    max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE  # [orchestrator].max_slots_per_stage, as placement capped
+
+    def slots(self, stage: StagePlan) -> int:
+        """The runs `stage` holds at once (its KV cache slots): what the stage is told (StageRuntimeFacts.run_slots)
+        and what admission fills. A node whose memory is unknown is given max_slots_per_stage, as placement would
+        give one with room for them."""
+        return stage.run_slots if stage.run_slots is not None else self.max_slots_per_stage
+
+    def seats(self) -> tuple[Seat, ...]:
+        """Where each stage sits: what every run sharing these stages' resident weights must agree on."""
+        return tuple(Seat(s.node_id, s.layer_start, s.layer_end_exclusive, self.slots(s)) for s in self.stages)
 
     def edge(self, edge_id: int) -> EdgePlan:
         for e in self.edges:
@@ -231,6 +252,7 @@ def plan_run(
         sampling=sampling,
         prompt_tokens=prompt_tokens,
         kv_dtype=kv_dtype,
+        max_slots_per_stage=max_slots_per_stage,
     )
     validate_plan(plan)
     return plan

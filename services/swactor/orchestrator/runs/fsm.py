@@ -18,7 +18,7 @@ from collections.abc import Callable
 from swactor.common.ids import new_id
 from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planning.planner import PlanError, RunPlan, StagePlan, memory_need, plan_run
+from swactor.orchestrator.planning.planner import PlanError, RunPlan, Seat, StagePlan, memory_need, plan_run
 from swactor.orchestrator.planning.pool import Demand, PoolGate
 
 # the FSM's vocabulary lives in run_messages; importers may take it from here too
@@ -72,6 +72,11 @@ class Outcome(enum.Enum):
 
 
 _LOST = (NodeState.FAULTED, NodeState.LEFT)
+
+
+def _seats(seats: tuple[Seat, ...]) -> str:
+    return ", ".join(f"node {s.node_id} blocks {s.layer_start}..{s.layer_end_exclusive} ({s.run_slots} slots)"
+                     for s in seats)
 
 
 def reason_name(reason: int) -> str:
@@ -223,6 +228,11 @@ class RunFsm:
         self._deadline = None
         self._set_state(RunState.DONE)
 
+    def _context(self) -> int:
+        """The run's context: its own max_context within the plan's (the stages' KV slots are sized for the latter)."""
+        assert self.plan is not None
+        return min(self.plan.max_seq_len, self.request.max_context or self.plan.max_seq_len)
+
     def _lost_nodes(self, members: tuple[NodeInfo, ...]) -> list[StagePlan]:
         if self.plan is None:
             return []
@@ -303,6 +313,11 @@ class RunFsm:
         except PlanError as e:
             self._fault(out, now, e.reason, f"planning refused: {e}")
             return
+        if req.joins and plan.seats() != req.joins:
+            self._fault(out, now, pb.RUN_FAULT_NODE_UNAVAILABLE,
+                        f"planning refused: the run joins the runs in flight on {_seats(req.joins)} but would sit on "
+                        f"{_seats(plan.seats())} (a node's advertised memory changed): it would not share their weights")
+            return
         self.plan = plan = dataclasses.replace(plan, prefill_chunk=cfg.prefill_chunk, trace_objects=req.trace_objects)
         out.append(self._ev(K.RUN_PLANNED, counters={"stages": len(plan.stages), "edges": len(plan.edges),
                                                       "layers": plan.model.num_layers, "max_seq_len": plan.max_seq_len}))
@@ -375,7 +390,7 @@ class RunFsm:
                 done = (
                     "eos" if eog and not self.request.ignore_eos
                     else "max_tokens" if len(self.tokens) >= self.request.max_tokens
-                    else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self.plan.max_seq_len
+                    else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self._context()
                     else None
                 )
                 if done is not None:

@@ -1,14 +1,18 @@
 """The orchestrator's domain API (what the gRPC servicer delegates to): submit, stop, inspect runs,
-and the membership view. One active run at a time (spec §43 defers concurrent runs on a chain); runs
-submitted meanwhile wait in a bounded FIFO queue (queue.py) and start one after another. A run's
-memory is dropped when it finishes: reads of finished runs come from the run store, whose retention
-(retention.py) bounds what it keeps. A SubmitRun with a client request id that names a run returns that
+and the membership view. Several runs may be active at once, as one group that shares one placement: each
+decodes in its own KV cache slot of the same stages, over their one copy of the weights. A submitted run
+starts when admission (admission.py) lets it in: at once when no run is active or when it can join the
+group; else it waits in a bounded FIFO queue (queue.py), whose head alone is considered whenever a run is
+placed or finishes or the membership changes. Each active run keeps its own RunHandle, FSM, events, outcome
+and teardown. A run's memory is dropped when it finishes: reads of finished runs come from the run store,
+whose retention (retention.py) bounds what it keeps. A SubmitRun with a client request id that names a run returns that
 run (client_requests.py), so a client may retry one it does not know the fate of."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,12 +28,13 @@ from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.planning import dry_run
-from swactor.orchestrator.planning.planner import memory_need, run_max_seq_len
+from swactor.orchestrator.planning.planner import RunPlan, memory_need, run_max_seq_len
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs import run_sampling
+from swactor.orchestrator.runs.admission import Candidate, Group, Start, Wait, admit
 from swactor.orchestrator.runs.client_requests import RequestIds, RequestKey, request_key
-from swactor.orchestrator.runs.queue import QueueFull, RunLobby
+from swactor.orchestrator.runs.queue import QueuedRun, QueueFull, RunLobby
 from swactor.orchestrator.runs.retention import RetentionPolicy, RetentionSchedule
 from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, replay, wall_us
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
@@ -86,8 +91,9 @@ class Orchestrator:
         self._lobby = RunLobby(limits.queue_depth, store, clock)
         self._retention = RetentionSchedule(limits.retention, clock())
         self._request_ids = RequestIds(store.request_run)
-        self._active: RunHandle | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._active: dict[int, RunHandle] = {}  # the runs in flight, in the order they started
+        self._tasks: dict[int, asyncio.Task[None]] = {}  # each active run's driver
+        self._group: Group | None = None  # what the active runs share: the first one's placement, once it is made
         self._closing = False
         self.log = get_logger()
 
@@ -98,6 +104,7 @@ class Orchestrator:
         self._gate.observe(self.members, self.clock())
         for handle in self.active_runs():
             handle.report(F.MembershipChanged(self.members))
+        self._admit_waiting()  # a node of the group back to Available may let the queue's head join
 
     def pool_status(self, stages: int = 1) -> PoolStatus:
         return self._gate.check(self.clock(), Demand(stages))
@@ -113,21 +120,40 @@ class Orchestrator:
     # ---- runs ----
 
     def active_runs(self) -> list[RunHandle]:
-        return [self._active] if self._active is not None and not self._active.done.is_set() else []
+        return [h for h in self._active.values() if not h.done.is_set()]
 
     def queued(self) -> int:
         return len(self._lobby)
 
     def live_run_ids(self) -> list[int]:
-        """The runs this process holds in memory: the active one and the queued ones."""
-        active = [self._active.run_id] if self._active is not None else []
-        return active + list(self._lobby.waiting)
+        """The runs this process holds in memory: the active ones, then the queued ones (each in its order)."""
+        return list(self._active) + list(self._lobby.waiting)
 
-    async def _admit(self, req: opb.SubmitRunRequest) -> tuple[LoadedModel, list[int], int]:
-        """The request checked against the model as SubmitRun takes it: (model, prompt ids, stages)."""
+    def node_slots(self) -> dict[int, tuple[int, int]]:
+        """node id -> (runs active on it, the run slots it holds for the group): the nodes the runs in flight use."""
+        if self._group is None:
+            return {}
+        in_use = dict.fromkeys(self._group.node_ids, 0)
+        for handle in self._active.values():
+            plan = handle.fsm.plan
+            for node_id in (s.node_id for s in plan.stages) if plan is not None else handle.fsm.request.node_ids:
+                if node_id in in_use:
+                    in_use[node_id] += 1
+        return {s.node_id: (in_use[s.node_id], s.run_slots) for s in self._group.seats}
+
+    async def _admit(self, req: opb.SubmitRunRequest) -> tuple[LoadedModel, list[int], int, int]:
+        """The request checked against the model as SubmitRun takes it: (model, prompt ids, stages, the run's
+        context: max_context, else the model's context as capped)."""
         check_fields(req)
         model, prompt_ids = await self._prompts.prepare(req)
         context = self._prompts.context(model)
+        if req.max_context > context:
+            raise RequestError.invalid(f"max_context {req.max_context} is more than model {model.name!r}'s context "
+                                       f"({context} tokens, at most [orchestrator].max_seq_len)")
+        context = req.max_context or context
+        if req.max_context and req.max_tokens > context:
+            raise RequestError.invalid(f"max_tokens {req.max_tokens} is more than max_context {context} holds "
+                                       "(prompt included)")
         check_max_tokens(req, context)
         stages = req.stages or len(req.node_ids) or self.defaults.stages  # pinned nodes say how many stages
         if stages > model.facts.num_layers:
@@ -136,8 +162,9 @@ class Orchestrator:
             raise RequestError.invalid(f"node_ids must name {stages} distinct node(s), one per stage; got {list(req.node_ids)}")
         if len(prompt_ids) >= context:
             field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
-            raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; the context holds {context}")
-        return model, prompt_ids, stages
+            bound = f"max_context {context} leaves no room for a token" if req.max_context else f"the context holds {context}"
+            raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; {bound}")
+        return model, prompt_ids, stages, context
 
     def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
         return Demand(stages, tuple(node_ids), model.facts.num_layers,
@@ -147,7 +174,7 @@ class Orchestrator:
     async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
         """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
         self._check_open()
-        model, prompt_ids, stages = await self._admit(req)
+        model, prompt_ids, stages, _ = await self._admit(req)
         demand = self._demand(model, stages, req.node_ids)
         return dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
                                      prompt_tokens=len(prompt_ids),
@@ -176,7 +203,7 @@ class Orchestrator:
 
     async def _submit(self, req: opb.SubmitRunRequest, key: RequestKey | None) -> opb.SubmitRunResponse:
         self._check_queue_room()  # before the tokenizer's work; again once it is done
-        model, prompt_ids, stages = await self._admit(req)
+        model, prompt_ids, stages, context = await self._admit(req)
         refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids))
         if refusal:
             raise RequestError.precondition(refusal)
@@ -187,18 +214,20 @@ class Orchestrator:
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
-                               trace_objects=req.trace_objects)
+                               trace_objects=req.trace_objects, max_context=context)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
-                         sampling=recorded_sampling, client_request_id=req.client_request_id)
+                         sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context)
         prepared = Prepared(request, model.tokenizer)
         position = 0
         if key is not None:  # written with the run's first record, below
             self.store.remember_request(key.request_id, run_id, key.digest)
         try:
-            if self._active is None and not len(self._lobby):
+            # Behind a waiting run it waits too (first in, first out); else admission says whether it starts now.
+            decision = None if len(self._lobby) else self._decide(record, prepared)
+            if isinstance(decision, Start):
                 self.store.put(record)
-                self._start(record, prepared)
+                self._start(record, prepared, joins=decision.joins)
             else:
                 position = self._lobby.enqueue(record, prepared)
         except QueueFull as e:
@@ -209,7 +238,8 @@ class Orchestrator:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, f"the run store cannot be written: {e}") from None
         self.log.info("run_submitted", run_id=run_id, model=model.name, stages=stages, max_tokens=req.max_tokens,
                       prompt_tokens=len(prompt_ids), ignore_eos=req.ignore_eos, queue_position=position,
-                      client_request_id=req.client_request_id, seed=sampling.seed)
+                      client_request_id=req.client_request_id, seed=sampling.seed, max_context=context,
+                      waits_for=decision.why if isinstance(decision, Wait) else None)
         return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids), queue_position=position)
 
     def _check_open(self) -> None:
@@ -217,32 +247,70 @@ class Orchestrator:
             raise RequestError(grpc.StatusCode.UNAVAILABLE, "the orchestrator is shutting down")
 
     def _check_queue_room(self) -> None:
-        if self._active is not None or len(self._lobby):
+        """Refuse early, before the tokenizer's work, a run that would queue behind a full queue. A run submitted
+        while the queue is empty may yet join the runs in flight: that is known once it is tokenized."""
+        if len(self._lobby):
             try:
                 self._lobby.check_room()
             except QueueFull as e:
                 raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
 
-    def _start(self, record: opb.Run, prepared: Prepared, updates: RunUpdates | None = None) -> RunHandle:
-        fsm = F.RunFsm(prepared.request, self.fsm_config, self.clock(), pool_view=self._gate)
+    # ---- admission ----
+
+    def _decide(self, record: opb.Run, prepared: Prepared) -> Start | Wait:
+        """Admission's answer for one run (admission.admit): Start (alone, or joining the group) or Wait."""
+        request = prepared.request
+        head = Candidate(record.model, request.stages, request.node_ids)
+        return admit(head, len(self._active), self._group, self.members, self.fsm_config.max_slots_per_stage)
+
+    def _admit_waiting(self) -> None:
+        """Start the queue's head as long as admission lets it in; a head that must wait holds the runs behind it."""
+        while not self._closing:
+            head: QueuedRun | None = self._lobby.head()
+            if head is None:
+                return
+            decision = self._decide(head.record, head.start)
+            if not isinstance(decision, Start):
+                return
+            queued = self._lobby.take_next()
+            assert queued is head
+            self._start(queued.record, queued.start, queued.updates, joins=decision.joins)
+
+    def _start(self, record: opb.Run, prepared: Prepared, updates: RunUpdates | None = None,
+               joins: Group | None = None) -> RunHandle:
+        request = prepared.request
+        if joins is not None:
+            # Pinned to the group's nodes in their order, which places it on the group's blocks and slots (the FSM
+            # checks that it did): its stages then share the resident weights.
+            request = dataclasses.replace(request, node_ids=joins.node_ids, joins=joins.seats)
+        fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)
         record.state = opb.RUN_STATE_WAITING_POOL
-        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates)
-        self._active = handle
+        handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates,
+                           on_planned=lambda plan: self._planned(handle, plan))
+        self._active[handle.run_id] = handle
         handle.report(F.MembershipChanged(self.members))
-        self._task = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
-        self._task.add_done_callback(lambda _: self._finished(handle))
+        task = self._tasks[handle.run_id] = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
+        task.add_done_callback(lambda _: self._finished(handle))
+        self.log.info("run_admitted", run_id=handle.run_id, joins=list(joins.node_ids) if joins else None,
+                      active=len(self._active))
         return handle
 
+    def _planned(self, handle: RunHandle, plan: RunPlan) -> None:
+        """A run is placed: the first of a group sets what the others share; the queue's head may now join."""
+        if self._group is None and handle.run_id in self._active:
+            self._group = Group.of(handle.record.model, plan)
+        self._admit_waiting()
+
     def _finished(self, handle: RunHandle) -> None:
-        """The active run is done: drop it from memory (the store has it) and start the next one."""
-        if self._active is handle:
-            self._active, self._task = None, None
+        """An active run is done: drop it from memory (the store has it) and admit from the queue. The last
+        one out ends the group: the queue's head is then placed on its own and founds the next."""
+        self._active.pop(handle.run_id, None)
+        self._tasks.pop(handle.run_id, None)
+        if not self._active:
+            self._group = None
         self.store.release(handle.run_id)
         self._retention.run_finished(self.clock())
-        if not self._closing:
-            queued = self._lobby.take_next()
-            if queued is not None:
-                self._start(queued.record, queued.start, queued.updates)
+        self._admit_waiting()
         self.maintain()
 
     def maintain(self) -> None:
@@ -261,7 +329,7 @@ class Orchestrator:
             self.log.info("run_store_pruned", runs_deleted=len(victims), store_bytes=self.store.size_bytes())
 
     def _known(self, run_id: int) -> opb.Run:
-        live = self._active if self._active is not None and self._active.run_id == run_id else self._lobby.get(run_id)
+        live: RunHandle | QueuedRun | None = self._active.get(run_id) or self._lobby.get(run_id)
         if live is not None:
             run = opb.Run()
             run.CopyFrom(live.record)
@@ -297,8 +365,8 @@ class Orchestrator:
         detail = detail or "operator stop"
         if self._lobby.get(run_id) is not None:
             return self._lobby.stop(run_id, detail)
-        handle = self._active
-        if handle is not None and handle.run_id == run_id and not handle.done.is_set():
+        handle = self._active.get(run_id)
+        if handle is not None and not handle.done.is_set():
             handle.report(F.OperatorStop(detail))
             # The reply carries the recorded outcome; teardown continues after it.
             with contextlib.suppress(TimeoutError):
@@ -311,20 +379,21 @@ class Orchestrator:
         queued = self._lobby.get(run_id)
         if queued is not None:
             return queued.watch()
-        if self._active is not None and self._active.run_id == run_id:
-            return self._active.watch()
+        handle = self._active.get(run_id)
+        if handle is not None:
+            return handle.watch()
         model = self.models.loaded(run.model)
         return replay(self.store, run, model.tokenizer if model is not None else None)
 
     async def shutdown(self) -> None:
-        """Operator-stop the active run and give teardown a bounded time. Queued runs stay queued in the
-        store: the next start records them faulted RUN_FAULT_ORCHESTRATOR_RESTARTED."""
+        """Operator-stop every active run and give their teardowns, together, a bounded time. Queued runs stay
+        queued in the store: the next start records them faulted RUN_FAULT_ORCHESTRATOR_RESTARTED."""
         self._closing = True
         for handle in self.active_runs():
             handle.report(F.OperatorStop("orchestrator shutting down"))
-        task = self._task
-        if task is not None and not task.done():
-            _, pending = await asyncio.wait([task], timeout=self.fsm_config.timeouts.teardown_s + 1)
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.fsm_config.timeouts.teardown_s + 1)
             for t in pending:
                 t.cancel()
         self._prompts.close()

@@ -1,4 +1,4 @@
-"""The run queue: a bounded FIFO of submitted runs waiting for the active one (docs/orchestrator.md#run-queue).
+"""The run queue: a bounded FIFO of submitted runs waiting to be admitted (admission.py; docs/orchestrator.md#run-queue).
 
 `RunQueue` is the pure core: run ids in submission order, at most `depth` of them, `now` passed in;
 every change returns the runs whose position moved. `QueuedRun` is one waiting run as the API sees
@@ -45,6 +45,10 @@ class RunQueue:
 
     def __contains__(self, run_id: int) -> bool:
         return run_id in self._since
+
+    def head(self) -> int | None:
+        """The next run to start (the only one admission considers), None when empty."""
+        return self._ids[0] if self._ids else None
 
     def position(self, run_id: int) -> int:
         return self._ids.index(run_id) + 1
@@ -109,6 +113,10 @@ class RunLobby:
 
     def get(self, run_id: int) -> QueuedRun | None:
         return self.waiting.get(run_id)
+
+    def head(self) -> QueuedRun | None:
+        run_id = self.core.head()
+        return None if run_id is None else self.waiting[run_id]
 
     def check_room(self) -> None:
         if len(self.core) >= self.core.depth:

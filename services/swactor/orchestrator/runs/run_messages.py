@@ -13,7 +13,7 @@ from swactor.modelfile.memory import DEFAULT_KV_DTYPE
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.gguf_model import ModelFacts
 from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
-from swactor.orchestrator.planning.planner import RunPlan, StagePlan
+from swactor.orchestrator.planning.planner import RunPlan, Seat, StagePlan
 from swactor.v1 import common_pb2 as pb
 
 
@@ -38,6 +38,12 @@ class RunRequest:
     node_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # an end-of-generation token does not end the run
     trace_objects: bool = False  # stages report per-object events (diagnostics)
+    # The seats of the runs in flight this run joins (RunPlan.seats; node_ids pins their nodes): its plan must sit
+    # exactly there, or its stages would not share their resident weights. () = a run placed on its own.
+    joins: tuple[Seat, ...] = ()
+    # Prompt and generated tokens at most (SubmitRunRequest.max_context): the run completes "context_full" there.
+    # 0 = the plan's max_seq_len (the model's context as capped), which also sizes the stages' KV slots.
+    max_context: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 
 from swactor.common.events import get_logger
 from swactor.orchestrator.fleet.fleet import FleetError, StageFleet, TokenEndpoints
+from swactor.orchestrator.planning.planner import RunPlan
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer
@@ -59,7 +60,8 @@ class RunHandle:
     """One live run: its FSM, its input queue, its published updates and its record."""
 
     def __init__(self, fsm: F.RunFsm, record: opb.Run, tokenizer: Tokenizer, fleet: StageFleet, store: RunStore,
-                 clock: Callable[[], float] = time.monotonic, updates: RunUpdates | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, updates: RunUpdates | None = None,
+                 on_planned: Callable[[RunPlan], None] | None = None) -> None:
         self.fsm = fsm
         self.record = record
         self.fleet = fleet
@@ -78,6 +80,7 @@ class RunHandle:
         self.done = asyncio.Event()
         self.outcome_recorded = asyncio.Event()
         self._store_fault_reported = False
+        self._on_planned = on_planned  # told once, when the FSM has placed the run (admission waits for that)
 
     @property
     def run_id(self) -> int:
@@ -125,6 +128,9 @@ class RunHandle:
                 self.store.put(self.record)
         except StoreWriteError as e:
             self._store_failed(e)
+        if self._on_planned is not None and self.fsm.plan is not None:
+            on_planned, self._on_planned = self._on_planned, None
+            on_planned(self.fsm.plan)
 
     def _perform(self, action: F.Action, emitted: list[pb.LifecycleEvent]) -> None:
         match action:
