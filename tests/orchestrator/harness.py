@@ -50,7 +50,7 @@ class Served:
 async def serving(tmp_path: Path, fleet, members=(), timeouts: F.Timeouts | None = None,
                   store: RunStore | None = None, max_seq_len_cap: int = 4096,
                   access: ApiAccess | None = None, limits: Limits | None = None,
-                  kv_dtype: str = "float32", max_slots_per_stage: int = 8) -> AsyncIterator[Served]:
+                  kv_dtype: str = "float32", max_slots_per_stage: int = 1) -> AsyncIterator[Served]:
     store = store or RunStore.in_state_dir(tmp_path / "state")
     cfg = F.FsmConfig(orchestrator_node_id=900, pool_window_s=0.05, timeouts=timeouts or F.Timeouts(teardown_s=2.0),
                       max_seq_len_cap=max_seq_len_cap, kv_dtype=kv_dtype, max_slots_per_stage=max_slots_per_stage)

@@ -25,6 +25,7 @@ from swactor.common.events import configure_logging
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.layout import MAX_HOSTS
 from swactor.localcluster.signals import Terminated, terminate_on_signals
+from swactor.modelfile.memory import MAX_RUN_SLOTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CPU cores per worker's compute kernels (default 0: all cores, at most 8; stages compute in turn)")
     p.add_argument("--readiness-timeout", type=number(0.0, 86400.0, lo_open=True), default=120.0,
                    help="seconds a run's stages may take to become ready before the run faults (default 120)")
+    p.add_argument("--slots", type=integer(1, MAX_RUN_SLOTS), default=1,
+                   help="runs in flight each stage holds, batched (default 1; each stage compiles a graph per batch "
+                        "width at its load, about 15 s a width on a CPU the first time)")
     p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
     p.add_argument("--dir", type=local_path, metavar="DIR", help="cluster directory (default: a temp dir removed at exit)")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
@@ -50,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = ClusterSpec(hosts=args.hosts, model=Path(args.model), device=args.device,
                        base_dir=Path(args.dir) if args.dir else None, keep=args.keep,
                        netns=False if args.loopback else None, compute_threads=args.compute_threads,
-                       readiness_timeout_s=args.readiness_timeout, links=links)
+                       readiness_timeout_s=args.readiness_timeout, links=links, slots=args.slots)
     configure_logging("swactor-localcluster")
     try:
         cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))

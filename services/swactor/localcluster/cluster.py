@@ -72,6 +72,9 @@ class ClusterSpec:
     # stages of a run compute one after another and an idle worker's compute threads sleep (measured, S=3 on 2 cores:
     # 36 ms of stage compute per token with 2 threads each vs 39 ms with 1; S=1: 22 vs 28 ms)
     compute_threads: int = 0
+    # [orchestrator].max_slots_per_stage: runs in flight a stage holds. 1 here (the installed default is 8): each stage
+    # compiles a graph per batch width (1, 2, 4, .. slots) at its load, about 15 s a width on a CPU the first time
+    slots: int = 1
     # [orchestrator].readiness_timeout_s: a stage not ready this long faults the run with
     # RUN_FAULT_READINESS_TIMEOUT (production default 600 s: a hang here should look like a fault)
     readiness_timeout_s: float = 120.0
@@ -210,7 +213,8 @@ class LocalCluster:
             orch = None
             if i == 0:
                 orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s,
-                        "readiness_timeout_s": float(spec.readiness_timeout_s), **spec.orchestrator}
+                        "readiness_timeout_s": float(spec.readiness_timeout_s), "max_slots_per_stage": spec.slots,
+                        **spec.orchestrator}
             seed = None if i == 0 else addrs[0] + f":{MEMBERSHIP_PORT}"
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",

@@ -214,7 +214,8 @@ class Orchestrator:
         request = F.RunRequest(run_id=run_id, model=model.facts, prompt_ids=tuple(prompt_ids), stages=stages,
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
-                               trace_objects=req.trace_objects, max_context=context)
+                               trace_objects=req.trace_objects, max_context=context,
+                               stop_when_unwatched=req.stop_when_unwatched)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
                          sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context)
@@ -227,9 +228,12 @@ class Orchestrator:
             decision = None if len(self._lobby) else self._decide(record, prepared)
             if isinstance(decision, Start):
                 self.store.put(record)
-                self._start(record, prepared, joins=decision.joins)
+                updates = self._start(record, prepared, joins=decision.joins).updates
             else:
                 position = self._lobby.enqueue(record, prepared)
+                updates = self._lobby.waiting[run_id].updates
+            if req.stop_when_unwatched:
+                updates.on_unwatched = lambda: self._client_gone(run_id)
         except QueueFull as e:
             self.store.discard(run_id)  # the client request id staged for it
             raise RequestError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from None
@@ -241,6 +245,15 @@ class Orchestrator:
                       client_request_id=req.client_request_id, seed=sampling.seed, max_context=context,
                       waits_for=decision.why if isinstance(decision, Wait) else None)
         return opb.SubmitRunResponse(run_id=run_id, prompt_tokens=len(prompt_ids), queue_position=position)
+
+    def _client_gone(self, run_id: int) -> None:
+        """The last WatchRun stream of a stop_when_unwatched run ended before the run: stop it (queued or active)."""
+        detail = "client gone: its last WatchRun stream ended"
+        self.log.info("run_client_gone", run_id=run_id)
+        if self._lobby.get(run_id) is not None:
+            self._lobby.stop(run_id, detail)
+        elif (handle := self._active.get(run_id)) is not None and not handle.done.is_set():
+            handle.report(F.OperatorStop(detail))
 
     def _check_open(self) -> None:
         if self._closing:

@@ -44,6 +44,7 @@ class RunRequest:
     # Prompt and generated tokens at most (SubmitRunRequest.max_context): the run completes "context_full" there.
     # 0 = the plan's max_seq_len (the model's context as capped), which also sizes the stages' KV slots.
     max_context: int = 0
+    stop_when_unwatched: bool = False  # SubmitRunRequest.stop_when_unwatched: its client gone, the run is stopped
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ class RunUpdates:
     def __init__(self) -> None:
         self.items: list[opb.RunUpdate] = []
         self._more = asyncio.Event()
+        self._watchers = 0
+        # called when the last open watch ends before `finished` (SubmitRunRequest.stop_when_unwatched)
+        self.on_unwatched: Callable[[], None] | None = None
 
     def append(self, update: opb.RunUpdate) -> None:
         self.items.append(update)
@@ -45,15 +48,22 @@ class RunUpdates:
 
     async def watch(self) -> AsyncIterator[opb.RunUpdate]:
         index = 0
-        while True:
-            while index < len(self.items):
-                update = self.items[index]
-                index += 1
-                yield update
-                if update.HasField("finished"):
-                    return
-            self._more.clear()  # no await since the last look: nothing can be appended in between
-            await self._more.wait()
+        self._watchers += 1
+        try:
+            while True:
+                while index < len(self.items):
+                    update = self.items[index]
+                    index += 1
+                    yield update
+                    if update.HasField("finished"):
+                        return
+                self._more.clear()  # no await since the last look: nothing can be appended in between
+                await self._more.wait()
+        finally:  # also when the client went away: grpc cancels the stream
+            self._watchers -= 1
+            finished = bool(self.items) and self.items[-1].HasField("finished")
+            if self._watchers == 0 and not finished and self.on_unwatched is not None:
+                self.on_unwatched()
 
 
 class RunHandle:

@@ -50,6 +50,14 @@ def to_device(a: np.ndarray, device: str) -> Tensor:
   return copy_in(Tensor.empty(*a.shape, dtype=_from_np_dtype(a.dtype), device=device), a)
 
 
+def device_empty(shape: tuple[int, ...], dtype: type, device: str) -> Tensor:
+  """A realized device tensor whose contents are not written here: on the CPU its pages are committed only once a step
+  writes them (anonymous mmap), so KV slots no run has used cost no memory yet."""
+  t = Tensor.empty(*shape, dtype=_from_np_dtype(np.dtype(dtype)), device=device)
+  t.uop.buffer.ensure_allocated()
+  return t
+
+
 def copy_in(t: Tensor, a: np.ndarray) -> Tensor:
   """Overwrite the (realized or empty) device buffer of `t` with `a` (same size) in place."""
   buf = t.uop.buffer.ensure_allocated()

@@ -32,7 +32,7 @@ from swactor.common.sampling import SamplingPolicy
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .graphcache import GraphCache
-from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, to_device, upload
+from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, device_empty, to_device, upload
 from .quant import dequantize
 from .replay import LoadedGraph, Plan, plan, plan_graph, read
 from .rope import rope, rope_tables
@@ -112,7 +112,8 @@ class Layer:
     mats = [[upload(m, device, words) for m in g] for g in groups]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
-    cache = [to_device(np.zeros((caches, p.n_kv_heads, cache_len, p.head_dim), kv_dtype), device) for _ in range(2)]
+    # never read before a run wrote it (attention reads a slot's positions up to the step's own): left unwritten
+    cache = [device_empty((caches, p.n_kv_heads, cache_len, p.head_dim), kv_dtype, device) for _ in range(2)]
     bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
       if p.qkv_bias else []
     self.tensors: list[Tensor] = norms + cache + bias + [t for g in mats for _, ts in g for t in ts]
@@ -234,7 +235,6 @@ class StageModel:
     self._layer_jits: dict[tuple[Shape, tuple[str, ...], int], TinyJit] = {}
     self._head_jits: dict[Shape, TinyJit] = {}
     self._inputs: dict[Shape, Tensor] = {}
-    self.prepared: set[Shape] = set()  # shapes whose graphs are ready (prepare)
     self._plans: dict[Shape, Plan | None] = {}       # per shape: the layers' kernels as a direct-replay plan (None: can't)
     self._head_plans: dict[Shape, Plan | None] = {}
     self.graph_cache = graph_cache
@@ -381,17 +381,8 @@ class StageModel:
   def shapes(self) -> tuple[Shape, ...]:
     """The graphs' shapes a step runs: one run's decode row, with prefill_chunk > 1 its prefill chunks, and with several
     slots the batched decode rows of several runs."""
-    return self.run_shapes + self.batch_shapes
-
-  @property
-  def run_shapes(self) -> tuple[Shape, ...]:
-    """One run's shapes: its decode row, and with prefill_chunk > 1 its prefill chunks."""
-    return ((1,),) if self.chunk == 1 else ((1,), (self.chunk,))
-
-  @property
-  def batch_shapes(self) -> tuple[Shape, ...]:
-    """The batched decode rows of several runs, one shape per batch width above one."""
-    return tuple((1,) * b for b in self.batch_widths[1:])
+    one = ((1,),) if self.chunk == 1 else ((1,), (self.chunk,))
+    return one + tuple((1,) * b for b in self.batch_widths[1:])
 
   @property
   def widths(self) -> tuple[int, ...]:
@@ -415,34 +406,25 @@ class StageModel:
       out.append((f"head {shape} {kind}", self._head_jit(shape), ext, {**common, "inputs": shapes([norm, *ts])}))
     return out
 
-  def prepare(self, on_progress: Callable[[int, int], None] | None = None, shapes: tuple[Shape, ...] | None = None,
-              cached_only: bool = False) -> CompileReport:
-    """Make every graph a step of `shapes` runs (default: every shape, `self.shapes`: decode rows, prefill chunks,
-    batched decode rows, the head) ready before the step: load it from the graph cache, or capture it (and store it
-    there), and build the replay plans. cached_only: only what the cache holds (the rest is prepared at its first step,
-    `step_batch`). The KV rows a run reads are left as they were. on_progress(done, total)
-    counts graph calls: two per graph captured here (tinygrad runs a graph once, then captures it on its second call),
-    none for a shape the cache holds."""
+  def prepare(self, on_progress: Callable[[int, int], None] | None = None) -> CompileReport:
+    """Make every graph a step runs (decode rows, prefill chunks, batched decode rows, the head) ready before the first
+    step: load it from the graph cache, or capture it (and store it there), and build the replay plans. The KV rows a
+    run reads are left as they were. on_progress(done, total) counts graph calls: two per graph captured here (tinygrad
+    runs a graph once, then captures it on its second call), none for a shape the cache holds."""
     t0 = time.perf_counter()
     cache, cached, todo = self.graph_cache, 0, []
-    shapes = self.shapes if shapes is None else shapes
-    for shape in shapes:
+    for shape in self.shapes:
       graphs = self._graphs(shape)
       keys = [cache.key(self.device, name, **facts) for name, _, _, facts in graphs] if cache else []
       loaded = [cache.load(k, ext) for k, (_, jit, ext, _) in zip(keys, graphs, strict=True)] if cache else []
       if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(shape, loaded):  # type: ignore[arg-type]
         cached += len(graphs)
-        self.prepared.add(shape)
         continue
       if loaded and all(isinstance(g, CapturedJit) for g in loaded):  # other devices: TinyJit replays them
         for (_, jit, _, _), c in zip(graphs, loaded, strict=True):
           jit.captured, jit.cnt = c, 2
         cached += len(graphs)
-        self.prepared.add(shape)
         continue
-      if cached_only:
-        continue
-      self.prepared.add(shape)
       todo += [(shape, key, *g) for key, g in zip(keys or [None] * len(graphs), graphs, strict=True)]
     done, total = 0, 2 * len(todo)
 
@@ -456,8 +438,7 @@ class StageModel:
       on_progress(0, total)
     for shape in dict.fromkeys(g[0] for g in todo):
       zeros = np.zeros((sum(shape), self.params.dim), np.float32)
-      # slot 0 past the context (the cache keeps one chunk more): no run reads there, so a batch width compiled at its
-      # first use (step_batch) leaves the KV rows of the runs in flight as they were
+      # slot 0 past the context (the cache keeps one chunk more): no run reads there
       segments = [(0, self.max_seq_len)] * len(shape)
       for _ in range(4):  # a layer graph only one layer uses is captured on the second pass; a head plan needs the layer plan
         if shape in self._plans and (self.head is None or shape in self._head_plans or self._plans[shape] is None) \
@@ -472,7 +453,7 @@ class StageModel:
       for _, key, _, jit, ext, _ in todo:
         if jit.captured is not None:
           cache.store(key, jit.captured, ext)
-    report = CompileReport(sum(len(self._graphs(s)) for s in shapes), cached, time.perf_counter() - t0)
+    report = CompileReport(sum(len(self._graphs(s)) for s in self.shapes), cached, time.perf_counter() - t0)
     get_logger().info("compute_graphs_prepared", graphs=report.graphs, cached=report.cached, seconds=round(report.seconds, 3),
                       widths=list(self.widths), slots=self.slots, layer_start=self.layer_start, layer_end=self.layer_end)
     return report
@@ -554,8 +535,6 @@ class StageModel:
       rows = np.concatenate([rows, np.zeros((width - len(batch), rows.shape[1]), np.float32)])
       segments += [(self.scratch, 0)] * (width - len(batch))
     shape = (1,) * width
-    if shape not in self.prepared:  # a batch width not compiled at load: once, here (then from the graph cache)
-      self.prepare(shapes=(shape,))
     y = self._rows(rows, shape, segments)
     for r in batch:
       self.next_pos[r.slot] = r.start_pos + 1

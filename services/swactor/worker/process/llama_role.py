@@ -8,9 +8,9 @@ ConfigureRole.config for kind "llama_stage":
   ConfigureRole of a resident role resets that slot alone, docs/runs-in-flight.md), kv_dtype (the KV cache's
   storage: "float32", default, or "float16", stored half and read back as float32).
 The load reports progress (phase "weights": 0/N once the GGUF is parsed, then once per layer), then
-compiles every graph one run's step runs before it answers (phase "compile", StageModel.prepare: the
-stage is ready only when its first step can run at full speed; a batch width of several runs in flight
-is compiled at its first step unless the graph cache holds it); the progress callback may raise to
+compiles every graph a step runs before it answers (phase "compile", StageModel.prepare: the
+stage is ready only when its first step can run at full speed, a batched step of several runs in flight
+too: a step that compiled would stall every run for seconds); the progress callback may raise to
 abandon the load (role_loader). Compute threads and the compiled-graph cache come from
 InitializeWorker.backend.
 Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
@@ -96,10 +96,7 @@ class LlamaStageRole:
         hidden = config.get("hidden_dim")
         if hidden is not None and hidden != model.hidden_dim:
             raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"plan says hidden_dim {hidden}, {path} has {model.hidden_dim}")
-        # Before RoleConfigured (see the module doc): one run's graphs; the batch widths only from the graph cache, the
-        # others are compiled at the first step of that many runs in flight (once per host: then the cache has them).
-        model.prepare(lambda done, total: progress(done, total, "compile"), shapes=model.run_shapes)
-        model.prepare(shapes=model.batch_shapes, cached_only=True)
+        model.prepare(lambda done, total: progress(done, total, "compile"))  # before RoleConfigured: see the module doc
         return cls(model, bridge, key)
 
     def step(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
