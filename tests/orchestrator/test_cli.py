@@ -90,7 +90,7 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
                                                                               strict=True))
 
     async def main():
-        async with serving(tmp_path, FakeFleet([2]), members) as s:
+        async with serving(tmp_path, FakeFleet([2]), members, max_slots_per_stage=8) as s:
             deadline = time.monotonic() + 5
             while not s.orch.pool_status(2).ready and time.monotonic() < deadline:  # the gate's window
                 await asyncio.sleep(0.01)
