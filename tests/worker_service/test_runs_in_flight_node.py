@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 def run_plan(run_id: int, **kw: Any) -> stage_pb2.ProvisionStageRequest:
     k = run_id - 70  # distinct edges and role per run
     return provision(node_id=NODE, orchestrator=ORCH, run_id=run_id, in_edge=100 + 2 * k, out_edge=101 + 2 * k,
-                     role_id=900 + k, **{"run_slots": 2, **kw})
+                     **{"run_slots": 2, "role_id": 900 + k, **kw})
 
 
 def loaded(node: StageNode, run_id: int, sequence: int, handle: int) -> wire.ObjectLoaded:
@@ -72,7 +72,8 @@ def test_two_runs_share_the_role_batch_their_rows_and_one_leaves_mid_batch() -> 
             assert [(c["slot"], c["slots"]) for c in configs] == [(0, 2), (1, 2)]
             assert node.slots_in_use() == (2, 2)
             for req, code in [(run_plan(73), grpc.StatusCode.FAILED_PRECONDITION),  # both slots held
-                              (run_plan(74, layers=(16, 30)), grpc.StatusCode.FAILED_PRECONDITION)]:  # other weights
+                              (run_plan(74, layers=(16, 30)), grpc.StatusCode.FAILED_PRECONDITION),  # other weights
+                              (run_plan(76, role_id=901), grpc.StatusCode.INVALID_ARGUMENT)]:  # run 71's role id
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await s.ProvisionStage(req)
                 assert info.value.code() == code, info.value.details()
