@@ -9,7 +9,8 @@ namespaces only); the KV memory a run slot costs per stage comes from the orches
 Each run decodes --max-tokens tokens (ignore_eos: equal lengths), from one of the llama.cpp fixture's prompts (3 to
 40 tokens: the runs join at different times). The first run of each plan loads the stages and compiles every batch
 width (or loads them from the graph cache): it is the warm-up, not measured. Aggregate = every run's tokens / the
-wall time from the first SubmitRun to the last token. Time per token = the gaps between a run's consecutive tokens at
+wall time from the first SubmitRun to the last token; CPU ms per token of each kind of service (all hosts) says where
+a 2-core box's time goes. Time per token = the gaps between a run's consecutive tokens at
 the client (decode), over every run of the row. TTFT = SubmitRun to the run's first token. All hosts share this
 machine's cores: S=3 computes its three stages on 2 cores, so the S=3 aggregate measures how well stage k computes one
 run's step while stage k+1 computes another's and how much batching saves, not GPU scaling.
@@ -37,6 +38,12 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "services"))
 FIXTURE = ROOT / "tests" / "fixtures" / "llamacpp_greedy.json"
+
+
+def cpu_seconds(cluster: Any) -> dict[str, float]:
+    from pipeline import cpu_seconds as per_service  # bench/pipeline.py: CPU seconds of each kind of service
+
+    return per_service(cluster)
 
 
 def prompts() -> list[list[int]]:
@@ -149,15 +156,19 @@ def main() -> int:
                   f"{[st.run_slots for st in plan.placement]}", flush=True)
             rows = []
             for n in counts:
+                cpu0 = cpu_seconds(cluster)
                 with ThreadPoolExecutor(n) as pool:
                     results = list(pool.map(partial(follow, stub, timeout_s=1200), [request(i, s) for i in range(n)]))
                 rows.append(row(results, n))
+                rows[-1]["cpu_ms_per_token"] = {k: (v - cpu0.get(k, 0.0)) * 1000 / rows[-1]["tokens"]
+                                                for k, v in cpu_seconds(cluster).items()}
                 base = rows[0]
                 r = rows[-1]
                 print(f"  {n} in flight: aggregate {r['aggregate_tok_s']:6.2f} tok/s ({r['aggregate_tok_s'] / base['aggregate_tok_s']:.2f}x "
                       f"one run), time/token p50 {r['tpt_p50_ms']:6.1f} ms ({r['tpt_p50_ms'] / base['tpt_p50_ms']:.2f}x) "
                       f"p99 {r['tpt_p99_ms']:6.1f} ms, TTFT p50 {r['ttft_p50_s']:.2f} s max {r['ttft_max_s']:.2f} s; "
-                      f"{r['completed']}/{n} completed", flush=True)
+                      f"{r['completed']}/{n} completed; CPU ms per token "
+                      f"{ {k: round(v, 1) for k, v in sorted(r['cpu_ms_per_token'].items())} }", flush=True)
             out["stages"][str(s)] = {"kv_bytes_per_slot": per_slot, "rows": rows}  # type: ignore[index]
         if a.soak:
             out["soak"] = soak(cluster, stub, lambda i: request(i, stages[-1]), a.soak)
