@@ -130,6 +130,7 @@ def test_one_stage_one_two_and_four_runs_in_flight_equal_the_reference(tmp_path:
             assert_reference(solo[-1].finished, PROMPTS[0])
             for n in (2, 4):
                 check_burst(await burst(served, 1, n), n)
+            print("steps by runs in them:", dict(hosts[0].node.scheduler.widths))
             assert_idle(hosts)
 
     asyncio.run(body())

@@ -66,3 +66,23 @@ def test_a_second_step_of_one_run_before_its_first_ran_is_a_bug() -> None:
     s.ask(asked(1))
     with pytest.raises(ValueError, match="second step"):
         s.ask(asked(1, own_step=2))
+
+
+def test_rows_wait_a_little_for_the_other_decoding_runs() -> None:
+    s = StepScheduler(max_batch=4, gather_s=0.010, expected=3)
+    s.ask(Asked(1, 1, 1, asked(1).step, at=5.000))
+    assert s.next(now=5.002) is None and s.hold_until == pytest.approx(5.010)  # two more runs decode here
+    s.ask(Asked(2, 2, 1, asked(2).step, at=5.004))
+    assert s.next(now=5.004) is None
+    s.ask(Asked(3, 3, 1, asked(3).step, at=5.006))
+    d = s.next(now=5.006)  # every decoding run's row is here: no more waiting
+    assert d is not None and [a.run_id for a in d.members] == [1, 2, 3] and s.hold_until is None
+    s.finished(d.step.step_id)
+    s.ask(Asked(1, 1, 1, asked(1, own_step=2).step, at=6.0))
+    assert s.next(now=6.005) is None
+    d = s.next(now=6.010)  # the window is over: the row goes with what is there
+    assert d is not None and [a.run_id for a in d.members] == [1]
+    s.finished(d.step.step_id)
+    s.ask(asked(4, rows=16))  # a prompt chunk never waits
+    d = s.next(now=7.0)
+    assert d is not None and d.members[0].rows == 16

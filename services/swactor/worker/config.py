@@ -57,10 +57,16 @@ class WorkerConfig(sockets.EdgeEndSockets):
     # A ring lease the arena keeps queued (memory pressure) this long fails the stage
     # RUN_FAULT_ARENA_PRESSURE_TIMEOUT instead of waiting for the run's readiness timeout.
     arena_pressure_timeout_s: float = 30.0
+    # Runs in flight (docs/runs-in-flight.md): a decode row waits up to this long for the rows of the other runs decoding
+    # on the stage, so their rows go through it as one batched step (0: never wait; each row goes as soon as the
+    # compute process is free).
+    batch_gather_ms: float = 10.0
 
     def __post_init__(self) -> None:
         if self.compute_threads < 0:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
+        if not 0 <= self.batch_gather_ms <= 1000:
+            raise ConfigError(f"[worker].batch_gather_ms: must be 0..1000, got {self.batch_gather_ms}")
         if self.weights_connections < 1:
             raise ConfigError(f"[worker].weights_connections: must be >= 1, got {self.weights_connections}")
         if self.control_lease_s <= 0 or self.control_keepalive_s <= 0:

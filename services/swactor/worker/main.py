@@ -86,7 +86,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
                      control_endpoint=cfg.advertise_control or cfg.control_address,
                      orchestrator_node_id=cfg.orchestrator_node_id or None,
                      weights=fetch_pool(cfg, secret, node_id), lease_window_s=cfg.control_lease_s,
-                     arena_pressure_timeout_s=cfg.arena_pressure_timeout_s)
+                     arena_pressure_timeout_s=cfg.arena_pressure_timeout_s, batch_gather_s=cfg.batch_gather_ms / 1000)
     server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
                                          server_credentials=control_tls.server_credentials(secret, node_id),
                                          options=control_tls.keepalive_options(cfg.control_keepalive_s, server=True))

@@ -42,6 +42,7 @@ from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 MAX_WORKER_RESTARTS = 3
+DEFAULT_GATHER_S = 0.010  # [worker].batch_gather_ms
 KEEP_FINISHED_RUNS = 16
 
 
@@ -111,7 +112,8 @@ class StageNode:
                  membership: MembershipPort | None = None, *, control_endpoint: str = "",
                  orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None,
                  lease_window_s: float = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
-                 arena_pressure_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S) -> None:
+                 arena_pressure_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
+                 batch_gather_s: float = DEFAULT_GATHER_S) -> None:
         self.node_id = node_id
         self.ctl = ctl
         self.membership = membership
@@ -121,7 +123,8 @@ class StageNode:
         self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log,
                                       lease_timeout_s=arena_pressure_timeout_s)
         self.runs: dict[int, RunLog] = {}  # the runs here (active ones, then a bounded history of finished ones)
-        self.scheduler = StepScheduler()
+        self.scheduler = StepScheduler(gather_s=batch_gather_s)
+        self._gather_timer: asyncio.TimerHandle | None = None
         self._answering = False  # a step's runs are being answered: the next step waits until all of them were
         self._run_of_edge: dict[int, int] = {}  # an active run's edge id -> run_id
         self._run_of_role: dict[int, int] = {}  # an active run's role id -> run_id
@@ -193,8 +196,9 @@ class StageNode:
             self._log.error("stage_node_task_failed", detail=repr(task.exception()))
 
     async def close(self) -> None:
-        if self._lease_timer is not None:
-            self._lease_timer.cancel()
+        for timer in (self._lease_timer, self._gather_timer):
+            if timer is not None:
+                timer.cancel()
         self.weights.cancel()
         for task in list(self._tasks):
             task.cancel()
@@ -363,7 +367,7 @@ class StageNode:
                 case stage_fsm.CancelFetch():
                     self.weights.cancel(log.run_id)
                 case stage_fsm.ToWorker(wire.ExecuteStep() as step):
-                    self.scheduler.ask(Asked(log.run_id, log.slot, stage.step_rows, step))
+                    self.scheduler.ask(Asked(log.run_id, log.slot, stage.step_rows, step, self._clock()))
                 case stage_fsm.ToWorker(cmd):
                     self.ctl.send(cmd)
                 case stage_fsm.Report(event, cause, detail):
@@ -378,10 +382,20 @@ class StageNode:
             self._dispatch()
 
     def _dispatch(self) -> None:
-        """The next step (one run's, or several runs' rows batched) to the compute process when it is idle."""
-        dispatch = self.scheduler.next()
+        """The next step (one run's, or several runs' rows batched) to the compute process when it is idle; while the
+        scheduler gathers rows, again at the end of its window."""
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
+        # runs past their prompt, whose next row comes back here after their token went round
+        self.scheduler.expected = sum(1 for log in self.active_runs() if log.stage.position > 0
+                                      and log.stage.state in (stage_fsm.StageState.READY, stage_fsm.StageState.EXECUTING))
+        dispatch = self.scheduler.next(self._clock())
         if dispatch is not None:
             self.ctl.send(dispatch.step)
+        elif self.scheduler.hold_until is not None:
+            self._gather_timer = asyncio.get_running_loop().call_later(
+                max(0.0, self.scheduler.hold_until - self._clock()), self._dispatch)
 
     def _run_left(self, log: RunLog) -> None:
         """The run's stage stopped: its slot, edges and role id are free for the next run."""

@@ -10,6 +10,11 @@ The scheduler stands between them (docs/runs-in-flight.md):
 - A prompt chunk (more than one row) runs alone. When chunks and rows both wait, they alternate: a decode row waits
   at most one other run's chunk, and a new run's prompt is not stalled behind an endless stream of decode batches.
 - A run joins or leaves between steps: the next dispatch takes whatever waits then.
+- Gathering: a decode row comes back to a stage only after its run's token went round (the other stages, the
+  orchestrator), so rows of runs in flight arrive spread out, and a scheduler that sent whatever waits would send one
+  row at a time for ever (measured: 34 of 40 steps of four runs in flight went alone). While fewer rows wait than runs
+  are decoding here (`expected`), the rows wait up to `gather_s` from the first one's arrival for the others; once
+  batched, the runs' rows come back close together and stay batched.
 
 Step ids: the compute process sees the scheduler's own ids (runs' StageControllers count theirs from 1 each); a
 completion or failure is answered to each run in the step with its own step id (`Dispatch.members`).
@@ -17,6 +22,7 @@ completion or failure is answered to each run in the step with its own step id (
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +31,13 @@ from swactor.worker.process import wire
 
 @dataclass(frozen=True)
 class Asked:
-    """One run's step as its StageController asked for it."""
+    """One run's step as its StageController asked for it (`at`: when, on the caller's clock)."""
 
     run_id: int
     slot: int
     rows: int
     step: wire.ExecuteStep
+    at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -48,9 +55,13 @@ class Dispatch:
 @dataclass
 class StepScheduler:
     max_batch: int = 1  # the most runs' rows one step carries (the stage's KV slots)
+    gather_s: float = 0.0  # how long rows wait for the other decoding runs' rows (0: never)
+    expected: int = 0  # runs decoding here, whose rows may come (the caller keeps it current)
+    hold_until: float | None = None  # rows are being gathered: `next` has nothing to send before this
     waiting: dict[int, Asked] = field(default_factory=dict)  # run_id -> its step, in the order they asked
     in_flight: Dispatch | None = None
     chunk_last: bool = False  # the last dispatch was a prompt chunk: rows go next if any wait
+    widths: Counter[int] = field(default_factory=Counter)  # steps sent, by how many runs they carried
     _next_step_id: int = 0
 
     def ask(self, asked: Asked) -> None:
@@ -80,8 +91,10 @@ class StepScheduler:
 
     # ---- policy ----
 
-    def next(self) -> Dispatch | None:
-        """The step to send now (one run's, or several runs' rows as one), when the compute process is idle."""
+    def next(self, now: float = 0.0) -> Dispatch | None:
+        """The step to send now (one run's, or several runs' rows as one), when the compute process is idle; None
+        also while rows are gathered (`hold_until` says till when)."""
+        self.hold_until = None
         if self.in_flight is not None or not self.waiting:
             return None
         rows = [a for a in self.waiting.values() if a.rows == 1]
@@ -89,6 +102,10 @@ class StepScheduler:
         if chunks and (not rows or not self.chunk_last):
             self.chunk_last = True
             return self._send((chunks[0],))
+        deadline = rows[0].at + self.gather_s
+        if len(rows) < min(self.expected, self.max_batch) and now < deadline:
+            self.hold_until = deadline
+            return None
         self.chunk_last = False
         return self._send(tuple(rows[:self.max_batch]))
 
@@ -96,6 +113,7 @@ class StepScheduler:
         for a in members:
             del self.waiting[a.run_id]
         self._next_step_id += 1
+        self.widths[len(members)] += 1
         self.in_flight = Dispatch(self._compose(self._next_step_id, members), members)
         return self.in_flight
 
