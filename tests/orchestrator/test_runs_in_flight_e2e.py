@@ -130,7 +130,8 @@ def test_one_stage_one_two_and_four_runs_in_flight_equal_the_reference(tmp_path:
             assert_reference(solo[-1].finished, PROMPTS[0])
             for n in (2, 4):
                 check_burst(await burst(served, 1, n), n)
-            print("steps by runs in them:", dict(hosts[0].node.scheduler.widths))
+            widths = hosts[0].node.scheduler.widths  # steps by the runs in them: rows of several runs went as one
+            assert max(widths) >= 3 and sum(n for w, n in widths.items() if w > 1) >= 5, widths
             assert_idle(hosts)
 
     asyncio.run(body())
