@@ -103,7 +103,7 @@ class StepScheduler:
             self.chunk_last = True
             return self._send((chunks[0],))
         deadline = rows[0].at + self.gather_s
-        if len(rows) < min(self.expected, self.max_batch) and now < deadline:
+        if not chunks and len(rows) < min(self.expected, self.max_batch) and now < deadline:  # never idle past a chunk
             self.hold_until = deadline
             return None
         self.chunk_last = False
