@@ -58,7 +58,8 @@ def assert_reference(run: opb.Run, prompt: list[int]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def pipeline(tmp_path: Path, node_ids: list[int]) -> AsyncIterator[tuple[Served, list[StageHost], Any]]:
+async def pipeline(tmp_path: Path, node_ids: list[int], slots: int) -> AsyncIterator[tuple[Served, list[StageHost], Any]]:
+    """The stages hold `slots` runs in flight: each compiles a graph per batch width up to it at its load."""
     arena = harness.Arena(128 << 20)
     drivers = await start_drivers(tmp_path, [ORCH, *node_ids], arena.arena)
     hosts = [StageHost(arena, drivers[n], n) for n in node_ids]
@@ -74,7 +75,7 @@ async def pipeline(tmp_path: Path, node_ids: list[int]) -> AsyncIterator[tuple[S
         while not all(h.node.available for h in hosts):
             await asyncio.sleep(0.05)
         async with serving(tmp_path, fleet, [h.member for h in hosts], max_seq_len_cap=64,
-                           max_slots_per_stage=8) as served:
+                           max_slots_per_stage=slots) as served:
             await asyncio.sleep(0.06)
             yield served, hosts, drivers
     finally:
@@ -125,7 +126,7 @@ def check_burst(runs: list[list[opb.RunUpdate]], n: int) -> None:
 
 def test_one_stage_one_two_and_four_runs_in_flight_equal_the_reference(tmp_path: Path) -> None:
     async def body() -> None:
-        async with pipeline(tmp_path, [2]) as (served, hosts, _drivers):
+        async with pipeline(tmp_path, [2], slots=4) as (served, hosts, _drivers):
             solo = await run_to_end(served, request(PROMPTS[0], 1, 6))
             assert_reference(solo[-1].finished, PROMPTS[0])
             for n in (2, 4):
@@ -153,7 +154,7 @@ def test_three_stages_eight_runs_in_flight_and_runs_that_end_alone(tmp_path: Pat
     monkeypatch.setattr(token_endpoints.RingTokenEndpoints, "inject", bad_input)
 
     async def body() -> None:
-        async with pipeline(tmp_path, [2, 3, 4]) as (served, hosts, drivers):
+        async with pipeline(tmp_path, [2, 3, 4], slots=8) as (served, hosts, drivers):
             solo = await run_to_end(served, request(PROMPTS[1], 3, 6))
             assert_reference(solo[-1].finished, PROMPTS[1])
             check_burst(await burst(served, 3, 8), 8)

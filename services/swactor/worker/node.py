@@ -239,11 +239,11 @@ class StageNode:
             plan = build_plan(req, node_id=self.node_id, role_id=new_id())
         except PlanRejected as e:
             raise ProvisionError("INVALID_ARGUMENT", str(e)) from None
+        identity = WeightsIdentity.of(req, plan.role_config)
+        slot = self._free_slot(identity, plan.role_config.get("slots", 1))
         if plan.role_id in self._run_of_role:  # a run's role id routes the compute process's events to it alone
             raise ProvisionError("INVALID_ARGUMENT", f"runtime.role_id {plan.role_id} is run "
                                                      f"{self._run_of_role[plan.role_id]}'s on this node")
-        identity = WeightsIdentity.of(req, plan.role_config)
-        slot = self._free_slot(identity, plan.role_config.get("slots", 1))
         for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
             self.edges.core.forget(eid)
             if self.edges.core.state(eid) is not None:
