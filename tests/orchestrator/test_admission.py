@@ -406,3 +406,34 @@ def test_a_run_s_max_context_is_recorded_and_ends_it(tmp_path: Path) -> None:
         4, 3, opb.RUN_OUTCOME_COMPLETED, "context_full")
     assert list(short.token_ids) == [100]
     assert default.max_context == 4096 and default.reason == "eos"
+
+
+def test_a_run_whose_client_is_gone_is_stopped_queued_or_running_and_a_watched_one_goes_on(tmp_path: Path) -> None:
+    """stop_when_unwatched: the end of the last WatchRun stream stops the run (its slot goes to the next); a run
+    without it outlives its watchers."""
+    fleet = InFlightFleet()
+
+    async def watch_one_update(orch: Orchestrator, run_id: int) -> None:
+        stream = orch.watch(run_id)
+        await stream.__anext__()
+        await stream.aclose()  # the client went away
+
+    async def main():
+        orch = orchestrator(tmp_path, fleet, pool(1), max_slots=1)
+        running = await orch.submit(submit(0, stop_when_unwatched=True))
+        queued = await orch.submit(submit(1, stop_when_unwatched=True))
+        kept = await orch.submit(submit(2))
+        await until(lambda: running.run_id in fleet.decoding, "the first run decoding")
+        await watch_one_update(orch, kept.run_id)  # no stop_when_unwatched: still queued
+        await watch_one_update(orch, queued.run_id)
+        await watch_one_update(orch, running.run_id)
+        await until(lambda: kept.run_id in fleet.decoding, "the kept run decoding in the freed slot")
+        fleet.finish(kept.run_id)
+        await until(lambda: not orch.live_run_ids(), "all ended")
+        await orch.shutdown()
+        return [orch.get(r.run_id) for r in (running, queued, kept)]
+
+    running, queued, kept = run(main())
+    for r in (running, queued):
+        assert r.outcome == opb.RUN_OUTCOME_STOPPED and "client gone" in r.detail, r
+    assert kept.outcome == opb.RUN_OUTCOME_COMPLETED
