@@ -364,10 +364,12 @@ class WorkerCore:
             self._fail_step(pb.STEP_FAILURE_OUTPUT_EXTENT_INVALID, f"role produced {len(r.outputs)} outputs, "
                                                    f"{len(step.cmd.outputs)} bound")
             return
-        kept = [(b, obj) for b, obj in zip(step.cmd.outputs, r.outputs, strict=True) if b.ring_id not in step.dropped]
+        kept = []
         for b, obj in zip(step.cmd.outputs, r.outputs, strict=True):
-            if b.ring_id in step.dropped:
+            if b.ring_id in step.dropped:  # its run left while the role computed: nothing to write it to
                 self._do(m.FreeDeviceObject(obj))
+            else:
+                kept.append((b, obj))
         step.outputs = {b.ring_id: (b, obj) for b, obj in kept}
         for b, obj in kept:
             try:

@@ -7,8 +7,8 @@ inputs). Runs in flight share the resident role: each run's role id is bound to 
 any bound role id runs on it (docs/runs-in-flight.md). A ConfigureRole of the weights being loaded joins
 that load (answered warm once it is done, or failed with it); one of other weights cancels the load and
 waits for it to end (so no two sets of weights are ever resident), a third one supersedes the waiting
-second. CancelRole abandons a load (or the waiting config, or a joiner); a configured role stays resident. Like the rest of the core: no thread,
-no role call here, only actions through `do`.
+second. CancelRole abandons a load (or the waiting config, or a joiner); a configured role stays
+resident. Like the rest of the core: no thread, no role call here, only actions through `do`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,10 @@ class Loading:
     last_progress: tuple[str, int, int] | None = None
     joiners: list[wire.ConfigureRole] = field(default_factory=list)  # runs of the same weights: reset once it loaded
     lead_cancelled: bool = False  # the run that started the load was cancelled (answered): the joiners still wait
+
+    def waiting(self) -> list[int]:
+        """The role ids still waiting for this load: its lead unless cancelled, then the joiners."""
+        return ([] if self.lead_cancelled else [self.role_id]) + [j.role_id for j in self.joiners]
 
 
 class RoleSlot:
@@ -121,8 +125,7 @@ class RoleSlot:
             ld, self.loading = self.loading, None
             if ld.cancel is None:
                 self._do(m.CancelLoad(ld.role_id))
-            waiting = [] if ld.lead_cancelled else [ld.role_id]
-            for role_id in waiting + [j.role_id for j in ld.joiners]:
+            for role_id in ld.waiting():
                 self._emit(wire.RoleFailed(role_id, pb.ROLE_FAILURE_WORKER_SHUTTING_DOWN,
                                            f"ShutdownWorker {mode} during the load"))
 
@@ -160,8 +163,7 @@ class RoleSlot:
         else:  # cancelled: a role that finished anyway is dropped here (its weights with it)
             reason, detail = ld.cancel or (r.reason, r.detail)  # type: ignore[union-attr]
             self.log.info("role_load_ended", role_id=r.role_id, reason=name(pb.RoleFailure, reason), detail=detail)
-            failed = [j.role_id for j in ld.joiners] if ld.lead_cancelled else [r.role_id, *(j.role_id for j in ld.joiners)]
-            for role_id in failed:
+            for role_id in ld.waiting():
                 self._emit(wire.RoleFailed(role_id, reason, detail))
         if self.pending is not None:
             cmd, self.pending = self.pending, None
