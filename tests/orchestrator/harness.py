@@ -24,17 +24,18 @@ from swactor.v1 import orchestrator_pb2_grpc
 
 from .helpers import MODEL_PATH
 
-_REGISTRY: ModelRegistry | None = None
+_REGISTRIES: dict[tuple[str, ...], ModelRegistry] = {}
 
 
-def registry() -> ModelRegistry:
-    """One registry per test process: the GGUF metadata is read once."""
-    global _REGISTRY
+def registry(*names: str) -> ModelRegistry:
+    """The default model under each of `names` (the first is the default; none: its own name), one registry per names
+    and test process: the GGUF metadata is read once."""
+    names = names or (DEFAULT_MODEL_NAME,)
     if not MODEL_PATH.exists():
         pytest.skip(f"{MODEL_PATH} missing: run `make model`")
-    if _REGISTRY is None:
-        _REGISTRY = ModelRegistry({DEFAULT_MODEL_NAME: MODEL_PATH}, DEFAULT_MODEL_NAME)
-    return _REGISTRY
+    if names not in _REGISTRIES:
+        _REGISTRIES[names] = ModelRegistry(dict.fromkeys(names, MODEL_PATH), names[0])
+    return _REGISTRIES[names]
 
 
 @dataclass

@@ -30,7 +30,8 @@ from swactor.orchestrator.runs.store import RunStore
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 
-from .helpers import MODEL_PATH, model_facts, node, pool
+from . import harness
+from .helpers import model_facts, node, pool
 
 pytestmark = pytest.mark.timeout(60)
 EOS = 2  # SmolLM2's end of text: an end-of-generation token
@@ -162,17 +163,9 @@ class _Endpoints:
         pass
 
 
-_REGISTRY: ModelRegistry | None = None
-
-
 def registry() -> ModelRegistry:
     """Two model names on the one GGUF: runs of "other" cannot share the stages of runs of "smol"."""
-    global _REGISTRY
-    if not MODEL_PATH.exists():
-        pytest.skip(f"{MODEL_PATH} missing: run `make model`")
-    if _REGISTRY is None:
-        _REGISTRY = ModelRegistry({"smol": MODEL_PATH, "other": MODEL_PATH}, "smol")
-    return _REGISTRY
+    return harness.registry("smol", "other")
 
 
 def orchestrator(tmp_path: Path, fleet: InFlightFleet, members: Sequence[NodeInfo], max_slots: int = 8) -> Orchestrator:
