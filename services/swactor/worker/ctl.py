@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from swactor.common.events import get_logger
@@ -40,6 +41,14 @@ from swactor.worker.process import fdpass, wire
 Subscriber = Callable[[Any], None]
 
 
+@dataclass
+class _Spawned:
+    """One generation's process and the socket its ring fds go through, until it is reaped."""
+
+    proc: asyncio.subprocess.Process
+    fd_sock: socket.socket
+
+
 class GpuWorkerCtl:
     def __init__(self, core: CtlCore, arena_fd: int, *, python: str = sys.executable,
                  extra_env: dict[str, str] | None = None, extra_fds: tuple[int, ...] = ()) -> None:
@@ -48,12 +57,18 @@ class GpuWorkerCtl:
         self.python = python
         self.extra_env = extra_env or {}
         self.extra_fds = extra_fds
-        self.proc: asyncio.subprocess.Process | None = None
+        # By generation: a process given up for can still be spawning or dying beside the current one.
+        self._procs: dict[int, _Spawned] = {}
         self._subscribers: list[Subscriber] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._log = get_logger(component="worker_ctl")
-        self._fd_sock: socket.socket | None = None
+
+    @property
+    def proc(self) -> asyncio.subprocess.Process | None:
+        """The current generation's process (None before its spawn returns and once it is reaped)."""
+        current = self._procs.get(self.core.worker_generation)
+        return None if current is None else current.proc
 
     @property
     def state(self) -> CtlState:
@@ -76,10 +91,11 @@ class GpuWorkerCtl:
 
     def share_wake_fds(self, ring_id: int, readable_fd: int, writable_fd: int) -> bool:
         """Hand the ring's eventfds to the running worker (fds stay owned by the caller)."""
-        if self.core.state is not CtlState.RUNNING or ring_id not in self.core.rings or self._fd_sock is None:
+        current = self._procs.get(self.core.worker_generation)
+        if self.core.state is not CtlState.RUNNING or ring_id not in self.core.rings or current is None:
             return False
         try:
-            fdpass.send_ring_fds(self._fd_sock, ring_id, readable_fd, writable_fd)
+            fdpass.send_ring_fds(current.fd_sock, ring_id, readable_fd, writable_fd)
         except OSError:
             return False
         self.send(wire.ShareWakeFds(ring_id))
@@ -106,10 +122,10 @@ class GpuWorkerCtl:
                 self._spawn_task(self._spawn(gen))
             case WriteCommand(cmd):
                 self._write(cmd)
-            case KillProcess():
-                if self.proc is not None and self.proc.returncode is None:
+            case KillProcess(gen):
+                if (spawned := self._procs.get(gen)) is not None and spawned.proc.returncode is None:
                     with contextlib.suppress(ProcessLookupError):
-                        self.proc.kill()
+                        spawned.proc.kill()
             case Deliver(event):
                 for fn in list(self._subscribers):
                     fn(event)
@@ -120,26 +136,26 @@ class GpuWorkerCtl:
         task.add_done_callback(self._tasks.discard)
 
     async def _spawn(self, generation: int) -> None:
-        if self._fd_sock is not None:
-            self._fd_sock.close()
-        self._fd_sock, theirs = fdpass.socketpair()
+        ours, theirs = fdpass.socketpair()
         env = {**os.environ, **self.extra_env,
                "SWACTOR_ARENA_FD": str(self.arena_fd),
                "SWACTOR_ARENA_BYTES": str(self.core.arena_ceiling),
                "SWACTOR_FD_SOCKET": str(theirs.fileno())}
         try:
-            self.proc = await asyncio.create_subprocess_exec(
+            proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "swactor.worker.process",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
                 pass_fds=(self.arena_fd, theirs.fileno(), *self.extra_fds), env=env, limit=1 << 20)
         except OSError as e:
-            self._feed(SpawnFailed(f"{self.python} -m swactor.worker.process: {e}"))
+            ours.close()
+            self._feed(SpawnFailed(generation, f"{self.python} -m swactor.worker.process: {e}"))
             return
         finally:
             theirs.close()
-        self._log.info("worker_spawned", pid=self.proc.pid, worker_generation=generation)
-        self._feed(Spawned(self.proc.pid))
-        self._spawn_task(self._read_stdout(self.proc))
+        self._procs[generation] = _Spawned(proc, ours)
+        self._log.info("worker_spawned", pid=proc.pid, worker_generation=generation)
+        self._spawn_task(self._read_stdout(generation, proc))
+        self._feed(Spawned(generation, proc.pid))
 
     def _write(self, cmd: wire.Command) -> None:
         proc = self.proc
@@ -148,7 +164,7 @@ class GpuWorkerCtl:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             proc.stdin.write((wire.encode(cmd) + "\n").encode())
 
-    async def _read_stdout(self, proc: asyncio.subprocess.Process) -> None:
+    async def _read_stdout(self, generation: int, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         malformed = False
         try:
@@ -160,31 +176,29 @@ class GpuWorkerCtl:
                     event = wire.decode_event(line)
                 except wire.MalformedMessage as e:
                     malformed = True
-                    self._feed(StdoutMalformed(str(e)))
+                    self._feed(StdoutMalformed(generation, str(e)))
                     break
-                self._feed(FromWorker(event))
+                self._feed(FromWorker(generation, event))
         except (ValueError, asyncio.LimitOverrunError) as e:  # a line longer than the limit
             if not malformed:
-                self._feed(StdoutMalformed(f"unreadable stdout: {e}"))
+                self._feed(StdoutMalformed(generation, f"unreadable stdout: {e}"))
         rc = await proc.wait()
-        if proc is self.proc:
-            self._feed(ProcessExited(rc))
+        self._procs.pop(generation).fd_sock.close()
+        self._feed(ProcessExited(generation, rc))
 
     async def wait_exited(self) -> None:
-        if self.proc is not None:
-            await self.proc.wait()
+        if (proc := self.proc) is not None:
+            await proc.wait()
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
     async def close(self) -> None:
-        """Kill the process if still alive and reap it (service shutdown)."""
+        """Kill every process still alive and reap it (service shutdown)."""
         if self._timer is not None:
             self._timer.cancel()
-        if self.proc is not None and self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.kill()
+        for spawned in list(self._procs.values()):
+            if spawned.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    spawned.proc.kill()
         await self.wait_exited()
-        if self._fd_sock is not None:
-            self._fd_sock.close()
-            self._fd_sock = None

@@ -39,18 +39,26 @@ class Start:
     """Spawn a new worker generation (from NotStarted, Failed or Stopped)."""
 
 
+# What a process says or suffers is tagged with the generation it was spawned for: a killed process's
+# last lines and its exit, or a spawn that finishes after its generation gave up, arrive while a newer
+# generation is Spawning or Initializing, and must not be taken for the newer one's.
+
+
 @dataclass(frozen=True)
 class Spawned:
+    worker_generation: int
     pid: int
 
 
 @dataclass(frozen=True)
 class SpawnFailed:
+    worker_generation: int
     detail: str
 
 
 @dataclass(frozen=True)
 class FromWorker:
+    worker_generation: int
     event: wire.Event
 
 
@@ -58,11 +66,13 @@ class FromWorker:
 class StdoutMalformed:
     """The worker wrote a line that is not a known event: a worker/process fault (§28)."""
 
+    worker_generation: int
     detail: str
 
 
 @dataclass(frozen=True)
 class ProcessExited:
+    worker_generation: int
     returncode: int
 
 
@@ -93,7 +103,7 @@ class WriteCommand:
 
 @dataclass(frozen=True)
 class KillProcess:
-    pass
+    worker_generation: int
 
 
 @dataclass(frozen=True)
@@ -175,17 +185,22 @@ class CtlCore:
 
     def handle(self, inp: Input, now: float) -> list[Action]:
         match inp:
+            case Spawned(gen, _) if gen != self.worker_generation:
+                return [KillProcess(gen)]  # its generation gave up (or was replaced) while it was spawning
+            case Spawned() | SpawnFailed() | FromWorker() | StdoutMalformed() | ProcessExited() \
+                    if inp.worker_generation != self.worker_generation:
+                return []  # an earlier generation's process: already given up for
             case Start():
                 return self._start(now)
-            case Spawned(pid):
+            case Spawned(_, pid):
                 return self._spawned(pid, now)
-            case SpawnFailed(detail):
+            case SpawnFailed(_, detail):
                 return self._never_ready(NeverReady.SPAWN_FAILED, detail)
-            case FromWorker(event):
+            case FromWorker(_, event):
                 return self._from_worker(event)
-            case StdoutMalformed(detail):
+            case StdoutMalformed(_, detail):
                 return self._process_broken(f"malformed worker event: {detail}", kill=True)
-            case ProcessExited(rc):
+            case ProcessExited(_, rc):
                 return self._exited(rc)
             case Tick():
                 return self._tick(now)
@@ -208,8 +223,8 @@ class CtlCore:
         return [SpawnProcess(self.worker_generation)]
 
     def _spawned(self, pid: int, now: float) -> list[Action]:
-        if self.state is not CtlState.SPAWNING:
-            return []
+        if self.state is not CtlState.SPAWNING:  # given up (init timeout, shutdown) before the spawn returned
+            return [KillProcess(self.worker_generation)]
         self.pid = pid
         self.deadline = now + self.init_timeout_s
         self._transition(CtlState.INITIALIZING, pid=pid)
@@ -220,7 +235,7 @@ class CtlCore:
                      fatal: int = pb.WORKER_FATAL_REASON_UNSPECIFIED) -> list[Action]:
         self.deadline = None
         self._transition(CtlState.FAILED, reason=cause.value, fatal=name(pb.WorkerFatalReason, fatal))
-        actions: list[Action] = [KillProcess()] if kill else []
+        actions: list[Action] = [KillProcess(self.worker_generation)] if kill else []
         return [*actions, Deliver(WorkerFailed(self.worker_generation, cause, detail, fatal))]
 
     def _tick(self, now: float) -> list[Action]:
@@ -231,7 +246,7 @@ class CtlCore:
         if self.state is CtlState.STOPPING:
             self.deadline = None
             self._transition(CtlState.KILLING, reason="StopTimeout")
-            return [KillProcess()]
+            return [KillProcess(self.worker_generation)]
         if self.state is CtlState.RUNNING and self.quiescing:
             rings, self.quiescing = sorted(self.quiescing), set()
             self.deadline = None
@@ -261,7 +276,7 @@ class CtlCore:
         if self.state is CtlState.INITIALIZING:
             return self._never_ready(NeverReady.PROCESS_EXITED, detail, kill=kill)
         self._transition(CtlState.CRASHED, detail=detail)
-        actions: list[Action] = [KillProcess()] if kill else []
+        actions: list[Action] = [KillProcess(self.worker_generation)] if kill else []
         actions.append(Deliver(WorkerCrashed(self.worker_generation, returncode, detail)))
         actions += self._synthesize_ring_ends(pb.STEP_FAILURE_WORKER_PROCESS_EXITED, pb.RING_FAULT_WORKER_PROCESS_EXITED)
         self.handles.clear()
@@ -335,7 +350,7 @@ class CtlCore:
         if self.state is not CtlState.RUNNING:
             if isinstance(cmd, wire.ShutdownWorker) and self.state in (CtlState.SPAWNING, CtlState.INITIALIZING):
                 self._transition(CtlState.KILLING, reason="ShutdownBeforeReady")
-                return [KillProcess()]
+                return [KillProcess(self.worker_generation)]
             if self.state in (CtlState.STOPPING, CtlState.KILLING):
                 step, ring = pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, pb.RING_FAULT_WORKER_SHUTTING_DOWN
             else:
