@@ -114,7 +114,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     # (Restart=on-failure) starts us again, on the new arena.
     rc = EXIT_ARENA_LOST if node.retired.is_set() else 0
     notify_stopping("arena-manager gone" if rc else "shutting down")
-    log.info("worker_service_stopping", exit_status=rc, detail=node.arena_gone or "")
+    log.info("worker_service_stopping", exit_status=rc, detail=node.health.arena_gone or "")
     keeper.cancel()
     from swactor.worker.process import wire
 

@@ -6,7 +6,7 @@ return. Several runs of the same weights may be here at once (runs in flight, do
 has its own StageController, edges and KV slot of the one resident role; their steps go to the compute process
 through the step scheduler, which batches their decode rows. A later run of the same weights re-uses them (warm
 ConfigureRole). NodeAvailable (§8) is reported only once the arena is mapped, the worker said WorkerReady and
-the edge-driver answers. Each run is held under the orchestrator's lease (stage_lease.py): with no WatchStage
+the edge-driver answers (`node_health.py`, with the compute process's restarts). Each run is held under the orchestrator's lease (stage_lease.py): with no WatchStage
 stream for `lease_window_s` that run's stage faults fail-stop and tears itself down. Every stage event carries
 the worker's generation. When the host's arena-manager dies (`arena_lost`) every running stage faults fail-stop
 (RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired` is set
@@ -33,6 +33,19 @@ from swactor.worker import stage_fsm
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
 from swactor.worker.ctl_port import WorkerCtlLike, WorkerRingHost
 from swactor.worker.membership import MembershipPort
+from swactor.worker.node_health import (
+    Announce,
+    ArenaLost,
+    DriverSeen,
+    NodeHealth,
+    RestartsExhausted,
+    RestartWorker,
+    Retire,
+    RunsChanged,
+    WorkerLost,
+    WorkerReady,
+    WorkerWorks,
+)
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
 from swactor.worker.process.roles import weights_key
@@ -41,7 +54,6 @@ from swactor.worker.stage_scheduler import Asked, StepScheduler
 from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
-MAX_WORKER_RESTARTS = 3
 DEFAULT_GATHER_S = 0.010  # [worker].batch_gather_ms
 KEEP_FINISHED_RUNS = 16
 
@@ -128,12 +140,8 @@ class StageNode:
         self._answering = False  # a step's runs are being answered: the next step waits until all of them were
         self._run_of_edge: dict[int, int] = {}  # an active run's edge id -> run_id
         self._run_of_role: dict[int, int] = {}  # an active run's role id -> run_id
-        self.worker_ready = False
-        self.driver_up = False
-        self.available = False
-        self.arena_gone: str | None = None  # why, once the arena-manager's hand-out connection ended
+        self.health = NodeHealth()
         self.retired = asyncio.Event()  # arena gone and no run left here: the service should exit
-        self.restarts = 0
         self.weights = WeightsShell(weights, self._stage_input)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.lease_window_s = lease_window_s
@@ -146,8 +154,7 @@ class StageNode:
     async def start(self) -> None:
         self.ctl.start()
         self._spawn(self._follow_driver())
-        self.driver_up = await self.edges.driver.healthy()
-        self._check_available()
+        self._health(DriverSeen(await self.edges.driver.healthy()))
 
     async def _follow_driver(self) -> None:
         while True:
@@ -155,34 +162,41 @@ class StageNode:
                 await self.edges.follow_driver(self._driver_seen)
             except Exception as e:  # the driver restarted or is not up yet: re-subscribe
                 self._log.warning("edge_driver_watch_lost", detail=str(e))
-            self.driver_up = False
-            self._check_available()
+            self._health(DriverSeen(False))
             await asyncio.sleep(1.0)
-            self.driver_up = await self.edges.driver.healthy()
-            self._check_available()
+            self._health(DriverSeen(await self.edges.driver.healthy()))
 
     def _driver_seen(self, ev: Any) -> bool:
-        if not self.driver_up:
-            self.driver_up = True
-            self._check_available()
+        if not self.health.driver_up:
+            self._health(DriverSeen(True))
         return True
 
-    def _check_available(self) -> None:
-        if self.arena_gone is not None and not self.retired.is_set():
-            return  # withdrawn once retired: membership must not beat the stage's own fault report
-        now = self.worker_ready and self.driver_up and self.arena_gone is None
-        if now == self.available:
-            return
-        self.available = now
-        self._log.info("node_available" if now else "node_unavailable", worker_ready=self.worker_ready,
-                       driver_up=self.driver_up, arena_up=self.arena_gone is None)
-        if self.membership is not None:
-            generation = self.ctl.worker_generation
-            if now:
-                self._spawn(self.membership.set_available(self.control_endpoint, generation))
-            else:
-                reason = common_pb2.RUN_FAULT_WORKER_CRASHED if not self.worker_ready else common_pb2.RUN_FAULT_NODE_UNAVAILABLE
-                self._spawn(self.membership.set_faulted(reason, generation))
+    # ---- availability and restarts (node_health.py) ----
+
+    @property
+    def available(self) -> bool:
+        return self.health.available
+
+    def _health(self, inp: Any) -> None:
+        worker_down = self.ctl.state in (CtlState.FAILED, CtlState.STOPPED)
+        for action in self.health.handle(inp, runs_active=len(self.active_runs()), worker_down=worker_down):
+            match action:
+                case Announce(available, reason):
+                    h = self.health
+                    self._log.info("node_available" if available else "node_unavailable", worker_ready=h.worker_ready,
+                                   driver_up=h.driver_up, arena_up=h.arena_gone is None)
+                    if self.membership is not None:
+                        generation = self.ctl.worker_generation
+                        self._spawn(self.membership.set_available(self.control_endpoint, generation) if available
+                                    else self.membership.set_faulted(reason, generation))
+                case RestartWorker(attempt):  # Crashed -> Restarting (§31): a new generation
+                    self._log.info("worker_restarting", attempt=attempt)
+                    self.ctl.start()
+                case RestartsExhausted(restarts):
+                    self._log.error("worker_restart_limit", restarts=restarts)
+                case Retire(detail):
+                    self._log.info("node_retiring", detail=detail)
+                    self.retired.set()
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
@@ -231,10 +245,10 @@ class StageNode:
             raise ProvisionError("PERMISSION_DENIED", f"plan is addressed to node {req.node_id}, this is node {self.node_id}")
         if req.run_id in self.runs:
             raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
-        if not self.worker_ready:
+        if not self.health.worker_ready:
             raise ProvisionError("FAILED_PRECONDITION", "the GPU worker is not ready (WorkerReady not seen)")
-        if self.arena_gone is not None:
-            raise ProvisionError("FAILED_PRECONDITION", f"the node's arena-manager is gone: {self.arena_gone}")
+        if self.health.arena_gone is not None:
+            raise ProvisionError("FAILED_PRECONDITION", f"the node's arena-manager is gone: {self.health.arena_gone}")
         try:
             plan = build_plan(req, node_id=self.node_id, role_id=new_id())
         except PlanRejected as e:
@@ -405,8 +419,7 @@ class StageNode:
                 if self._run_of_edge.get(eid) == log.run_id:
                     del self._run_of_edge[eid]
             self._run_of_role.pop(plan.role_id, None)
-        self._maybe_restart_worker()
-        self._check_retired()
+        self._health(RunsChanged())
 
     # ---- the arena-manager gone ----
 
@@ -415,22 +428,15 @@ class StageNode:
         nobody manages any more, and a new arena-manager hands out a new one that neither this process
         nor its compute process has mapped: fault every run here first (the orchestrator hears why),
         tear them down, withdraw the node, then retire."""
-        if self.arena_gone is not None:
+        if self.health.arena_gone is not None:
             return
-        self.arena_gone = detail
         active = [log.run_id for log in self.active_runs()]
         self._log.error("arena_lost", detail=detail, run_ids=active, reason="RUN_FAULT_NODE_UNAVAILABLE",
                         component="COMPONENT_ARENA")
+        self._health(ArenaLost(detail))  # retires at once when no run is here, else once the last one stops
         for run_id in active:
             self._stage_input(run_id, stage_fsm.ArenaLost(detail))
             self._stage_input(run_id, stage_fsm.StopRun())
-        self._check_retired()
-
-    def _check_retired(self) -> None:
-        if self.arena_gone is not None and not self.active_runs() and not self.retired.is_set():
-            self._log.info("node_retiring", detail=self.arena_gone)
-            self.retired.set()
-            self._check_available()
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
         ev.time_us = _now_us()
@@ -500,16 +506,14 @@ class StageNode:
     def _on_worker(self, ev: Any) -> None:
         match ev:
             case wire.WorkerReady():
-                self.worker_ready = True
-                self._check_available()
+                self._health(WorkerReady())
             case WorkerCrashed() | WorkerFailed():
-                self.worker_ready = False
-                self._check_available()
+                self._health(WorkerLost())
                 self.scheduler.reset()  # its steps and device objects went with the process
                 reason = common_pb2.RUN_FAULT_WORKER_CRASHED if isinstance(ev, WorkerCrashed) else common_pb2.RUN_FAULT_WORKER_FATAL
                 for log in self.active_runs():  # a shared part: every run here ends, each with its reason
                     self._stage(log, stage_fsm.WorkerGone(reason, ev.detail))
-                self._maybe_restart_worker()
+                self._health(RunsChanged())
             case wire.RingInstalled(ring_id=rid):
                 self._est(est.RingInstalled(rid))
             case wire.RingFault(ring_id=rid, reason=r, detail=d):
@@ -520,7 +524,7 @@ class StageNode:
                 self._log.info("worker_event", worker_event=type(ev).__name__)
             case wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed():
                 if isinstance(ev, wire.RoleConfigured):
-                    self.restarts = 0
+                    self._health(WorkerWorks())
                 self._route(self._run_of_role.get(ev.role_id), ev)
             case wire.ObjectLoaded():
                 run_id = self._run_of_edge.get(ev.edge_id)
@@ -544,7 +548,7 @@ class StageNode:
         if ended is None:
             return
         if isinstance(ev, wire.StepCompleted):
-            self.restarts = 0
+            self._health(WorkerWorks())
         self._answering = True  # every run answered first: those that ask again go out together
         try:
             for asked in ended.members:
@@ -556,17 +560,6 @@ class StageNode:
         finally:
             self._answering = False
         self._dispatch()
-
-    def _maybe_restart_worker(self) -> None:
-        """Crashed -> Restarting (§31): a new generation, once no stage still depends on the old one."""
-        if self.active_runs() or self.ctl.state not in (CtlState.FAILED, CtlState.STOPPED):
-            return
-        if self.restarts >= MAX_WORKER_RESTARTS:
-            self._log.error("worker_restart_limit", restarts=self.restarts)
-            return
-        self.restarts += 1
-        self._log.info("worker_restarting", attempt=self.restarts)
-        self.ctl.start()
 
     # ---- EdgeEstablisher ----
 
