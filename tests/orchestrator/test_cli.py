@@ -165,6 +165,8 @@ def test_queued_runs_in_runs_show_and_watch_and_events_over_pages(tmp_path: Path
     queued, runs, show, watch, events = asyncio.run(main())
     line = next(x for x in runs[1].splitlines() if x.startswith(str(queued)))
     assert "queued #1" in line and "running" in runs[1]
+    # the running run holds the one run slot of its stage node (the queued one none yet)
+    assert runs[1].splitlines()[-1] == "run slots in use per stage node: node 1 1/1", runs[1]
     assert show[0] == 0 and "queued #1" in show[1] and "  queue position: 1 (1 = next)" in show[1]
     rc, _, err = watch
     assert rc == 0, err

@@ -355,6 +355,8 @@ def dispatch(args: argparse.Namespace) -> int:
                 runs = stub.ListRuns(opb.ListRunsRequest(limit=args.limit), timeout=t).runs
                 for r in runs:
                     print(json.dumps(render.as_json(r)) if args.json else render.run_line(r))
+                if not args.json and (held := render.slots_line(stub.ListNodes(opb.ListNodesRequest(), timeout=t).nodes)):
+                    print(held)
             case "show":
                 r = stub.GetRun(opb.GetRunRequest(run_id=args.run_id), timeout=t)
                 print(json.dumps(render.as_json(r)) if args.json else render.run_detail(r))

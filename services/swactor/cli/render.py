@@ -72,6 +72,12 @@ def node_line(n: opb.Node) -> str:
             f"[{gpus}] {memory}{slots}")
 
 
+def slots_line(nodes: list[opb.Node]) -> str | None:
+    """Under `swactor runs`: the run slots in use on each stage node of the runs in flight (None when no run holds one)."""
+    held = [f"node {n.node_id} {n.slots_in_use}/{n.run_slots}" for n in nodes if n.run_slots]
+    return f"run slots in use per stage node: {', '.join(held)}" if held else None
+
+
 SPLITS = {"memory": "blocks in proportion to the nodes' memory", "fitted": "blocks fitted to the nodes' memory",
           "balanced": "blocks balanced"}
 
