@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +18,11 @@ from swactor.orchestrator.fleet.nodes import GpuInfo, NodeInfo, NodeState
 from swactor.orchestrator.models.gguf_model import ModelFacts
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The compute processes of the in-process pipelines share one compiled-graph cache, as a host's do
+# ([worker].graph_cache): a layer graph of a batch width is captured once in a test session, not again by every
+# stage, test and restarted process. Empty at the session's start, so every session captures what it runs once.
+GRAPH_CACHE = Path(tempfile.mkdtemp(prefix="swactor-test-graphs-"))
+atexit.register(shutil.rmtree, GRAPH_CACHE, True)
 
 
 def model_facts(num_layers: int = 30, hidden: int = 576, context: int = 8192) -> ModelFacts:

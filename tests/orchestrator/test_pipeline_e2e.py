@@ -29,7 +29,7 @@ from swactor.worker.process import wire
 from tests.worker_service import harness, node_fakes
 
 from .harness import serving
-from .helpers import MODEL_PATH, node
+from .helpers import GRAPH_CACHE, MODEL_PATH, node
 from .inproc_edges import start_drivers, stop_drivers
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
@@ -45,7 +45,8 @@ class StageHost:
 
     def __init__(self, arena, driver, node_id: int) -> None:
         self.node_id = node_id
-        core = ctl_fsm.CtlCore(arena.size, sr.RING_VERSION, {"device": "CPU"}, init_timeout_s=120, stop_timeout_s=10)
+        core = ctl_fsm.CtlCore(arena.size, sr.RING_VERSION, {"device": "CPU", "graph_cache": str(GRAPH_CACHE)},
+                                  init_timeout_s=120, stop_timeout_s=10)
         self.ctl = ctl_mod.GpuWorkerCtl(core, arena.fd, python=sys.executable)
         self.node = worker_node.StageNode(node_id, self.ctl, node_fakes.FakeArenaPort(arena), driver,
                                           node_fakes.FakeMembership(), control_endpoint="127.0.0.1:1",
