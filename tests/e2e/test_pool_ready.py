@@ -59,7 +59,7 @@ def test_nodes_advertise_memory_and_dry_run_places_by_it(cluster: LocalCluster) 
     # the two nodes with the most memory, an even split (equal memory), each stage's bytes within its node's share
     assert lines[1].startswith(f"  stage 0: node {min(h0, h1)} blocks 0..15 needs ") and "DOES NOT FIT" not in fits.stdout
     assert lines[2].startswith(f"  stage 1: node {max(h0, h1)} blocks 15..30 needs ")
-    assert lines[-1] == "SubmitRun would accept it"
+    assert lines[-1] == "SubmitRun would accept it; the run starts now"
 
     short = cli(cluster, "submit", "--prompt", "Hello", "--stages", "3", "--dry-run")
     assert short.returncode == 1 and "DOES NOT FIT" in short.stdout

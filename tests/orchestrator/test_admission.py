@@ -15,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swactor.cli.render import node_line
+from swactor.cli.render import node_line, plan_lines
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.api.errors import RequestError
 from swactor.orchestrator.api.service import node_proto
@@ -430,3 +430,33 @@ def test_a_run_whose_client_is_gone_is_stopped_queued_or_running_and_a_watched_o
     for r in (running, queued):
         assert r.outcome == opb.RUN_OUTCOME_STOPPED and "client gone" in r.detail, r
     assert kept.outcome == opb.RUN_OUTCOME_COMPLETED
+
+
+def test_the_dry_run_says_what_admission_would_do_and_a_joining_run_is_placed_on_the_group(tmp_path: Path) -> None:
+    fleet = InFlightFleet()
+
+    async def main():
+        orch = orchestrator(tmp_path, fleet, pool(1, 2, 3), max_slots=2)
+        alone = await orch.plan(submit(9, stages=2))
+        first = await orch.submit(submit(0, stages=2))
+        await until(lambda: first.run_id in fleet.decoding, "the first run decoding")
+        group = list(orch.node_slots())
+        joins = await orch.plan(submit(9, stages=2))
+        other = await orch.plan(submit(9, model="other", stages=2))
+        second = await orch.submit(submit(1, stages=2))
+        await until(lambda: second.run_id in fleet.decoding, "the second run decoding")
+        full = await orch.plan(submit(9, stages=2))
+        await orch.submit(submit(2, stages=2))
+        behind = await orch.plan(submit(9, stages=2))
+        await orch.shutdown()
+        return alone, group, joins, other, full, behind
+
+    alone, group, joins, other, full, behind = run(main())
+    assert alone.admission == "starts now" and not alone.refusal
+    assert joins.admission == f"joins the 1 run(s) in flight on node(s) {group[0]}, {group[1]} (run slot 2 of 2)"
+    assert [s.node_id for s in joins.placement] == group  # pinned to the group: its blocks and slots
+    assert other.admission == "waits for the runs of model 'smol' in flight to finish"
+    assert full.admission == "waits for a free run slot (2 of 2 in use)"
+    assert behind.admission == "waits behind the 1 queued run(s) (first in, first out)"
+    lines = plan_lines(joins)
+    assert lines[-1] == f"SubmitRun would accept it; the run {joins.admission}"

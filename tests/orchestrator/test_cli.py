@@ -109,7 +109,7 @@ def test_submit_dry_run_prints_the_placement_and_starts_nothing(tmp_path: Path) 
     assert lines[1].startswith("  stage 0: node 1 blocks 0..22 needs ") and "weights " in lines[1] and "of 3.00 GiB" in lines[1]
     assert lines[2].startswith("  stage 1: node 2 blocks 22..30 needs ") and "KV cache 48.8 MiB per run slot" in lines[2]
     assert lines[1].endswith("; holds 8 run slots (max_slots_per_stage 8)") and lines[2].endswith("; holds 8 run slots (max_slots_per_stage 8)")
-    assert lines[-2].startswith("pool ready: node(s) 1, 2 Available") and lines[-1] == "SubmitRun would accept it"
+    assert lines[-2].startswith("pool ready: node(s) 1, 2 Available") and lines[-1] == "SubmitRun would accept it; the run starts now"
     plan = json.loads(as_json[1])
     assert as_json[0] == 0 and [p["node_id"] for p in plan["placement"]] == ["2", "1"]
     assert all(int(p["total_bytes"]) > 0 and p["fits"] and p["run_slots"] == 8 for p in plan["placement"])

@@ -109,7 +109,8 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     if p.placement_detail:
         lines.append(f"  no placement: {p.placement_detail}")
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
-    lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it")
+    lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it"
+                 + (f"; the run {p.admission}" if p.admission else ""))
     return lines
 
 

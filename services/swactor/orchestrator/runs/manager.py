@@ -175,10 +175,28 @@ class Orchestrator:
         """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
         self._check_open()
         model, prompt_ids, stages, _ = await self._admit(req)
-        demand = self._demand(model, stages, req.node_ids)
-        return dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
-                                     prompt_tokens=len(prompt_ids),
-                                     max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap))
+        admission, joins = self._would_admit(model.name, stages, tuple(req.node_ids))
+        demand = self._demand(model, stages, joins.node_ids if joins is not None else req.node_ids)
+        out = dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
+                                    prompt_tokens=len(prompt_ids),
+                                    max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap))
+        out.admission = admission
+        return out
+
+    def _would_admit(self, model: str, stages: int, node_ids: tuple[int, ...]) -> tuple[str, Group | None]:
+        """What admission would answer a run submitted now (it would join the queue's tail), and the group it joins."""
+        if len(self._lobby):
+            return f"waits behind the {len(self._lobby)} queued run(s) (first in, first out)", None
+        match self._verdict(model, stages, node_ids):
+            case Start(joins=None):
+                return "starts now", None
+            case Start(joins=group) if group is not None:
+                slots = group.slots(self.fsm_config.max_slots_per_stage)
+                return (f"joins the {len(self._active)} run(s) in flight on node(s) "
+                        f"{', '.join(map(str, group.node_ids))} (run slot {len(self._active) + 1} of {slots})"), group
+            case Wait(why):
+                return f"waits for {why}", None
+        raise AssertionError("admission answers Start or Wait")  # pragma: no cover
 
     async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
         self._check_open()
@@ -272,9 +290,11 @@ class Orchestrator:
 
     def _decide(self, record: opb.Run, prepared: Prepared) -> Start | Wait:
         """Admission's answer for one run (admission.admit): Start (alone, or joining the group) or Wait."""
-        request = prepared.request
-        head = Candidate(record.model, request.stages, request.node_ids)
-        return admit(head, len(self._active), self._group, self.members, self.fsm_config.max_slots_per_stage)
+        return self._verdict(record.model, prepared.request.stages, tuple(prepared.request.node_ids))
+
+    def _verdict(self, model: str, stages: int, node_ids: tuple[int, ...]) -> Start | Wait:
+        return admit(Candidate(model, stages, node_ids), len(self._active), self._group, self.members,
+                     self.fsm_config.max_slots_per_stage)
 
     def _admit_waiting(self) -> None:
         """Start the queue's head as long as admission lets it in; a head that must wait holds the runs behind it."""
