@@ -268,10 +268,7 @@ class Orchestrator:
         """The last WatchRun stream of a stop_when_unwatched run ended before the run: stop it (queued or active)."""
         detail = "client gone: its last WatchRun stream ended"
         self.log.info("run_client_gone", run_id=run_id)
-        if self._lobby.get(run_id) is not None:
-            self._lobby.stop(run_id, detail)
-        elif (handle := self._active.get(run_id)) is not None and not handle.done.is_set():
-            handle.report(F.OperatorStop(detail))
+        self._stop_now(run_id, detail)
 
     def _check_open(self) -> None:
         if self._closing:
@@ -395,17 +392,25 @@ class Orchestrator:
 
     async def stop(self, run_id: int, detail: str) -> opb.Run:
         run = self._known(run_id)
-        detail = detail or "operator stop"
+        match self._stop_now(run_id, detail or "operator stop"):
+            case opb.Run() as stopped_in_queue:
+                return stopped_in_queue
+            case RunHandle() as handle:
+                # The reply carries the recorded outcome; teardown continues after it.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(handle.outcome_recorded.wait(), 5.0)
+                return self._known(run_id)
+        return run
+
+    def _stop_now(self, run_id: int, detail: str) -> opb.Run | RunHandle | None:
+        """Stop a queued run (its record, stopped) or ask an active one to stop (its handle); None if it is neither."""
         if self._lobby.get(run_id) is not None:
             return self._lobby.stop(run_id, detail)
         handle = self._active.get(run_id)
         if handle is not None and not handle.done.is_set():
             handle.report(F.OperatorStop(detail))
-            # The reply carries the recorded outcome; teardown continues after it.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(handle.outcome_recorded.wait(), 5.0)
-            return self._known(run_id)
-        return run
+            return handle
+        return None
 
     def watch(self, run_id: int) -> AsyncIterator[opb.RunUpdate]:
         run = self._known(run_id)
