@@ -32,8 +32,8 @@ _BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_
 # A packed type declared in support without its device size here fails at import.
 DEVICE_BLOCK_BYTES: dict[str, int] = {name: _BLOCK_BYTES[name] for name in PACKED_TYPES}
 FLOAT32 = 4
-# Bytes per element of each KV cache dtype the compute core can keep (its KV_DTYPES, worker/compute/model.py; a test
-# checks they agree): float16 is stored half and read back as float32, so only a run slot's bytes change.
+# Bytes per element of each KV cache dtype the compute core can keep (its KV_DTYPES, worker/compute/model.py, are these
+# names; a test checks the sizes): float16 is stored half and read back as float32, so only a run slot's bytes change.
 KV_DTYPE_BYTES: dict[str, int] = {"float32": FLOAT32, "float16": 2}
 DEFAULT_KV_DTYPE = "float32"
 MAX_RUN_SLOTS = 64  # the most runs in flight one stage holds (a KV slot each): what a role config may ask for

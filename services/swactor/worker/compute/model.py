@@ -28,6 +28,7 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from swactor.common.events import get_logger
 from swactor.common.objflags import NO_TOKEN  # the last stage's output for a prompt chunk it does not sample
 from swactor.common.sampling import SamplingPolicy
+from swactor.modelfile.memory import KV_DTYPE_BYTES
 
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
@@ -64,7 +65,7 @@ class StageMemory:
 
 Shape = tuple[int, ...]  # rows per segment of a graph, one segment per run
 # The KV cache's storage types: float16 halves what a run slot costs (docs/runs-in-flight.md "KV in float16")
-KV_DTYPES: dict[str, type] = {"float32": np.float32, "float16": np.float16}
+KV_DTYPES: dict[str, type] = {name: np.dtype(name).type for name in KV_DTYPE_BYTES}  # the planner counts them
 
 
 @dataclass(frozen=True)
