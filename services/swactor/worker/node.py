@@ -6,8 +6,9 @@ return. Several runs of the same weights may be here at once (runs in flight, do
 has its own StageController, edges and KV slot of the one resident role; their steps go to the compute process
 through the step scheduler, which batches their decode rows. A later run of the same weights re-uses them (warm
 ConfigureRole). NodeAvailable (§8) is reported only once the arena is mapped, the worker said WorkerReady and
-the edge-driver answers (`node_health.py`, with the compute process's restarts). Each run is held under the orchestrator's lease (stage_lease.py): with no WatchStage
-stream for `lease_window_s` that run's stage faults fail-stop and tears itself down. Every stage event carries
+the edge-driver answers (`node_health.py`, which also restarts a lost compute process). Each run is held under the
+orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` that run's stage faults
+fail-stop and tears itself down. Every stage event carries
 the worker's generation. When the host's arena-manager dies (`arena_lost`) every running stage faults fail-stop
 (RUN_FAULT_NODE_UNAVAILABLE by COMPONENT_ARENA) and tears down, the node is withdrawn, and `retired` is set
 once no run is left: the service then exits for its manager to restart it on the new arena.
@@ -38,6 +39,7 @@ from swactor.worker.node_health import (
     ArenaLost,
     DriverSeen,
     NodeHealth,
+    NodeHealthInput,
     RestartsExhausted,
     RestartWorker,
     Retire,
@@ -177,7 +179,7 @@ class StageNode:
     def available(self) -> bool:
         return self.health.available
 
-    def _health(self, inp: Any) -> None:
+    def _health(self, inp: NodeHealthInput) -> None:
         worker_down = self.ctl.state in (CtlState.FAILED, CtlState.STOPPED)
         for action in self.health.handle(inp, runs_active=len(self.active_runs()), worker_down=worker_down):
             match action:

@@ -54,7 +54,7 @@ class RunsChanged:
     """A run here stopped (the process may be replaced, the node may retire)."""
 
 
-Input = WorkerReady | WorkerLost | WorkerWorks | DriverSeen | ArenaLost | RunsChanged
+NodeHealthInput = WorkerReady | WorkerLost | WorkerWorks | DriverSeen | ArenaLost | RunsChanged
 
 
 # ---- actions ----
@@ -96,7 +96,7 @@ class NodeHealth:
     available: bool = False
     restarts: int = 0  # in a row, since the process last did work
 
-    def handle(self, inp: Input, *, runs_active: int, worker_down: bool) -> list[Action]:
+    def handle(self, inp: NodeHealthInput, *, runs_active: int, worker_down: bool) -> list[Action]:
         """`runs_active`: runs here not yet stopped; `worker_down`: the ctl is Failed or Stopped (no process)."""
         actions: list[Action] = []
         match inp:
