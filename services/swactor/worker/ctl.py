@@ -63,6 +63,7 @@ class GpuWorkerCtl:
         self._tasks: set[asyncio.Task[None]] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._log = get_logger(component="worker_ctl")
+        self._closing = False
 
     @property
     def proc(self) -> asyncio.subprocess.Process | None:
@@ -153,6 +154,8 @@ class GpuWorkerCtl:
         finally:
             theirs.close()
         self._procs[generation] = _Spawned(proc, ours)
+        if self._closing:  # the service stopped while this spawn ran: nobody will stop the process later
+            proc.kill()
         self._log.info("worker_spawned", pid=proc.pid, worker_generation=generation)
         self._spawn_task(self._read_stdout(generation, proc))
         self._feed(Spawned(generation, proc.pid))
@@ -195,6 +198,7 @@ class GpuWorkerCtl:
 
     async def close(self) -> None:
         """Kill every process still alive and reap it (service shutdown)."""
+        self._closing = True
         if self._timer is not None:
             self._timer.cancel()
         for spawned in list(self._procs.values()):
