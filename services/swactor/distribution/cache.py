@@ -25,10 +25,10 @@ import hashlib
 import json
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.modelfile.manifest import Manifest, ManifestError
 
@@ -52,10 +52,6 @@ def punch_hole(fd: int, offset: int, length: int) -> None:
     pos = offset
     while pos < offset + length:
         pos += os.pwrite(fd, zeros[:min(len(zeros), offset + length - pos)], pos)
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass
@@ -154,7 +150,7 @@ class WeightsCache:
             os.replace(tmp, man)
             head = json.dumps({"sha256": manifest.file_sha256, "size": manifest.size, "manifest_sha256": digest})
             self._write_atomic(sidecar, head + "\n")
-            entry = CacheEntry(manifest.file_sha256, manifest, digest, data, sidecar, last_used_us=_now_us())
+            entry = CacheEntry(manifest.file_sha256, manifest, digest, data, sidecar, last_used_us=wall_us())
             self.entries[entry.sha256] = entry
             return entry
 
@@ -245,7 +241,7 @@ class WeightsCache:
     # ---- use, room, eviction ----
 
     def touch(self, entry: CacheEntry) -> None:
-        entry.last_used_us = _now_us()
+        entry.last_used_us = wall_us()
         with contextlib.suppress(OSError):
             os.utime(entry.sidecar)
 

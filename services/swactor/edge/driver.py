@@ -22,10 +22,10 @@ accept path, whose admission policy is `admission.ConnectionAdmission`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.edge.config import EdgeConfig
 from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnreachable
@@ -46,10 +46,6 @@ END_KINDS = frozenset({"closed", "fault", "pump_stopped"})
 # After the arena is gone, how long the owners have to stop their edges (their own §38 teardown)
 # before the driver stops what is left and retires.
 ARENA_LOST_GRACE_S = 10.0
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
 
 
 class Driver:
@@ -117,7 +113,7 @@ class Driver:
         except (PeerUnreachable, OSError) as e:
             self.table.dial_failed(rec, common_pb2.STREAM_FAULT_PEER_UNREACHABLE, str(e))
         else:
-            self.table.connected(rec, conn, _now_us())
+            self.table.connected(rec, conn, wall_us())
         if self._dials.get((rec.edge_id, SEND)) is asyncio.current_task():
             del self._dials[(rec.edge_id, SEND)]
         self._after()
@@ -128,7 +124,7 @@ class Driver:
         ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
         try:
             rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
-                                      self._loop.time(), _now_us(), owner_id)
+                                      self._loop.time(), wall_us(), owner_id)
         except EdgeError:
             ring.release()
             raise
@@ -229,7 +225,7 @@ class Driver:
 
     def on_stream_data(self, conn: EdgeConnection, stream_id: int, data: bytes, end: bool) -> None:
         table = self.table
-        table.stream_data(conn, stream_id, data, end, self._loop.time(), _now_us())
+        table.stream_data(conn, stream_id, data, end, self._loop.time(), wall_us())
         if table.outbox or table.transmit or table.deadline_moved:
             self._after(conn)
 
@@ -243,7 +239,7 @@ class Driver:
 
     def on_progress(self, conn: EdgeConnection) -> None:
         table = self.table
-        table.progress(conn, _now_us())
+        table.progress(conn, wall_us())
         if table.outbox or table.transmit:
             self._after(conn)
 
@@ -267,7 +263,7 @@ class Driver:
     def _on_ring_wake(self, rec: EdgeRecord) -> None:
         rec.pump.ring.ack()
         table = self.table
-        table.ring_wake(rec, _now_us())
+        table.ring_wake(rec, wall_us())
         if table.transmit or table.outbox:
             self._after()
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Iterable
 
+from swactor.common.clock import wall_us
 from swactor.v1 import edge_pb2
 
 WATCH_QUEUE = 4096
@@ -66,7 +66,7 @@ class Watchers:
                 w.offer(event, edge_id)
 
     def _stamp(self, event: edge_pb2.EdgeEvent) -> None:
-        event.time_us = time.time_ns() // 1000
+        event.time_us = wall_us()
         event.node_id = self.node_id
 
     def close(self) -> None:

@@ -8,13 +8,13 @@ live peer, publishes local metadata changes and leaves gracefully on stop.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from swactor.common.aio import cancel_and_wait
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
 from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEvent, SwimEventKind
@@ -37,10 +37,6 @@ _LOCAL_FIELDS: dict[str, Callable[[Any], Any]] = {
     "worker_generation": int,
     "stage_memory_bytes": int,
 }
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,7 @@ class MembershipNode:
     async def start(self) -> None:
         await self._backend.start()
         events = self._backend.events()  # subscribe before reading members: no join falls between
-        t = now_us()
+        t = wall_us()
         self._view = MemberView(self._backend.local(), t, int(self._timings.departed_retention_s * 1e6))
         self._view.resync(self._backend.members(), [], t)
         self._tasks = [
@@ -196,7 +192,7 @@ class MembershipNode:
                 if old_state != state:
                     self._log.info(_STATE_EVENTS[state], node_id=md.node_id, reason=reason or None,
                              previous=pb.NodeState.Name(old_state))
-            self._publish(self.view.update_local(self._backend.local(), now_us()))
+            self._publish(self.view.update_local(self._backend.local(), wall_us()))
         return self.view.local()
 
     # ---- background tasks ----
@@ -207,7 +203,7 @@ class MembershipNode:
                 self._log.warning("membership_events_lost")
                 self._reconcile()
             else:
-                self._publish(self.view.apply(ev, now_us()))
+                self._publish(self.view.apply(ev, wall_us()))
 
     def _reconcile(self) -> None:
         """Diff the view against the engine's own table (after lost events, and periodically)."""
@@ -215,7 +211,7 @@ class MembershipNode:
         live = {m.name for m in current}
         gone = [r.member.name for r in self.view.records() if not r.is_self and r.member.name not in live]
         tombstones = [m for m in map(self._backend.member, gone) if m is not None]
-        events = self.view.resync(current, tombstones, now_us())
+        events = self.view.resync(current, tombstones, wall_us())
         if events:
             self._log.warning("membership_view_reconciled", changes=len(events))
         self._publish(events)
@@ -249,7 +245,7 @@ class MembershipNode:
         while True:
             await asyncio.sleep(RECONCILE_INTERVAL_S)
             self._reconcile()
-            for name in self.view.expire(now_us()):
+            for name in self.view.expire(wall_us()):
                 self._log.info("member_forgotten", member=name)
 
     def _update_alone(self) -> None:

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from swactor.common.clock import wall_us
 from swactor.membership.metadata import MetadataError, decode_tags
-from swactor.membership.node import MembershipNode, now_us
+from swactor.membership.node import MembershipNode
 from swactor.membership.swim import Liveness
 from swactor.membership.view import MemberRecord, ViewEvent, ViewEventKind
 from swactor.v1 import membership_pb2 as pb
@@ -77,7 +78,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         sub = self._node.subscribe()  # before the snapshot, so no change falls between the two
         try:
             if request.include_snapshot:
-                t = now_us()
+                t = wall_us()
                 for r in self._node.view.records(include_departed=False):
                     yield self._event(ViewEvent(ViewEventKind.JOIN, r, t), snapshot=True)
             while True:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from swactor import __version__
+from swactor.common.clock import wall_us
 from swactor.common.config import ConfigError, load_section, read_config
 from swactor.common.events import configure_logging, get_logger
 from swactor.common.grpcio import restrict_unix_socket, set_serving
@@ -42,7 +43,6 @@ from swactor.orchestrator.planning.planner import RunPlan, StagePlan
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.manager import Limits, Orchestrator, RunDefaults
 from swactor.orchestrator.runs.retention import RetentionPolicy
-from swactor.orchestrator.runs.runner import wall_us
 from swactor.orchestrator.runs.store import RunStore
 from swactor.orchestrator.tokens.token_endpoints import RingEndpointFactory
 from swactor.v1 import common_pb2

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.edgeend import establisher as est
@@ -115,10 +116,6 @@ class WeightsIdentity:
     @classmethod
     def of(cls, req: stage_pb2.ProvisionStageRequest, config: dict[str, Any]) -> WeightsIdentity:
         return cls(weights_key(config), (req.gguf_source.url, req.gguf_source.sha256, req.model.model_id))
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
 
 
 class StageNode:
@@ -441,7 +438,7 @@ class StageNode:
             self._stage_input(run_id, stage_fsm.StopRun())
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
-        ev.time_us = _now_us()
+        ev.time_us = wall_us()
         ev.worker_generation = self.ctl.worker_generation  # §40: the generation this stage's worker runs
         log = self.runs.get(ev.run_id)
         if ev.kind in PER_OBJECT_KINDS:  # a traced run's: batched per sequence, not logged (several per token)

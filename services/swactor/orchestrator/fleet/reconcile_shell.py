@@ -15,6 +15,7 @@ from typing import Protocol
 
 import grpc
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.common.grpcio import response_stream
 from swactor.orchestrator.fleet import reconcile as R
@@ -159,7 +160,7 @@ class ReconcileShell:
                 case R.ReleaseLocal(run_id, edge_ids):
                     self._spawn(self._release(run_id, edge_ids))
                 case R.Emit(event):
-                    event.time_us = event.time_us or time.time_ns() // 1000
+                    event.time_us = event.time_us or wall_us()
                     self.store.append(event.run_id, [event])
                     if event.kind == R.K.RUN_TORN_DOWN:
                         self._mark_torn_down(event.run_id, event.time_us)

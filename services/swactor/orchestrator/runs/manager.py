@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.orchestrator.api.errors import RequestError
@@ -36,7 +37,7 @@ from swactor.orchestrator.runs.admission import Candidate, Group, Start, Wait, a
 from swactor.orchestrator.runs.client_requests import RequestIds, RequestKey, request_key
 from swactor.orchestrator.runs.queue import QueuedRun, QueueFull, RunLobby
 from swactor.orchestrator.runs.retention import RetentionPolicy, RetentionSchedule
-from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, replay, wall_us
+from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, replay
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokens.prompting import PromptPreparer
 from swactor.orchestrator.tokens.tokenizer import Tokenizer

@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
-from swactor.orchestrator.runs.runner import RunUpdates, wall_us
+from swactor.orchestrator.runs.runner import RunUpdates
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.orchestrator.fleet.fleet import FleetError, StageFleet, TokenEndpoints
 from swactor.orchestrator.planning.planner import RunPlan
@@ -20,11 +21,6 @@ from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
-
-
-def wall_us() -> int:
-    return time.time_ns() // 1000
-
 
 PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJECT_PRODUCED, pb.STEP_COMPLETED,
                               pb.TOKEN_RECEIVED, pb.EDGE_OBJECT_SENT, pb.EDGE_OBJECT_RECEIVED})

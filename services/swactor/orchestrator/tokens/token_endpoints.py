@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.common.reasons import name
@@ -88,7 +88,7 @@ class RingTokenEndpoints:
             raise FleetError(pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, "token-in edge is not ready")
         await self.writer.write(sequence, list(token_ids), flags)
         if self.plan.trace_objects and len(self._committed_us) < 4096:
-            self._committed_us[sequence] = time.time_ns() // 1000
+            self._committed_us[sequence] = wall_us()
 
     async def close(self) -> None:
         """§38 for both edges; FleetError(RUN_FAULT_TEARDOWN_TIMEOUT) naming the edges (and their
