@@ -3,6 +3,9 @@
   Unprovisioned -> Preparing -> Ready <-> Executing;  Preparing/Ready/Executing -> Faulted
   any provisioned state -> Stopping -> Stopped
 
+Within Preparing, `Weights` says where the stage's weights are (NotAsked -> Fetching -> Loading -> Loaded):
+Ready needs them Loaded and both edges ready; a stop cancels a fetch or a load still under way.
+
 Control path only: it consumes worker and edge events and returns actions (ConfigureRole, edge
 provisioning, ExecuteStep, ReleaseDeviceObject, StopEdge, CancelRole when StopRun finds the weights
 still loading) plus §40 lifecycle events. One step at
@@ -65,14 +68,20 @@ class StageState(enum.Enum):
     STOPPED = "Stopped"
 
 
+class Weights(enum.Enum):
+    """Where the stage's weights are, within Preparing: what Ready waits for and what a stop must cancel."""
+    NOT_ASKED = "NotAsked"  # not provisioned yet, or a fetch that failed or was cancelled
+    FETCHING = "Fetching"   # byte ranges coming from the orchestrator's model server
+    LOADING = "Loading"     # ConfigureRole sent, RoleConfigured not yet seen
+    LOADED = "Loaded"
+
+
 @dataclass
 class StageController:
     node_id: int
     state: StageState = StageState.UNPROVISIONED
     plan: StagePlan | None = None
-    role_ready: bool = False
-    role_requested: bool = False
-    fetching: bool = False
+    weights: Weights = Weights.NOT_ASKED
     rx: EdgeActor | None = None
     tx: EdgeActor | None = None
     out_ring_id: int | None = None
@@ -149,36 +158,74 @@ class StageController:
                 return self._stop()
         if self.plan is None or self.state is StageState.STOPPED:
             return []
-        p = self.plan
         match inp:
-            case FetchStarted(total, cached) if self.fetching:
+            case FetchStarted() | FetchProgress() | WeightsFetched() | WeightsFetchFailed():
+                return self._fetch_event(inp) if self.weights is Weights.FETCHING else []
+            case wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed():
+                return self._role_event(inp)
+            case EdgeReady() | EdgeFailed() | EdgeStopped():
+                return self._edge_event(inp)
+            case WorkerGone(reason, detail):
+                return self._faulted(reason, common_pb2.COMPONENT_WORKER_CTL, "", detail)
+            case ControlLost(detail):
+                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_STAGE_CONTROLLER,
+                                     "StageLease.Expired", detail)
+            case ArenaLost(detail):  # §36 "node unavailable during run": its arena is gone
+                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_ARENA,
+                                     "ArenaManager.Gone", detail)
+            case wire.ObjectLoaded():
+                return self._loaded(inp)
+            case wire.ObjectFailed() | wire.ObjectProduced():
+                return self._object_event(inp)
+            case wire.StepCompleted(step_id=step_id):
+                return self._step_done(step_id)
+            case wire.StepFailed():
+                return self._step_failed(inp)
+        return []
+
+    # ---- Preparing: weights and edges ----
+
+    def _fetch_event(self, inp: FetchStarted | FetchProgress | WeightsFetched | WeightsFetchFailed) -> list[Action]:
+        p = self.plan
+        assert p is not None
+        match inp:
+            case FetchStarted(total, cached):
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_STARTED,
                                     counters={"bytes_total": total, "bytes_cached": cached})]
-            case FetchProgress(done, total, rate, eta) if self.fetching:
+            case FetchProgress(done, total, rate, eta):
                 return [self._event(common_pb2.WEIGHTS_DOWNLOAD_PROGRESS, counters={
                     "bytes_done": done, "bytes_total": total, "rate_bps": rate, "eta_ms": int(eta * 1000)})]
-            case WeightsFetched(path, total, fetched, seconds) if self.fetching:
-                self.fetching = False
-                self.role_requested = True
+            case WeightsFetched(path, total, fetched, seconds):
+                self.weights = Weights.LOADING
                 return [self._event(common_pb2.WEIGHTS_DOWNLOADED, counters={
                             "bytes_total": total, "bytes_fetched": fetched, "duration_ms": int(seconds * 1000)}),
                         ToWorker(wire.ConfigureRole(p.role_id, {**p.role_config, "gguf_path": path}))]
-            case WeightsFetchFailed(reason, detail) if self.fetching:
-                self.fetching = False
+            case WeightsFetchFailed(reason, detail):
+                self.weights = Weights.NOT_ASKED
                 return self._faulted(common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED, common_pb2.COMPONENT_STAGE_CONTROLLER,
                                      f"WeightsFetch.{reason}", detail)
+        return []
+
+    def _role_event(self, inp: wire.RoleProgress | wire.RoleConfigured | wire.RoleFailed) -> list[Action]:
+        p = self.plan
+        assert p is not None
+        match inp:
             case wire.RoleProgress(_, done, total, "compile"):
                 return [self._event(common_pb2.COMPILE_PROGRESS, counters={"units_done": done, "units_total": total})]
             case wire.RoleProgress(_, done, total):
                 return [self._event(common_pb2.WEIGHTS_LOAD_PROGRESS,
                                     counters={"layers_loaded": done, "layers_total": total})]
             case wire.RoleConfigured(role_id, warm) if role_id == p.role_id:
-                self.role_ready = True
+                self.weights = Weights.LOADED
                 return [self._event(common_pb2.WEIGHTS_LOADED, counters={"warm": int(warm)}), *self._maybe_ready()]
             case wire.RoleFailed(role_id, reason, detail) if role_id == p.role_id:
                 oom = reason == common_pb2.ROLE_FAILURE_DEVICE_OUT_OF_MEMORY
                 run_reason = common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY if oom else common_pb2.RUN_FAULT_WEIGHTS_LOAD_FAILED
                 return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.RoleFailure, reason), detail)
+        return []
+
+    def _edge_event(self, inp: EdgeReady | EdgeFailed | EdgeStopped) -> list[Action]:
+        match inp:
             case EdgeReady(edge_id, ring_id):
                 actor = self._actor(edge_id)
                 if actor is None or self.state is not StageState.PREPARING:
@@ -195,39 +242,6 @@ class StageController:
                     actor.on("EdgeStopped")
                 self.edges_stopped.add(edge_id)
                 return self._maybe_stopped()
-            case WorkerGone(reason, detail):
-                return self._faulted(reason, common_pb2.COMPONENT_WORKER_CTL, "", detail)
-            case ControlLost(detail):
-                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_STAGE_CONTROLLER,
-                                     "StageLease.Expired", detail)
-            case ArenaLost(detail):  # §36 "node unavailable during run": its arena is gone
-                return self._faulted(common_pb2.RUN_FAULT_NODE_UNAVAILABLE, common_pb2.COMPONENT_ARENA,
-                                     "ArenaManager.Gone", detail)
-            case wire.ObjectLoaded():
-                return self._loaded(inp)
-            case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):
-                run_reason = (common_pb2.RUN_FAULT_SEQUENCE_VIOLATION if r == common_pb2.OBJECT_FAILURE_SEQUENCE_VIOLATION
-                              else common_pb2.RUN_FAULT_OBJECT_FAILED)
-                ids: dict[str, Any] = {"edge_id": edge_id, "ring_id": ring_id, "object_id": oid or 0}
-                if seq is not None:
-                    ids["sequence"] = seq
-                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.ObjectFailure, r), d, **ids)
-            case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
-                if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
-                    self.tx.on("ObjectProduced")
-                return self._traced(self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id,
-                                                object_id=oid, sequence=seq, counters={"extent": extent}))
-            case wire.StepCompleted(step_id=step_id):
-                return self._step_done(step_id)
-            case wire.StepFailed(step_id=step_id, reason=r, detail=d):
-                if self.step is None or step_id != self.step.step_id:
-                    return []
-                self.step = None
-                run_reason = {common_pb2.STEP_FAILURE_DEVICE_OUT_OF_MEMORY: common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY,
-                              common_pb2.STEP_FAILURE_WORKER_PROCESS_EXITED: common_pb2.RUN_FAULT_WORKER_CRASHED,
-                              }.get(r, common_pb2.RUN_FAULT_STEP_FAILED)
-                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.StepFailure, r), d,
-                                     step_id=step_id)
         return []
 
     def _actor(self, edge_id: int) -> EdgeActor | None:
@@ -246,10 +260,10 @@ class StageController:
         self.tx = EdgeActor(plan.outbound.edge_id, "tx")
         self._transition(StageState.PREPARING)
         if plan.fetch is not None:  # weights first come from the model server, then ConfigureRole
-            self.fetching = True
+            self.weights = Weights.FETCHING
             weights: Action = FetchWeights(plan.fetch)
         else:
-            self.role_requested = True
+            self.weights = Weights.LOADING
             weights = ToWorker(wire.ConfigureRole(plan.role_id, plan.role_config))
         return [
             self._event(common_pb2.STAGE_PROVISION_STARTED),
@@ -261,7 +275,7 @@ class StageController:
         ]
 
     def _maybe_ready(self) -> list[Action]:
-        if self.state is StageState.PREPARING and self.role_ready and self.rx and self.rx.ready \
+        if self.state is StageState.PREPARING and self.weights is Weights.LOADED and self.rx and self.rx.ready \
                 and self.tx and self.tx.ready:
             self._transition(StageState.READY)
             return [self._event(common_pb2.STAGE_READY)]
@@ -319,6 +333,32 @@ class StageController:
                                           object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows})),
                 ToWorker(self.step)]
 
+    def _object_event(self, inp: wire.ObjectFailed | wire.ObjectProduced) -> list[Action]:
+        match inp:
+            case wire.ObjectFailed(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, reason=r, detail=d):
+                run_reason = (common_pb2.RUN_FAULT_SEQUENCE_VIOLATION if r == common_pb2.OBJECT_FAILURE_SEQUENCE_VIOLATION
+                              else common_pb2.RUN_FAULT_OBJECT_FAILED)
+                ids: dict[str, Any] = {"edge_id": edge_id, "ring_id": ring_id, "object_id": oid or 0}
+                if seq is not None:
+                    ids["sequence"] = seq
+                return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.ObjectFailure, r), d, **ids)
+            case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
+                if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
+                    self.tx.on("ObjectProduced")
+                return self._traced(self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id,
+                                                object_id=oid, sequence=seq, counters={"extent": extent}))
+        return []
+
+    def _step_failed(self, failed: wire.StepFailed) -> list[Action]:
+        if self.step is None or failed.step_id != self.step.step_id:
+            return []
+        self.step = None
+        run_reason = {common_pb2.STEP_FAILURE_DEVICE_OUT_OF_MEMORY: common_pb2.RUN_FAULT_DEVICE_OUT_OF_MEMORY,
+                      common_pb2.STEP_FAILURE_WORKER_PROCESS_EXITED: common_pb2.RUN_FAULT_WORKER_CRASHED,
+                      }.get(failed.reason, common_pb2.RUN_FAULT_STEP_FAILED)
+        return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.StepFailure, failed.reason),
+                             failed.detail, step_id=failed.step_id)
+
     def _step_done(self, step_id: int) -> list[Action]:
         if self.step is None or step_id != self.step.step_id or self.state is not StageState.EXECUTING:
             return []
@@ -341,10 +381,10 @@ class StageController:
         assert self.plan is not None
         self._transition(StageState.STOPPING)
         actions: list[Action] = []
-        if self.fetching:  # a fetch nobody waits for stops; what it verified stays in the cache
-            self.fetching = False
+        if self.weights is Weights.FETCHING:  # a fetch nobody waits for stops; what it verified stays in the cache
+            self.weights = Weights.NOT_ASKED
             actions.append(CancelFetch())
-        if self.role_requested and not self.role_ready:  # a stopped run's weights are not worth the wait
+        if self.weights is Weights.LOADING:  # a stopped run's weights are not worth the wait
             actions.append(ToWorker(wire.CancelRole(self.plan.role_id)))
         actions += self._release_waiting()
         for actor in (self.rx, self.tx):
