@@ -182,7 +182,7 @@ def test_stop_run_tears_down_edges_then_stops() -> None:
 def test_stop_from_faulted_and_from_preparing() -> None:
     c = ready()
     c.handle(s.WorkerGone(common_pb2.RUN_FAULT_WORKER_FATAL, "x"))
-    c.handle(s.StopRun())
+    assert not [a for a in c.handle(s.StopRun()) if isinstance(a, s.ToWorker)]  # the weights loaded: nothing to cancel
     c.handle(s.EdgeStopped(10))
     c.handle(s.EdgeStopped(11))
     assert c.state is s.StageState.STOPPED
@@ -218,7 +218,7 @@ def test_weights_are_fetched_before_the_role_is_configured() -> None:
     c = s.StageController(4)
     p = fetching_plan()
     actions = c.handle(s.Provision(p))
-    assert s.FetchWeights(p.fetch) in actions
+    assert s.FetchWeights(p.fetch) in actions and c.weights is s.Weights.FETCHING
     assert not [a for a in actions if isinstance(a, s.ToWorker)]
     assert kinds(c.handle(s.FetchStarted(900, 100))) == ["WEIGHTS_DOWNLOAD_STARTED"]
     [ev] = c.handle(s.FetchProgress(500, 900, 4000, 0.1))
@@ -227,8 +227,9 @@ def test_weights_are_fetched_before_the_role_is_configured() -> None:
     actions = c.handle(s.WeightsFetched("/cache/a.gguf", 900, 800, 1.5))
     assert kinds(actions) == ["WEIGHTS_DOWNLOADED"]
     assert s.ToWorker(wire.ConfigureRole(9, {"kind": "llama_stage", "gguf_path": "/cache/a.gguf"})) in actions
+    assert c.weights is s.Weights.LOADING
     assert c.handle(s.FetchProgress(900, 900, 1, 0.0)) == []  # late progress of a finished fetch
-    assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"]
+    assert kinds(c.handle(wire.RoleConfigured(9, False))) == ["WEIGHTS_LOADED"] and c.weights is s.Weights.LOADED
 
 
 def test_a_failed_fetch_faults_naming_it_and_a_stop_cancels_the_fetch() -> None:
@@ -242,4 +243,4 @@ def test_a_failed_fetch_faults_naming_it_and_a_stop_cancels_the_fetch() -> None:
     actions = c.handle(s.StopRun())
     assert s.CancelFetch() in actions
     assert not [a for a in actions if isinstance(a, s.ToWorker)]  # no role was asked for: none to cancel
-    assert c.handle(s.WeightsFetchFailed("Cancelled", "")) == []
+    assert c.handle(s.WeightsFetchFailed("Cancelled", "")) == [] and c.weights is s.Weights.NOT_ASKED
