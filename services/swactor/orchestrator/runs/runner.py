@@ -17,6 +17,7 @@ from swactor.common.events import get_logger
 from swactor.orchestrator.fleet.fleet import FleetError, StageFleet, TokenEndpoints
 from swactor.orchestrator.planning.planner import RunPlan
 from swactor.orchestrator.runs import fsm as F
+from swactor.orchestrator.runs.failure_teardown import FailureTeardown
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer
 from swactor.v1 import common_pb2 as pb
@@ -286,47 +287,40 @@ class RunHandle:
         finally:
             self.report(F.EndpointsClosed(left))
 
-    # ---- a driver that raised (the FSM can no longer be trusted): tear down without it ----
+    # ---- a driver that raised (the FSM can no longer be trusted): FailureTeardown tears the run down ----
 
     async def _teardown_after_failure(self, error: Exception) -> None:
-        """Record ORCHESTRATOR_INTERNAL (unless an outcome was recorded), StopRun every stage whose
-        provisioning was sent, close the token endpoints, and wait up to the teardown timeout for
-        StageStopped / EndpointsClosed; run_torn_down names what was not confirmed."""
+        """Record ORCHESTRATOR_INTERNAL (unless an outcome was recorded) and let FailureTeardown stop every stage
+        whose provisioning was sent and close the token endpoints, waiting at most the teardown timeout."""
         r, plan = self.record, self.fsm.plan
         r.state = opb.RUN_STATE_DONE
+        fault = None
         if r.outcome == opb.RUN_OUTCOME_UNSPECIFIED:
             r.outcome, r.outcome_us = opb.RUN_OUTCOME_FAULTED, wall_us()
             r.reason = pb.RunFaultReason.Name(pb.RUN_FAULT_ORCHESTRATOR_INTERNAL)
             r.detail = f"orchestrator run driver failed: {type(error).__name__}: {error}"
-            self._emit_quietly(pb.LifecycleEvent(kind=pb.RUN_FAULTED, reason=r.reason, detail=r.detail,
-                                                 component=pb.COMPONENT_ORCHESTRATOR))
-        stages = {i: plan.stages[i] for i in self._provisioning} if plan is not None else {}
-        for stage in stages.values():
-            self._spawn(self._stop_stage(stage))
-            self._emit_quietly(pb.LifecycleEvent(kind=pb.STOP_RUN_SENT, node_id=stage.node_id,
-                                                 stage_index=stage.stage_index, component=pb.COMPONENT_ORCHESTRATOR))
-        closing = self._opening is not None
-        if closing:
-            self._spawn(self._close_endpoints())
-        left: list[str] = []
-        deadline = self.clock() + self.fsm.config.timeouts.teardown_s
-        while (stages or closing) and (remaining := deadline - self.clock()) > 0:
+            fault = pb.LifecycleEvent(kind=pb.RUN_FAULTED, reason=r.reason, detail=r.detail, component=pb.COMPONENT_ORCHESTRATOR)
+        provisioned = [plan.stages[i] for i in self._provisioning] if plan is not None else []
+        core, actions = FailureTeardown.begin(provisioned, self._opening is not None, self.clock(),
+                                              self.fsm.config.timeouts.teardown_s, fault)
+        self._perform_teardown(actions)
+        while (deadline := core.deadline()) is not None:
             try:
-                event = await asyncio.wait_for(self.inputs.get(), remaining)
+                event: F.Input = await asyncio.wait_for(self.inputs.get(), max(0.0, deadline - self.clock()))
             except TimeoutError:
-                break
-            if isinstance(event, F.StageStopped) and stages.pop(event.stage_index, None) is not None:
-                self._emit_quietly(pb.LifecycleEvent(kind=pb.STAGE_STOPPED, stage_index=event.stage_index))
-            elif isinstance(event, F.EndpointsClosed):
-                closing = False
-                left += [f"token endpoints: {event.left}"] if event.left else []
-        left += [f"no StageStopped from stage {i} on node {s.node_id}" for i, s in sorted(stages.items())]
-        left += ["token endpoints not closed"] if closing else []
-        torn = pb.LifecycleEvent(kind=pb.RUN_TORN_DOWN, component=pb.COMPONENT_ORCHESTRATOR, detail="; ".join(left))
-        if left:
-            torn.reason = pb.RunFaultReason.Name(pb.RUN_FAULT_TEARDOWN_TIMEOUT)
-        self._emit_quietly(torn)
+                event = F.Tick()
+            self._perform_teardown(core.handle(event, self.clock()))
         r.torn_down_us = wall_us()
+
+    def _perform_teardown(self, actions: list[F.Action]) -> None:
+        for action in actions:
+            match action:
+                case F.Emit(event=ev):
+                    self._emit_quietly(ev)
+                case F.StopStage(stage=stage):
+                    self._spawn(self._stop_stage(stage))
+                case F.CloseEndpoints():
+                    self._spawn(self._close_endpoints())
 
     def _emit_quietly(self, ev: pb.LifecycleEvent) -> None:
         """An event of the failure teardown; the store may be what failed, so it cannot stop the teardown."""
