@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from aioquic import tls
@@ -136,6 +137,24 @@ class EdgeConnection:
         self.process_events()
         self.transmit()
 
+    def expect_handshake(self, timeout: float, expired: Callable[[EdgeConnection], None]) -> None:
+        """Call `expired(self)` if the handshake has not settled (handshake_settled) within `timeout`."""
+        self._handshake_timer = self.endpoint.loop.call_later(timeout, self._handshake_timer_fired, expired)
+
+    def _handshake_timer_fired(self, expired: Callable[[EdgeConnection], None]) -> None:
+        self._handshake_timer = None
+        expired(self)
+
+    def handshake_settled(self) -> None:
+        """The handshake completed or the connection is gone: its timeout no longer applies."""
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+
+    def start_keepalive(self) -> None:
+        if self._keepalive is None:
+            self._keepalive = self.endpoint.loop.call_later(self.endpoint.config.keepalive_interval, self._on_keepalive)
+
     def _on_keepalive(self) -> None:
         self._keepalive = None
         if self.closed:
@@ -169,7 +188,7 @@ class EdgeConnection:
             if isinstance(event, events.StreamDataReceived):
                 listener.on_stream_data(self, event.stream_id, event.data, event.end_stream)
             elif isinstance(event, events.HandshakeCompleted):
-                self.endpoint._on_handshake(self)
+                self.endpoint.connection_established(self)
             elif isinstance(event, events.StreamReset):
                 listener.on_stream_reset(self, event.stream_id, event.error_code)
             elif isinstance(event, events.StopSendingReceived):
@@ -197,7 +216,7 @@ class EdgeConnection:
             exc: Exception = PeerNotAuthorized(reason) if not_authorized else PeerUnreachable(reason)
             self.handshake.set_exception(exc)
             self.handshake.exception()  # mark retrieved: the dialer may have given up already
-        self.endpoint._forget(self)
+        self.endpoint.connection_gone(self)
         if not established and not self.initiated_here:
             # A stranger's handshake that never completed: counted by admission (summary), no
             # line of its own, and no stream can exist on it.

@@ -140,7 +140,7 @@ class Endpoint:
                     self.admission.refused(Refusal.UNDECRYPTABLE_INITIAL, addr[0])
                     self._discard(conn)
                     continue
-                conn._handshake_timer = self.loop.call_later(self.config.handshake_timeout, self._handshake_expired, conn)
+                conn.expect_handshake(self.config.handshake_timeout, self._handshake_expired)
             conn.last_rx = now
             touched[conn.uid] = conn
         for conn in touched.values():
@@ -178,7 +178,6 @@ class Endpoint:
         return conn
 
     def _handshake_expired(self, conn: EdgeConnection) -> None:
-        conn._handshake_timer = None
         if conn.closed or conn.handshake.done():
             return
         self.admission.refused(Refusal.HANDSHAKE_TIMEOUT, conn.half_open or "?")
@@ -195,7 +194,7 @@ class Endpoint:
         """Drop a connection that never completed a handshake, at once (no draining period)."""
         conn.closed = True
         conn.cancel_timers()
-        self._forget(conn)
+        self.connection_gone(conn)
 
     # ---- connections ----
 
@@ -249,15 +248,15 @@ class Endpoint:
 
         return pin
 
-    def _on_handshake(self, conn: EdgeConnection) -> None:
+    def connection_established(self, conn: EdgeConnection) -> None:
+        """The connection's handshake completed (the peer's certificate was pinned during it)."""
         peer = conn.peer_node_id
         assert peer is not None  # the pin ran during the handshake
         if not conn.handshake.done():
             conn.handshake.set_result(None)
         self._release_half_open(conn)
         self._by_peer.setdefault(peer, set()).add(conn)
-        if conn._keepalive is None:
-            conn._keepalive = self.loop.call_later(self.config.keepalive_interval, conn._on_keepalive)
+        conn.start_keepalive()
         key = (peer, ALPN)
         old = self._cache.get(key)
         # A cached connection that has heard nothing for two keepalive intervals is most likely to a
@@ -276,11 +275,9 @@ class Endpoint:
         if conn.half_open is not None:
             self.admission.release(conn.half_open)
             conn.half_open = None
-        if conn._handshake_timer is not None:
-            conn._handshake_timer.cancel()
-            conn._handshake_timer = None
+        conn.handshake_settled()
 
-    def _forget(self, conn: EdgeConnection) -> None:
+    def connection_gone(self, conn: EdgeConnection) -> None:
         """The connection is gone: O(its own CIDs), never a scan of all connections."""
         self.connections.discard(conn)
         for cid in conn.cids:
