@@ -6,7 +6,8 @@ return. Several runs of the same weights may be here at once (runs in flight, do
 has its own StageController, edges and KV slot of the one resident role; their steps go to the compute process
 through the step scheduler, which batches their decode rows. A later run of the same weights re-uses them (warm
 ConfigureRole). NodeAvailable (§8) is reported only once the arena is mapped, the worker said WorkerReady and
-the edge-driver answers (`node_health.py`, which also restarts a lost compute process). Each run is held under the
+the edge-driver answers (`node_health.py`, which also restarts a lost compute process). Which runs it takes and the
+KV slot each gets are `provisioning.py`'s pure checks. Each run is held under the
 orchestrator's lease (stage_lease.py): with no WatchStage stream for `lease_window_s` that run's stage faults
 fail-stop and tears itself down. Every stage event carries
 the worker's generation. When the host's arena-manager dies (`arena_lost`) every running stage faults fail-stop
@@ -51,7 +52,7 @@ from swactor.worker.node_health import (
 )
 from swactor.worker.plan import PlanRejected, build_plan
 from swactor.worker.process import wire
-from swactor.worker.process.roles import weights_key
+from swactor.worker.provisioning import ProvisionError, WeightsIdentity, check_caller, free_slot
 from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
 from swactor.worker.stage_scheduler import Asked, StepScheduler
 from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
@@ -59,15 +60,6 @@ from swactor.worker.weights import WeightsFetcher, WeightsShell
 
 DEFAULT_GATHER_S = 0.010  # [worker].batch_gather_ms
 KEEP_FINISHED_RUNS = 16
-
-
-class ProvisionError(Exception):
-    """ProvisionStage refused: `code` is the gRPC status name the servicer answers with."""
-
-    def __init__(self, code: str, detail: str) -> None:
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
 
 
 @dataclass
@@ -103,19 +95,6 @@ class RunLog:
             self.done = True
         self.changed.set()
         self.changed = asyncio.Event()
-
-
-@dataclass(frozen=True)
-class WeightsIdentity:
-    """What runs in flight on this node must agree on to share its resident role: the compute process's
-    weights key (layer range, context, chunk, slots, KV dtype) and where the weights come from."""
-
-    key: tuple[Any, ...]
-    source: tuple[str, str, int]  # gguf_source url, sha256, model id: a fetched file's path is known only later
-
-    @classmethod
-    def of(cls, req: stage_pb2.ProvisionStageRequest, config: dict[str, Any]) -> WeightsIdentity:
-        return cls(weights_key(config), (req.gguf_source.url, req.gguf_source.sha256, req.model.model_id))
 
 
 class StageNode:
@@ -232,16 +211,7 @@ class StageNode:
     # ---- orchestrator calls ----
 
     def provision(self, req: stage_pb2.ProvisionStageRequest, caller_orchestrator: int | None) -> None:
-        if caller_orchestrator is None:
-            raise ProvisionError("PERMISSION_DENIED", "the caller's certificate names no orchestrator")
-        if self.orchestrator_node_id is not None and caller_orchestrator != self.orchestrator_node_id:
-            raise ProvisionError("PERMISSION_DENIED", f"orchestrator {caller_orchestrator} is not the authorised "
-                                                      f"orchestrator {self.orchestrator_node_id}")
-        if req.orchestrator_node_id != caller_orchestrator:
-            raise ProvisionError("PERMISSION_DENIED", f"orchestrator_node_id {req.orchestrator_node_id} is not the "
-                                                      f"caller ({caller_orchestrator})")
-        if req.node_id != self.node_id:
-            raise ProvisionError("PERMISSION_DENIED", f"plan is addressed to node {req.node_id}, this is node {self.node_id}")
+        check_caller(req, caller_orchestrator, node_id=self.node_id, orchestrator_node_id=self.orchestrator_node_id)
         if req.run_id in self.runs:
             raise ProvisionError("ALREADY_EXISTS", f"run {req.run_id} is already provisioned on this node")
         if not self.health.worker_ready:
@@ -253,7 +223,7 @@ class StageNode:
         except PlanRejected as e:
             raise ProvisionError("INVALID_ARGUMENT", str(e)) from None
         identity = WeightsIdentity.of(req, plan.role_config)
-        slot = self._free_slot(identity, plan.role_config.get("slots", 1))
+        slot = free_slot(self.active_runs(), identity, plan.role_config.get("slots", 1))
         if plan.role_id in self._run_of_role:  # a run's role id routes the compute process's events to it alone
             raise ProvisionError("INVALID_ARGUMENT", f"runtime.role_id {plan.role_id} is run "
                                                      f"{self._run_of_role[plan.role_id]}'s on this node")
@@ -280,27 +250,6 @@ class StageNode:
         self._log.info("run_slot_taken", run_id=plan.run_id, slot=slot, runs_active=len(self.active_runs()))
         self._stage(log, stage_fsm.Provision(plan))
         self._arm_lease()
-
-    def _free_slot(self, identity: WeightsIdentity, slots: int) -> int:
-        """The KV slot a new run of `identity` takes here; ProvisionError when none can be given: other weights are
-        resident for runs still active (FAILED_PRECONDITION), or every slot is held, ABORTED (the caller may try
-        again) while one of them is tearing down."""
-        active = self.active_runs()
-        for log in active:
-            if log.weights != identity:
-                if log.leaving:
-                    raise ProvisionError("ABORTED", f"run {log.run_id} is still tearing down here")
-                raise ProvisionError("FAILED_PRECONDITION", f"run {log.run_id} is still active here on other weights "
-                                                            f"(runs in flight share one role: same model, layers, slots)")
-        taken = {log.slot for log in active}
-        free = [k for k in range(slots) if k not in taken]
-        if free:
-            return free[0]
-        if any(log.leaving for log in active):
-            raise ProvisionError("ABORTED", f"all {slots} run slot(s) are held; run(s) "
-                                            f"{sorted(log.run_id for log in active if log.leaving)} are tearing down")
-        raise ProvisionError("FAILED_PRECONDITION", f"all {slots} run slot(s) are held by active runs "
-                                                    f"{sorted(log.run_id for log in active)}")
 
     def authorize(self, run_id: int, caller_orchestrator: int | None) -> None:
         """StopRun / WatchStage for `run_id` come only from the orchestrator that provisioned it

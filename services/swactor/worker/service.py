@@ -8,7 +8,8 @@ import grpc
 
 from swactor.common.control_tls import peer_orchestrator
 from swactor.v1 import stage_pb2, stage_pb2_grpc
-from swactor.worker.node import ProvisionError, StageNode
+from swactor.worker.node import StageNode
+from swactor.worker.provisioning import ProvisionError
 from swactor.worker.weights import cache_listing
 
 SERVICE_NAME = stage_pb2.DESCRIPTOR.services_by_name["StageControl"].full_name
