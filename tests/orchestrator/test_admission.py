@@ -203,6 +203,9 @@ def seats(plan: RunPlan) -> tuple[Seat, ...]:
     return plan.seats()
 
 
+QUEUE_KINDS = (pb.RUN_QUEUED, pb.RUN_QUEUE_MOVED, pb.RUN_QUEUE_WAITING, pb.RUN_DEQUEUED)
+
+
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
@@ -228,18 +231,22 @@ def test_runs_join_up_to_the_group_s_run_slots_then_queue_and_join_as_slots_free
         for r in (b, c, d):
             fleet.finish(r.run_id)
         await until(lambda: not orch.live_run_ids(), "every run finished")
-        events_d = [e.kind for e in orch.events(d.run_id).events]
+        queue_events = {r.run_id: [(pb.LifecycleEventKind.Name(e.kind), e.detail) for e in orch.events(r.run_id).events
+                                   if e.kind in QUEUE_KINDS] for r in (c, d)}
         await orch.shutdown()
-        return (a, b, c, d), full, moved, events_d
+        return (a, b, c, d), full, moved, queue_events
 
-    (a, b, c, d), full, moved, events_d = run(main())
+    (a, b, c, d), full, moved, queue_events = run(main())
     assert full["positions"] == [0, 0, 1, 2]  # b joined a at once; the group holds 2: c and d queue
     assert full["states"] == [("QUEUED", 1), ("QUEUED", 2)] and full["slots"] == {1: (2, 2)}
     assert full["live"] == [a.run_id, b.run_id, c.run_id, d.run_id]
     assert moved == dict(d=("QUEUED", 1), a="COMPLETED", slots={1: (2, 2)})
     assert [p.stages[0].run_slots for p in fleet.plans.values()] == [2, 2, 2, 2]
     assert len({seats(p) for p in fleet.plans.values()}) == 1  # one placement, shared by all four
-    assert [pb.LifecycleEventKind.Name(k) for k in events_d[:3]] == ["RUN_QUEUED", "RUN_QUEUE_MOVED", "RUN_DEQUEUED"]
+    # the head says what it waits for, once per change; the run behind it only where it stands
+    waiting = ("RUN_QUEUE_WAITING", "a free run slot (2 of 2 in use)")
+    assert queue_events[c.run_id] == [("RUN_QUEUED", ""), waiting, ("RUN_DEQUEUED", "")]
+    assert queue_events[d.run_id] == [("RUN_QUEUED", ""), ("RUN_QUEUE_MOVED", ""), waiting, ("RUN_DEQUEUED", "")]
 
 
 def test_a_joining_run_is_pinned_to_the_group_s_nodes_and_blocks(tmp_path: Path) -> None:

@@ -168,10 +168,12 @@ def test_queued_runs_in_runs_show_and_watch_and_events_over_pages(tmp_path: Path
     # the running run holds the one run slot of its stage node (the queued one none yet)
     assert runs[1].splitlines()[-1] == "run slots in use per stage node: node 1 1/1", runs[1]
     assert show[0] == 0 and "queued #1" in show[1] and "  queue position: 1 (1 = next)" in show[1]
+    assert "  waiting for: a free run slot (1 of 1 in use)" in show[1]
     rc, _, err = watch
     assert rc == 0, err
     assert f"run {queued} (" in err and ", queued at position 1)" in err
     assert "queued: position 1 of 1 waiting" in err and "starting after " in err and "s in the queue" in err
+    assert "next, waiting for a free run slot (1 of 1 in use)" in err  # what admission holds the head back for
     kinds = [x.split()[2] for x in events[1].splitlines()]
     assert kinds.count("token_received") == 1101 and kinds[-1] == "run_torn_down"  # more than one page
 

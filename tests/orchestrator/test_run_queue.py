@@ -117,9 +117,14 @@ def test_stopping_a_queued_run_removes_it_and_moves_the_others_up(tmp_path: Path
     assert stopped.run_id == b.run_id and again == stopped  # a finished run is unchanged
     assert queue_events(updates_b) == [("RUN_QUEUED", 1)]
     assert events_of(updates_b)[-1] == "RUN_STOPPED" and updates_b[-1].finished == stopped
-    assert [e.kind for e in events_b.events] == [pb.RUN_QUEUED, pb.RUN_STOPPED]
-    assert c_moved.queue_position == 1
+    assert c_moved.queue_position == 1 and c_moved.queue_wait == "a free run slot (1 of 1 in use)"
+    assert stopped.queue_wait == "" and updates_c[-1].finished.queue_wait == ""
     assert queue_events(updates_c) == [("RUN_QUEUED", 2), ("RUN_QUEUE_MOVED", 1), ("RUN_DEQUEUED", 0)]
+    # b, the head, said what it waited for; c says it once it is the head
+    assert [(e.kind, e.detail) for e in events_b.events] == [
+        (pb.RUN_QUEUED, ""), (pb.RUN_QUEUE_WAITING, "a free run slot (1 of 1 in use)"), (pb.RUN_STOPPED, "not needed (while queued)")]
+    assert [u.event.detail for u in updates_c if u.HasField("event") and u.event.kind == pb.RUN_QUEUE_WAITING] == [
+        "a free run slot (1 of 1 in use)"]
     assert updates_c[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED
     assert [p.run_id for p in fleet.plans] == [a.run_id, c.run_id]  # the stopped run never started
 
@@ -144,7 +149,7 @@ def test_queued_runs_are_faulted_orchestrator_restarted_by_the_next_start(tmp_pa
     assert (got.state, got.outcome, got.reason, got.queue_position) == (
         opb.RUN_STATE_DONE, opb.RUN_OUTCOME_FAULTED, ORCHESTRATOR_RESTARTED, 0)
     assert "orchestrator restarted while the run was queued (position 1); it never started" in got.detail
-    assert [e.kind for e in store.events(b)] == [pb.RUN_QUEUED, pb.RUN_FAULTED]
+    assert [e.kind for e in store.events(b)] == [pb.RUN_QUEUED, pb.RUN_QUEUE_WAITING, pb.RUN_FAULTED]
     assert store.get(a).outcome == opb.RUN_OUTCOME_STOPPED
     assert [p.run_id for p in fleet.plans] == [a]
 

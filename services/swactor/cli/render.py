@@ -38,6 +38,8 @@ def run_detail(run: opb.Run) -> str:
     lines = [run_line(run)]
     if run.state == opb.RUN_STATE_QUEUED:
         lines.append(f"  queue position: {run.queue_position} (1 = next)")
+        if run.queue_wait:
+            lines.append(f"  waiting for: {run.queue_wait}")
     if run.detail:
         lines.append(f"  detail: {run.detail}")
     if run.max_context:
@@ -137,6 +139,8 @@ def queue_line(ev: pb.LifecycleEvent) -> str | None:
     if ev.kind in (pb.RUN_QUEUED, pb.RUN_QUEUE_MOVED):
         verb = "queued" if ev.kind == pb.RUN_QUEUED else "moved up"
         return f"{verb}: position {c.get('position', 0)} of {c.get('queued', 0)} waiting"
+    if ev.kind == pb.RUN_QUEUE_WAITING:
+        return f"next, waiting for {ev.detail}"
     if ev.kind == pb.RUN_DEQUEUED:
         return f"starting after {c.get('waited_ms', 0) / 1000:.1f} s in the queue"
     return None

@@ -251,6 +251,8 @@ class Orchestrator:
             else:
                 position = self._lobby.enqueue(record, prepared)
                 updates = self._lobby.waiting[run_id].updates
+                if isinstance(decision, Wait):  # it is the head: say what it waits for
+                    self._lobby.head_waits(decision.why)
             if req.stop_when_unwatched:
                 updates.on_unwatched = lambda: self._client_gone(run_id)
         except QueueFull as e:
@@ -302,6 +304,7 @@ class Orchestrator:
                 return
             decision = self._decide(head.record, head.start)
             if not isinstance(decision, Start):
+                self._lobby.head_waits(decision.why)
                 return
             queued = self._lobby.take_next()
             assert queued is head
@@ -406,7 +409,9 @@ class Orchestrator:
     def _stop_now(self, run_id: int, detail: str) -> opb.Run | RunHandle | None:
         """Stop a queued run (its record, stopped) or ask an active one to stop (its handle); None if it is neither."""
         if self._lobby.get(run_id) is not None:
-            return self._lobby.stop(run_id, detail)
+            stopped = self._lobby.stop(run_id, detail)
+            self._admit_waiting()  # the next head may start where the stopped one could not (or says what it waits for)
+            return stopped
         handle = self._active.get(run_id)
         if handle is not None and not handle.done.is_set():
             handle.report(F.OperatorStop(detail))

@@ -4,7 +4,8 @@
 every change returns the runs whose position moved. `QueuedRun` is one waiting run as the API sees
 it (its record in RUN_STATE_QUEUED, its updates for WatchRun, and the RunHandle once it started).
 `RunLobby` is the thin shell over both: it stamps, stores, logs and publishes the queue's lifecycle
-events (RUN_QUEUED, RUN_QUEUE_MOVED, RUN_DEQUEUED, RUN_STOPPED for a queued run stopped).
+events (RUN_QUEUED, RUN_QUEUE_MOVED, RUN_QUEUE_WAITING for the head admission holds back, RUN_DEQUEUED,
+RUN_STOPPED for a queued run stopped).
 """
 
 from __future__ import annotations
@@ -150,10 +151,19 @@ class RunLobby:
             return None
         run_id, waited, moved = popped
         queued = self.waiting.pop(run_id)
-        queued.record.queue_position = 0
+        queued.record.queue_position, queued.record.queue_wait = 0, ""
         self._record(queued, self._event(run_id, pb.RUN_DEQUEUED, {"waited_ms": round(waited * 1000)}))
         self._moved(moved)
         return queued
+
+    def head_waits(self, why: str) -> None:
+        """Admission holds the head back for `why`: RUN_QUEUE_WAITING says so when that changed."""
+        head = self.head()
+        if head is None or head.record.queue_wait == why:
+            return
+        head.record.queue_wait = why
+        self._record(head, self._event(head.record.run_id, pb.RUN_QUEUE_WAITING, {"position": 1, "queued": len(self.core)},
+                                       why))
 
     def stop(self, run_id: int, detail: str) -> opb.Run:
         """Operator stop of a queued run: it leaves the queue, outcome STOPPED, nothing to tear down."""
@@ -161,7 +171,7 @@ class RunLobby:
         moved = self.core.remove(run_id)
         r = queued.record
         r.state, r.outcome, r.reason, r.detail = opb.RUN_STATE_DONE, opb.RUN_OUTCOME_STOPPED, "operator_stop", detail
-        r.queue_position, r.outcome_us = 0, wall_us()
+        r.queue_position, r.queue_wait, r.outcome_us = 0, "", wall_us()
         self._record(queued, self._event(run_id, pb.RUN_STOPPED, {}, f"{detail} (while queued)"))
         final = opb.Run()
         final.CopyFrom(r)

@@ -313,7 +313,7 @@ class RunStore:
                 what = f"{prior}; teardown was not confirmed"
             run.detail = (run.detail + "; " if run.detail else "") + f"orchestrator restarted while the run was {what}"
             run.state = orchestrator_pb2.RUN_STATE_DONE
-            run.queue_position = 0
+            run.queue_position, run.queue_wait = 0, ""
             if not had_outcome:
                 self.append(run.run_id, [common_pb2.LifecycleEvent(
                     kind=common_pb2.RUN_FAULTED, run_id=run.run_id, reason=ORCHESTRATOR_RESTARTED,
