@@ -23,7 +23,7 @@ import grpc
 
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
-from tests.faults.pool import OUTCOME_KINDS, FaultPool, NotYet, RunWatch, wait_until
+from tests.faults.pool import OUTCOME_KINDS, SERVICE_ORDER, FaultPool, NotYet, RunWatch, wait_until
 
 OUTCOME_DEADLINE_S = 10.0
 RUN_END_TIMEOUT_S = 60.0  # outcome + teardown (teardown_timeout_s is 8 s in the fault pool)
@@ -198,6 +198,13 @@ class FaultCheck:
 
 def expect(*detectors: tuple[int, int], outcome: int = opb.RUN_OUTCOME_FAULTED, detail_has: str = "") -> Expect:
     return Expect(outcome, tuple((pb.RunFaultReason.Name(r), c) for r, c in detectors), detail_has)  # type: ignore[arg-type]
+
+
+# A whole stage host lost (every service of it killed): who notices first, and what is killed.
+HOST_LOST = expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR),
+                   (pb.RUN_FAULT_MEMBERSHIP_LOST, C.COMPONENT_MEMBERSHIP),
+                   (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER))
+HOST_SERVICES = tuple(s for s in SERVICE_ORDER if s != "orchestrator")
 
 
 def refused_at_submit(check: FaultCheck, submit: Callable[[], object], injected_at: float, code: grpc.StatusCode,

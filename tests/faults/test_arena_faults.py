@@ -14,7 +14,7 @@ import pytest
 from swactor.arena.client import Leased, connect_holder
 from swactor.v1 import common_pb2 as pb
 from tests.arena.sync_client import ArenaClient
-from tests.faults.checks import C, FaultCheck, expect
+from tests.faults.checks import HOST_SERVICES, C, FaultCheck, expect
 from tests.faults.pool import FaultPool
 
 INTERIOR = 1
@@ -61,7 +61,7 @@ def test_ring_over_the_arena_ceiling(pool: FaultPool, request: pytest.FixtureReq
     """The interior host rebooted with an arena ceiling under the smallest ring (64 KiB)."""
     check = FaultCheck(pool, "oversized ring (interior arena ceiling 32 KiB)",
                        expect((pb.RUN_FAULT_RING_REQUEST_OVERSIZED, C.COMPONENT_ARENA)),
-                       killed=tuple(f"h{INTERIOR}/{k}" for k in ("arena", "membership", "edge", "worker")),
+                       killed=tuple(f"h{INTERIOR}/{k}" for k in HOST_SERVICES),
                        test=request.node.nodeid)
     small = pool.host_config(INTERIOR, "small-arena", arena={"ceiling_bytes": 32 << 10})
     pool.restart_host(INTERIOR, configs={"arena": small})

@@ -14,7 +14,7 @@ from swactor.v1 import common_pb2 as pb
 from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
-from tests.faults.checks import C, FaultCheck, expect
+from tests.faults.checks import HOST_LOST, HOST_SERVICES, C, FaultCheck, expect
 from tests.faults.pool import FaultPool, NotYet, RunWatch, wait_until
 
 INTERIOR = 1
@@ -117,10 +117,7 @@ def test_sigkill_membership(pool: FaultPool, request: pytest.FixtureRequest) -> 
 
 def test_sigkill_whole_host(pool: FaultPool, request: pytest.FixtureRequest) -> None:
     check = FaultCheck(pool, "SIGKILL whole host (interior)",
-                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR),
-                              (pb.RUN_FAULT_MEMBERSHIP_LOST, C.COMPONENT_MEMBERSHIP),
-                              (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER)),
-                       killed=tuple(f"h1/{k}" for k in ("arena", "membership", "edge", "worker")),
+                       HOST_LOST, killed=tuple(f"h1/{k}" for k in HOST_SERVICES),
                        test=request.node.nodeid)
     run = decoding(pool)
     check.outcome(run, inject.kill_host(pool, INTERIOR))

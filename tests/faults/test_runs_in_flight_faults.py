@@ -9,11 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
-from tests.faults.checks import C, FaultCheck, expect
+from tests.faults.checks import HOST_LOST, HOST_SERVICES, FaultCheck
 from tests.faults.pool import FaultPool, RunWatch
+from tests.harness.run_spans import most_at_once, run_span
 
 INTERIOR = 1
 IN_FLIGHT = 4
@@ -39,22 +39,13 @@ def four_slots(pool_holder: list[FaultPool]) -> Iterator[FaultPool]:
 
 
 def together(runs: list[RunWatch]) -> int:
-    """The most runs in the pipeline at once: overlaps of [prompt injected, outcome] of each run."""
-    spans = []
-    for r in runs:
-        times = {e.kind: e.time_us for e in r.events}
-        end = min(t for k, t in times.items() if k in (pb.RUN_COMPLETED, pb.RUN_FAULTED, pb.RUN_STOPPED))
-        spans.append((times[pb.PROMPT_INJECTED], end))
-    return max(sum(a <= t <= b for a, b in spans) for t, _ in spans)
+    return most_at_once([run_span(r.events) for r in runs])
 
 
 def test_sigkill_whole_host_under_four_runs_in_flight(four_slots: FaultPool, pool: FaultPool,
                                                       request: pytest.FixtureRequest) -> None:
     check = FaultCheck(pool, f"SIGKILL whole host (interior), {IN_FLIGHT} runs in flight",
-                       expect((pb.RUN_FAULT_NODE_UNAVAILABLE, C.COMPONENT_ORCHESTRATOR),
-                              (pb.RUN_FAULT_MEMBERSHIP_LOST, C.COMPONENT_MEMBERSHIP),
-                              (pb.RUN_FAULT_STREAM_FAULT, C.COMPONENT_EDGE_DRIVER)),
-                       killed=tuple(f"h1/{k}" for k in ("arena", "membership", "edge", "worker")),
+                       HOST_LOST, killed=tuple(f"h1/{k}" for k in HOST_SERVICES),
                        test=request.node.nodeid)
     runs = [pool.submit(max_tokens=2000) for _ in range(IN_FLIGHT)]
     for r in runs:

@@ -24,6 +24,7 @@ from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_chann
 from swactor.orchestrator.tokens import token_endpoints
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
+from tests.harness.run_spans import most_at_once, run_span
 from tests.worker.reference import Reference
 from tests.worker_service import harness, node_fakes
 
@@ -96,12 +97,7 @@ async def run_to_end(served: Served, req: opb.SubmitRunRequest) -> list[opb.RunU
 
 
 def in_flight_at_most(runs: list[list[opb.RunUpdate]]) -> int:
-    """The most runs in the pipeline at once: overlaps of [prompt injected, run completed] of each run."""
-    spans = []
-    for ups in runs:
-        times = {u.event.kind: u.event.time_us for u in ups if u.HasField("event")}
-        spans.append((times[pb.PROMPT_INJECTED], times[pb.RUN_COMPLETED]))
-    return max(sum(a <= t <= b for a, b in spans) for t, _ in spans)
+    return most_at_once([run_span(u.event for u in ups if u.HasField("event")) for ups in runs])
 
 
 def assert_idle(hosts: list[StageHost]) -> None:
