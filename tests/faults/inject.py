@@ -101,6 +101,11 @@ def block_udp_to(pool: FaultPool, host: int, *, dport: int, to_host: int) -> con
     return _nft_rules(pool, host, [f"output ip daddr {pool.hosts[to_host].addr} udp dport {dport} drop"])
 
 
+def hold_udp_from(pool: FaultPool, host: int, *, sport: int, to_host: int) -> contextlib.AbstractContextManager[float]:
+    """Drop UDP `host` sends from its port `sport` to `to_host` (that service of it is not heard there meanwhile)."""
+    return _nft_rules(pool, host, [f"output ip daddr {pool.hosts[to_host].addr} udp sport {sport} drop"])
+
+
 @contextlib.contextmanager
 def delayed_link(pool: FaultPool, host: int, delay_ms: float, *, sport: int) -> Iterator[float]:
     """Every UDP packet `host` sends from `sport` is held `delay_ms` (NFQUEUE userspace delayer)."""

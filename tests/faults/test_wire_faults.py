@@ -161,6 +161,12 @@ def recv_streaming(pool: FaultPool, host: int, edge_id: int) -> None:
     raise NotYet(f"h{host}: no recv pump with bytes for edge {edge_id}")
 
 
+def rogue_stream_read(pool: FaultPool, run: RunWatch, edge_id: int) -> None:
+    """The consumer's recv pump has bytes on the edge, or the run already has its outcome."""
+    if not run.outcome_events():
+        recv_streaming(pool, CONSUMER, edge_id)
+
+
 # ---- crafted by the rogue peer ----
 
 OBJECT_FAILED = [  # (fault, craft, its arguments from (row, max_extent), the §37 ObjectFailure, run reason)
@@ -183,10 +189,14 @@ def test_rogue_object(pool: FaultPool, request: pytest.FixtureRequest, fault: st
     the stage faults with the §37 ObjectFailure named in the detail."""
     check = FaultCheck(pool, fault, expect((reason, C.COMPONENT_WORKER), detail_has=failure), test=request.node.nodeid)
     with rogue_peer(pool) as rogue:
-        run = pool.submit(max_tokens=4)
-        edge = stage_inbound_edge(pool, run, CONSUMER)
-        t = time.time()
-        rogue.open(edge, craft, *args(*activation_rules()))
+        # h0's own edge driver is not heard on h1 until h1 reads the rogue's stream for the edge: on a busy box the
+        # real producer's stream could otherwise claim the edge first and the run would never see the crafted object
+        with inject.hold_udp_from(pool, PRODUCER, sport=EDGE_PORT, to_host=CONSUMER):
+            run = pool.submit(max_tokens=4)
+            edge = stage_inbound_edge(pool, run, CONSUMER)
+            t = time.time()
+            rogue.open(edge, craft, *args(*activation_rules()))
+            wait_until(f"h{CONSUMER} reads the rogue's stream", lambda: rogue_stream_read(pool, run, edge), 10, poll_s=0.01)
         with_detail(check, check.outcome(run, t))
     check.no_leases((0, 1, 2))
     check.survivors_alive()
