@@ -1,0 +1,109 @@
+"""Compile every kernel of a stage for NVIDIA's sm_90 without a GPU: run as a child of test_cuda_render.py with
+DEV=NULL:CUDA:sm_90, so tinygrad's NULL device (buffers without memory, programs that never run) renders each kernel
+with its CUDA renderer and compiles it with NVRTC to a cubin, as a rented CUDA host would at a stage's load.
+
+    python tests/worker/cuda_render.py MODEL.gguf SMALL_DIR  ->  one JSON line on stdout
+
+What is compiled: StageModel.prepare() of MODEL as one stage (its layer graphs are every stage's, and its head) (decode rows, 8-row prefill
+chunks and batched rows of 2 runs in flight, the head), and of a small llama and a small qwen2 (biases, NeoX rotation)
+whose layers hold every packed type and two types expanded to float32. The weights of the small files are zeros:
+nothing runs, only the kernels' code matters."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType
+
+from swactor.worker.compute import GGUFModel, StageModel
+from swactor.worker.compute.linear import PACKED
+from swactor.worker.compute.model import BatchRow
+from swactor.worker.compute.quant import BLOCK
+from tests.fixtures.gguf_fixtures import Field, write_raw
+
+DIM, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 320
+MATRICES = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+# layer 0 and 1: every packed type, and F16 / Q2_K (expanded to float32 at load) beside them
+LAYER_TYPES = [[QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K],
+               [QT.Q6_K, QT.Q2_K, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0]]
+
+
+def _zeros(qt: QT, rows: int, cols: int) -> np.ndarray:
+  if qt == QT.F16:
+    return np.zeros((rows, cols), np.float16)
+  n, nb = BLOCK[qt]
+  return np.zeros((rows, cols // n * nb), np.uint8)
+
+
+def small_model(path: Path, arch: str) -> Path:
+  shapes = {"attn_q": (DIM, DIM), "attn_k": (DIM // 2, DIM), "attn_v": (DIM // 2, DIM), "attn_output": (DIM, DIM),
+            "ffn_gate": (FFN, DIM), "ffn_up": (FFN, DIM), "ffn_down": (DIM, FFN)}
+  tensors: dict[str, tuple[np.ndarray, QT]] = {"token_embd.weight": (_zeros(QT.Q8_0, VOCAB, DIM), QT.Q8_0),
+                                                "output.weight": (_zeros(QT.Q6_K, VOCAB, DIM), QT.Q6_K),
+                                                "output_norm.weight": (np.ones(DIM, np.float32), QT.F32)}
+  for i, types in enumerate(LAYER_TYPES):
+    for name, qt in zip(MATRICES, types, strict=True):
+      tensors[f"blk.{i}.{name}.weight"] = (_zeros(qt, *shapes[name]), qt)
+    for norm in ("attn_norm", "ffn_norm"):
+      tensors[f"blk.{i}.{norm}.weight"] = (np.ones(DIM, np.float32), QT.F32)
+    if arch == "qwen2":
+      for name in ("attn_q", "attn_k", "attn_v"):
+        tensors[f"blk.{i}.{name}.bias"] = (np.zeros(shapes[name][0], np.float32), QT.F32)
+  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+  fields = [Field(f"{arch}.block_count", len(LAYER_TYPES), u32), Field(f"{arch}.embedding_length", DIM, u32),
+            Field(f"{arch}.feed_forward_length", FFN, u32), Field(f"{arch}.attention.head_count", HEADS, u32),
+            Field(f"{arch}.attention.head_count_kv", KV_HEADS, u32), Field(f"{arch}.rope.freq_base", 10000.0, f32),
+            Field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5, f32), Field(f"{arch}.context_length", 128, u32),
+            Field(f"{arch}.vocab_size", VOCAB, u32)]
+  write_raw(path, arch, fields, tensors)
+  return path
+
+
+def compiled_programs() -> list[Any]:
+  """The programs tinygrad lowered and compiled in this process (its compile cache is off: each one was compiled)."""
+  from tinygrad.engine.realize import to_program_cache
+  from tinygrad.uop.ops import Ops
+  return [p for p in to_program_cache.values() if p.op is Ops.PROGRAM and p.src[-1].op is Ops.BINARY]
+
+
+def stage_report(name: str, model: Path, start: int, end: int | None) -> dict[str, Any]:
+  before = len(compiled_programs())
+  m = StageModel(model, start, end if end is not None else GGUFModel(model).params.n_layers, device="NULL", max_seq_len=64, prefill_chunk=8, slots=2)
+  report = m.prepare()
+  prepared = len(compiled_programs())
+  for slot, prompt in enumerate(([1, 2, 3], [4] * 11)):  # a prompt in one chunk, one in two; then both decode as a batch
+    m.reset(slot=slot)
+    m.step(rows(m, prompt), 0, slot=slot)
+  m.step_batch([BatchRow(s, n, rows(m, [5])) for s, n in ((0, 3), (1, 11))])
+  kinds = sorted({k for L in m.layers for g in L.kinds for k in g} | ({m.head[1][0]} if m.head else set()))
+  return {"stage": name, "graphs": report.graphs, "widths": list(m.widths), "kinds": kinds,
+          "new_programs": prepared - before, "compiled_by_steps": len(compiled_programs()) - prepared}
+
+
+def rows(m: StageModel, tokens: list[int]) -> np.ndarray:
+  """A step's input: token ids for a first stage, activations for the others."""
+  return np.asarray(tokens, np.int32) if m.is_first else np.zeros((len(tokens), m.hidden_dim), np.float32)
+
+
+def main(model: str, small_dir: str) -> None:
+  from tinygrad import Device
+  dev = Device["NULL"]
+  stages = [stage_report("whole", Path(model), 0, None)]
+  for arch in ("llama", "qwen2"):
+    small = small_model(Path(small_dir) / f"{arch}.gguf", arch)
+    stages.append(stage_report(f"small {arch}", small, 0, len(LAYER_TYPES)))
+  programs = compiled_programs()
+  print(json.dumps({
+      "renderer": type(dev.renderer).__name__, "arch": dev.renderer.target.arch,
+      "compiler": type(dev.renderer.compiler).__name__, "stages": stages, "programs": len(programs),
+      "cubins": sum(bytes(p.src[-1].arg).startswith(b"\x7fELF") for p in programs),
+      "packed_kinds": sorted(set(PACKED.values())),
+  }))
+
+
+if __name__ == "__main__":
+  main(*sys.argv[1:])
