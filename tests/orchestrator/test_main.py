@@ -75,6 +75,7 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
     for line, needle in [("queue_depth = -1", "[orchestrator].queue_depth must be >= 0, got -1"),
                          ("max_request_bytes = 0", "[orchestrator].max_request_bytes must be positive, got 0"),
                          ("runs_max_age_s = -5.0", "[orchestrator].runs_max_age_s must be >= 0"),
+                         ("readiness_min_fetch_bps = -1", "[orchestrator].readiness_min_fetch_bps must be >= 0"),
                          ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024"),
                          ("max_slots_per_stage = 0", "[orchestrator].max_slots_per_stage must be 1..64"),
                          ('kv_dtype = "bfloat16"', "[orchestrator].kv_dtype must be one of 'float32', 'float16'")]:

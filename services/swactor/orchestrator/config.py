@@ -73,6 +73,7 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # The run FSM's timeouts; their defaults are Timeouts' own.
     pool_timeout_s: float = Timeouts.pool_s
     readiness_timeout_s: float = Timeouts.readiness_s
+    readiness_min_fetch_bps: int = Timeouts.readiness_min_fetch_bps
     first_token_timeout_s: float = Timeouts.first_token_s
     step_timeout_s: float = Timeouts.step_s
     teardown_timeout_s: float = Timeouts.teardown_s
@@ -92,6 +93,7 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
 
     def timeouts(self) -> Timeouts:
         return Timeouts(pool_s=self.pool_timeout_s, readiness_s=self.readiness_timeout_s,
+                        readiness_min_fetch_bps=self.readiness_min_fetch_bps,
                         first_token_s=self.first_token_timeout_s, step_s=self.step_timeout_s,
                         teardown_s=self.teardown_timeout_s)
 

@@ -20,6 +20,7 @@ from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
 from swactor.orchestrator.planning.planner import PlanError, RunPlan, Seat, StagePlan, memory_need, plan_run
 from swactor.orchestrator.planning.pool import Demand, PoolGate
+from swactor.orchestrator.runs.readiness import ReadinessBudget
 
 # the FSM's vocabulary lives in run_messages; importers may take it from here too
 from swactor.orchestrator.runs.run_messages import (  # noqa: F401
@@ -109,6 +110,7 @@ class RunFsm:
         self._pool_deadline = now + config.timeouts.pool_s
         self._deadline: float | None = self._pool_deadline
         self._ready: set[int] = set()
+        self._readiness: ReadinessBudget | None = None  # from provisioning to the readiness barrier
         self._endpoints_open = False
         self._endpoints_ready = False
         self._endpoints_closing = False  # CloseEndpoints sent, EndpointsClosed not yet seen
@@ -146,6 +148,10 @@ class RunFsm:
                     ev.CopyFrom(relayed)
                     ev.run_id = self.run_id
                     out.append(Emit(ev))
+                    if self._readiness is not None and self.state is RunState.WAITING_READY \
+                            and ev.stage_index not in self._ready:
+                        self._readiness.observe(ev, now)
+                        self._deadline = self._readiness.deadline
             return out
         handler = {
             RunState.WAITING_POOL: self._on_waiting_pool,
@@ -328,7 +334,8 @@ class RunFsm:
             out.append(self._stage_ev(K.STAGE_PROVISION_STARTED, stage, counters=stage.counters()))
             out.append(Provision(plan, stage))
             self._provisioned.add(stage.stage_index)
-        self._deadline = now + cfg.timeouts.readiness_s
+        self._readiness = ReadinessBudget(cfg.timeouts.readiness_s, cfg.timeouts.readiness_min_fetch_bps, now)
+        self._deadline = self._readiness.deadline
         self._set_state(RunState.WAITING_READY)
 
     def _on_waiting_ready(self, event: Input, now: float, out: list[Action]) -> None:
@@ -346,9 +353,13 @@ class RunFsm:
             case Tick():
                 if self._deadline is not None and now >= self._deadline:
                     waiting = sorted(set(range(self.request.stages)) - self._ready)
-                    what = f"stage(s) {waiting}" if waiting else "the orchestrator token endpoints"
-                    self._fault(out, now, pb.RUN_FAULT_READINESS_TIMEOUT,
-                                f"{what} not ready within {self.config.timeouts.readiness_s}s")
+                    if waiting:
+                        assert self._readiness is not None
+                        detail = (f"stage(s) {waiting} not ready within {self.config.timeouts.readiness_s}s of their "
+                                  f"last progress: {self._readiness.describe(waiting, now)}")
+                    else:
+                        detail = f"the orchestrator token endpoints not ready within {self.config.timeouts.readiness_s}s"
+                    self._fault(out, now, pb.RUN_FAULT_READINESS_TIMEOUT, detail)
                 return
             case _:
                 return

@@ -20,7 +20,11 @@ from swactor.v1 import common_pb2 as pb
 @dataclass(frozen=True)
 class Timeouts:
     pool_s: float = 60.0
-    readiness_s: float = 600.0  # weights download + load on every stage
+    # a stage not ready that reports no progress this long faults the run; a weights fetch that reports its rate is
+    # given FETCH_MARGIN times what that rate says it needs, while it moves at readiness_min_fetch_bps or more
+    # (readiness.py)
+    readiness_s: float = 600.0
+    readiness_min_fetch_bps: int = 1 << 20
     first_token_s: float = 300.0  # prefill through every stage
     step_s: float = 60.0  # one decode step through every stage
     teardown_s: float = 30.0
