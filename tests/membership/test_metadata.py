@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from swactor.common.secret import SecretError, gossip_key, read_secret
-from swactor.membership.gpus import detect_nvidia, host_memory_available, nvidia_memory, parse_gpu
+from swactor.membership.gpus import (
+    compute_device,
+    detect_nvidia,
+    host_memory_available,
+    nvidia_memory,
+    parse_gpu,
+)
 from swactor.membership.metadata import (
     MetadataError,
     check_endpoint,
@@ -110,8 +116,9 @@ def test_nvidia_smi_inventory_is_parsed(tmp_path: Path, monkeypatch: pytest.Monk
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert detect_nvidia() == [pb.GpuDevice(kind="CUDA", name="NVIDIA H200", memory_bytes=143771 * 2**20)] * 2
+    assert compute_device("") == "CUDA" and compute_device("CPU") == "CPU"  # CUDA, not tinygrad's NV: Hopper
     fake.write_text("#!/bin/sh\nexit 9\n")
-    assert detect_nvidia() == []
+    assert detect_nvidia() == [] and compute_device("") == "CPU" and compute_device("CUDA:1") == "CUDA:1"
 
 
 def test_device_memory_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,10 +1,12 @@
-"""GPU inventory for the gossiped metadata (from "KIND:NAME:MEMORY_BYTES" flags, or nvidia-smi), and the device
-memory probes a worker advertises its stage memory by (nvidia-smi's free memory, the host's MemAvailable)."""
+"""GPU inventory for the gossiped metadata (from "KIND:NAME:MEMORY_BYTES" flags, or nvidia-smi), the device a worker
+computes on when its config names none, and the device memory probes a worker advertises its stage memory by
+(nvidia-smi's free memory, the host's MemAvailable)."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from swactor.v1 import membership_pb2 as pb
@@ -75,3 +77,12 @@ def host_memory_available(meminfo: Path = Path("/proc/meminfo")) -> int:
             if parts and parts[0].isdigit():
                 return int(parts[0]) * 1024
     return 0
+
+
+def compute_device(configured: str, detect: Callable[[], list[pb.GpuDevice]] = detect_nvidia) -> str:
+    """The tinygrad device a worker's compute process uses: `configured` when set, else CUDA when nvidia-smi lists a
+    GPU, else the CPU. Named rather than left to tinygrad's default, which tries its NV backend (its own driver
+    interface) before CUDA, and NV does not know Hopper-class GPUs (H100/H200), which CUDA (driver API + NVRTC) runs."""
+    if configured:
+        return configured
+    return "CUDA" if detect() else "CPU"

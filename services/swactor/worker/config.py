@@ -21,7 +21,7 @@ class WorkerConfig(sockets.EdgeEndSockets):
     secret_file: Path = Path("/etc/swactor/cluster.secret")
     state_dir: Path = DEFAULT_STATE_DIR
     membership_socket: Path = sockets.MEMBERSHIP
-    # tinygrad device for the compute process ("" = tinygrad's default: CUDA/NV on GPU hosts).
+    # tinygrad device for the compute process ("" = CUDA when nvidia-smi lists a GPU, else CPU: membership/gpus.py).
     device: str = ""
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
     # process may use, at most 8. Set it when several workers share one machine.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import signal
 import sys
@@ -63,6 +64,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     from swactor.arena.client import EXIT_ARENA_LOST, AsyncArenaClient, connect_holder
     from swactor.common import control_tls
     from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
+    from swactor.membership.gpus import compute_device
     from swactor.worker.ctl import GpuWorkerCtl
     from swactor.worker.ctl_fsm import CtlCore
     from swactor.worker.membership import MembershipClientPort
@@ -71,6 +73,9 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     from swactor.worker.stage_memory import advertised_memory
 
     log = get_logger(component="worker")
+    configured = cfg.device
+    cfg = dataclasses.replace(cfg, device=compute_device(configured))
+    log.info("worker_compute_device", device=cfg.device, source="config" if configured else "detected")
     hold = local.enter_context(connect_holder(cfg.arena_fd_socket))
     hold.map()  # ArenaReady (§8): mapped in this process before the worker maps it too
     arena = await local.enter_async_context(AsyncArenaClient(hold, cfg.arena_socket))
