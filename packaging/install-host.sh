@@ -215,7 +215,11 @@ fi
 "$PREFIX/venv/bin/python" -m pip install -q --force-reinstall --no-deps "$ring_dir"/swactor_ring-*.whl
 "$PREFIX/venv/bin/python" -m pip install -q "grpcio-tools>=1.60"
 "$PREFIX/venv/bin/python" "$ROOT/packaging/gen_protos.py"
-"$PREFIX/venv/bin/python" -m pip install -q "$ROOT"
+# A GPU host gets the cuda extra: NVRTC, which tinygrad's CUDA device compiles every kernel with (a driver-only
+# image has none).
+extra=""
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra="[cuda]"; fi
+"$PREFIX/venv/bin/python" -m pip install -q "$ROOT$extra"
 rm -rf "$PREFIX/docs" && cp -r "$ROOT/docs" "$PREFIX/docs"
 # The operator CLI on PATH (`swactor nodes`, `swactor submit ...`, as docs/operations.md says).
 ln -sfn "$PREFIX/venv/bin/swactor" "$CLI_LINK"

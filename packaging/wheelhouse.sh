@@ -35,13 +35,15 @@ ring=("$ROOT"/dist/ring/swactor_ring-*.whl)
 [ ${#ring[@]} -eq 1 ] || die "expected one ring-rs wheel in dist/ring, found ${#ring[@]}: ${ring[*]}"
 
 # What install-host.sh installs: pip itself, the build backend for the swactor source tree,
-# grpcio-tools (the installer generates the gRPC stubs) and the project's runtime dependencies.
+# grpcio-tools (the installer generates the gRPC stubs), the project's runtime dependencies and its cuda extra (NVRTC,
+# which install-host.sh adds on a GPU host).
 reqs="$("$PY" - "$ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as f:
     project = tomllib.load(f)
 build = project["build-system"]["requires"]
-print("\n".join(["pip", "wheel", "grpcio-tools>=1.60", *build, *project["project"]["dependencies"]]))
+print("\n".join(["pip", "wheel", "grpcio-tools>=1.60", *build, *project["project"]["dependencies"],
+                 *project["project"]["optional-dependencies"]["cuda"]]))
 PY
 )"
 want="$("$PY" -c 'import sys; print(sys.implementation.cache_tag)') $(sha256sum "${ring[0]}" | cut -c1-16) $(echo "$reqs" | sha256sum | cut -c1-16)"

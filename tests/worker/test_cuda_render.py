@@ -5,7 +5,6 @@ lacks, a launch beyond the target's limits) fails here, before a GPU is lent. A 
 nothing more: a CUDA worker never stops mid-run to compile."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
@@ -16,18 +15,29 @@ from pathlib import Path
 import pytest
 
 from swactor.worker.compute.linear import PACKED
+from swactor.worker.process.device import find_nvrtc, nvrtc_wheel_library
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def nvrtc_library() -> Path:
-  spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
-  lib = Path(next(iter(spec.submodule_search_locations or []), "")) / "lib" / "libnvrtc.so.12" if spec else None
-  if lib is None or not lib.exists():
+  lib = nvrtc_wheel_library()
+  if lib is None:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
       pytest.skip(f"NVRTC has no wheel for {platform.system()} {platform.machine()}")
-    pytest.fail("libnvrtc.so.12 not found: install the dev dependencies (`make setup`: nvidia-cuda-nvrtc-cu12)")
+    pytest.fail("libnvrtc.so.12 not found: install the dev dependencies (`make setup`: the cuda extra, nvidia-cuda-nvrtc-cu12)")
   return lib
+
+
+def test_the_compute_process_names_the_wheels_nvrtc_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv("NVRTC_PATH", raising=False)
+  find_nvrtc("CPU")
+  assert "NVRTC_PATH" not in os.environ
+  find_nvrtc("CUDA:1")
+  assert os.environ["NVRTC_PATH"] == str(nvrtc_library())
+  monkeypatch.setenv("NVRTC_PATH", "/opt/cuda/lib64/libnvrtc.so")  # the operator's own is kept
+  find_nvrtc("CUDA")
+  assert os.environ["NVRTC_PATH"] == "/opt/cuda/lib64/libnvrtc.so"
 
 
 @pytest.mark.timeout(300)

@@ -13,7 +13,10 @@ A `DeviceAllocation` is what the compute process's tables hold: the ingress pars
 from __future__ import annotations
 
 import ctypes
+import importlib.util
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,11 +93,29 @@ def limit_device_memory(device: str, limit: int) -> None:
     allocator._alloc = _alloc  # type: ignore[method-assign]
 
 
+def nvrtc_wheel_library() -> Path | None:
+    """libnvrtc from the PyPI wheel nvidia-cuda-nvrtc-cu12 (the `cuda` extra) when it is installed, else None."""
+    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    for root in (spec.submodule_search_locations or []) if spec is not None else []:
+        lib = Path(root) / "lib" / "libnvrtc.so.12"
+        if lib.exists():
+            return lib
+    return None
+
+
+def find_nvrtc(device: str) -> None:
+    """tinygrad's CUDA device compiles every kernel with NVRTC, which it looks for by name or at $NVRTC_PATH; a rented
+    GPU host's driver-only image has none, so the wheel's copy is named unless the operator named one."""
+    if device.split(":")[0] == "CUDA" and "NVRTC_PATH" not in os.environ and (lib := nvrtc_wheel_library()) is not None:
+        os.environ["NVRTC_PATH"] = str(lib)
+
+
 class DeviceBridge:
     """alloc / free / host_to_device / device_to_host / wrap of §33 for one tinygrad device."""
 
     def __init__(self, device: str | None = None, memory_limit: int = 0) -> None:
         self.device = Device.canonicalize(device) if device else Device.DEFAULT
+        find_nvrtc(self.device)
         Device[self.device]  # opens the backend now: a bad device fails at init
         if memory_limit:
             limit_device_memory(self.device, memory_limit)
