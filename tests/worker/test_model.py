@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from reference import Reference
 from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.header import read_header
 from swactor.modelfile.memory import KV_DTYPE_BYTES, memory_profile
-from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel
+from swactor.worker.compute import GGUFModel, LoadProgress, ModelRefused, StageModel, graphcache
 from swactor.worker.compute.graphcache import GraphCache
 from swactor.worker.compute.model import KV_DTYPES, NO_TOKEN, BatchRow
 
@@ -211,6 +212,63 @@ def test_graph_cache_drops_a_corrupt_entry(gguf_model: GGUFModel, reference: dic
   report = again.prepare()
   assert report.cached < report.graphs  # the corrupt graph was captured again ...
   assert len(list(tmp_path.glob("*.graph"))) == len(entries)  # ... and stored again
+
+
+def test_a_last_stage_takes_the_layer_graphs_another_stage_stored_and_captures_only_its_head(
+    gguf_model: GGUFModel, reference: dict[str, list[int]], tmp_path: pathlib.Path) -> None:
+  cache = GraphCache(tmp_path)
+  first, mid = (StageModel(gguf_model, a, b, max_seq_len=128, prefill_chunk=8, graph_cache=cache) for a, b in SPLITS[3][:2])
+  assert mid.prepare().cached == 0
+  last = StageModel(gguf_model, *SPLITS[3][2], max_seq_len=128, prefill_chunk=8, graph_cache=cache)
+  report = last.prepare()
+  assert report.cached == report.graphs - len(last.shapes), report  # every layer graph loaded; one head per shape captured
+  assert (r := first.prepare()).cached == r.graphs
+  assert generate_chunked([first, mid, last], PROMPTS["chat_france"], N_STEPS, 8) == reference["chat_france"]
+
+
+def test_graph_cache_claims_are_one_holder_at_a_time(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+  cache = GraphCache(tmp_path)
+  held = cache.try_claim("shape")
+  assert held is not None
+  with held:
+    assert cache.try_claim("shape") is None and cache.try_claim("other") is not None
+    with cache.claim("shape", wait_s=0.2):  # still held past the wait: the waiter goes on without it
+      pass
+    monkeypatch.setattr(graphcache, "CLAIM_REPORT_S", 0.01)
+    calls: list[int] = []
+
+    def cancelled() -> None:  # a load's progress callback raises once the load is cancelled
+      calls.append(1)
+      if len(calls) == 3:
+        raise RuntimeError("load cancelled")
+
+    with pytest.raises(RuntimeError, match="load cancelled"), cache.claim("shape", wait_s=60, waiting=cancelled):
+      pass
+  with cache.claim("shape", wait_s=0.2), cache.claim("shape", wait_s=0.1):
+    pass  # (a second claim of this process waited 0.1 s and went on: nothing deadlocks)
+  broken = GraphCache(tmp_path / "file")
+  (tmp_path / "file").write_text("not a directory")
+  with broken.claim("shape"):  # a cache that cannot hold claims lets the worker capture
+    pass
+
+
+def test_a_shape_another_worker_is_capturing_is_left_for_last(gguf_model: GGUFModel, tmp_path: pathlib.Path) -> None:
+  """The decode shape's claim is held elsewhere: prepare captures the 8-row prefill shape first, then waits for the
+  claim; the holder gives it up having stored nothing, so this worker captures the decode graphs itself."""
+  cache = GraphCache(tmp_path)
+  m = StageModel(gguf_model, 22, 30, max_seq_len=128, prefill_chunk=8, graph_cache=cache)
+  keys = [cache.key(m.device, name, **facts) for name, _, _, facts in m._graphs((1,))]
+  held = cache.try_claim(m._claim_name((1,), keys))
+  assert held is not None
+  stored: list[str] = []
+  store = cache.store
+  cache.store = lambda key, *a: (stored.append(key), store(key, *a))[1]  # type: ignore[method-assign]
+  held.__enter__()
+  release = threading.Timer(1.0, held.__exit__, (None, None, None))
+  release.start()
+  report = m.prepare()
+  release.join()
+  assert report.cached == 0 and stored[-len(keys):] == keys and set(stored[:-len(keys)]).isdisjoint(keys), stored
 
 
 # ---- runs in flight: KV slots and the batched decode step ----

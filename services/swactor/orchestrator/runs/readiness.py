@@ -3,10 +3,12 @@
 One fixed limit cannot fit both a 100 MB model on a LAN and a 40 GB one behind a 50 MB/s uplink: it either fails the
 big fetch that is doing fine or waits for hours on a stage that hung. So the barrier follows what the stages report.
 Each sign of progress from a stage that is not ready yet (its fetch starting, moving or done, its load or compile
-moving, its weights loaded, an edge ready) gives that stage `base_s` (readiness_timeout_s) more from that moment. A
-fetch that reports its measured rate is given what that rate says it still needs, FETCH_MARGIN times over, when that
-is longer, as long as it moves at `min_rate_bps` or more (slower than that it is a fetch that will not end in useful
-time). A stage that reports nothing for `base_s` ends the wait, and the fault says what each stage last did.
+moving, its weights loaded, an edge ready) moves the run's deadline to at least `base_s` (readiness_timeout_s) after
+that moment. A fetch that reports its measured rate is given what that rate says it still needs, FETCH_MARGIN times
+over, when that is longer, as long as it moves at `min_rate_bps` or more (slower than that it is a fetch that will not
+end in useful time). When the stages not yet ready report nothing for `base_s`, the wait ends, and the fault says what
+each of them last did. (One deadline per run, not per stage: a stage that waits on another, as a compute process waits
+for a graph another stage of its host is capturing, is not faulted while that one moves.)
 
 Pure: the run FSM passes every relayed stage event and the time in, and reads `deadline` back."""
 from __future__ import annotations

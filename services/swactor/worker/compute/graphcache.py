@@ -12,6 +12,12 @@ its output) are stored without their bytes; anything else it reads is a constant
 node gets a fresh slot on load (tinygrad's buffer identity is a per-process counter: a stored slot could name a live
 buffer of this process).
 
+Claims: workers of one host that would capture the same graphs at once (a pipeline's stages loading together, a
+restarted process) take turns instead: `try_claim` an advisory lock (flock) named for a shape's graphs before capturing
+them, and a worker that finds it taken captures its other shapes first, then waits on the `claim` and loads what the
+holder stored. A holder that dies releases its lock with its process; a holder that is still busy after CLAIM_WAIT_S
+is not waited for any longer (the waiter captures the graphs itself).
+
 Keys: a digest of everything the compiled code depends on — tinygrad's version, this package's source, the device
 (and on CPU the processor's model and flags, since clang compiles for the native target), the graph's name, its
 input shapes/dtypes, the model's hyper-parameters and the compile settings (threads, BEAM). A change of any of them
@@ -21,7 +27,9 @@ The directory must be writable only by the service user: an entry holds code tha
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import io
@@ -30,7 +38,8 @@ import pickle
 import platform
 import sys
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,6 +53,10 @@ from swactor.common.events import get_logger
 from .replay import GraphSpec, LoadedGraph, graph_spec, load_graph
 
 SUFFIX = ".graph"
+CLAIM_SUFFIX = ".claim"
+CLAIM_WAIT_S = 600.0
+CLAIM_POLL_S = 0.05
+CLAIM_REPORT_S = 2.0
 FORMAT = 1                # bump when what an entry holds changes
 LIMIT_BYTES = 512 << 20   # oldest entries are removed beyond this
 _STACK_BYTES = 512 << 20  # pickling recurses once per UOp level: a captured linear is thousands deep
@@ -166,6 +179,14 @@ def _deep(fn: Callable[[], T]) -> T:
   return out["r"]
 
 
+@contextlib.contextmanager
+def _held(fd: int) -> Iterator[None]:
+  try:
+    yield
+  finally:
+    os.close(fd)  # releases the flock
+
+
 class GraphCache:
   """Captured graphs under `root`, one file per key."""
 
@@ -180,6 +201,45 @@ class GraphCache:
     for k in sorted(facts):
       h.update(f"{k}={facts[k]!r}\n".encode())
     return h.hexdigest()[:40]
+
+  def has(self, key: str) -> bool:
+    return (self.root / (key + SUFFIX)).exists()
+
+  def try_claim(self, name: str) -> contextlib.AbstractContextManager[None] | None:
+    """The claim on `name` if no other worker holds it (a context manager that releases it), else None. A cache that
+    cannot hold claims (its directory cannot be made) claims nothing and says yes: the worker just captures."""
+    try:
+      self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+      fd = os.open(self.root / (name + CLAIM_SUFFIX), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+      self.log.warning("compute_graph_cache_claim_failed", root=str(self.root), detail=str(e))
+      return contextlib.nullcontext()
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      os.close(fd)
+      return None
+    except OSError as e:
+      os.close(fd)
+      self.log.warning("compute_graph_cache_claim_failed", root=str(self.root), detail=str(e))
+      return contextlib.nullcontext()
+    return _held(fd)
+
+  @contextlib.contextmanager
+  def claim(self, name: str, wait_s: float = CLAIM_WAIT_S, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the claim on `name`, waiting up to wait_s for the worker that holds it; past that, go on without it.
+    `waiting` is called every CLAIM_REPORT_S of the wait (a load's progress: it may raise to cancel the wait)."""
+    start = time.monotonic()
+    reported = start
+    while (held := self.try_claim(name)) is None and (now := time.monotonic()) < start + wait_s:
+      if waiting is not None and now - reported >= CLAIM_REPORT_S:
+        reported = now
+        waiting()
+      time.sleep(CLAIM_POLL_S)
+    if held is None:
+      self.log.warning("compute_graph_cache_claim_wait_expired", root=str(self.root), claim=name, waited_s=wait_s)
+    with held or contextlib.nullcontext():
+      yield
 
   def load(self, key: str, externals: dict[str, Buffer]) -> LoadedGraph | CapturedJit | None:
     """The entry under `key` bound to this model's `externals`: a loaded launcher graph (CPU) or a CapturedJit."""

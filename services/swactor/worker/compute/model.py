@@ -13,6 +13,7 @@ chunk of padding room), weights never change.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import time
@@ -411,56 +412,103 @@ class StageModel:
     """Make every graph a step runs (decode rows, prefill chunks, batched decode rows, the head) ready before the first
     step: load it from the graph cache, or capture it (and store it there), and build the replay plans. The KV rows a
     run reads are left as they were. on_progress(done, total) counts graph calls: two per graph captured here (tinygrad
-    runs a graph once, then captures it on its second call), none for a shape the cache holds."""
+    runs a graph once, then captures it on its second call), none for a graph the cache holds.
+
+    Several workers of one host (stages of one pipeline, or a restarted process beside running ones) share the cache:
+    a shape another worker is capturing is left for last and then loaded from what it stored, so each graph is captured
+    once per host however many stages load at once (GraphCache.claim). A stage's layer graphs are every stage's of the
+    file: a last stage whose layers some other stage stored captures only its head."""
     t0 = time.perf_counter()
-    cache, cached, todo = self.graph_cache, 0, []
-    for shape in self.shapes:
-      graphs = self._graphs(shape)
-      keys = [cache.key(self.device, name, **facts) for name, _, _, facts in graphs] if cache else []
-      loaded = [cache.load(k, ext) for k, (_, jit, ext, _) in zip(keys, graphs, strict=True)] if cache else []
-      if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(shape, loaded):  # type: ignore[arg-type]
-        cached += len(graphs)
-        continue
-      if loaded and all(isinstance(g, CapturedJit) for g in loaded):  # other devices: TinyJit replays them
-        for (_, jit, _, _), c in zip(graphs, loaded, strict=True):
-          jit.captured, jit.cnt = c, 2
-        cached += len(graphs)
-        continue
-      todo += [(shape, key, *g) for key, g in zip(keys or [None] * len(graphs), graphs, strict=True)]
-    done, total = 0, 2 * len(todo)
+    cache = self.graph_cache
+    graphs = {shape: self._graphs(shape) for shape in self.shapes}
+    keys = {shape: [cache.key(self.device, name, **facts) for name, _, _, facts in gs] if cache else [None] * len(gs)
+            for shape, gs in graphs.items()}
+    done, total = 0, 2 * sum(cache is None or not cache.has(k) for ks in keys.values() for k in ks)  # type: ignore[arg-type]
+
+    def report() -> None:  # also while waiting on another worker's claim: the load is alive (and may be cancelled)
+      if on_progress is not None:
+        on_progress(done, total)
 
     def tick() -> None:
       nonlocal done
       done = min(done + 1, total)
-      if on_progress is not None:
-        on_progress(done, total)
+      report()
 
-    if on_progress is not None:
-      on_progress(0, total)
-    for shape in dict.fromkeys(g[0] for g in todo):
-      zeros = np.zeros((sum(shape), self.params.dim), np.float32)
-      # slot 0 past the context (the cache keeps one chunk more): no run reads there
-      segments = [(0, self.max_seq_len)] * len(shape)
-      for _ in range(4):  # a layer graph only one layer uses is captured on the second pass; a head plan needs the layer plan
-        if shape in self._plans and (self.head is None or shape in self._head_plans or self._plans[shape] is None) \
-            and all(g[3].captured is not None for g in todo if g[0] == shape):
-          break
-        y = self._rows(zeros, shape, segments, tick)
-        if self.head is not None:
-          self._head_logits(y, shape, sum(shape) - 1, tick)
+    report()
+    cached, later = 0, []
+    for shape in self.shapes:
+      if cache is None or all(cache.has(k) for k in keys[shape]):  # type: ignore[arg-type]
+        cached += self._prepare_shape(shape, graphs[shape], keys[shape], tick)
+        continue
+      claim = cache.try_claim(self._claim_name(shape, keys[shape]))
+      if claim is None:  # another worker is capturing it: take the others first
+        later.append(shape)
+        continue
+      with claim:
+        cached += self._prepare_shape(shape, graphs[shape], keys[shape], tick)
+    for shape in later:
+      assert cache is not None
+      with cache.claim(self._claim_name(shape, keys[shape]), waiting=report):  # it stored them (or gave up: capture)
+        cached += self._prepare_shape(shape, graphs[shape], keys[shape], tick)
     if on_progress is not None and done < total:
       on_progress(total, total)  # every graph is ready (a graph of one layer parity may need fewer calls)
-    if cache is not None:
-      for _, key, _, jit, ext, _ in todo:
-        if jit.captured is not None:
-          cache.store(key, jit.captured, ext)
-    report = CompileReport(sum(len(self._graphs(s)) for s in self.shapes), cached, time.perf_counter() - t0)
+    report = CompileReport(sum(len(gs) for gs in graphs.values()), cached, time.perf_counter() - t0)
     get_logger().info("compute_graphs_prepared", graphs=report.graphs, cached=report.cached, seconds=round(report.seconds, 3),
                       widths=list(self.widths), slots=self.slots, layer_start=self.layer_start, layer_end=self.layer_end)
     return report
 
+  def _claim_name(self, shape: Shape, keys: list[str | None]) -> str:
+    """What workers capturing `shape` claim: its layer graphs' keys (a last stage's head is its own)."""
+    return hashlib.sha256("\n".join(str(k) for k in keys[:self._n_layer_graphs(shape)]).encode()).hexdigest()[:40]
+
+  def _n_layer_graphs(self, shape: Shape) -> int:
+    return len(dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)))
+
+  def _prepare_shape(self, shape: Shape, graphs: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]],
+                     keys: list[str | None], tick: Callable[[], None]) -> int:
+    """Load `shape`'s graphs from the cache, capture (and store) what it lacks; returns how many were loaded."""
+    loaded = self._load_cached(shape, graphs, keys)
+    todo = list(zip(keys, graphs, strict=True))[loaded:]
+    if not todo:
+      return loaded
+    zeros = np.zeros((sum(shape), self.params.dim), np.float32)
+    # slot 0 past the context (the cache keeps one chunk more): no run reads there
+    segments = [(0, self.max_seq_len)] * len(shape)
+    for _ in range(4):  # a layer graph only one layer uses is captured on the second pass; a head plan needs the layer plan
+      if shape in self._plans and (self.head is None or shape in self._head_plans or self._plans[shape] is None) \
+          and all(g[1].captured is not None for _, g in todo):
+        break
+      y = self._rows(zeros, shape, segments, tick)
+      if self.head is not None:
+        self._head_logits(y, shape, sum(shape) - 1, tick)
+    if self.graph_cache is not None:
+      for key, (_, jit, ext, _) in todo:
+        if jit.captured is not None and key is not None:
+          self.graph_cache.store(key, jit.captured, ext)
+    return loaded
+
+  def _load_cached(self, shape: Shape, graphs: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]],
+                   keys: list[str | None]) -> int:
+    """Take what the cache holds of `shape`: every graph, the layer graphs without the head's, or nothing (a layer
+    graph missing: they are captured together). Returns how many graphs were taken (they lead `graphs`)."""
+    cache, n_layers = self.graph_cache, self._n_layer_graphs(shape)
+    if cache is None:
+      return 0
+    loaded = [cache.load(k, ext) for k, (_, _, ext, _) in zip(keys, graphs, strict=True)]  # type: ignore[arg-type]
+    while len(loaded) > n_layers and loaded[-1] is None:  # the head is captured alone
+      loaded.pop()
+    if any(g is None for g in loaded):
+      return 0
+    if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(shape, loaded):  # type: ignore[arg-type]
+      return len(loaded)
+    if loaded and all(isinstance(g, CapturedJit) for g in loaded):  # other devices: TinyJit replays them
+      for (_, jit, _, _), c in zip(graphs, loaded, strict=False):
+        jit.captured, jit.cnt = c, 2
+      return len(loaded)
+    return 0
+
   def _plan_loaded(self, shape: Shape, graphs: list[LoadedGraph]) -> bool:
-    """Plans of `shape` from graphs the cache held (in _graphs' order: the layer graphs, then the head's)."""
+    """Plans of `shape` from graphs the cache held (in _graphs' order: the layer graphs, then the head's if held)."""
     by_key = dict(zip(dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)), graphs, strict=False))
     layers = [by_key[(shape, L.kinds, i % 2)] for i, L in enumerate(self.layers)]
     if shape not in self._inputs:
@@ -470,7 +518,7 @@ class StageModel:
     if not all(plan_graph(g, [x, *(u.buffer for u in L.bufs)], p) for g, x, L in zip(layers, ins, self.layers, strict=True)):
       return False
     hp = None
-    if self.head is not None:
+    if self.head is not None and len(graphs) > len(by_key):  # without it, the head is captured over this plan
       hp = Plan(out=graphs[-1].ret, threads=self.threads)
       if not plan_graph(graphs[-1], [p.out.uop.base.buffer], hp):
         return False
