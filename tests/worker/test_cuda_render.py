@@ -5,6 +5,7 @@ lacks, a launch beyond the target's limits) fails here, before a GPU is lent. A 
 nothing more: a CUDA worker never stops mid-run to compile."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -38,6 +39,15 @@ def test_the_compute_process_names_the_wheels_nvrtc_for_cuda_only(monkeypatch: p
   monkeypatch.setenv("NVRTC_PATH", "/opt/cuda/lib64/libnvrtc.so")  # the operator's own is kept
   find_nvrtc("CUDA")
   assert os.environ["NVRTC_PATH"] == "/opt/cuda/lib64/libnvrtc.so"
+  monkeypatch.delenv("NVRTC_PATH")
+
+  def no_nvidia_package(name: str) -> None:  # a host without the cuda extra has no `nvidia` package at all
+    raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+  monkeypatch.setattr(importlib.util, "find_spec", no_nvidia_package)
+  assert nvrtc_wheel_library() is None
+  find_nvrtc("CUDA")
+  assert "NVRTC_PATH" not in os.environ
 
 
 @pytest.mark.timeout(300)

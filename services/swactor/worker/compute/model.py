@@ -425,16 +425,16 @@ class StageModel:
             for shape, gs in graphs.items()}
     done, total = 0, 2 * sum(cache is None or not cache.has(k) for ks in keys.values() for k in ks)  # type: ignore[arg-type]
 
-    def report() -> None:  # also while waiting on another worker's claim: the load is alive (and may be cancelled)
+    def say_progress() -> None:  # also while waiting on another worker's claim: the load is alive (may be cancelled)
       if on_progress is not None:
         on_progress(done, total)
 
     def tick() -> None:
       nonlocal done
       done = min(done + 1, total)
-      report()
+      say_progress()
 
-    report()
+    say_progress()
     cached, later = 0, []
     for shape in self.shapes:
       if cache is None or all(cache.has(k) for k in keys[shape]):  # type: ignore[arg-type]
@@ -448,7 +448,7 @@ class StageModel:
         cached += self._prepare_shape(shape, graphs[shape], keys[shape], tick)
     for shape in later:
       assert cache is not None
-      with cache.claim(self._claim_name(shape, keys[shape]), waiting=report):  # it stored them (or gave up: capture)
+      with cache.claim(self._claim_name(shape, keys[shape]), waiting=say_progress):  # it stored them (or gave up: capture)
         cached += self._prepare_shape(shape, graphs[shape], keys[shape], tick)
     if on_progress is not None and done < total:
       on_progress(total, total)  # every graph is ready (a graph of one layer parity may need fewer calls)

@@ -95,7 +95,10 @@ def limit_device_memory(device: str, limit: int) -> None:
 
 def nvrtc_wheel_library() -> Path | None:
     """libnvrtc from the PyPI wheel nvidia-cuda-nvrtc-cu12 (the `cuda` extra) when it is installed, else None."""
-    spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    try:
+        spec = importlib.util.find_spec("nvidia.cuda_nvrtc")
+    except ModuleNotFoundError:  # no nvidia.* wheel at all
+        return None
     for root in (spec.submodule_search_locations or []) if spec is not None else []:
         lib = Path(root) / "lib" / "libnvrtc.so.12"
         if lib.exists():
