@@ -17,19 +17,25 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFValueType
 
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED
 from swactor.worker.compute.model import BatchRow
 from swactor.worker.compute.quant import BLOCK
-from tests.fixtures.gguf_fixtures import Field, write_raw
+from tests.fixtures.gguf_fixtures import (
+  SMALL_DIM,
+  SMALL_LAYERS,
+  SMALL_MATRICES,
+  small_fields,
+  small_shapes,
+  write_raw,
+)
 
-DIM, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 320
-MATRICES = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
 # layer 0 and 1: every packed type, and F16 / Q2_K (expanded to float32 at load) beside them
 LAYER_TYPES = [[QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K],
                [QT.Q6_K, QT.Q2_K, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0]]
+TYPES = {"token_embd": QT.Q8_0, "output": QT.Q6_K,
+         **{f"blk.{i}.{m}": qt for i, types in enumerate(LAYER_TYPES) for m, qt in zip(SMALL_MATRICES, types, strict=True)}}
 
 
 def _zeros(qt: QT, rows: int, cols: int) -> np.ndarray:
@@ -40,26 +46,16 @@ def _zeros(qt: QT, rows: int, cols: int) -> np.ndarray:
 
 
 def small_model(path: Path, arch: str) -> Path:
-  shapes = {"attn_q": (DIM, DIM), "attn_k": (DIM // 2, DIM), "attn_v": (DIM // 2, DIM), "attn_output": (DIM, DIM),
-            "ffn_gate": (FFN, DIM), "ffn_up": (FFN, DIM), "ffn_down": (DIM, FFN)}
-  tensors: dict[str, tuple[np.ndarray, QT]] = {"token_embd.weight": (_zeros(QT.Q8_0, VOCAB, DIM), QT.Q8_0),
-                                                "output.weight": (_zeros(QT.Q6_K, VOCAB, DIM), QT.Q6_K),
-                                                "output_norm.weight": (np.ones(DIM, np.float32), QT.F32)}
-  for i, types in enumerate(LAYER_TYPES):
-    for name, qt in zip(MATRICES, types, strict=True):
-      tensors[f"blk.{i}.{name}.weight"] = (_zeros(qt, *shapes[name]), qt)
-    for norm in ("attn_norm", "ffn_norm"):
-      tensors[f"blk.{i}.{norm}.weight"] = (np.ones(DIM, np.float32), QT.F32)
-    if arch == "qwen2":
-      for name in ("attn_q", "attn_k", "attn_v"):
-        tensors[f"blk.{i}.{name}.bias"] = (np.zeros(shapes[name][0], np.float32), QT.F32)
-  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
-  fields = [Field(f"{arch}.block_count", len(LAYER_TYPES), u32), Field(f"{arch}.embedding_length", DIM, u32),
-            Field(f"{arch}.feed_forward_length", FFN, u32), Field(f"{arch}.attention.head_count", HEADS, u32),
-            Field(f"{arch}.attention.head_count_kv", KV_HEADS, u32), Field(f"{arch}.rope.freq_base", 10000.0, f32),
-            Field(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5, f32), Field(f"{arch}.context_length", 128, u32),
-            Field(f"{arch}.vocab_size", VOCAB, u32)]
-  write_raw(path, arch, fields, tensors)
+  """gguf_fixtures' small model in LAYER_TYPES, weights all zero; qwen2's with the Q/K/V biases."""
+  shapes = small_shapes()
+  tensors = {f"{n}.weight": (_zeros(TYPES[n], *s), TYPES[n]) for n, s in shapes.items()}
+  for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(SMALL_LAYERS) for k in ("attn_norm", "ffn_norm"))]:
+    tensors[f"{n}.weight"] = (np.ones(SMALL_DIM, np.float32), QT.F32)
+  if arch == "qwen2":
+    for i in range(SMALL_LAYERS):
+      for m in ("attn_q", "attn_k", "attn_v"):
+        tensors[f"blk.{i}.{m}.bias"] = (np.zeros(shapes[f"blk.{i}.{m}"][0], np.float32), QT.F32)
+  write_raw(path, arch, small_fields(arch), tensors)
   return path
 
 
@@ -95,7 +91,7 @@ def main(model: str, small_dir: str) -> None:
   stages = [stage_report("whole", Path(model), 0, None)]
   for arch in ("llama", "qwen2"):
     small = small_model(Path(small_dir) / f"{arch}.gguf", arch)
-    stages.append(stage_report(f"small {arch}", small, 0, len(LAYER_TYPES)))
+    stages.append(stage_report(f"small {arch}", small, 0, SMALL_LAYERS))
   programs = compiled_programs()
   print(json.dumps({
       "renderer": type(dev.renderer).__name__, "arch": dev.renderer.target.arch,

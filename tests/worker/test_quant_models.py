@@ -10,7 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as QT
-from gguf import GGUFValueType
 from reference import Reference
 from structlog.testing import capture_logs
 from test_model import generate
@@ -20,7 +19,17 @@ from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED, device_nbytes
 from swactor.worker.compute.quant import BLOCK
-from tests.fixtures.gguf_fixtures import BUILDER_VERSION, MIXES, Field, build, sha256, write_raw
+from tests.fixtures.gguf_fixtures import (
+    BUILDER_VERSION,
+    MIXES,
+    SMALL_DIM,
+    SMALL_LAYERS,
+    build,
+    sha256,
+    small_fields,
+    small_shapes,
+    write_raw,
+)
 
 FIXTURE = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_quant_greedy.json").read_text())
 REF_TIE, LLAMA_TIE = 0.02, 0.2  # compare up to the first step whose top-2 logit gap is below this
@@ -81,7 +90,6 @@ def test_packed_types_stay_packed(requantized: Requantized) -> None:
 
 # --- a small random llama in the types the device does not keep packed (next to packed Q5_1): the gguf package's
 # dequantizers at load, float32 on the device; random block bytes with finite float16 scales, no quantizer needed
-DIM, FFN, HEADS, KV_HEADS, VOCAB = 256, 512, 4, 2, 320
 F16_AT = {QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.IQ4_NL: [0], QT.IQ4_XS: [0], QT.TQ2_0: [64], QT.IQ2_XXS: [0], QT.Q5_1: [0, 2]}
 TYPES = {"token_embd": QT.IQ4_XS, "output": QT.Q3_K,
          "blk.0.attn_q": QT.Q2_K, "blk.0.attn_k": QT.IQ4_NL, "blk.0.attn_v": QT.F16, "blk.0.attn_output": QT.BF16,
@@ -104,19 +112,11 @@ def _random_tensor(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np
 def small_model(path: pathlib.Path) -> dict[str, tuple[int, int]]:
   """Writes the model; returns the matrices' shapes."""
   rng = np.random.default_rng(7)
-  shapes = {"token_embd": (VOCAB, DIM), "output": (VOCAB, DIM)}
-  for i in range(2):
-    shapes |= {f"blk.{i}.{n}": s for n, s in [("attn_q", (DIM, DIM)), ("attn_k", (DIM // 2, DIM)), ("attn_v", (DIM // 2, DIM)),
-               ("attn_output", (DIM, DIM)), ("ffn_gate", (FFN, DIM)), ("ffn_up", (FFN, DIM)), ("ffn_down", (DIM, FFN))]}
+  shapes = small_shapes()
   tensors = {f"{n}.weight": (_random_tensor(TYPES[n], *s, rng), TYPES[n]) for n, s in shapes.items()}
-  for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(2) for k in ("attn_norm", "ffn_norm"))]:
-    tensors[f"{n}.weight"] = ((1 + 0.1 * rng.normal(size=DIM)).astype(np.float32), QT.F32)
-  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
-  fields = [Field("llama.block_count", 2, u32), Field("llama.embedding_length", DIM, u32), Field("llama.feed_forward_length", FFN, u32),
-            Field("llama.attention.head_count", HEADS, u32), Field("llama.attention.head_count_kv", KV_HEADS, u32),
-            Field("llama.rope.freq_base", 10000.0, f32), Field("llama.attention.layer_norm_rms_epsilon", 1e-5, f32),
-            Field("llama.context_length", 128, u32), Field("llama.vocab_size", VOCAB, u32)]
-  write_raw(path, "llama", fields, tensors)
+  for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(SMALL_LAYERS) for k in ("attn_norm", "ffn_norm"))]:
+    tensors[f"{n}.weight"] = ((1 + 0.1 * rng.normal(size=SMALL_DIM)).astype(np.float32), QT.F32)
+  write_raw(path, "llama", small_fields("llama"), tensors)
   return shapes
 
 
@@ -128,7 +128,7 @@ def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) 
   expanded = {n: s for n, s in shapes.items() if n != "token_embd" and TYPES[n] not in PACKED}  # the embedding stays on the host
   assert set(ev["types"]) == {TYPES[n].name for n in expanded} and ev["tensors"] == len(expanded)
   assert ev["float32_bytes"] == sum(4 * r * c for r, c in expanded.values())
-  assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * DIM
+  assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * SMALL_DIM
   with open(path, "rb") as f:  # the planner's estimate from the header alone (modelfile.memory) agrees
     est = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0]).stage(0, 2, 32, rows=1)
   assert (est.weights - m.embd.nbytes, est.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes)

@@ -202,28 +202,28 @@ class GraphCache:
       h.update(f"{k}={facts[k]!r}\n".encode())
     return h.hexdigest()[:40]
 
+  def _entry(self, key: str) -> Path:
+    return self.root / (key + SUFFIX)
+
   def has(self, key: str) -> bool:
-    return (self.root / (key + SUFFIX)).exists()
+    return self._entry(key).exists()
 
   def try_claim(self, name: str) -> contextlib.AbstractContextManager[None] | None:
     """The claim on `name` if no other worker holds it (a context manager that releases it), else None. A cache that
     cannot hold claims (its directory cannot be made) claims nothing and says yes: the worker just captures."""
+    fd = -1
     try:
       self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
       fd = os.open(self.root / (name + CLAIM_SUFFIX), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-      self.log.warning("compute_graph_cache_claim_failed", root=str(self.root), detail=str(e))
-      return contextlib.nullcontext()
-    try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-      os.close(fd)
-      return None
+      return _held(fd)
     except OSError as e:
-      os.close(fd)
+      if fd >= 0:
+        os.close(fd)
+      if isinstance(e, BlockingIOError):  # held by another worker
+        return None
       self.log.warning("compute_graph_cache_claim_failed", root=str(self.root), detail=str(e))
       return contextlib.nullcontext()
-    return _held(fd)
 
   @contextlib.contextmanager
   def claim(self, name: str, wait_s: float = CLAIM_WAIT_S, waiting: Callable[[], None] | None = None) -> Iterator[None]:
@@ -243,7 +243,7 @@ class GraphCache:
 
   def load(self, key: str, externals: dict[str, Buffer]) -> LoadedGraph | CapturedJit | None:
     """The entry under `key` bound to this model's `externals`: a loaded launcher graph (CPU) or a CapturedJit."""
-    path = self.root / (key + SUFFIX)
+    path = self._entry(key)
     try:
       data = path.read_bytes()
     except FileNotFoundError:
@@ -286,7 +286,7 @@ class GraphCache:
       self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
       tmp = self.root / f".{key}.{os.getpid()}.{threading.get_ident()}.tmp"
       tmp.write_bytes(data)
-      os.replace(tmp, self.root / (key + SUFFIX))
+      os.replace(tmp, self._entry(key))
       self._prune()
     except Exception as e:
       self.log.warning("compute_graph_cache_write_failed", root=str(self.root), detail=f"{type(e).__name__}: {e}")

@@ -494,10 +494,13 @@ class StageModel:
     cache, n_layers = self.graph_cache, self._n_layer_graphs(shape)
     if cache is None:
       return 0
-    loaded = [cache.load(k, ext) for k, (_, _, ext, _) in zip(keys, graphs, strict=True)]  # type: ignore[arg-type]
-    while len(loaded) > n_layers and loaded[-1] is None:  # the head is captured alone
-      loaded.pop()
-    if any(g is None for g in loaded):
+    loaded: list[LoadedGraph | CapturedJit] = []
+    for k, (_, _, ext, _) in zip(keys, graphs, strict=True):  # the layer graphs, then the head's
+      g = cache.load(k, ext)  # type: ignore[arg-type]
+      if g is None:
+        break
+      loaded.append(g)
+    if len(loaded) < n_layers:  # without the head's only, the head is captured alone
       return 0
     if loaded and all(isinstance(g, LoadedGraph) for g in loaded) and self._plan_loaded(shape, loaded):  # type: ignore[arg-type]
       return len(loaded)
