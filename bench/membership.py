@@ -7,8 +7,11 @@ Per run: all N processes are spawned at once; "convergence" is the time from spa
 moment the last node served gRPC) until every host lists all N alive. Then one non-seed host is
 SIGKILLed; "detection" is the time until every other host lists it dead (first: until one does).
 The idle run keeps N = max(sizes) hosts up for --idle-s seconds and counts suspect/dead events
-(false positives). Targets (issue): convergence <= 3 s and detection <= 5 s at N = 8, zero false
-positives. Figures go to stdout and bench/out/membership.json.
+(false positives), at the WAN conditions --idle-delay-ms (one way) and --idle-loss-pct give every packet between
+hosts (localcluster/linkshaping.py), and prints the RTTs the members measured (membership/rtt.py). Targets (issue):
+convergence <= 3 s and detection <= 5 s at N = 8, zero false positives; issue 22: zero false suspicions at 150 ms RTT
+and 2 % loss over 10 minutes (`--sizes 5 --runs 1 --idle-s 600 --idle-delay-ms 75 --idle-loss-pct 2`). Figures go to
+stdout and bench/out/membership.json.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from swactor.localcluster.linkconditions import LinkConditions  # noqa: E402
+from swactor.localcluster.linkshaping import LinkShaping, ShapedHost  # noqa: E402
 from swactor.membership.config import MembershipConfig  # noqa: E402
 from swactor.v1 import membership_pb2 as pb  # noqa: E402
 from tests.harness import NetnsCluster, netns_unavailable_reason  # noqa: E402
@@ -85,10 +90,14 @@ def one_run(n: int, workdir: Path) -> dict[str, float]:
             cluster.stop_all()
 
 
-def idle_run(n: int, seconds: float, workdir: Path) -> dict[str, float]:
+def idle_run(n: int, seconds: float, workdir: Path, links: LinkConditions) -> dict[str, object]:
     with NetnsCluster(n, prefix="bench") as net:
         cluster = MembershipCluster(net, workdir)
+        shaping = LinkShaping(links, [ShapedHost(f"h{h.index}", h.ns, workdir / f"link-h{h.index}") for h in net.hosts])
         try:
+            for h in net.hosts:
+                (workdir / f"link-h{h.index}").mkdir()
+            shaping.apply(timeout_s=30)  # before the first packet: the pool forms at these conditions
             nodes = [cluster.ready(s, timeout=60) for s in [cluster.start(i) for i in range(n)]]
             wait_until(lambda: _all_alive(nodes), 60, f"{n} hosts to converge", interval=POLL_S)
             watches = [cluster.watch(node) for node in nodes]
@@ -97,10 +106,14 @@ def idle_run(n: int, seconds: float, workdir: Path) -> dict[str, float]:
             false_events = sum(1 for w in watches for e in w.events if e.kind in bad)
             suspicions = sum(node.get_self().counters.suspicions for node in nodes)
             still = _all_alive(nodes)
-            return {"hosts": n, "seconds": seconds, "false_suspect_or_dead_events": false_events,
-                    "suspicions_raised": suspicions, "all_alive_at_end": still}
+            rtts = [r.rtt_us / 1000 for r in nodes[0].stub.GetRtts(pb.GetRttsRequest(), timeout=2).rtts]
+            return {"hosts": n, "seconds": seconds, "links": links.as_dict(), "false_suspect_or_dead_events": false_events,
+                    "suspicions_raised": suspicions, "all_alive_at_end": still, "rtt_pairs": len(rtts),
+                    "rtt_ms_median": statistics.median(rtts) if rtts else None,
+                    "rtt_ms_max": max(rtts) if rtts else None}
         finally:
             cluster.stop_all()
+            shaping.remove()
 
 
 def main() -> None:
@@ -108,6 +121,8 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[3, 5, 8])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--idle-s", type=float, default=30.0)
+    p.add_argument("--idle-delay-ms", type=float, default=0.0, help="one-way delay between hosts in the idle run")
+    p.add_argument("--idle-loss-pct", type=float, default=0.0, help="packets lost between hosts in the idle run")
     args = p.parse_args()
     reason = netns_unavailable_reason()
     if reason:
@@ -131,11 +146,13 @@ def main() -> None:
         if args.idle_s > 0:
             d = Path(tmp) / "idle"
             d.mkdir()
-            idle = idle_run(max(args.sizes), args.idle_s, d)
+            links = LinkConditions(delay_ms=args.idle_delay_ms, loss_pct=args.idle_loss_pct)
+            idle = idle_run(max(args.sizes), args.idle_s, d, links)
             results["idle"] = idle
-            print(f"idle N={idle['hosts']} for {idle['seconds']:.0f} s: {idle['false_suspect_or_dead_events']} "
-                  f"false suspect/dead events, {idle['suspicions_raised']} suspicions, "
-                  f"all alive at end: {idle['all_alive_at_end']}")
+            print(f"idle N={idle['hosts']} for {idle['seconds']:.0f} s, links: {links.describe()}: "
+                  f"{idle['false_suspect_or_dead_events']} false suspect/dead events, {idle['suspicions_raised']} "
+                  f"suspicions, all alive at end: {idle['all_alive_at_end']}; RTT measured by the members over "
+                  f"{idle['rtt_pairs']} pairs: median {idle['rtt_ms_median']} ms, max {idle['rtt_ms_max']} ms")
     n8 = results["sizes"].get("8", {}).get("median") if isinstance(results["sizes"], dict) else None  # type: ignore[union-attr]
     if n8:
         print(f"targets at N=8: convergence {n8['converge_from_last_ready_s']:.2f} s / 3 s "

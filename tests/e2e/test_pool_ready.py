@@ -56,9 +56,11 @@ def test_nodes_advertise_memory_and_dry_run_places_by_it(cluster: LocalCluster) 
     fits = cli(cluster, "submit", "--prompt", "Hello", "--stages", "2", "--dry-run")
     assert fits.returncode == 0, fits.stderr
     lines = fits.stdout.splitlines()
-    # the two nodes with the most memory, an even split (equal memory), each stage's bytes within its node's share
-    assert lines[1].startswith(f"  stage 0: node {min(h0, h1)} blocks 0..15 needs ") and "DOES NOT FIT" not in fits.stdout
-    assert lines[2].startswith(f"  stage 1: node {max(h0, h1)} blocks 15..30 needs ")
+    # the two nodes with the most memory, an even split (equal memory), each stage's bytes within its node's share;
+    # stage 0 on the orchestrator's own node (h0): a token's first hop stays on its host
+    assert lines[1].startswith(f"  stage 0: node {h0} blocks 0..15 needs ") and "DOES NOT FIT" not in fits.stdout
+    assert lines[2].startswith(f"  stage 1: node {h1} blocks 15..30 needs ")
+    assert lines[3].startswith(f"  ring (RTT): orchestrator (node {h0}) -[same host]-> stage 0 -[")
     assert lines[-1] == "SubmitRun would accept it; the run starts now"
 
     short = cli(cluster, "submit", "--prompt", "Hello", "--stages", "3", "--dry-run")

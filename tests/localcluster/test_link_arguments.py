@@ -31,6 +31,10 @@ LOCALCLUSTER_CASES: list[tuple[list[str], str]] = [
     (["--link-loss-pct", "nan"], "argument --link-loss-pct: must be a finite number"),
     (["--link-rate-mbit", "0"], "argument --link-rate-mbit: must be in (0, 100000], got 0"),
     (["--link-delay-ms", "40", "--loopback"], "the --link-* conditions need network namespaces: not with --loopback"),
+    (["--far-host", "2"], "argument --far-host: expected HOST=RTT_MS (e.g. 2=40), got '2'"),
+    (["--far-host", "2=0"], "argument --far-host: must be in 1..10000, got 0"),
+    (["--far-host", "3=40"], "argument --far-host: host 3 is not one of the 3 host(s) 0..2"),
+    (["--far-host", "1=40", "--loopback"], "--far-host needs network namespaces: not with --loopback"),
 ]
 
 
@@ -90,3 +94,17 @@ def test_the_flags_reach_the_cluster_spec_from_both_programs(monkeypatch: pytest
     assert demo.run_demo(args, demo.preflight(args)) == EXIT_FAILED
     assert [s.links for s in Refused.specs] == [want, want]
     assert [s.netns for s in Refused.specs] == [None, None]  # namespaces whenever they are available
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
+@pytest.mark.usefixtures("process_logging")
+def test_far_hosts_reach_the_cluster_spec_as_their_own_link_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+    import swactor.localcluster.__main__ as localcluster_main
+
+    monkeypatch.setattr(localcluster_main, "LocalCluster", Refused)
+    Refused.specs = []
+    argv = ["--hosts", "4", "--link-delay-ms", "5", "--far-host", "3=60", "--far-host", "1=30"]
+    assert localcluster_main.main(argv) == EXIT_USAGE
+    [spec] = Refused.specs
+    assert spec.links == LinkConditions(delay_ms=5)
+    assert spec.host_links == {3: LinkConditions(delay_ms=60), 1: LinkConditions(delay_ms=30)} and spec.shaped

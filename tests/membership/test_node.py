@@ -1,16 +1,25 @@
 """MembershipNode with an in-memory engine (a unit-test fake): watch fan-out, local state,
-join retries while alone, graceful stop."""
+join retries while alone, graceful stop, RTT probes."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
 import pytest
 
 from swactor.membership.node import MembershipNode, NodeTimings
-from swactor.membership.swim import JoinFailed, Liveness, SwimCounters, SwimEvent, SwimEventKind, SwimMember
+from swactor.membership.rtt import PING, ROW, RttTable
+from swactor.membership.swim import (
+    JoinFailed,
+    Liveness,
+    MessageFailed,
+    SwimCounters,
+    SwimEvent,
+    SwimEventKind,
+    SwimMember,
+)
 from swactor.membership.view import ViewEventKind
 from swactor.v1 import membership_pb2 as pb
 
@@ -26,6 +35,15 @@ class FakeEngine:
         self.join_failures = join_failures
         self.joins = 0
         self.calls: list[str] = []
+        self.sent: list[tuple[str, bytes]] = []  # user messages: (member name, data); "*" for a broadcast
+
+    async def send(self, name: str, data: bytes) -> None:
+        if name not in self.live:
+            raise MessageFailed(f"{name} is not a live member")
+        self.sent.append((name, data))
+
+    async def broadcast(self, data: bytes) -> None:
+        self.sent.append(("*", data))
 
     async def start(self) -> None:
         self.calls.append("start")
@@ -167,5 +185,40 @@ def test_an_engine_stream_that_ends_on_its_own_marks_the_node_failed() -> None:
         await asyncio.wait_for(node.failed.wait(), timeout=2)
         assert "membership-pump" in node.failure
         await node.stop(graceful=True)
+
+    asyncio.run(body())
+
+
+def test_rtt_pings_are_echoed_sampled_broadcast_and_peer_rows_learned() -> None:
+    async def until(what: Callable[[], object]) -> None:
+        for _ in range(200):
+            if what():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("timed out")
+
+    async def body() -> None:
+        engine = FakeEngine()
+        md = pb.NodeMetadata(node_id=1, software_version="t", state=pb.NODE_STATE_BOOTING)
+        node = MembershipNode(engine, md, [], NodeTimings(0.01, 60.0, 1.0, rtt_interval_s=0.02))
+        await node.start()
+        engine.emit(SwimEventKind.JOINED, PEER)
+        await until(lambda: any(n == "2" and d.startswith(PING) for n, d in engine.sent))  # the loop pings the peer
+        ours = next(d for n, d in engine.sent if n == "2" and d.startswith(PING))
+        theirs = RttTable.ping(12345)
+        engine.queue.put_nowait(SwimEvent(SwimEventKind.MESSAGE, PEER, theirs))
+        await until(lambda: ("2", RttTable.pong_for(theirs)) in engine.sent)  # a peer's ping is echoed at once
+        engine.queue.put_nowait(SwimEvent(SwimEventKind.MESSAGE, PEER, RttTable.pong_for(ours)))
+        await until(lambda: [(r.from_node, r.to_node) for r in node.rtts()] == [(1, 2)])
+        await until(lambda: any(n == "*" and d.startswith(ROW) for n, d in engine.sent))  # its row goes to everyone
+        peer = RttTable(2, stale_s=10)
+        peer.on_pong(3, RttTable.pong_for(RttTable.ping(0)), 7_000_000, 0.0)
+        engine.queue.put_nowait(SwimEvent(SwimEventKind.MESSAGE, PEER, peer.rows(0.0)[0]))
+        engine.queue.put_nowait(SwimEvent(SwimEventKind.MESSAGE, PEER, b"not ours"))  # dropped, nothing breaks
+        await until(lambda: any((r.from_node, r.to_node, r.rtt_us) == (2, 3, 7000) for r in node.rtts()))
+        engine.emit(SwimEventKind.DEAD, PEER)
+        await until(lambda: [(r.from_node, r.to_node) for r in node.rtts()] == [])  # a dead member's row goes
+        assert not node.failed.is_set()
+        await node.stop(graceful=False)
 
     asyncio.run(body())

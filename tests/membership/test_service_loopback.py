@@ -243,3 +243,18 @@ def test_client_sets_available_and_the_peer_sees_it(pair: tuple[Proc, Proc]) -> 
                    for m in members)
 
     wait_until(b_sees_available, 10, "the peer to see AVAILABLE")
+
+
+def test_each_node_measures_its_peers_rtt_and_learns_theirs(pair: tuple[Proc, Proc]) -> None:
+    a = pair[0]
+    ids = {p.get_self().self.metadata.node_id for p in pair}
+
+    def both_ways() -> dict[tuple[int, int], pb.MemberRtt]:
+        got = {(r.from_node_id, r.to_node_id): r for r in a.stub.GetRtts(pb.GetRttsRequest(), timeout=2).rtts}
+        return got if len(got) == 2 else {}
+
+    rtts = wait_until(both_ways, 20, "a to measure b and to learn b's row")
+    assert set(rtts) == {(x, y) for x in ids for y in ids if x != y}
+    assert all(0 < r.rtt_us < 200_000 for r in rtts.values()), rtts  # loopback: well under a WAN's
+    own = a.get_self().self.metadata.node_id
+    assert a.stub.GetRtts(pb.GetRttsRequest(), timeout=2).rtts[0].from_node_id == own  # its own first

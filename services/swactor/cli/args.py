@@ -196,6 +196,16 @@ def add_link_conditions(p: argparse.ArgumentParser) -> None:
                    help="what one host gets from one other host at most, Mbit/s > 0 (default: no cap)")
 
 
+def far_host(value: str) -> tuple[int, int]:
+    """`--far-host H=RTT_MS`: host index H and the round trip, in ms, between it and every other host."""
+    from swactor.localcluster.linkconditions import MAX_DELAY_MS
+
+    host, sep, ms = text(value).partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected HOST=RTT_MS (e.g. 2=40), got {value!r}")
+    return integer(0, 1_000)(host), integer(1, MAX_DELAY_MS)(ms)
+
+
 def link_conditions(args: argparse.Namespace) -> LinkConditions:
     """The conditions `add_link_conditions`' flags gave; CliError naming --link-jitter-ms when it exceeds the delay
     (the one range argparse cannot check alone)."""

@@ -371,6 +371,7 @@ def dispatch(args: argparse.Namespace) -> int:
                     for node in resp.nodes:
                         print(render.node_line(node))
                     print(f"pool {'ready' if resp.pool_ready else 'not ready'}: {resp.pool_detail}")
+                    print("\n".join(render.rtt_lines(resp)))
             case "models":
                 resp = stub.ListModels(opb.ListModelsRequest(), timeout=max(t, 10.0))
                 if args.json:

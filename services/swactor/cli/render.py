@@ -110,9 +110,40 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
                      f"{need} of {offer}; {run_slots(p, s)}{'' if s.fits else '  DOES NOT FIT'}")
     if p.placement_detail:
         lines.append(f"  no placement: {p.placement_detail}")
+    elif p.hop_rtt_ms:
+        lines.append(ring_line(p))
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
     lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it"
                  + (f"; the run {p.admission}" if p.admission else ""))
+    return lines
+
+
+def _rtt(ms: float) -> str:
+    return "not measured" if ms < 0 else "same host" if ms == 0 else f"{ms:.1f} ms"
+
+
+def ring_line(p: opb.PlanResponse) -> str:
+    """A token's ring over the placement, each hop with its measured round trip, and what the hops add per token."""
+    stops = [f"orchestrator (node {p.orchestrator_node_id})", *(f"stage {s.stage_index}" for s in p.placement),
+             "orchestrator"]
+    hops = " ".join(f"-[{_rtt(ms)}]-> {stop}" for ms, stop in zip(p.hop_rtt_ms, stops[1:], strict=True))
+    per_token = (f"; the hops add {p.network_ms_per_token:.1f} ms to each token (one way each)"
+                 if p.HasField("network_ms_per_token") else "; not every hop measured yet")
+    return f"  ring (RTT): {stops[0]} {hops}{per_token}"
+
+
+def rtt_lines(resp: opb.ListNodesResponse) -> list[str]:
+    """Under `swactor nodes`: the RTT matrix the members measured (ms; row: the measuring node)."""
+    if not resp.rtts:
+        return ["RTT between nodes: none measured yet"]
+    ids = sorted({n.node_id for n in resp.nodes} | {r.from_node_id for r in resp.rtts} | {r.to_node_id for r in resp.rtts})
+    got = {(r.from_node_id, r.to_node_id): r.rtt_ms for r in resp.rtts}
+    width = max(9, *(len(str(i)) for i in ids)) + 1
+    lines = [f"RTT ms (row pinged column; * the orchestrator's node {resp.orchestrator_node_id}):",
+             " " * width + "".join(f"{i:>{width}}" for i in ids)]
+    for a in ids:
+        cells = "".join(f"{'-' if a == b else f'{got[a, b]:.2f}' if (a, b) in got else '?':>{width}}" for b in ids)
+        lines.append(f"{('*' if a == resp.orchestrator_node_id else '') + str(a):>{width}}{cells}")
     return lines
 
 

@@ -15,6 +15,7 @@ from swactor.cli.args import (
     CliError,
     Parser,
     add_link_conditions,
+    far_host,
     integer,
     link_conditions,
     local_path,
@@ -24,6 +25,7 @@ from swactor.cli.args import (
 from swactor.common.events import configure_logging
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.layout import MAX_HOSTS
+from swactor.localcluster.linkconditions import LinkConditions
 from swactor.localcluster.signals import Terminated, terminate_on_signals
 from swactor.modelfile.memory import MAX_RUN_SLOTS
 
@@ -44,17 +46,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", type=local_path, metavar="DIR", help="cluster directory (default: a temp dir removed at exit)")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
     add_link_conditions(p)
+    p.add_argument("--far-host", type=far_host, action="append", default=[], metavar="H=RTT_MS",
+                   help="host H (0..hosts-1) is RTT_MS of round trip from every other host, which keep the --link-* "
+                        "conditions (its arrivals are held that long; repeatable): try placement beside a far host")
     args = p.parse_args(argv)
     try:
         links = link_conditions(args)
     except CliError as e:
         p.error(str(e))
-    if links.shaped and args.loopback:
-        p.error("the --link-* conditions need network namespaces: not with --loopback")
+    if args.loopback and (links.shaped or args.far_host):
+        p.error(f"{'the --link-* conditions need' if links.shaped else '--far-host needs'} network namespaces: "
+                "not with --loopback")
+    if (bad := [h for h, _ in args.far_host if h >= args.hosts]):
+        p.error(f"argument --far-host: host {bad[0]} is not one of the {args.hosts} host(s) 0..{args.hosts - 1}")
+    host_links = {h: LinkConditions(delay_ms=float(ms)) for h, ms in args.far_host}
     spec = ClusterSpec(hosts=args.hosts, model=Path(args.model), device=args.device,
                        base_dir=Path(args.dir) if args.dir else None, keep=args.keep,
                        netns=False if args.loopback else None, compute_threads=args.compute_threads,
-                       readiness_timeout_s=args.readiness_timeout, links=links, slots=args.slots)
+                       readiness_timeout_s=args.readiness_timeout, links=links, host_links=host_links,
+                       slots=args.slots)
     configure_logging("swactor-localcluster")
     try:
         cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -81,6 +81,8 @@ class ClusterSpec:
     netns: bool | None = None  # None: namespaces when root and `ip` exists, else loopback addresses
     # delay, jitter, loss and rate on every packet a host sends to another host (linkshaping.py; namespaces only)
     links: LinkConditions = field(default_factory=LinkConditions)
+    # by host index: what packets arriving at that host get instead of `links` (a delay here alone makes a far host)
+    host_links: dict[int, LinkConditions] = field(default_factory=dict)
     base_dir: Path | None = None  # default: a fresh temp dir, removed at teardown
     keep: bool = False  # keep the dir (logs) after teardown
     ceiling_bytes: int = 1 << 30
@@ -91,6 +93,10 @@ class ClusterSpec:
     tables: dict[str, dict[str, object]] = field(default_factory=dict)
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 15.0
+
+    @property
+    def shaped(self) -> bool:
+        return self.links.shaped or any(c.shaped for c in self.host_links.values())
 
 
 def _port_free(addr: str, port: int) -> bool:
@@ -140,7 +146,9 @@ class LocalCluster:
         if not spec.model.is_file():
             raise ClusterError(f"model {spec.model} does not exist (run `bash install.sh model` or `make model`)")
         check_model(spec.model)
-        if spec.links.shaped:
+        if bad := [h for h in spec.host_links if not 0 <= h < spec.hosts]:
+            raise ValueError(f"host_links names host {bad[0]}, not one of the {spec.hosts} host(s)")
+        if spec.shaped:
             if spec.netns is False:
                 raise ValueError("link conditions need network namespaces, not loopback addresses")
             why = Netns.available() or shaping_unavailable()
@@ -227,7 +235,7 @@ class LocalCluster:
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
                       f" ({'network namespaces' if self.netns else 'loopback addresses'}),"
                       f" {self.compute_threads} compute thread(s) per worker, dir {self.root}")
-        if spec.links.shaped and self.netns is not None:
+        if spec.shaped and self.netns is not None:
             self._shape_links()
         for h in self.hosts:
             self._init_identity(h)
@@ -254,9 +262,12 @@ class LocalCluster:
 
     def _shape_links(self) -> None:
         assert self.netns is not None
-        hosts = [ShapedHost(h.name, self.netns.host(h.index), h.log_dir) for h in self.hosts]
+        hosts = [ShapedHost(h.name, self.netns.host(h.index), h.log_dir, self.spec.host_links.get(h.index))
+                 for h in self.hosts]
         self.links = LinkShaping(self.spec.links, hosts, self._lifeline)
         self.progress(f"link conditions: {self.spec.links.describe()}")
+        for index, c in sorted(self.spec.host_links.items()):
+            self.progress(f"link conditions on every packet into h{index} instead: {c.summary()}")
         try:
             self.links.apply(self.spec.start_timeout_s)
         except LinkShapingError as e:

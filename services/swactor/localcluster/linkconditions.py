@@ -62,12 +62,16 @@ class LinkConditions:
     def describe(self) -> str:
         if not self.shaped:
             return "none (hosts reach each other at this machine's own speed)"
+        return self.summary() + ", on every packet a host sends to another host (each one-way path alike)"
+
+    def summary(self) -> str:
+        """The values alone ("one-way delay 40 ms, loss 1 %"), for a scope the caller names."""
         parts = [f"one-way delay {self.delay_ms:g} ms" + (f" ± {self.jitter_ms:g} ms" if self.jitter_ms else "")]
         if self.loss_pct:
             parts.append(f"loss {self.loss_pct:g} %")
         if self.rate_mbit is not None:
             parts.append(f"rate {self.rate_mbit:g} Mbit/s")
-        return ", ".join(parts) + ", on every packet a host sends to another host (each one-way path alike)"
+        return ", ".join(parts)
 
     def as_dict(self) -> dict[str, float | None]:
         return {"delay_ms": self.delay_ms, "jitter_ms": self.jitter_ms, "loss_pct": self.loss_pct,

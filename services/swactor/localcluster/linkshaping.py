@@ -72,6 +72,9 @@ class ShapedHost:
     name: str  # "h1": how messages and logs name it
     ns: str  # its network namespace
     log_dir: Path  # where its delayer's log goes
+    # What packets arriving at this host get, instead of LinkShaping.conditions (None: those). A host whose arrivals
+    # alone are delayed by D is D ms of round trip from every other host, which stay near each other: a far host.
+    conditions: LinkConditions | None = None
 
 
 @dataclass
@@ -158,38 +161,41 @@ class LinkShaping:
     stop_timeout_s: float = 5.0
     _applied: list[_Applied] = field(default_factory=list)
 
+    def of(self, host: ShapedHost) -> LinkConditions:
+        return host.conditions if host.conditions is not None else self.conditions
+
     def apply(self, timeout_s: float = 30.0) -> None:
         """Start the delayers (when delay, jitter or a rate need them), wait until each has bound its queue, then add
         every host's chain. On failure, what was set up stays for `remove`."""
-        if not self.conditions.shaped:
+        shaped = [h for h in self.hosts if self.of(h).shaped]
+        if not shaped:
             return
         why = unavailable()
         if why is not None:
             raise LinkShapingError(why)
-        self._applied = [_Applied(h) for h in self.hosts]
-        if self.conditions.needs_delayer:
-            for a in self._applied:
-                a.delayer = Service(f"{a.host.name}/link-delay", delayer_argv(self.conditions),
+        self._applied = [_Applied(h) for h in shaped]
+        for a in self._applied:
+            conditions = self.of(a.host)
+            if conditions.needs_delayer:
+                a.delayer = Service(f"{a.host.name}/link-delay", delayer_argv(conditions),
                                     a.host.log_dir / "link-delay.log")
                 a.log_offset = _log_size(a.delayer.log)
                 a.delayer.start(["ip", "netns", "exec", a.host.ns])
                 if self.lifeline is not None:
                     self.lifeline.own_group(a.delayer.pid)  # its own session: the group id is its pid
-            for a in self._applied:
-                svc = a.delayer
-                assert svc is not None
+        for a in self._applied:
+            if (svc := a.delayer) is not None:
                 try:
                     ready.wait_for(svc.name, lambda a=a, svc=svc: _delayer_ready(svc, a.log_offset), timeout_s,
                                    check=self._check_alive)
                 except TimeoutError as e:
                     raise LinkShapingError(str(e)) from None
-        script = rules_script(self.conditions)
         for a in self._applied:
             a.created_table = _filter_rules(a.host.ns) is None
-            _in_ns(a.host.ns, ["iptables-restore", "--noflush"], stdin=script)
+            _in_ns(a.host.ns, ["iptables-restore", "--noflush"], stdin=rules_script(self.of(a.host)))
             a.rules = True
-        log.info("link_shaping_applied", hosts=[h.name for h in self.hosts], queue=QUEUE_NUM,
-                 delayers=self.delayer_pids, **self.conditions.as_dict())
+            log.info("link_shaping_applied", host=a.host.name, queue=QUEUE_NUM,
+                     delayer=a.delayer.pid if a.delayer is not None else None, **self.of(a.host).as_dict())
 
     @property
     def delayer_pids(self) -> list[int]:

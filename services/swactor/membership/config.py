@@ -43,6 +43,8 @@ class MembershipConfig:
     gossip_nodes: int = 3
     retransmit_mult: int = 4
     push_pull_interval_s: float = 30.0
+    # Round-trip times to every peer (rtt.py) are sampled and broadcast this often; 0 turns them off.
+    rtt_interval_s: float = 2.0
     # While this node knows no live peer, it retries the seeds this often.
     join_retry_interval_s: float = 2.0
     # Dead and left members stay listed (include_departed) this long.

@@ -18,6 +18,7 @@ from swactor.common.events import get_logger
 from swactor.membership.swim import (
     JoinFailed,
     Liveness,
+    MessageFailed,
     SwimCounters,
     SwimEvent,
     SwimEventKind,
@@ -74,6 +75,9 @@ async def _translate(stream: kinship.EventStream) -> AsyncIterator[SwimEvent]:
         if isinstance(ev, kinship.EventsLost):
             yield SwimEvent(SwimEventKind.RESYNC)
             continue
+        if isinstance(ev, kinship.UserMessage):
+            yield SwimEvent(SwimEventKind.MESSAGE, _member(ev.sender), bytes(ev.data))
+            continue
         kind = _KINDS.get(type(ev))
         member = getattr(ev, "member", None)
         if kind is not None and member is not None:
@@ -114,6 +118,18 @@ class KinshipBackend:
 
     async def set_meta(self, meta: Mapping[str, str]) -> None:
         await self._cluster.set_meta(dict(meta))
+
+    async def send(self, name: str, data: bytes) -> None:
+        try:
+            await self._cluster.send(name, data)
+        except kinship.KinshipError as e:  # NotAMember, MessageTooLarge, KinshipClosed
+            raise MessageFailed(f"message to {name}: {e!r}") from None
+
+    async def broadcast(self, data: bytes) -> None:
+        try:
+            await self._cluster.broadcast(data)
+        except kinship.KinshipError as e:
+            raise MessageFailed(f"broadcast: {e!r}") from None
 
     def counters(self) -> SwimCounters:
         st = self._cluster.stats()  # kinship names each of its counters as SwimCounters does

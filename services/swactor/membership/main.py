@@ -148,13 +148,15 @@ def status_line(c: Counts) -> str:
 
 async def serve(cfg: MembershipConfig, node_id: int) -> int:
     log = get_logger(component="membership")
+    if cfg.rtt_interval_s < 0:
+        raise ConfigError(f"[membership].rtt_interval_s must be >= 0 (0 turns RTT sampling off), got {cfg.rtt_interval_s:g}")
     md = build_metadata(cfg, node_id)
     key = gossip_key(read_secret(cfg.secret_file), cfg.cluster)
     settings = swim_settings(cfg, node_id, key, md)
     route_engine_logs()
     node = MembershipNode(
         KinshipBackend(settings), md, cfg.seeds,
-        NodeTimings(cfg.join_retry_interval_s, cfg.departed_retention_s, cfg.leave_timeout_s),
+        NodeTimings(cfg.join_retry_interval_s, cfg.departed_retention_s, cfg.leave_timeout_s, cfg.rtt_interval_s),
         on_change=lambda c: notify_status(status_line(c)),
     )
     stop = asyncio.Event()

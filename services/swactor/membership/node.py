@@ -8,6 +8,7 @@ live peer, publishes local metadata changes and leaves gracefully on stop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -17,13 +18,24 @@ from swactor.common.aio import cancel_and_wait
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
-from swactor.membership.swim import JoinFailed, SwimBackend, SwimCounters, SwimEvent, SwimEventKind
+from swactor.membership.rtt import PING, PONG, ROW, Rtt, RttTable
+from swactor.membership.swim import (
+    JoinFailed,
+    Liveness,
+    MessageFailed,
+    SwimBackend,
+    SwimCounters,
+    SwimEvent,
+    SwimEventKind,
+)
 from swactor.membership.view import Counts, MemberRecord, MemberView, ViewEvent
 from swactor.v1 import membership_pb2 as pb
 
 WATCH_QUEUE_MAX = 4096
 # Safety net: how often the view is diffed against the engine's table.
 RECONCILE_INTERVAL_S = 5.0
+# An RTT row not refreshed for this many sampling intervals is dropped (its node stopped measuring or left).
+RTT_STALE_INTERVALS = 5
 _STATE_EVENTS = {
     pb.NODE_STATE_AVAILABLE: "node_available",
     pb.NODE_STATE_FAULTED: "node_faulted",
@@ -44,6 +56,7 @@ class NodeTimings:
     join_retry_interval_s: float
     departed_retention_s: float
     leave_timeout_s: float
+    rtt_interval_s: float = 2.0  # 0: no RTT sampling
 
 
 class Subscriber:
@@ -83,6 +96,7 @@ class MembershipNode:
         self._alone = asyncio.Event()
         self._meta_lock = asyncio.Lock()
         self._view: MemberView | None = None
+        self._rtt = RttTable(metadata.node_id, RTT_STALE_INTERVALS * timings.rtt_interval_s)
         self._stopped = False
         # Set when a background task dies or the engine's event stream ends without stop():
         # the process should exit non-zero (systemd restarts it) rather than serve a frozen view.
@@ -105,6 +119,8 @@ class MembershipNode:
         ]
         if self._seeds:
             self._tasks.append(asyncio.create_task(self._join_loop(), name="membership-join"))
+        if self._timings.rtt_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._rtt_loop(), name="membership-rtt"))
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         self._update_alone()
@@ -153,6 +169,10 @@ class MembershipNode:
     def swim_counters(self) -> SwimCounters:
         return self._backend.counters()
 
+    def rtts(self) -> list[Rtt]:
+        """Every measured pair this node knows (its own and its peers' broadcast rows)."""
+        return self._rtt.matrix(time.monotonic())
+
     def has_live_peer(self) -> bool:
         c = self.view.counts()
         return c.alive + c.suspect > 1
@@ -199,11 +219,45 @@ class MembershipNode:
 
     async def _pump(self, events: AsyncIterator[SwimEvent]) -> None:
         async for ev in events:
-            if ev.kind is SwimEventKind.RESYNC:
+            if ev.kind is SwimEventKind.MESSAGE:
+                await self._message(ev)
+            elif ev.kind is SwimEventKind.RESYNC:
                 self._log.warning("membership_events_lost")
                 self._reconcile()
             else:
                 self._publish(self.view.apply(ev, wall_us()))
+
+    async def _message(self, ev: SwimEvent) -> None:
+        """An RTT probe, echo or row (rtt.py); anything else is not ours and is dropped."""
+        assert ev.member is not None
+        data, now = ev.data, time.monotonic()
+        if data.startswith(PING) and (pong := RttTable.pong_for(data)) is not None:
+            try:
+                await self._backend.send(ev.member.name, pong)
+            except MessageFailed as e:
+                self._log.debug("rtt_pong_failed", member=ev.member.name, detail=str(e))
+        elif data.startswith(PONG):
+            self._rtt.on_pong(_node_id(ev.member.meta, ev.member.name), data, time.monotonic_ns(), now)
+        elif not (data.startswith(ROW) and self._rtt.on_row(data, now)):
+            self._log.debug("membership_message_dropped", member=ev.member.name, size=len(data))
+
+    async def _rtt_loop(self) -> None:
+        """Ping every live peer, then broadcast this node's row, once per rtt_interval_s."""
+        while True:
+            peers = [r.member for r in self.view.records(include_departed=True) if not r.is_self]
+            self._rtt.forget(_node_id(m.meta, m.name) for m in peers if m.liveness not in (Liveness.ALIVE, Liveness.SUSPECT))
+            for m in peers:
+                if m.liveness is Liveness.ALIVE:
+                    try:
+                        await self._backend.send(m.name, RttTable.ping(time.monotonic_ns()))
+                    except MessageFailed as e:  # it died or left since the view was read
+                        self._log.debug("rtt_ping_failed", member=m.name, detail=str(e))
+            for row in self._rtt.rows(time.monotonic()):
+                try:
+                    await self._backend.broadcast(row)
+                except MessageFailed as e:
+                    self._log.debug("rtt_row_failed", detail=str(e))
+            await asyncio.sleep(self._timings.rtt_interval_s)
 
     def _reconcile(self) -> None:
         """Diff the view against the engine's own table (after lost events, and periodically)."""

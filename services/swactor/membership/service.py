@@ -99,3 +99,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         except (ValueError, MetadataError) as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         return pb.SetLocalStateResponse(self=self._member(record))
+
+    async def GetRtts(self, request: pb.GetRttsRequest, context: grpc.aio.ServicerContext) -> pb.GetRttsResponse:
+        return pb.GetRttsResponse(rtts=[
+            pb.MemberRtt(from_node_id=r.from_node, to_node_id=r.to_node, rtt_us=r.rtt_us, age_ms=int(r.age_s * 1000))
+            for r in self._node.rtts()])

@@ -38,12 +38,15 @@ class SwimEventKind(enum.Enum):
     UPDATED = "updated"
     # Events were lost (a slow consumer): re-read members() and diff.
     RESYNC = "resync"
+    # A user message from `member` (the RTT probes and rows of rtt.py), not a change of the member.
+    MESSAGE = "message"
 
 
 @dataclass(frozen=True)
 class SwimEvent:
     kind: SwimEventKind
     member: SwimMember | None = None
+    data: bytes = b""  # MESSAGE only
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class SwimStartError(RuntimeError):
     """The engine could not start (gossip address in use, seeds unresolvable); names the cause."""
 
 
+class MessageFailed(Exception):
+    """A user message was refused (not a live member, too large, engine closed); names why."""
+
+
 class JoinFailed(Exception):
     """No seed answered a join attempt."""
 
@@ -108,6 +115,12 @@ class SwimBackend(Protocol):
         subscribe, then read members(), and miss nothing in between."""
 
     async def set_meta(self, meta: Mapping[str, str]) -> None: ...
+
+    async def send(self, name: str, data: bytes) -> None:
+        """A best-effort user message to one live member (MESSAGE there); MessageFailed when it cannot go."""
+
+    async def broadcast(self, data: bytes) -> None:
+        """A best-effort user message gossiped to every member (at most 256 bytes); MessageFailed when refused."""
 
     def counters(self) -> SwimCounters: ...
 

@@ -33,7 +33,7 @@ from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.fleet import node_events, reconcile_shell
 from swactor.orchestrator.fleet.fleet import FleetError, Report, StageFleet, TokenEndpoints
-from swactor.orchestrator.fleet.membership_client import follow_membership
+from swactor.orchestrator.fleet.membership_client import follow_membership, follow_rtts
 from swactor.orchestrator.fleet.reconcile import Leftover
 from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.models.distributor import Distributor
@@ -267,6 +267,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         on_view(view)
 
     watcher = asyncio.create_task(follow_membership(cfg.membership_socket, on_members))
+    rtts = asyncio.create_task(follow_rtts(cfg.membership_socket, orch.set_rtts))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
              model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__,
              model_server_port=model_server.port if model_server else None)
@@ -284,6 +285,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         notify_stopping("stopping: operator-stopping active runs")
         await orch.shutdown()
         watcher.cancel()
+        rtts.cancel()
         if reconciling is not None:
             reconciling.cancel()
         for server, _ in servers:

@@ -86,7 +86,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def ListNodes(self, request, context):
         status, slots = self.o.pool_status(1), self.o.node_slots()
         nodes = [node_proto(n, slots.get(n.node_id, (0, 0))) for n in sorted(self.o.members, key=lambda n: n.node_id)]
-        return opb.ListNodesResponse(nodes=nodes, pool_ready=status.ready, pool_detail=status.detail)
+        network = self.o.network
+        rtts = [opb.NodeRtt(from_node_id=a, to_node_id=b, rtt_ms=ms) for (a, b), ms in sorted(network.rtt_ms.items())]
+        return opb.ListNodesResponse(nodes=nodes, pool_ready=status.ready, pool_detail=status.detail, rtts=rtts,
+                                     orchestrator_node_id=network.origin)
 
     async def ListModels(self, request, context):
         return await self.o.list_models()

@@ -44,6 +44,27 @@ def node_info(member: mpb.Member) -> NodeInfo:
     )
 
 
+async def follow_rtts(socket: Path, on_rtts: Callable[[dict[tuple[int, int], float]], None], *,
+                      interval_s: float = 2.0) -> None:
+    """Run until cancelled: every interval, the RTTs the members measured ((from, to) -> ms) from the membership
+    service; while it is unreachable the last ones stand."""
+    log = get_logger()
+    async with grpc.aio.insecure_channel(unix_target(socket)) as channel:
+        stub = membership_pb2_grpc.MembershipStub(channel)
+        failing = False
+        while True:
+            try:
+                got = await stub.GetRtts(mpb.GetRttsRequest(), timeout=interval_s)
+            except grpc.aio.AioRpcError as e:
+                if not failing:
+                    log.warning("membership_rtts_unreachable", socket=str(socket), code=e.code().name)
+                failing = True
+            else:
+                failing = False
+                on_rtts({(r.from_node_id, r.to_node_id): r.rtt_us / 1000 for r in got.rtts})
+            await asyncio.sleep(interval_s)
+
+
 async def follow_membership(socket: Path, on_view: Callable[[tuple[NodeInfo, ...]], None],
                             *, retry_s: float = 1.0, max_retry_s: float = 10.0) -> None:
     """Run until cancelled: watch the membership service and publish every new view."""

@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planning.placement import Placement, PlanError, Shortfall, place
+from swactor.orchestrator.planning.placement import Network, Placement, PlanError, Shortfall, place
 from swactor.orchestrator.planning.pool import Demand, PoolStatus
 from swactor.v1 import common_pb2
 from swactor.v1 import orchestrator_pb2 as opb
 
 
-def _place(members: Sequence[NodeInfo], demand: Demand) -> Placement:
-    return place(members, demand.stages, demand.num_layers, demand.node_ids, demand.memory)
+def _place(members: Sequence[NodeInfo], demand: Demand, network: Network | None) -> Placement:
+    return place(members, demand.stages, demand.num_layers, demand.node_ids, demand.memory, network)
 
 
-def pool_refusal(members: Sequence[NodeInfo], demand: Demand) -> str:
+def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network | None = None) -> str:
     """Why SubmitRun refuses the run on this pool (FAILED_PRECONDITION), or "" when it takes it. A pinned node
     that is a member but not Available yet is waited for by the PoolReady gate, not refused here."""
     provisionable = [m for m in members if m.provisionable]
@@ -31,7 +31,7 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand) -> str:
     if unknown:
         return f"node(s) {unknown} named by node_ids are not members of the pool"
     try:
-        _place(members, demand)
+        _place(members, demand, network)
     except Shortfall as e:
         return f"{common_pb2.RunFaultReason.Name(e.reason)}: {e}"  # type: ignore[arg-type]
     except PlanError:
@@ -40,16 +40,17 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand) -> str:
 
 
 def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, status: PoolStatus, *,
-                  prompt_tokens: int, max_seq_len: int) -> opb.PlanResponse:
+                  prompt_tokens: int, max_seq_len: int, network: Network | None = None) -> opb.PlanResponse:
     """The refusal SubmitRun would give (if any), the §9 gate for this run, and the placement with per-stage bytes
-    (for a memory shortfall, the closest split tried, its stages over their node's memory marked)."""
+    (for a memory shortfall, the closest split tried, its stages over their node's memory marked) and the RTT of
+    each hop of its ring."""
     out = opb.PlanResponse(model=model, stages=demand.stages, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len,
-                           refusal=pool_refusal(members, demand), pool_ready=status.ready, pool_detail=status.detail,
+                           refusal=pool_refusal(members, demand, network), pool_ready=status.ready, pool_detail=status.detail,
                            memory_known=demand.memory is not None,
                            max_slots_per_stage=demand.memory.max_slots if demand.memory is not None else 0,
                            kv_dtype=demand.memory.kv_dtype if demand.memory is not None else "")
     try:
-        placement = _place(members, demand)
+        placement = _place(members, demand, network)
     except Shortfall as e:
         placement = e.placement
     except PlanError as e:
@@ -67,4 +68,10 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
             if placement.slots[k] is not None:
                 stage.run_slots = placement.slots[k]
         out.placement.append(stage)
+    if network is not None:
+        ids = [n.node_id for n in placement.nodes]
+        out.orchestrator_node_id = network.origin
+        out.hop_rtt_ms.extend(-1.0 if h is None else h for h in network.ring(ids))
+        if (one_way := network.one_way_ms(ids)) is not None:
+            out.network_ms_per_token = one_way
     return out

@@ -1,8 +1,14 @@
 """Where a run's stages go (spec §11): which nodes, which contiguous block range each, and whether it fits.
 
-Pure functions over the membership view and the model's memory profile (swactor.modelfile.memory):
-- nodes: the `--node` pins in their order; else the provisionable nodes with the most advertised memory when the
-  model's memory is known (node-id order otherwise), stages then in node-id order;
+Pure functions over the membership view, the measured network and the model's memory profile
+(swactor.modelfile.memory):
+- nodes: the `--node` pins in their order; else, with a `Network` (the orchestrator's node and the RTTs members
+  measured), the nodes and stage order whose ring orchestrator -> stage 0 -> ... -> last stage -> orchestrator costs
+  the least: the sum of its hops' RTTs (in whole milliseconds: a LAN's differences are noise), then the fewest hops
+  between hosts (the orchestrator's own node takes stage 0, so the tokens' first hop stays on its host), then the most
+  memory; when that choice does not fit, the nodes with the most memory in their best order. Without a Network: the
+  provisionable nodes with the most advertised memory when the model's memory is known (node-id order otherwise),
+  stages then in node-id order;
 - blocks: every stage at least one, the rest in proportion to each node's advertised memory (largest remainder,
   ties to earlier stages: equal memory gives the balanced split, 30 / 4 = 8, 8, 7, 7); balanced when a node did
   not advertise memory or the model's is unknown;
@@ -16,8 +22,11 @@ Pure functions over the membership view and the model's memory profile (swactor.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from swactor.common.reasons import ReasonError
 from swactor.modelfile.memory import (
@@ -42,6 +51,93 @@ class PlanError(ReasonError, ValueError):
 
     def __init__(self, message: str, reason: int = common_pb2.RUN_FAULT_NODE_UNAVAILABLE) -> None:
         super().__init__(reason, message)
+
+
+# Orders tried exhaustively up to this many (permutations of the candidates); beyond, nearest-neighbour from the
+# orchestrator's node.
+MAX_ORDERS_TRIED = 5040
+# The last run's ring stays while no other is cheaper by more than this share of its RTT plus WARM_MARGIN_MS: its nodes
+# hold those layers' weights (and compiled graphs) already, and a few ms of measured RTT is not worth reloading them.
+WARM_MARGIN_SHARE = 0.1
+WARM_MARGIN_MS = 2.0
+
+
+@dataclass(frozen=True)
+class Network:
+    """Where a run's tokens start and end (the orchestrator's node) and the round trips members measured, in ms
+    ((from, to) -> RTT; membership/rtt.py)."""
+
+    origin: int
+    rtt_ms: Mapping[tuple[int, int], float] = field(default_factory=dict)
+    # stage count -> the node order the last run with that many stages was placed on (its weights are warm there)
+    warm: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def hop_ms(self, a: int, b: int) -> float | None:
+        """One hop's RTT: 0 on one node, the mean of what either end measured, None when neither has."""
+        if a == b:
+            return 0.0
+        seen = [r for r in (self.rtt_ms.get((a, b)), self.rtt_ms.get((b, a))) if r is not None]
+        return sum(seen) / len(seen) if seen else None
+
+    def hops(self, node_ids: Sequence[int]) -> list[tuple[int, int]]:
+        """A token's ring over these stages: orchestrator -> stage 0, ..., last stage -> orchestrator."""
+        return list(itertools.pairwise([self.origin, *node_ids, self.origin]))
+
+    def ring(self, node_ids: Sequence[int]) -> list[float | None]:
+        """Each hop's RTT (None: not measured)."""
+        return [self.hop_ms(a, b) for a, b in self.hops(node_ids)]
+
+    def one_way_ms(self, node_ids: Sequence[int]) -> float | None:
+        """What the hops add to a token, one way each (half the RTTs); None when a hop was not measured."""
+        hops = self.ring(node_ids)
+        return None if any(h is None for h in hops) else sum(h for h in hops if h is not None) / 2
+
+    @functools.cached_property
+    def _unmeasured_ms(self) -> float:
+        known = [r for (a, b), r in self.rtt_ms.items() if a != b]
+        return sum(known) / len(known) if known else 0.0
+
+    def hop_cost_ms(self, a: int, b: int) -> float:
+        """A hop's RTT for ordering: an unmeasured one counts as the mean of the measured ones (0 with none)."""
+        h = self.hop_ms(a, b)
+        return self._unmeasured_ms if h is None else h
+
+    def ring_ms(self, nodes: Sequence[NodeInfo]) -> float:
+        return sum(self.hop_cost_ms(a, b) for a, b in self.hops([n.node_id for n in nodes]))
+
+    def cost(self, nodes: Sequence[NodeInfo]) -> tuple[int, int, int]:
+        """What ordering minimises: the ring's RTT in whole ms, its hops between hosts, then less memory (ties go
+        to more)."""
+        between_hosts = sum(a != b for a, b in self.hops([n.node_id for n in nodes]))
+        return math.floor(self.ring_ms(nodes)), between_hosts, -sum(n.memory_bytes for n in nodes)
+
+
+def ring_order(candidates: Sequence[NodeInfo], stages: int, network: Network) -> tuple[NodeInfo, ...]:
+    """`stages` of the candidates in the order whose ring costs the least (`Network.cost`; equal costs: the
+    orchestrator's node first, then node ids in ascending order), unless the last run's ring (`Network.warm`) is within
+    the warm margin of it. Exhaustive up to MAX_ORDERS_TRIED orders, else nearest neighbour from the orchestrator."""
+    best = _cheapest(sorted(candidates, key=lambda n: n.node_id), stages, network)
+    by_id = {n.node_id: n for n in candidates}
+    warm = network.warm.get(stages, ())
+    if warm and all(i in by_id for i in warm):
+        kept = tuple(by_id[i] for i in warm)
+        if network.ring_ms(kept) <= network.ring_ms(best) * (1 + WARM_MARGIN_SHARE) + WARM_MARGIN_MS:
+            return kept
+    return best
+
+
+def _cheapest(pool: Sequence[NodeInfo], stages: int, network: Network) -> tuple[NodeInfo, ...]:
+    if math.perm(len(pool), stages) <= MAX_ORDERS_TRIED:
+        return min(itertools.permutations(pool, stages),
+                   key=lambda o: (network.cost(o), o[0].node_id != network.origin, [n.node_id for n in o]))
+    order: list[NodeInfo] = []
+    at = network.origin
+    for _ in range(stages):
+        nxt = min((n for n in pool if n not in order),
+                  key=lambda n: (network.hop_cost_ms(at, n.node_id), -n.memory_bytes, n.node_id))
+        order.append(nxt)
+        at = nxt.node_id
+    return tuple(order)
 
 
 @dataclass(frozen=True)
@@ -156,9 +252,10 @@ def fitted_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed
 
 
 def choose_nodes(pool: Sequence[NodeInfo], stages: int, node_ids: Sequence[int] = (),
-                 by_memory: bool = False) -> tuple[NodeInfo, ...]:
-    """The pinned nodes in their order, else `stages` provisionable ones (the most memory first when `by_memory`)
-    in node-id order."""
+                 by_memory: bool = False, network: Network | None = None) -> tuple[NodeInfo, ...]:
+    """The pinned nodes in their order, else `stages` provisionable ones: with a network, the cheapest ring among
+    them all (the most memory ones only when `by_memory`: the fallback when that ring does not fit); without, the
+    most memory first when `by_memory`, in node-id order."""
     ready = {n.node_id: n for n in pool if n.provisionable}
     if node_ids:
         missing = [n for n in node_ids if n not in ready]
@@ -167,18 +264,32 @@ def choose_nodes(pool: Sequence[NodeInfo], stages: int, node_ids: Sequence[int] 
         return tuple(ready[n] for n in node_ids)
     if len(ready) < stages:
         raise PlanError(f"{stages} stage(s) need {stages} Available node(s), the pool has {len(ready)}")
+    if network is not None and not by_memory:
+        return ring_order(list(ready.values()), stages, network)
     order = sorted(ready.values(), key=lambda n: (-n.memory_bytes, n.node_id) if by_memory else (0, n.node_id))
+    if network is not None:
+        return ring_order(order[:stages], stages, network)
     return tuple(sorted(order[:stages], key=lambda n: n.node_id))
 
 
 def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequence[int] = (),
-          memory: MemoryNeed | None = None) -> Placement:
+          memory: MemoryNeed | None = None, network: Network | None = None) -> Placement:
     """Nodes and block ranges for a run; PlanError (Shortfall when it is memory) names why there are none."""
     if num_layers:
-        balanced = balanced_ranges(num_layers, stages)  # refuses a stage count the model cannot take, first
-    nodes = choose_nodes(pool, stages, node_ids, by_memory=memory is not None)
+        balanced_ranges(num_layers, stages)  # refuses a stage count the model cannot take, first
+    if network is not None and not node_ids and memory is not None:
+        try:  # the cheapest ring first; the nodes with the most memory when it does not fit
+            return _place_on(choose_nodes(pool, stages, network=network), num_layers, memory)
+        except Shortfall:
+            pass
+    return _place_on(choose_nodes(pool, stages, node_ids, by_memory=memory is not None, network=network),
+                     num_layers, memory)
+
+
+def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None) -> Placement:
     if not num_layers:
         return Placement(nodes, ())
+    balanced = balanced_ranges(num_layers, len(nodes))
     if memory is None:
         return Placement(nodes, tuple(balanced))
     known = all(n.memory_bytes for n in nodes)

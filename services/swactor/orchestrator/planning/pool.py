@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planning.placement import MemoryNeed, Placement, PlanError, place
+from swactor.orchestrator.planning.placement import MemoryNeed, Network, Placement, PlanError, place
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,8 @@ class PoolGate:
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self.members: tuple[NodeInfo, ...] = ()
+        # Where tokens start and the RTTs between members: placement orders stages by it (None: node-id order).
+        self.network: Network | None = None
         self._seen = False
         # node id -> (what the gate judges of it, since when it has been so)
         self._since: dict[int, tuple[tuple, float]] = {}
@@ -84,7 +86,8 @@ class PoolGate:
                 what = "Available without edge/control endpoints" if m.state is NodeState.AVAILABLE else m.state.value
                 return _closed(f"pinned node {node_id} to be Available (it is {what})", f"pinned node {node_id} is {what}")
         try:
-            placement = place(self.members, demand.stages, demand.num_layers, demand.node_ids, demand.memory)
+            placement = place(self.members, demand.stages, demand.num_layers, demand.node_ids, demand.memory,
+                              self.network)
         except PlanError as e:
             return _closed(f"a placement: {e}{self._outside(())}", f"{e}{self._outside(())}")
         since = max(self._since[n.node_id][1] for n in placement.nodes)

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -29,6 +29,7 @@ from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.planning import dry_run
+from swactor.orchestrator.planning.placement import Network
 from swactor.orchestrator.planning.planner import RunPlan, memory_need, run_max_seq_len
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.runs import fsm as F
@@ -88,6 +89,7 @@ class Orchestrator:
         self.clock = clock
         self.members: tuple[NodeInfo, ...] = ()
         self._gate = PoolGate(fsm_config.pool_window_s)
+        self._gate.network = Network(fsm_config.orchestrator_node_id)  # RTTs come with set_rtts
         self._prompts = PromptPreparer(models, fsm_config.max_seq_len_cap)
         self._lobby = RunLobby(limits.queue_depth, store, clock)
         self._retention = RetentionSchedule(limits.retention, clock())
@@ -106,6 +108,15 @@ class Orchestrator:
         for handle in self.active_runs():
             handle.report(F.MembershipChanged(self.members))
         self._admit_waiting()  # a node of the group back to Available may let the queue's head join
+
+    def set_rtts(self, rtts: Mapping[tuple[int, int], float]) -> None:
+        """The round trips members measured ((from, to) -> ms): later placements order their stages by them."""
+        self._gate.network = dataclasses.replace(self.network, rtt_ms=dict(rtts))
+
+    @property
+    def network(self) -> Network:
+        assert self._gate.network is not None
+        return self._gate.network
 
     def pool_status(self, stages: int = 1) -> PoolStatus:
         return self._gate.check(self.clock(), Demand(stages))
@@ -180,7 +191,8 @@ class Orchestrator:
         demand = self._demand(model, stages, joins.node_ids if joins is not None else req.node_ids)
         out = dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
                                     prompt_tokens=len(prompt_ids),
-                                    max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap))
+                                    max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap),
+                                    network=self.network)
         out.admission = admission
         return out
 
@@ -223,7 +235,7 @@ class Orchestrator:
     async def _submit(self, req: opb.SubmitRunRequest, key: RequestKey | None) -> opb.SubmitRunResponse:
         self._check_queue_room()  # before the tokenizer's work; again once it is done
         model, prompt_ids, stages, context = await self._admit(req)
-        refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids))
+        refusal = dry_run.pool_refusal(self.members, self._demand(model, stages, req.node_ids), self.network)
         if refusal:
             raise RequestError.precondition(refusal)
         self._check_open()
@@ -333,6 +345,9 @@ class Orchestrator:
         """A run is placed: the first of a group sets what the others share; the queue's head may now join."""
         if self._group is None and handle.run_id in self._active:
             self._group = Group.of(handle.record.model, plan)
+        # its stages now hold these weights: the next run of as many stages keeps this ring while it is near enough
+        warm = {**self.network.warm, len(plan.stages): tuple(s.node.node_id for s in plan.stages)}
+        self._gate.network = dataclasses.replace(self.network, warm=warm)
         self._admit_waiting()
 
     def _finished(self, handle: RunHandle) -> None:
