@@ -8,7 +8,11 @@
 #   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
 #
 # Options:
-#   --advertise-ip IP        address other hosts reach this one at (required)
+#   --advertise-ip IP        address other hosts reach this one at (required): behind NAT, the public one
+#   --advertise-port NAME=PORT[,NAME=PORT...]   behind NAT with remapped ports: the public port other hosts reach
+#                            a service at, where it differs from the one it binds (repeatable; NAME: membership
+#                            (UDP+TCP 7946), edge (UDP 7400), control (TCP 7441), model (TCP 7442, the orchestrator's
+#                            model server)); forward each to this host's port of the same service
 #   --seed HOST:PORT         a membership seed (repeatable; the first host needs none); a host joining
 #                            a pool needs that pool's secret: --secret-file
 #   --secret-file PATH       the pool's cluster secret (copy /etc/swactor/cluster.secret from the first host)
@@ -48,6 +52,7 @@ ETC=/etc/swactor
 STATE=/var/lib/swactor
 ADVERTISE_IP=""
 SEEDS=()
+ADVERTISE_PORTS=()
 SECRET_FILE=""
 ORCHESTRATOR=0
 MODEL=""
@@ -73,6 +78,7 @@ write_state_file() {
 while [ $# -gt 0 ]; do
     case "$1" in
         --advertise-ip) need_value "an address" "$@"; ADVERTISE_IP="$2"; shift 2 ;;
+        --advertise-port) need_value "NAME=PORT" "$@"; ADVERTISE_PORTS+=("$2"); shift 2 ;;
         --seed) need_value "HOST:PORT" "$@"; SEEDS+=("$2"); shift 2 ;;
         --secret-file) need_value "a path" "$@"; SECRET_FILE="$2"; shift 2 ;;
         --orchestrator) ORCHESTRATOR=1; shift ;;
@@ -93,6 +99,19 @@ done
 [ -n "$ADVERTISE_IP" ] || die_usage "--advertise-ip is required: the address other hosts reach this one at"
 [[ "$ADVERTISE_IP" =~ ^[0-9a-fA-F.:]+$ ]] || die_usage "--advertise-ip ${ADVERTISE_IP@Q} is not an IP address"
 for seed in "${SEEDS[@]}"; do [[ "$seed" =~ ^[^:]+:[0-9]+$ ]] || die_usage "--seed ${seed@Q} is not HOST:PORT"; done
+# The port each service is advertised at (gossiped, dialled by the other hosts): its bound one unless remapped.
+declare -A PUBLIC_PORT=([membership]=7946 [edge]=7400 [control]=7441 [model]=7442)
+for spec in "${ADVERTISE_PORTS[@]}"; do
+    IFS=, read -r -a pairs <<< "$spec"
+    for pair in "${pairs[@]}"; do
+        name="${pair%%=*}" port="${pair#*=}"
+        [[ "$pair" == *=* && -v "PUBLIC_PORT[$name]" ]] || \
+            die_usage "--advertise-port ${pair@Q} is not NAME=PORT with NAME one of membership, edge, control, model"
+        [[ "$port" =~ ^[0-9]{1,5}$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || \
+            die_usage "--advertise-port ${pair@Q}: the port must be 1..65535"
+        PUBLIC_PORT[$name]="$port"
+    done
+done
 problem="$(prefix_shape_problem "$PREFIX")"
 [ -z "$problem" ] || die_usage "--prefix ${PREFIX@Q} $problem"
 if [ -n "$API" ]; then
@@ -269,23 +288,24 @@ if [ ! -s "$ETC/swactor.toml" ]; then
     {
         echo "# swactor host configuration: one table per service (see $PREFIX/docs)."
         echo "[membership]"
-        toml advertise "$ADVERTISE_IP:7946"
+        toml advertise "$ADVERTISE_IP:${PUBLIC_PORT[membership]}"
         echo "seeds = [${seeds_toml%, }]"
         toml secret_file "$ETC/cluster.secret"
-        toml edge_endpoint "$ADVERTISE_IP:7400"
-        toml control_endpoint "$ADVERTISE_IP:7441"
+        toml edge_endpoint "$ADVERTISE_IP:${PUBLIC_PORT[edge]}"
+        toml control_endpoint "$ADVERTISE_IP:${PUBLIC_PORT[control]}"
         echo
         echo "[edge]"
-        toml advertise "$ADVERTISE_IP:7400"
+        toml advertise "$ADVERTISE_IP:${PUBLIC_PORT[edge]}"
         echo
         echo "[worker]"
-        toml advertise_control "$ADVERTISE_IP:7441"
+        toml advertise_control "$ADVERTISE_IP:${PUBLIC_PORT[control]}"
         toml secret_file "$ETC/cluster.secret"
         if [ "$ORCHESTRATOR" -eq 1 ]; then
             echo
             echo "[orchestrator]"
             toml secret_file "$ETC/cluster.secret"
             toml model_path "$MODEL"
+            toml model_server_advertise "$ADVERTISE_IP:${PUBLIC_PORT[model]}"
             if [ -n "$API" ]; then
                 toml tcp_address "$API"
                 toml tls_cert "$ETC/api/cert.pem"

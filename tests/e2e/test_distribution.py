@@ -86,13 +86,14 @@ def test_a_full_disk_on_a_stage_host(pool) -> None:
 
 def test_an_unreachable_model_server(pool) -> None:
     cluster, _, _ = pool
-    rule = ["INPUT", "-p", "tcp", "--sport", str(MODEL_PORT), "-j", "DROP"]
+    port = cluster.public_port(MODEL_PORT)  # where host 1 dials it (behind NAT, the mapped port)
+    rule = ["INPUT", "-p", "tcp", "--sport", str(port), "-j", "DROP"]
     in_ns(cluster, 1, "iptables", "-A", *rule)
     try:
         fault = stage_fault(run(cluster))
     finally:
         in_ns(cluster, 1, "iptables", "-D", *rule)
-    assert "WeightsFetch.Unreachable" in fault.detail and f":{MODEL_PORT}" in fault.detail
+    assert "WeightsFetch.Unreachable" in fault.detail and f":{port}" in fault.detail
 
 
 def unfetched_tensor(cache: Path, first_block: int) -> str:

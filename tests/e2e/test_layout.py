@@ -39,3 +39,25 @@ def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) ->
     assert worker.compute_threads == 2 and worker.backend() == {"device": "CPU", "threads": 2,
                                                            "graph_cache": str(worker.graph_cache_path())}
     assert orch.readiness_timeout_s == 120.0
+
+
+def test_a_host_behind_nat_advertises_every_port_the_mapping_forwards(tmp_path: Path) -> None:
+    from swactor.localcluster.nat import MAPPED, PUBLIC_OFFSET, rules
+
+    h = HostLayout(1, "127.9.9.2", tmp_path / "h1")
+    cfg = tomllib.loads(to_toml(host_config(h, seed="127.9.9.1:17946", secret_file=tmp_path / "s", device="CPU",
+                                            ceiling_bytes=1 << 30, gpu="CPU:local-1:0",
+                                            orchestrator={"model_path": "/m.gguf"}, public_offset=PUBLIC_OFFSET)))
+    memb, edge = load_section(cfg, "membership", MembershipConfig), load_section(cfg, "edge", EdgeConfig)
+    worker, orch = load_section(cfg, "worker", WorkerConfig), load_section(cfg, "orchestrator", OrchestratorConfig)
+    advertised = {"membership": memb.advertise, "edge": edge.advertise, "control": worker.advertise_control,
+                  "model": orch.model_server_advertise}
+    bound = {"membership": memb.bind, "edge": edge.bind, "control": worker.control_address,
+             "model": orch.model_server_address}
+    assert memb.edge_endpoint == edge.advertise and memb.control_endpoint == worker.advertise_control
+    script = rules(h.addr)
+    for m in MAPPED:  # each service: bound at its port, advertised at the mapped one, which the table forwards
+        assert bound[m.name] == f"127.9.9.2:{m.port}" and advertised[m.name] == f"127.9.9.2:{m.public}"
+        for proto in m.protos:
+            assert f'iifname "eth0" {proto} dport {m.public} dnat to :{m.port}' in script
+            assert f"ip daddr 127.9.9.2 {proto} dport {m.public} dnat to :{m.port}" in script

@@ -58,7 +58,7 @@ class RoguePeer:
         self._cond = threading.Condition()
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", pool.netns(as_host), sys.executable, "-m", "tests.faults.rogue_peer",
-             "--state-dir", str(pool.hosts[as_host].state_dir), "--peer", pool.hosts[to_host].endpoint(EDGE_PORT)],
+             "--state-dir", str(pool.hosts[as_host].state_dir), "--peer", pool.cluster.public_endpoint(to_host, EDGE_PORT)],
             cwd=inject.REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
         threading.Thread(target=self._read, daemon=True, name="rogue-stdout").start()
@@ -261,7 +261,7 @@ def test_edge_peer_never_opens(pool: FaultPool, request: pytest.FixtureRequest) 
     check = FaultCheck(pool, "edge establishment failure (h1's edge endpoint never answers h0)",
                        expect((pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, C.COMPONENT_EDGE_DRIVER),
                               detail_has="STREAM_FAULT_PEER_UNREACHABLE"), test=request.node.nodeid)
-    with inject.block_udp_to(pool, PRODUCER, dport=EDGE_PORT, to_host=CONSUMER):
+    with inject.block_udp_to(pool, PRODUCER, dport=pool.cluster.public_port(EDGE_PORT), to_host=CONSUMER):
         # the cached connection dies first (idle timeout, 3 s): the run's edge has to dial
         wait_until("h0's connection to h1 gone", lambda: no_connection(pool, PRODUCER, CONSUMER), 20, poll_s=0.1)
         t = time.time()

@@ -36,14 +36,16 @@ HERE = Path(__file__).resolve().parent
 
 class Flood:
     def __init__(self, cluster: LocalCluster, target: int = 0, *, junk: bool = True, bad_certs: bool = True,
-                 concurrency: int = 2, junk_port: int = EDGE_PORT) -> None:
+                 concurrency: int = 2, junk_port: int | None = None) -> None:
         if cluster.netns is None:
             raise RuntimeError("a flood needs the local cluster in network namespaces (root)")
         self.cluster = cluster
         self.target = target
         self.kinds = [k for k, on in (("junk", junk), ("bad_certs", bad_certs)) if on]
         self.concurrency = concurrency
-        self.junk_port = junk_port  # another port than the edge's: the same packets, no driver behind them
+        self.edge_port = cluster.public_port(EDGE_PORT)  # behind NAT (localcluster/nat.py): the mapped one
+        # another port than the edge's: the same packets, no driver behind them
+        self.junk_port = self.edge_port if junk_port is None else junk_port
         self.outsider: int | None = None
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.reports: dict[str, dict[str, Any]] = {}
@@ -60,7 +62,7 @@ class Flood:
             self.outsider = netns.add_host()
         prefix = list(netns.exec_prefix(self.outsider))
         scripts = {"junk": [str(HERE / "udp_flood.py"), self.target_addr, str(self.junk_port)],
-                   "bad_certs": [str(HERE / "bad_handshakes.py"), self.target_addr, str(EDGE_PORT),
+                   "bad_certs": [str(HERE / "bad_handshakes.py"), self.target_addr, str(self.edge_port),
                                  "--concurrency", str(self.concurrency)]}
         for kind in kinds or self.kinds:
             if kind not in self.kinds:

@@ -35,6 +35,7 @@ LOCALCLUSTER_CASES: list[tuple[list[str], str]] = [
     (["--far-host", "2=0"], "argument --far-host: must be in 1..10000, got 0"),
     (["--far-host", "3=40"], "argument --far-host: host 3 is not one of the 3 host(s) 0..2"),
     (["--far-host", "1=40", "--loopback"], "--far-host needs network namespaces: not with --loopback"),
+    (["--nat", "--loopback"], "--nat needs network namespaces: not with --loopback"),
 ]
 
 
@@ -98,13 +99,13 @@ def test_the_flags_reach_the_cluster_spec_from_both_programs(monkeypatch: pytest
 
 @pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)")
 @pytest.mark.usefixtures("process_logging")
-def test_far_hosts_reach_the_cluster_spec_as_their_own_link_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_far_hosts_and_nat_reach_the_cluster_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     import swactor.localcluster.__main__ as localcluster_main
 
     monkeypatch.setattr(localcluster_main, "LocalCluster", Refused)
     Refused.specs = []
-    argv = ["--hosts", "4", "--link-delay-ms", "5", "--far-host", "3=60", "--far-host", "1=30"]
+    argv = ["--hosts", "4", "--link-delay-ms", "5", "--far-host", "3=60", "--far-host", "1=30", "--nat"]
     assert localcluster_main.main(argv) == EXIT_USAGE
     [spec] = Refused.specs
-    assert spec.links == LinkConditions(delay_ms=5)
+    assert spec.links == LinkConditions(delay_ms=5) and spec.nat is True
     assert spec.host_links == {3: LinkConditions(delay_ms=60), 1: LinkConditions(delay_ms=30)} and spec.shaped

@@ -8,7 +8,7 @@ import itertools
 
 from swactor.cli.render import plan_lines, rtt_lines
 from swactor.orchestrator.planning.dry_run import plan_response
-from swactor.orchestrator.planning.placement import MAX_ORDERS_TRIED, Network, Shortfall, place
+from swactor.orchestrator.planning.placement import MAX_ORDERS_TRIED, Network, Shortfall, fewest_stages, place
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.v1 import orchestrator_pb2 as opb
 
@@ -125,3 +125,15 @@ def test_the_last_runs_ring_stays_unless_another_is_cheaper_by_more_than_the_mar
     assert ids(place(pool, 3, 30, memory=need(SMOL), network=far)) == [1, 2, 3]  # 60 ms against 32: it moves
     gone = Network(1, rtt, warm={3: (1, 2, 4)})
     assert ids(place(pool[:3], 3, 30, memory=need(SMOL), network=gone)) == [1, 2, 3]  # node 4 left the pool
+
+
+def test_the_fewest_stages_that_fit_are_chosen_when_the_request_leaves_it_open() -> None:
+    one = need(SMOL).stage(0, 30).total
+    half = max(need(SMOL).stage(0, 15).total, need(SMOL).stage(15, 30).total)
+    assert half < one
+    pool = nodes(*[(half + one) // 2] * 3)  # holds half the model, not all of it
+    assert fewest_stages(pool, 30, need(SMOL), Network(1)) == 2
+    assert fewest_stages(nodes(*[one] * 3), 30, need(SMOL)) == 1
+    assert fewest_stages(pool, 30, None) == 1  # memory unknown: one stage, as before
+    assert fewest_stages(nodes(*[GiB // 8] * 3), 30, need(SMOL)) == 3  # nothing fits: the placement names why
+    assert fewest_stages((), 30, need(SMOL)) == 1

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from swactor.cli.render import plan_lines
 from swactor.orchestrator.fleet.nodes import NodeState
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.tokens.tokenizer import Message, render_chat
@@ -279,6 +280,25 @@ def test_plan_dry_run_and_a_shortfall_refused_at_submit(tmp_path: Path) -> None:
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION and refused.details() == short.refusal
     assert bad.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert not runs.runs  # nothing was started
+
+
+def test_a_run_that_leaves_the_stage_count_open_gets_the_fewest_that_fit(tmp_path: Path) -> None:
+    def pool(memory: int) -> tuple:
+        return tuple(dataclasses.replace(node(i), memory_bytes=memory) for i in (1, 2, 3))
+
+    async def main():
+        async with serving(tmp_path / "a", FakeFleet([]), pool(8 << 30)) as s:
+            whole = await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+        async with serving(tmp_path / "b", FakeFleet([]), pool(whole.placement[0].total_bytes * 3 // 4)) as s:
+            auto = await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+            named = await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3, stages=3))
+            return whole, auto, named
+
+    whole, auto, named = run(main())
+    assert whole.stages == 1 and whole.stages_fitted  # the whole model fits one node: one stage, no hop
+    assert auto.stages == 2 and auto.stages_fitted and not auto.refusal and len(auto.placement) == 2
+    assert plan_lines(auto)[0].startswith(f"model {auto.model}: 2 stage(s) (the fewest whose memory fits), ")
+    assert named.stages == 3 and not named.stages_fitted
 
 
 def test_finished_runs_replay_from_the_store_after_restart(tmp_path: Path) -> None:

@@ -407,6 +407,10 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert enabled == ["enabled"] * 5, enabled
     check_record(h0, [*UNITS, "swactor-orchestrator"])
     check_model_path(h0)
+    config = tomllib.loads(h0.path("/etc/swactor/swactor.toml").read_text())  # no --advertise-port: the bound ports
+    assert (config["membership"]["advertise"], config["edge"]["advertise"], config["worker"]["advertise_control"],
+            config["orchestrator"]["model_server_advertise"]) == (f"{addr0}:7946", f"{addr0}:7400", f"{addr0}:7441",
+                                                                  f"{addr0}:7442"), config
 
     # The second host joins with the first host's secret, copied as the operator would.
     secret = h0.path("/etc/swactor/cluster.secret").read_bytes()

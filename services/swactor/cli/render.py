@@ -99,7 +99,8 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     the gate."""
     # the KV bytes below depend on the dtype they were counted in (float16: half), so the dry run names it
     kv = f", KV cache {p.kv_dtype or 'float32'}" if p.memory_known else ""
-    lines = [f"model {p.model}: {p.stages} stage(s), {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
+    fitted = " (the fewest whose memory fits)" if p.stages_fitted else ""
+    lines = [f"model {p.model}: {p.stages} stage(s){fitted}, {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
     for s in p.placement:
         offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"

@@ -49,14 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--far-host", type=far_host, action="append", default=[], metavar="H=RTT_MS",
                    help="host H (0..hosts-1) is RTT_MS of round trip from every other host, which keep the --link-* "
                         "conditions (its arrivals are held that long; repeatable): try placement beside a far host")
+    p.add_argument("--nat", action="store_true",
+                   help="every host behind NAT: its services advertise their port + 10000, reachable from other hosts "
+                        "only through that mapping (nft in each namespace; docs/operations.md)")
     args = p.parse_args(argv)
     try:
         links = link_conditions(args)
     except CliError as e:
         p.error(str(e))
-    if args.loopback and (links.shaped or args.far_host):
-        p.error(f"{'the --link-* conditions need' if links.shaped else '--far-host needs'} network namespaces: "
-                "not with --loopback")
+    if args.loopback and (links.shaped or args.far_host or args.nat):
+        what = "the --link-* conditions need" if links.shaped else "--far-host needs" if args.far_host else "--nat needs"
+        p.error(f"{what} network namespaces: not with --loopback")
     if (bad := [h for h, _ in args.far_host if h >= args.hosts]):
         p.error(f"argument --far-host: host {bad[0]} is not one of the {args.hosts} host(s) 0..{args.hosts - 1}")
     host_links = {h: LinkConditions(delay_ms=float(ms)) for h, ms in args.far_host}
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                        base_dir=Path(args.dir) if args.dir else None, keep=args.keep,
                        netns=False if args.loopback else None, compute_threads=args.compute_threads,
                        readiness_timeout_s=args.readiness_timeout, links=links, host_links=host_links,
-                       slots=args.slots)
+                       slots=args.slots, nat=True if args.nat else None)
     configure_logging("swactor-localcluster")
     try:
         cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -36,7 +36,7 @@ import grpc
 
 from swactor.common.events import get_logger
 from swactor.common.ids import load_or_create_node_id
-from swactor.localcluster import ready
+from swactor.localcluster import nat, ready
 from swactor.localcluster.layout import (
     CONTROL_PORT,
     EDGE_PORT,
@@ -50,6 +50,7 @@ from swactor.localcluster.lifeline import Lifeline
 from swactor.localcluster.linkconditions import LinkConditions
 from swactor.localcluster.linkshaping import LinkShaping, LinkShapingError, ShapedHost
 from swactor.localcluster.linkshaping import unavailable as shaping_unavailable
+from swactor.localcluster.nat import PUBLIC_OFFSET
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
 from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
@@ -57,6 +58,9 @@ from swactor.worker.stage_memory import advertised_memory
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 log = get_logger(component="localcluster")
+
+
+NAT_ENV = "SWACTOR_LOCALCLUSTER_NAT"
 
 
 class ClusterError(RuntimeError):
@@ -83,6 +87,10 @@ class ClusterSpec:
     links: LinkConditions = field(default_factory=LinkConditions)
     # by host index: what packets arriving at that host get instead of `links` (a delay here alone makes a far host)
     host_links: dict[int, LinkConditions] = field(default_factory=dict)
+    # every host behind NAT (nat.py; namespaces only): services advertise other ports than they bind, reachable only
+    # through the mapping. None: SWACTOR_LOCALCLUSTER_NAT=1 in the environment turns it on for namespaced pools (the
+    # whole suite's pool tests in that mode)
+    nat: bool | None = None
     base_dir: Path | None = None  # default: a fresh temp dir, removed at teardown
     keep: bool = False  # keep the dir (logs) after teardown
     ceiling_bytes: int = 1 << 30
@@ -148,6 +156,8 @@ class LocalCluster:
         check_model(spec.model)
         if bad := [h for h in spec.host_links if not 0 <= h < spec.hosts]:
             raise ValueError(f"host_links names host {bad[0]}, not one of the {spec.hosts} host(s)")
+        if spec.nat and spec.netns is False:
+            raise ValueError("NAT needs network namespaces, not loopback addresses")
         if spec.shaped:
             if spec.netns is False:
                 raise ValueError("link conditions need network namespaces, not loopback addresses")
@@ -161,6 +171,7 @@ class LocalCluster:
         self.services: list[Service] = []
         self.netns: Netns | None = None
         self.links: LinkShaping | None = None
+        self.nat = False  # the hosts are behind NAT (nat.py): decided with the namespaces
         self.root: Path | None = None
         self._own_root = False
         self._lifeline: Lifeline | None = None
@@ -206,6 +217,9 @@ class LocalCluster:
             addrs = self.netns.addrs
         else:
             addrs = _loopback_block(spec.hosts)
+        self.nat = self.netns is not None and (spec.nat if spec.nat is not None else
+                                               os.environ.get(NAT_ENV) == "1")
+        offset = PUBLIC_OFFSET if self.nat else 0
         # The simulated hosts share this machine's memory (or its GPU): each worker advertises an equal share, so that
         # the planner splits blocks evenly (and refuses a model the machine cannot hold)
         share = advertised_memory(spec.device, 0) // spec.hosts
@@ -223,10 +237,11 @@ class LocalCluster:
                 orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s,
                         "readiness_timeout_s": float(spec.readiness_timeout_s), "max_slots_per_stage": spec.slots,
                         **spec.orchestrator}
-            seed = None if i == 0 else addrs[0] + f":{MEMBERSHIP_PORT}"
+            seed = None if i == 0 else f"{addrs[0]}:{MEMBERSHIP_PORT + offset}"
             cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
-                              orchestrator=orch, compute_threads=self.compute_threads, memory_bytes=share)
+                              orchestrator=orch, compute_threads=self.compute_threads, memory_bytes=share,
+                              public_offset=offset)
             cfg["worker"].update(spec.workers.get(i, {}))
             for table, extra in spec.tables.items():
                 cfg.setdefault(table, {}).update(extra)
@@ -235,6 +250,16 @@ class LocalCluster:
         self.progress(f"local cluster: {spec.hosts} host(s) at {', '.join(addrs)}"
                       f" ({'network namespaces' if self.netns else 'loopback addresses'}),"
                       f" {self.compute_threads} compute thread(s) per worker, dir {self.root}")
+        if self.nat:
+            assert self.netns is not None
+            for h in self.hosts:
+                try:
+                    nat.apply(self.netns.host(h.index), h.addr, h.name)
+                except nat.NatError as e:
+                    raise ClusterError(f"NAT: {e}") from None
+            self.progress(f"NAT: every host's services advertise their port + {offset} (membership "
+                          f"{MEMBERSHIP_PORT + offset}, edge {EDGE_PORT + offset}, control {CONTROL_PORT + offset}, "
+                          f"model {MODEL_PORT + offset}), reachable from other hosts only through that mapping")
         if spec.shaped and self.netns is not None:
             self._shape_links()
         for h in self.hosts:
@@ -272,6 +297,14 @@ class LocalCluster:
             self.links.apply(self.spec.start_timeout_s)
         except LinkShapingError as e:
             raise ClusterError(f"link conditions: {e}") from None
+
+    def public_port(self, port: int) -> int:
+        """Where another host reaches a service that binds `port`: the NAT mapping's port when the hosts are behind
+        NAT (nat.py), else the port itself."""
+        return port + PUBLIC_OFFSET if self.nat else port
+
+    def public_endpoint(self, host: int, port: int) -> str:
+        return f"{self.hosts[host].addr}:{self.public_port(port)}"
 
     @property
     def compute_threads(self) -> int:

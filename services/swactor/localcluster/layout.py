@@ -56,30 +56,38 @@ class HostLayout:
     def endpoint(self, port: int) -> str:
         return f"{self.addr}:{port}"
 
+    def public(self, port: int, offset: int) -> str:
+        """Where other hosts reach `port`: `offset` above it when the host is behind NAT (nat.py), else itself."""
+        return f"{self.addr}:{port + offset}"
+
 
 def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: str, ceiling_bytes: int, gpu: str,
                 orchestrator: dict[str, Any] | None, compute_threads: int = 0,
-                memory_bytes: int = 0) -> dict[str, dict[str, Any]]:
+                memory_bytes: int = 0, public_offset: int = 0) -> dict[str, dict[str, Any]]:
     """One host's swactor.toml as tables (every service reads its own table). `memory_bytes`: the stage memory
-    its worker advertises (0 = measured)."""
+    its worker advertises (0 = measured); `public_offset`: every service advertises its port this much higher (a
+    host behind NAT, nat.py)."""
+    off = public_offset
     common = {"arena_socket": str(h.sock("arena")), "arena_fd_socket": str(h.sock("arena-fd"))}
     cfg: dict[str, dict[str, Any]] = {
         "arena": {"socket": str(h.sock("arena")), "fd_socket": str(h.sock("arena-fd")),
                   "state_dir": str(h.state_dir), "ceiling_bytes": ceiling_bytes},
         "membership": {
             "socket": str(h.sock("membership")), "state_dir": str(h.state_dir),
-            "bind": h.endpoint(MEMBERSHIP_PORT), "seeds": [seed] if seed else [],
-            "secret_file": str(secret_file), "cluster": "swactor-local",
-            "edge_endpoint": h.endpoint(EDGE_PORT), "edge_cert": str(h.edge_cert),
-            "control_endpoint": h.endpoint(CONTROL_PORT),
+            "bind": h.endpoint(MEMBERSHIP_PORT), "advertise": h.public(MEMBERSHIP_PORT, off),
+            "seeds": [seed] if seed else [], "secret_file": str(secret_file), "cluster": "swactor-local",
+            "edge_endpoint": h.public(EDGE_PORT, off), "edge_cert": str(h.edge_cert),
+            "control_endpoint": h.public(CONTROL_PORT, off),
             "gpus": [gpu], "gpu_autodetect": False,
             "probe_interval_s": 0.5, "probe_timeout_s": 0.25, "join_retry_interval_s": 0.5,
             "leave_timeout_s": 1.0,
         },
-        "edge": {**common, "bind": h.endpoint(EDGE_PORT), "socket": str(h.sock("edge")),
+        "edge": {**common, "bind": h.endpoint(EDGE_PORT), "advertise": h.public(EDGE_PORT, off),
+                 "socket": str(h.sock("edge")),
                  "state_dir": str(h.state_dir), "membership_socket": str(h.sock("membership")),
                  "wake_socket": str(h.sock("edge-wake"))},
-        "worker": {**common, "control_address": h.endpoint(CONTROL_PORT), "secret_file": str(secret_file),
+        "worker": {**common, "control_address": h.endpoint(CONTROL_PORT),
+                   "advertise_control": h.public(CONTROL_PORT, off), "secret_file": str(secret_file),
                    "state_dir": str(h.state_dir), "edge_socket": str(h.sock("edge")),
                    "edge_wake_socket": str(h.sock("edge-wake")), "membership_socket": str(h.sock("membership")),
                    "device": device, "compute_threads": compute_threads, "memory_bytes": memory_bytes},
@@ -89,7 +97,8 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
             **common, "socket": str(h.sock("orchestrator")), "tcp_address": "", "state_dir": str(h.state_dir),
             "membership_socket": str(h.sock("membership")), "secret_file": str(secret_file),
             "edge_socket": str(h.sock("edge")), "edge_wake_socket": str(h.sock("edge-wake")),
-            "model_server_address": h.endpoint(MODEL_PORT), **orchestrator,
+            "model_server_address": h.endpoint(MODEL_PORT), "model_server_advertise": h.public(MODEL_PORT, off),
+            **orchestrator,
         }
     return cfg
 

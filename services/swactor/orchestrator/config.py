@@ -54,7 +54,8 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     secret_file: Path | None = None
     # Where the nodes find the default model's GGUF (absolute, node-local); None = model_path.
     node_model_path: Path | None = None
-    default_stages: int = 1
+    # Stages of a run that names neither stages nor nodes; 0: the fewest whose memory fits the pool (fewer hops).
+    default_stages: int = 0
     max_seq_len: int = 4096
     ring_ceiling_bytes: int = 4 << 20
     # Prompt tokens per prefill chunk: the prompt travels as chunk objects the stages pipeline, and every stage

@@ -188,6 +188,9 @@ def limits(cfg: OrchestratorConfig) -> Limits:
     if cfg.readiness_min_fetch_bps < 0:
         raise ConfigError(f"[orchestrator].readiness_min_fetch_bps must be >= 0 (0 = any fetch that moves is waited "
                           f"for), got {cfg.readiness_min_fetch_bps}")
+    if cfg.default_stages < 0:
+        raise ConfigError(f"[orchestrator].default_stages must be >= 0 (0 = the fewest stages whose memory fits), "
+                          f"got {cfg.default_stages}")
     if cfg.runs_max_age_s < 0:
         raise ConfigError(f"[orchestrator].runs_max_age_s must be >= 0 (0 = no age limit), got {cfg.runs_max_age_s}")
     if not 0 <= cfg.prefill_chunk <= MAX_PREFILL_CHUNK:

@@ -286,6 +286,22 @@ def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequ
                      num_layers, memory)
 
 
+def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None,
+                  network: Network | None = None) -> int:
+    """The fewest stages whose placement fits the pool's memory now: each stage more is one hop more per token. 1 when
+    the model's memory is unknown; the most the pool can take when none fits (the placement then names the shortfall)."""
+    most = min(num_layers, sum(n.provisionable for n in pool))
+    if memory is None or most < 1:
+        return 1
+    for stages in range(1, most + 1):
+        try:
+            place(pool, stages, num_layers, memory=memory, network=network)
+        except Shortfall:
+            continue
+        return stages
+    return most
+
+
 def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None) -> Placement:
     if not num_layers:
         return Placement(nodes, ())

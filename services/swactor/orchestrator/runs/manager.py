@@ -29,7 +29,7 @@ from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.planning import dry_run
-from swactor.orchestrator.planning.placement import Network
+from swactor.orchestrator.planning.placement import Network, fewest_stages
 from swactor.orchestrator.planning.planner import RunPlan, memory_need, run_max_seq_len
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.runs import fsm as F
@@ -53,7 +53,7 @@ EVENTS_PAGE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class RunDefaults:
-    stages: int = 1
+    stages: int = 0  # 0: the fewest stages whose memory fits the pool (placement.fewest_stages)
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,9 @@ class Orchestrator:
             raise RequestError.invalid(f"max_tokens {req.max_tokens} is more than max_context {context} holds "
                                        "(prompt included)")
         check_max_tokens(req, context)
-        stages = req.stages or len(req.node_ids) or self.defaults.stages  # pinned nodes say how many stages
+        # pinned nodes say how many stages; else the request, the configured default, or the fewest that fit
+        stages = req.stages or len(req.node_ids) or self.defaults.stages or fewest_stages(
+            self.members, model.facts.num_layers, self._demand(model, 1, ()).memory, self.network)
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
         if len(set(req.node_ids)) != len(req.node_ids) or (req.node_ids and len(req.node_ids) != stages):
@@ -194,6 +196,7 @@ class Orchestrator:
                                     max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap),
                                     network=self.network)
         out.admission = admission
+        out.stages_fitted = not (req.stages or req.node_ids or self.defaults.stages)
         return out
 
     def _would_admit(self, model: str, stages: int, node_ids: tuple[int, ...]) -> tuple[str, Group | None]:
