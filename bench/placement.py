@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
+
+from wan import PROMPT, decode_ms  # bench/ is this script's directory: one prompt, one decode measure
 
 from swactor.localcluster import ClusterSpec, LocalCluster
 from swactor.localcluster.linkconditions import LinkConditions
@@ -24,14 +25,6 @@ from swactor.localcluster.ready import NotReady, wait_for
 from swactor.localcluster.run import follow
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
-
-PROMPT = "Write a Python function that reverses a string."
-
-
-def decode_ms(res) -> float:
-    """Median ms between consecutive tokens (the first token's prefill left out)."""
-    gaps = [(b - a) * 1000 for a, b in zip(res.token_s, res.token_s[1:], strict=False)]
-    return statistics.median(gaps)
 
 
 def main() -> int:

@@ -50,6 +50,7 @@ def prompt_ids() -> list[int]:
 
 
 def decode_ms(res: RunResult) -> float:
+    """Median ms between consecutive tokens (the first token's prefill left out)."""
     gaps = [(b - a) * 1000 for a, b in itertools.pairwise(res.token_s)]
     return statistics.median(gaps) if gaps else float("nan")
 

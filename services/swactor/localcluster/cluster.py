@@ -257,9 +257,9 @@ class LocalCluster:
                     nat.apply(self.netns.host(h.index), h.addr, h.name)
                 except nat.NatError as e:
                     raise ClusterError(f"NAT: {e}") from None
-            self.progress(f"NAT: every host's services advertise their port + {offset} (membership "
-                          f"{MEMBERSHIP_PORT + offset}, edge {EDGE_PORT + offset}, control {CONTROL_PORT + offset}, "
-                          f"model {MODEL_PORT + offset}), reachable from other hosts only through that mapping")
+            mapped = ", ".join(f"{m.name} {m.public}" for m in nat.MAPPED)
+            self.progress(f"NAT: every host's services advertise their port + {offset} ({mapped}), reachable from "
+                          "other hosts only through that mapping")
         if spec.shaped and self.netns is not None:
             self._shape_links()
         for h in self.hosts:

@@ -29,7 +29,7 @@ from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.planning import dry_run
-from swactor.orchestrator.planning.placement import Network, fewest_stages
+from swactor.orchestrator.planning.placement import MemoryNeed, Network, fewest_stages
 from swactor.orchestrator.planning.planner import RunPlan, memory_need, run_max_seq_len
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.runs import fsm as F
@@ -169,7 +169,7 @@ class Orchestrator:
         check_max_tokens(req, context)
         # pinned nodes say how many stages; else the request, the configured default, or the fewest that fit
         stages = req.stages or len(req.node_ids) or self.defaults.stages or fewest_stages(
-            self.members, model.facts.num_layers, self._demand(model, 1, ()).memory, self.network)
+            self.members, model.facts.num_layers, self._memory(model), self.network)
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
         if len(set(req.node_ids)) != len(req.node_ids) or (req.node_ids and len(req.node_ids) != stages):
@@ -180,10 +180,12 @@ class Orchestrator:
             raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; {bound}")
         return model, prompt_ids, stages, context
 
+    def _memory(self, model: LoadedModel) -> MemoryNeed | None:
+        return memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage,
+                           self.fsm_config.kv_dtype)
+
     def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
-        return Demand(stages, tuple(node_ids), model.facts.num_layers,
-                      memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage,
-                                  self.fsm_config.kv_dtype))
+        return Demand(stages, tuple(node_ids), model.facts.num_layers, self._memory(model))
 
     async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
         """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
