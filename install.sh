@@ -91,8 +91,9 @@ case "$MODE" in
     dev)
         [ $# -le 1 ] || die_usage "dev takes no options, got ${2@Q} (bash install.sh dev --help)"
         # clang: tinygrad's CPU device compiles kernels with it. The rest serve the multi-host
-        # tests: network namespaces (iproute2), partitions (nftables), delay (iptables NFQUEUE), systemd hosts.
-        apt_install clang iproute2 nftables iptables systemd-container debootstrap
+        # tests: network namespaces (iproute2), partitions (nftables), delay (iptables NFQUEUE), systemd hosts;
+        # chromium and its driver open the gateway's status page in the tests (headless).
+        apt_install clang iproute2 nftables iptables systemd-container debootstrap chromium chromium-driver curl
         build_venv "$ROOT/.venv"
         fetch_model "$ROOT/.cache/models"
         say "ready: $ROOT/.venv ($("$ROOT/.venv/bin/python" -c 'import swactor, swactor_ring; print("swactor", swactor.__version__, "swactor_ring", swactor_ring.__version__)'))"

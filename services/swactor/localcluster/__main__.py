@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loopback", action="store_true", help="loopback addresses even when root")
     p.add_argument("--dir", type=local_path, metavar="DIR", help="cluster directory (default: a temp dir removed at exit)")
     p.add_argument("--keep", action="store_true", help="keep the cluster directory (logs) at exit")
+    p.add_argument("--openai-port", type=integer(1, 65535), default=8000,
+                   help="serve the OpenAI-compatible API (swactor-gateway) on 127.0.0.1:PORT (default 8000)")
+    p.add_argument("--no-openai", action="store_true", help="no OpenAI-compatible API")
     add_link_conditions(p)
     p.add_argument("--far-host", type=far_host, action="append", default=[], metavar="H=RTT_MS",
                    help="host H (0..hosts-1) is RTT_MS of round trip from every other host, which keep the --link-* "
@@ -67,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                        base_dir=Path(args.dir) if args.dir else None, keep=args.keep,
                        netns=False if args.loopback else None, compute_threads=args.compute_threads,
                        readiness_timeout_s=args.readiness_timeout, links=links, host_links=host_links,
-                       slots=args.slots, nat=True if args.nat else None)
+                       slots=args.slots, nat=True if args.nat else None,
+                       openai_port=None if args.no_openai else args.openai_port)
     configure_logging("swactor-localcluster")
     try:
         cluster = LocalCluster(spec, progress=lambda s: print(s, file=sys.stderr, flush=True))

@@ -37,6 +37,7 @@ import grpc
 from swactor.common.events import get_logger
 from swactor.common.ids import load_or_create_node_id
 from swactor.localcluster import nat, ready
+from swactor.orchestrator.api.api_access import ensure_token
 from swactor.localcluster.layout import (
     CONTROL_PORT,
     EDGE_PORT,
@@ -101,6 +102,9 @@ class ClusterSpec:
     tables: dict[str, dict[str, object]] = field(default_factory=dict)
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 15.0
+    # The OpenAI-compatible gateway (swactor-gateway) on 127.0.0.1:PORT of this machine, a client of h0's
+    # orchestrator with a token file in the cluster dir; None: no gateway
+    openai_port: int | None = None
 
     @property
     def shaped(self) -> bool:
@@ -156,6 +160,9 @@ class LocalCluster:
         check_model(spec.model)
         if bad := [h for h in spec.host_links if not 0 <= h < spec.hosts]:
             raise ValueError(f"host_links names host {bad[0]}, not one of the {spec.hosts} host(s)")
+        if spec.openai_port is not None and not _port_free("127.0.0.1", spec.openai_port):
+            raise ClusterError(f"127.0.0.1:{spec.openai_port} is taken: give the OpenAI API another port "
+                               "(--openai-port) or none (--no-openai)")
         if spec.nat and spec.netns is False:
             raise ValueError("NAT needs network namespaces, not loopback addresses")
         if spec.shaped:
@@ -176,6 +183,8 @@ class LocalCluster:
         self._own_root = False
         self._lifeline: Lifeline | None = None
         self.teardown_report: dict[str, object] = {}
+        self.openai_url: str | None = None  # the gateway's API, with its bearer token in openai_token_file
+        self.openai_token_file: Path | None = None
 
     # --- context manager -------------------------------------------------------------------------
 
@@ -282,8 +291,30 @@ class LocalCluster:
             stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
             ready.wait_for("orchestrator pool", lambda: ready.pool_ready(stub, want), t,
                            check=self.check_alive, progress=self.progress)
+        if spec.openai_port is not None:
+            self._start_gateway(spec.openai_port)
         self.progress(f"local cluster ready: nodes {', '.join(str(n) for n in self.node_ids)}")
         log.info("localcluster_ready", hosts=spec.hosts, node_ids=self.node_ids, root=str(self.root))
+
+    def _start_gateway(self, port: int) -> None:
+        """The gateway runs in this machine's own network namespace (its 127.0.0.1 is the operator's), a client of
+        h0's orchestrator through the socket file."""
+        assert self.root is not None
+        h0 = self.hosts[0]
+        self.openai_token_file = self.root / "openai.token"
+        ensure_token(self.openai_token_file)
+        self.openai_url = f"http://127.0.0.1:{port}/v1"
+        argv = [sys.executable, "-m", "swactor.gateway.main", "--config", str(h0.config_path), "--address",
+                f"127.0.0.1:{port}", "--orchestrator-socket", str(h0.sock("orchestrator")),
+                "--token-file", str(self.openai_token_file)]
+        svc = Service("h0/gateway", argv, h0.log_dir / "gateway.log")
+        svc.start()
+        if self._lifeline is not None:
+            self._lifeline.own_group(svc.pid)
+        self.services.append(svc)
+        ready.wait_for("h0/gateway", lambda: ready.http_serving(f"{self.openai_url.removesuffix('/v1')}/health"),
+                       self.spec.start_timeout_s, check=self.check_alive, progress=self.progress)
+        self.progress(f"OpenAI API: {self.openai_url} (token file: {self.openai_token_file})")
 
     def _shape_links(self) -> None:
         assert self.netns is not None
@@ -400,7 +431,7 @@ class LocalCluster:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 old[sig] = signal.signal(sig, signal.SIG_IGN)
         try:
-            order = ["orchestrator", "worker", "edge", "membership", "arena"]
+            order = ["gateway", "orchestrator", "worker", "edge", "membership", "arena"]
             unclean: list[str] = []
             for kind in order:
                 # The hosts' services of one kind stop together (a teardown as long as one host's, not N times it)

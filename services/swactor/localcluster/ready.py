@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -34,6 +36,17 @@ def health_serving(socket: Path) -> None:
             raise NotReady(f"health check on {socket}: {e.code().name}") from None  # type: ignore[attr-defined]
     if resp.status != health_pb2.HealthCheckResponse.SERVING:
         raise NotReady(f"{socket} is {health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)}")
+
+
+def http_serving(url: str) -> None:
+    """Any HTTP answer from `url` (a 503 from a gateway whose pool is not ready is still a server up)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2.0):
+            return
+    except urllib.error.HTTPError:
+        return
+    except OSError as e:
+        raise NotReady(f"{url}: {e}") from None
 
 
 def members(socket: Path) -> list[mpb.Member]:

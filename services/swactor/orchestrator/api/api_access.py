@@ -203,6 +203,16 @@ def create_key_pair(cert_path: Path, key_path: Path, names: Iterable[str]) -> st
     return cert.fingerprint(hashes.SHA256()).hex()
 
 
+def ensure_token(token_file: Path) -> bool:
+    """A bearer token file made if there is none (0600), an existing one checked; whether it was made."""
+    made = not token_file.exists()
+    if made:
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(token_file, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+    read_token(token_file)
+    return made
+
+
 def init_access(cert: Path | None, key: Path | None, token_file: Path | None, names: Iterable[str]) -> dict:
     """Make what is missing (key pair, token), keep what exists; what was done, for the installer."""
     if cert is None or key is None or token_file is None:
@@ -212,9 +222,6 @@ def init_access(cert: Path | None, key: Path | None, token_file: Path | None, na
         create_key_pair(cert, key, names)
         created += ["tls_cert", "tls_key"]
     load_key_pair(cert, key)  # an existing pair, or one half missing: named here
-    if not token_file.exists():
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(token_file, (secrets.token_urlsafe(32) + "\n").encode(), 0o600)
+    if ensure_token(token_file):
         created.append("token_file")
-    read_token(token_file)
     return {"tls_cert": str(cert), "tls_key": str(key), "token_file": str(token_file), "created": created}

@@ -124,10 +124,16 @@ class Orchestrator:
     async def list_models(self) -> opb.ListModelsResponse:
         """Served models and every node's weights cache (models only when no lister is wired)."""
         if self._model_lister is not None:
-            return await self._model_lister(self.members)
-        from swactor.orchestrator.models.model_listing import served_models
+            resp = await self._model_lister(self.members)
+        else:
+            from swactor.orchestrator.models.model_listing import served_models
 
-        return opb.ListModelsResponse(models=served_models(self.models, None))
+            resp = opb.ListModelsResponse(models=served_models(self.models, None))
+        for m in resp.models:
+            loaded = self.models.loaded(m.name)
+            if loaded is not None:
+                m.context_length = run_max_seq_len(loaded.facts, self.fsm_config.max_seq_len_cap)
+        return resp
 
     # ---- runs ----
 
