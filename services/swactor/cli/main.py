@@ -178,6 +178,11 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.add_argument("--events", "--verbose", action="store_true",
                    help="show every lifecycle event on stderr (default: bring-up progress lines and faults only)")
+    d.add_argument("--serve", action="store_true",
+                   help="after the answer, keep the pool up and serve the OpenAI-compatible API on 127.0.0.1 until "
+                        "Ctrl-C (docs/demo.md)")
+    d.add_argument("--openai-port", type=integer(1, 65535), default=8000,
+                   help="with --serve: the OpenAI API's port (default 8000)")
     add_link_conditions(d)
     return p
 

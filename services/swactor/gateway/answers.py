@@ -54,6 +54,7 @@ class Answer:
     created: int = field(default_factory=lambda: int(time.time()))
     finish_reason: str | None = None
     first_token_s: float | None = None  # seconds from submission to the first token
+    last_token_s: float | None = None  # seconds from submission to the latest token (metrics.py: time per token)
     _submitted_at: float = field(default_factory=time.monotonic)
     _ended: bool = False  # its run finished, or a StopRun went out
     _background: set[asyncio.Task[None]] = field(default_factory=set)
@@ -70,8 +71,9 @@ class Answer:
             async with response_stream(self.client.watch(self.run_id)) as updates:
                 async for u in updates:
                     if u.HasField("token"):
+                        self.last_token_s = time.monotonic() - self._submitted_at
                         if self.first_token_s is None:
-                            self.first_token_s = time.monotonic() - self._submitted_at
+                            self.first_token_s = self.last_token_s
                         self.usage.completion_tokens += 1
                         text = scanner.feed(u.token.text)
                         if text:

@@ -1,4 +1,5 @@
-"""The gateway's HTTP routes (Starlette, served by uvicorn): the OpenAI API, /health, and the bearer-token check.
+"""The gateway's HTTP routes (Starlette, served by uvicorn): the OpenAI API, /health, /metrics (metrics.py), and the
+bearer-token check.
 
 Back-pressure: a stream's next chunk is produced only once the last one was handed to the socket (uvicorn pauses
 `send` while the transport's buffer is full), and WatchRun is read only as fast as that; so a slow reader holds at
@@ -23,14 +24,15 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from swactor.common.events import get_logger
-from swactor.gateway import answers, errors, shapes
+from swactor.gateway import answers, errors, shapes, status_page
 from swactor.gateway.answers import Answer
 from swactor.gateway.config import GatewayConfig
 from swactor.gateway.errors import ApiError
+from swactor.gateway.metrics import GatewayMetrics, RequestCounter
 from swactor.gateway.pool_client import PoolClient
 from swactor.gateway.requests import Endpoint, parse
 
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/health", status_page.LOGIN_PATH)
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 STARTED = int(time.time())
 
@@ -43,16 +45,27 @@ def error_response(e: ApiError) -> JSONResponse:
 
 class BearerToken:
     """ASGI middleware: every request but OPEN_PATHS carries `Authorization: Bearer <token>`, compared in constant
-    time (as SHA-256 digests, so not even its length leaks); else 401 before the route or the body is touched."""
+    time (as SHA-256 digests, so not even its length leaks); else 401 before the route or the body is touched.
+    A browser cannot send the header: the status pages (status_page.is_page) also take the cookie /login sets,
+    compared the same way, and send a browser with neither to /login."""
 
     def __init__(self, app: ASGIApp, token: bytes) -> None:
         self.app = app
         self._want = hashlib.sha256(b"Bearer " + token).digest()
+        self._want_cookie = hashlib.sha256(status_page.cookie_value(token)).digest()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
-            presented = dict(scope["headers"]).get(b"authorization")
-            if presented is None:
+            headers = dict(scope["headers"])
+            presented = headers.get(b"authorization")
+            if presented is None and status_page.is_page(scope["path"]):
+                cookie = status_page.presented_cookie(headers)
+                if cookie is None or not hmac.compare_digest(hashlib.sha256(cookie).digest(), self._want_cookie):
+                    await status_page.to_login(scope["path"], scope["query_string"].decode("latin-1"))(
+                        scope, receive, send)
+                    return
+                why = None
+            elif presented is None:
                 why = "missing bearer token: send the header 'Authorization: Bearer <token>'"
             elif not hmac.compare_digest(hashlib.sha256(presented).digest(), self._want):
                 why = "wrong bearer token"
@@ -76,20 +89,29 @@ class EventStream(StreamingResponse):
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def bounded_send(message: Any) -> None:
-            await asyncio.wait_for(send(message), self.send_timeout_s)
+        loop = asyncio.get_running_loop()
+        sending_since: float | None = None
 
-        streaming = asyncio.ensure_future(self.stream_response(bounded_send))
-        listening = asyncio.ensure_future(self.listen_for_disconnect(receive))
-        try:
-            await asyncio.wait({streaming, listening}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (streaming, listening):
-                t.cancel()
-            await asyncio.gather(streaming, listening, return_exceptions=True)
-            self.on_close()
-        if streaming.done() and not streaming.cancelled() and isinstance(streaming.exception(), TimeoutError):
+        async def timed_send(message: Any) -> None:  # no timer per chunk: one watcher looks now and then
+            nonlocal sending_since
+            sending_since = loop.time()
+            await send(message)
+            sending_since = None
+
+        async def watch_sends() -> None:
+            while sending_since is None or loop.time() - sending_since < self.send_timeout_s:
+                await asyncio.sleep(self.send_timeout_s / 8)
             log.warning("gateway_slow_reader_dropped", send_timeout_s=self.send_timeout_s)
+
+        tasks = [asyncio.ensure_future(c) for c in (self.stream_response(timed_send),
+                                                    self.listen_for_disconnect(receive), watch_sends())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.on_close()
 
 
 def sse(data: dict | str) -> str:
@@ -101,6 +123,7 @@ class Gateway:
         self.cfg = cfg
         self.client = client
         self.open_requests = 0
+        self.metrics = GatewayMetrics(client, lambda: self.open_requests)
 
     # ---- the request's envelope: size, concurrency, JSON ----
 
@@ -162,12 +185,16 @@ class Gateway:
             return EventStream(self._stream(answer), self.cfg.send_timeout_s, on_close=lambda: self._close(answer))
         try:
             return await self._whole(answer, request)
+        except ApiError as e:
+            self.metrics.run_failed(answer, e)
+            raise
         finally:
             self._close(answer)
 
     def _close(self, answer: Answer) -> None:
         self.open_requests -= 1
         answer.close()
+        self.metrics.answer_closed(answer)
 
     async def _whole(self, answer: Answer, request: Request) -> Response:
         async def collect() -> str:
@@ -195,6 +222,7 @@ class Gateway:
                 yield sse(shapes.chunk(answer, text))
         except ApiError as e:  # headers are gone: the error travels as an event, as OpenAI's API sends them
             log.warning("gateway_run_error", run_id=answer.run_id, status=e.status, code=e.code, detail=e.message)
+            self.metrics.run_failed(answer, e)
             yield sse(e.body())
             return
         yield sse(shapes.chunk(answer, finish=True))
@@ -224,7 +252,9 @@ def build_app(cfg: GatewayConfig, client: PoolClient, token: bytes) -> ASGIApp:
         Route("/v1/models/{name:path}", g.model, methods=["GET"]),
         Route("/v1/chat/completions", g.chat, methods=["POST"]),
         Route("/v1/completions", g.completions, methods=["POST"]),
+        *status_page.routes(client, token),
+        Route("/metrics", g.metrics.scrape, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={ApiError: api_error, 404: not_found})
     app.state.gateway = g
-    return BearerToken(app, token)
+    return RequestCounter(BearerToken(app, token), g.metrics)

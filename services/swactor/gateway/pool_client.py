@@ -22,6 +22,10 @@ from swactor.v1 import orchestrator_pb2_grpc
 T = TypeVar("T")
 CALL_TIMEOUT_S = 10.0
 QUEUE_RETRY_AFTER_S = 5
+# SubmitRuns sent at once. The orchestrator tokenizes a few prompts at a time and refuses more as RESOURCE_EXHAUSTED
+# (tokens/prompting.py MAX_PENDING, 8): a burst of clients waits its turn here, a moment each, instead of being told
+# the queue is full while it is not.
+SUBMITS_AT_ONCE = 4
 # The SubmitRunRequest fields the orchestrator names in its refusals, and the OpenAI field each one came from.
 PARAMS = {"max_tokens": "max_tokens", "max_context": "max_tokens", "prompt_ids": "prompt", "prompt": "prompt",
           "messages": "messages", "seed": "seed", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
@@ -74,6 +78,7 @@ class PoolClient(LocalClient):
         self.stub = orchestrator_pb2_grpc.OrchestratorStub(self._channel)
         self._models = _Kept(self._list_models, models_ttl_s)
         self._pool = _Kept(self._list_nodes, pool_ttl_s)
+        self._submitting = asyncio.Semaphore(SUBMITS_AT_ONCE)
 
     async def _call(self, what: str, call: Awaitable[T]) -> T:
         try:
@@ -105,10 +110,11 @@ class PoolClient(LocalClient):
                                code="model_not_found")
 
     async def submit(self, req: opb.SubmitRunRequest) -> opb.SubmitRunResponse:
-        return await self._call("SubmitRun", self.stub.SubmitRun(req, timeout=CALL_TIMEOUT_S))
+        async with self._submitting:
+            return await self._call("SubmitRun", self.stub.SubmitRun(req, timeout=CALL_TIMEOUT_S))
 
     def watch(self, run_id: int) -> grpc.aio.UnaryStreamCall:
-        return self.stub.WatchRun(opb.WatchRunRequest(run_id=run_id))
+        return self.stub.WatchRun(opb.WatchRunRequest(run_id=run_id, omit_object_events=True))
 
     async def stop(self, run_id: int, detail: str) -> None:
         # Refused when the run is already over (NOT_FOUND / FAILED_PRECONDITION), or the orchestrator is gone with it.

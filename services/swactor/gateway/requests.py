@@ -180,5 +180,6 @@ def parse(endpoint: Endpoint, body: Any) -> OpenAiRequest:
         raise ApiError.bad_param("stream_options", "stream_options must be an object")
     if options and not stream:
         raise ApiError.bad_param("stream_options", "stream_options is only allowed with stream: true")
-    include_usage = _flag(options or {}, "include_usage")
+    include_usage = _flag({"stream_options.include_usage": (options or {}).get("include_usage")},
+                          "stream_options.include_usage")
     return OpenAiRequest(endpoint, model, submit, _stops(body), stream, include_usage)

@@ -37,7 +37,6 @@ import grpc
 from swactor.common.events import get_logger
 from swactor.common.ids import load_or_create_node_id
 from swactor.localcluster import nat, ready
-from swactor.orchestrator.api.api_access import ensure_token
 from swactor.localcluster.layout import (
     CONTROL_PORT,
     EDGE_PORT,
@@ -54,6 +53,7 @@ from swactor.localcluster.linkshaping import unavailable as shaping_unavailable
 from swactor.localcluster.nat import PUBLIC_OFFSET
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
+from swactor.orchestrator.api.api_access import ensure_token
 from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
 from swactor.worker.stage_memory import advertised_memory
 

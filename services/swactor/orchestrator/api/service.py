@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from swactor.orchestrator.api.errors import RequestError
 from swactor.orchestrator.api.validation import RefusedRequest, SubmitDeserializer
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
 from swactor.orchestrator.runs.manager import Orchestrator
+from swactor.orchestrator.runs.runner import PER_OBJECT_KINDS
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 
@@ -65,7 +67,10 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         except RequestError as e:
             await self._refuse(context, "WatchRun", e)
             return
+        omit = request.omit_object_events
         async for update in updates:
+            if omit and update.HasField("event") and update.event.kind in PER_OBJECT_KINDS:
+                continue
             yield update
 
     async def GetRun(self, request, context):
@@ -89,7 +94,13 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
         network = self.o.network
         rtts = [opb.NodeRtt(from_node_id=a, to_node_id=b, rtt_ms=ms) for (a, b), ms in sorted(network.rtt_ms.items())]
         return opb.ListNodesResponse(nodes=nodes, pool_ready=status.ready, pool_detail=status.detail, rtts=rtts,
-                                     orchestrator_node_id=network.origin)
+                                     orchestrator_node_id=network.origin, live_runs=self._live_runs())
+
+    def _live_runs(self) -> list[opb.RunStateCount]:
+        """The runs held now by state: the queued ones, then the active ones by their record's state."""
+        states = Counter({opb.RUN_STATE_QUEUED: self.o.queued()})
+        states.update(h.record.state for h in self.o.active_runs())
+        return [opb.RunStateCount(state=state, runs=n) for state, n in sorted(states.items()) if n]
 
     async def ListModels(self, request, context):
         return await self.o.list_models()

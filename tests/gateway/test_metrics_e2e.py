@@ -1,0 +1,88 @@
+"""GET /metrics of the gateway in front of a real 2-host local pool: two chat completions through the official
+`openai` client (one whole, one streamed) move its counters by what their answers reported, and the pool gauges
+show the pool as the orchestrator sees it. Parsed with prometheus_client's own parser."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from swactor.localcluster import ClusterSpec, LocalCluster
+from tests.e2e.conftest import needs_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_model]
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+MAX_TOKENS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, token: str | None) -> tuple[int, str, str]:
+    """(status, content type, body) of a GET."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as resp:
+            return resp.status, resp.headers["content-type"], resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["content-type"], e.read().decode()
+
+
+def scrape(url: str, token: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    status, content_type, text = get(url, token)
+    assert status == 200 and content_type.startswith("text/plain"), text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def total(samples: dict, name: str, **labels: str) -> float:
+    """The sum over the series of `name` that carry `labels` (0 when there is none)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+def test_two_answers_move_the_counters_and_the_pool_shows() -> None:
+    spec = ClusterSpec(hosts=2, openai_port=free_port())
+    with LocalCluster(spec, progress=lambda line: print(line, flush=True)) as c:
+        assert c.openai_url is not None and c.openai_token_file is not None
+        token = c.openai_token_file.read_text().strip()
+        metrics_url = c.openai_url.removesuffix("/v1") + "/metrics"
+        before = scrape(metrics_url, token)
+        refused, _, _ = get(metrics_url, None)
+        client = openai.OpenAI(base_url=c.openai_url, api_key=token, max_retries=0, timeout=120)
+        whole = client.chat.completions.create(model="", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0)
+        chunks = list(client.chat.completions.create(model="", messages=QUESTION, max_tokens=MAX_TOKENS,
+                                                     temperature=0, stream=True,
+                                                     stream_options={"include_usage": True}))
+        after = scrape(metrics_url, token)
+
+    assert refused == 401  # behind the bearer token like every path but /health
+    [streamed] = [ch.usage for ch in chunks if ch.usage is not None]
+    usages = [whole.usage, streamed]
+    assert all(u is not None and u.completion_tokens >= 2 for u in usages)
+
+    def moved(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert moved("swactor_gateway_runs_total", outcome="completed") == 2
+    assert moved("swactor_gateway_completion_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert moved("swactor_gateway_prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert moved("swactor_gateway_time_to_first_token_seconds_count") == 2
+    assert moved("swactor_gateway_time_per_output_token_seconds_count") == 2
+    assert moved("swactor_gateway_requests_total", endpoint="/v1/chat/completions", status="200") == 2
+    assert moved("swactor_gateway_requests_total", endpoint="/metrics", status="401") == 1
+    assert total(after, "swactor_gateway_open_requests") == 0
+    assert total(after, "swactor_pool_up") == 1 and total(after, "swactor_pool_ready") == 1
+    assert total(after, "swactor_pool_members", readiness="available") == 2
+    assert total(after, "swactor_pool_runs", state="queued") == 0
+    assert moved("swactor_pool_retained_runs", outcome="completed") == 2
+    assert total(after, "swactor_pool_models", state="ready") == 1
