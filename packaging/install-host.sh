@@ -432,13 +432,11 @@ if [ -n "$GATEWAY" ]; then
         write_state_file "$ETC/gateway/cert.pem" 0644 root:root < "$GATEWAY_CERT"
         write_state_file "$ETC/gateway/key.pem" 0600 "$SERVICE_USER:swactor" < "$GATEWAY_KEY"
     elif [ "$GATEWAY_TLS" -eq 1 ]; then
-        # A self-signed pair made (once; an existing one is kept) by the orchestrator's own tool, told
-        # the gateway's paths: the certificate names what clients dial.
-        names=(--api-name "$ADVERTISE_IP" --api-name 127.0.0.1 --api-name localhost)
-        [[ "$gateway_host" =~ ^(0\.0\.0\.0|::)$ ]] || names+=(--api-name "$gateway_host")
-        for name in "${GATEWAY_NAMES[@]}"; do names+=(--api-name "$name"); done
-        "$PREFIX/venv/bin/swactor-orchestrator" --config "$ETC/swactor.toml" --tls-cert "$ETC/gateway/cert.pem" \
-            --tls-key "$ETC/gateway/key.pem" --token-file "$ETC/gateway/token" --init-api-access "${names[@]}" >/dev/null
+        # A self-signed pair made once (an existing one is kept): the certificate names what clients dial.
+        names=(--tls-name "$ADVERTISE_IP" --tls-name 127.0.0.1 --tls-name localhost)
+        [[ "$gateway_host" =~ ^(0\.0\.0\.0|::)$ ]] || names+=(--tls-name "$gateway_host")
+        for name in "${GATEWAY_NAMES[@]}"; do names+=(--tls-name "$name"); done
+        "$PREFIX/venv/bin/swactor-gateway" --config "$ETC/swactor.toml" --init-tls "${names[@]}" >/dev/null
         chown "$SERVICE_USER:swactor" "$ETC/gateway/key.pem"
     fi
     # What a client dials: the address served, or for a wildcard this host's advertised one.

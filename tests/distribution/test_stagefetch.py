@@ -207,3 +207,21 @@ def test_a_cache_file_removed_or_cut_under_a_live_pool_is_named_then_refetched_o
             assert bytes(a.data.tobytes()) == bytes(b.data.tobytes()), name
     finally:
         s.close()
+
+
+def test_the_pool_counts_every_byte_it_received_once(model: Path, tmp_path: Path) -> None:
+    s = serve(model, piece_bytes=64 << 10)
+    try:
+        async def go():
+            p = pool(tmp_path / "cache")
+            assert p.received_bytes == 0
+            first = await p.acquire(s.request(2, 4, 6))
+            after_first = p.received_bytes
+            again = await p.acquire(s.request(2, 4, 6))  # all cached: nothing more crosses
+            return first, again, after_first, p.received_bytes
+
+        first, again, after_first, after_again = run(go())
+        assert after_first == first.bytes_fetched > 0
+        assert again.bytes_fetched == 0 and after_again == after_first
+    finally:
+        s.close()

@@ -22,6 +22,7 @@ from swactor.edge.admission import (
     Initial,
     Refusal,
     SendRetry,
+    SendVersionNegotiation,
     parse_initial,
 )
 from swactor.edge.config import EdgeConfig
@@ -167,6 +168,24 @@ def test_not_an_initial_is_dropped_before_anything_else() -> None:
     verdict, fields = a.admit_new(junk_initial(), (MEMBER, 1), 0.0)
     assert isinstance(verdict, Admit) and fields is not None and verdict.original_dcid == fields.dcid
     assert a.half_open_total == 1 and a.retries_sent == 0
+
+
+def test_an_unknown_version_gets_version_negotiation_not_a_refusal() -> None:
+    """RFC 9000 §6.1: a long header of a version we do not speak, >= 1200 bytes, is answered with a Version
+    Negotiation packet (the orchestrator's reachability probe is one); nothing is kept or counted as refused."""
+    a = admission(retry_rate=1.0, retry_burst=2.0)
+    dcid, scid = b"\x11" * 8, b"\x22" * 5
+    probe = bytes([0xF0]) + (0x1A2A3A4A).to_bytes(4, "big") + bytes([8]) + dcid + bytes([5]) + scid
+    probe += bytes(1200 - len(probe))
+    assert a.admit_new(probe, ("203.0.113.9", 1), 0.0) == (SendVersionNegotiation(dcid, scid), None)
+    assert a.version_negotiations_sent == 1 and a.half_open_total == 0 and not any(a.totals.values())
+    vn = bytes([0x80, 0, 0, 0, 0, 8]) + dcid + bytes([5]) + scid + bytes(1200)  # a VN packet itself: never answered
+    assert a.admit_new(vn, ("203.0.113.9", 1), 0.0) == (Drop(Refusal.NOT_INITIAL), None)
+    assert a.admit_new(probe[:1199], ("203.0.113.9", 1), 0.0) == (Drop(Refusal.NOT_INITIAL), None)  # too small
+    # stateless replies share the Retry budget: a flood of probes costs at most retry_rate answers a second
+    assert isinstance(a.admit_new(probe, ("203.0.113.9", 1), 0.0)[0], SendVersionNegotiation)
+    assert a.admit_new(probe, ("203.0.113.9", 1), 0.0) == (Drop(Refusal.RETRY_RATE), None)
+    assert a.version_negotiations_sent == 2
 
 
 def test_members_skip_retry_strangers_are_validated_first() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -16,27 +15,11 @@ from swactor.gateway.app import build_app
 from swactor.gateway.config import GatewayConfig
 from swactor.gateway.pool_client import refusal
 from swactor.v1 import orchestrator_pb2 as opb
+from tests.gateway.helpers import FakeCall
 
 TOKEN = b"t" * 32
 AUTH = {"authorization": "Bearer " + TOKEN.decode()}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
-
-
-class FakeCall:
-    def __init__(self, updates: list[opb.RunUpdate], hold: asyncio.Event | None = None) -> None:
-        self.updates, self.hold, self.cancelled = updates, hold, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    async def _gen(self) -> AsyncIterator[opb.RunUpdate]:
-        for u in self.updates:
-            yield u
-        if self.hold is not None:
-            await self.hold.wait()
-
-    def __aiter__(self) -> AsyncIterator[opb.RunUpdate]:
-        return self._gen()
 
 
 def tokens(*texts: str, outcome: int = opb.RUN_OUTCOME_COMPLETED, reason: str = "eos") -> list[opb.RunUpdate]:

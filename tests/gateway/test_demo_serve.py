@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import needs_model
-from tests.gateway.test_gateway_e2e import MODEL, free_port
+from tests.gateway.helpers import MODEL, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_model]
 LINE = re.compile(r"OpenAI API: (http://127\.0\.0\.1:(\d+)/v1) \(token file: (\S+)\)")

@@ -5,7 +5,6 @@ and a client that leaves mid-answer stops its run."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -14,37 +13,27 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from swactor.localcluster import ClusterSpec, LocalCluster
+from swactor.localcluster import LocalCluster
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 from tests.e2e.conftest import needs_model
+from tests.gateway.helpers import MODEL, gateway_pool, token_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), needs_model]
 
-MODEL = "smollm2-135m-instruct"
 QUESTION = "What is the capital of France?"
 STORY = "Once upon a time, in a small village,"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pool() -> Iterator[LocalCluster]:
-    # Two stages, so every answer crosses both hosts; a queue of one, so a third run is refused (429).
-    spec = ClusterSpec(hosts=2, openai_port=free_port(),
-                       orchestrator={"queue_depth": 1, "default_stages": 2, "pool_timeout_s": 8.0})
-    with LocalCluster(spec, progress=lambda line: print(line, flush=True)) as c:
+    with gateway_pool(queue_depth=1, pool_timeout_s=8.0) as c:  # a queue of one: a third run is refused (429)
         yield c
 
 
 @pytest.fixture(scope="module")
 def token(pool: LocalCluster) -> str:
-    assert pool.openai_token_file is not None
-    return pool.openai_token_file.read_text().strip()
+    return token_of(pool)
 
 
 @pytest.fixture(scope="module")

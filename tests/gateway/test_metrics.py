@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +19,9 @@ from swactor.gateway.app import build_app
 from swactor.gateway.config import GatewayConfig
 from swactor.gateway.metrics import PoolView, endpoint_label, pool_families, time_per_output_token_s
 from swactor.gateway.requests import Endpoint, parse
+from swactor.v1 import edge_pb2, stage_pb2
 from swactor.v1 import orchestrator_pb2 as opb
+from tests.gateway.helpers import FakeCall
 
 pytestmark = pytest.mark.timeout(30)
 TOKEN = b"m" * 32
@@ -32,25 +33,6 @@ def tokens(*texts: str, outcome: int = opb.RUN_OUTCOME_COMPLETED, reason: str = 
     out = [opb.RunUpdate(token=opb.TokenDelta(sequence=i, token_id=i, text=t)) for i, t in enumerate(texts)]
     out.append(opb.RunUpdate(finished=opb.Run(run_id=7, outcome=outcome, reason=reason, token_ids=range(len(texts)))))
     return out
-
-
-class FakeCall:
-    """WatchRun's call: the scripted updates, then (with `hold`) no more until it is set."""
-
-    def __init__(self, updates: list[opb.RunUpdate], hold: asyncio.Event | None) -> None:
-        self.updates, self.hold = updates, hold
-
-    def cancel(self) -> None:
-        pass
-
-    async def _gen(self) -> AsyncIterator[opb.RunUpdate]:
-        for u in self.updates:
-            yield u
-        if self.hold is not None:
-            await self.hold.wait()
-
-    def __aiter__(self) -> AsyncIterator[opb.RunUpdate]:
-        return self._gen()
 
 
 def listed_nodes() -> opb.ListNodesResponse:
@@ -71,6 +53,20 @@ def retained_runs() -> list[opb.Run]:
             opb.Run(run_id=3, state=opb.RUN_STATE_DONE, outcome=done, reason="max_tokens"),
             opb.Run(run_id=4, state=opb.RUN_STATE_DONE, outcome=faulted, reason="RUN_FAULT_STEP_FAILED"),
             opb.Run(run_id=5, state=opb.RUN_STATE_RUNNING)]  # in flight: no outcome yet, not counted
+
+
+def host_figures() -> opb.GetPoolMetricsResponse:
+    """Node 11 answered with every figure, node 13 did not answer."""
+    host = stage_pb2.HostMetrics(node_id=11, weights_fetched_bytes=5 << 20,
+                                 arena=stage_pb2.ArenaFigures(ceiling_bytes=1 << 30, leased_bytes=3 << 20, leases=4),
+                                 traffic=[edge_pb2.PeerTraffic(peer_node_id=12, sent_bytes=9000, sent_datagrams=7,
+                                                               received_bytes=800, received_datagrams=6,
+                                                               lost_packets=1)],
+                                 steps=[stage_pb2.StageSteps(stage_index=0, count=40, seconds=2.5)],
+                                 transfers=[edge_pb2.ObjectTransfers(peer_node_id=12, role=edge_pb2.EDGE_ROLE_SEND,
+                                                                     objects=41, seconds=0.25)])
+    return opb.GetPoolMetricsResponse(nodes=[opb.NodeMetrics(node_id=11, hostname="h0", host=host),
+                                             opb.NodeMetrics(node_id=13, hostname="h2", error="UNAVAILABLE: gone")])
 
 
 @dataclass
@@ -94,6 +90,10 @@ class FakePool:
         self._answer()
         self.runs_asked.append(limit)
         return retained_runs()
+
+    async def host_metrics(self) -> opb.GetPoolMetricsResponse:
+        self._answer()
+        return host_figures()
 
     def _answer(self) -> None:
         if self.down:
@@ -259,10 +259,33 @@ def test_pool_gauges_at_scrape_time() -> None:
     assert pool.runs_asked == [1000]
 
 
+def test_host_figures_at_scrape_time() -> None:
+    samples = asyncio.run(scrape(gateway(FakePool())))
+    h0, h2 = {"node_id": "11", "hostname": "h0"}, {"node_id": "13", "hostname": "h2"}
+    assert value(samples, "swactor_host_up", **h0) == 1 and value(samples, "swactor_host_up", **h2) == 0
+    assert value(samples, "swactor_host_arena_ceiling_bytes", **h0) == 1 << 30
+    assert value(samples, "swactor_host_arena_leased_bytes", **h0) == 3 << 20
+    assert value(samples, "swactor_host_arena_leases", **h0) == 4
+    peer = {**h0, "peer_node_id": "12"}
+    assert value(samples, "swactor_host_quic_sent_bytes_total", **peer) == 9000
+    assert value(samples, "swactor_host_quic_received_bytes_total", **peer) == 800
+    assert value(samples, "swactor_host_quic_sent_datagrams_total", **peer) == 7
+    assert value(samples, "swactor_host_quic_received_datagrams_total", **peer) == 6
+    assert value(samples, "swactor_host_quic_lost_packets_total", **peer) == 1
+    assert value(samples, "swactor_host_edge_object_transfer_seconds_count", **peer, role="send") == 41
+    assert value(samples, "swactor_host_edge_object_transfer_seconds_sum", **peer, role="send") == 0.25
+    assert value(samples, "swactor_host_weights_fetched_bytes_total", **h0) == 5 << 20
+    assert value(samples, "swactor_stage_step_seconds_count", **h0, stage_index="0") == 40
+    assert value(samples, "swactor_stage_step_seconds_sum", **h0, stage_index="0") == 2.5
+    # the member that did not answer has nothing but its up
+    assert [name for name, labels in samples if ("node_id", "13") in labels] == ["swactor_host_up"]
+
+
 def test_an_orchestrator_that_does_not_answer_shows_as_pool_down() -> None:
     samples = asyncio.run(scrape(gateway(FakePool(down=True))))
     assert value(samples, "swactor_pool_up") == 0
     assert not [name for name, _ in samples if name.startswith("swactor_pool_") and name != "swactor_pool_up"]
+    assert not [name for name, _ in samples if name.startswith("swactor_host_")]
     assert value(samples, "swactor_gateway_open_requests") == 0  # the gateway's own series are still there
 
 

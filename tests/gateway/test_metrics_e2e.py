@@ -1,10 +1,11 @@
 """GET /metrics of the gateway in front of a real 2-host local pool: two chat completions through the official
 `openai` client (one whole, one streamed) move its counters by what their answers reported, and the pool gauges
-show the pool as the orchestrator sees it. Parsed with prometheus_client's own parser."""
+show the pool as the orchestrator sees it, and each host's own figures come through: its arena leased while the
+streamed answer decodes, QUIC bytes sent to the other host, object records received, compute steps of its
+stage. Parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 
@@ -12,19 +13,13 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from swactor.localcluster import ClusterSpec, LocalCluster
 from tests.e2e.conftest import needs_model
+from tests.gateway.helpers import gateway_pool, token_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), needs_model]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 MAX_TOKENS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def get(url: str, token: str | None) -> tuple[int, str, str]:
@@ -51,19 +46,22 @@ def total(samples: dict, name: str, **labels: str) -> float:
 
 
 def test_two_answers_move_the_counters_and_the_pool_shows() -> None:
-    spec = ClusterSpec(hosts=2, openai_port=free_port())
-    with LocalCluster(spec, progress=lambda line: print(line, flush=True)) as c:
-        assert c.openai_url is not None and c.openai_token_file is not None
-        token = c.openai_token_file.read_text().strip()
+    with gateway_pool() as c:  # a stage on each host
+        assert c.openai_url is not None
+        token = token_of(c)
         metrics_url = c.openai_url.removesuffix("/v1") + "/metrics"
         before = scrape(metrics_url, token)
         refused, _, _ = get(metrics_url, None)
         client = openai.OpenAI(base_url=c.openai_url, api_key=token, max_retries=0, timeout=120)
         whole = client.chat.completions.create(model="", messages=QUESTION, max_tokens=MAX_TOKENS, temperature=0)
-        chunks = list(client.chat.completions.create(model="", messages=QUESTION, max_tokens=MAX_TOKENS,
-                                                     temperature=0, stream=True,
-                                                     stream_options={"include_usage": True}))
+        chunks, during = [], {}
+        for chunk in client.chat.completions.create(model="", messages=QUESTION, max_tokens=MAX_TOKENS,
+                                                    temperature=0, stream=True, stream_options={"include_usage": True}):
+            chunks.append(chunk)
+            if not during:  # the run is decoding: its rings are leased on both hosts
+                during = scrape(metrics_url, token)
         after = scrape(metrics_url, token)
+        nodes = [str(n) for n in c.node_ids]
 
     assert refused == 401  # behind the bearer token like every path but /health
     [streamed] = [ch.usage for ch in chunks if ch.usage is not None]
@@ -86,3 +84,16 @@ def test_two_answers_move_the_counters_and_the_pool_shows() -> None:
     assert total(after, "swactor_pool_runs", state="queued") == 0
     assert moved("swactor_pool_retained_runs", outcome="completed") == 2
     assert total(after, "swactor_pool_models", state="ready") == 1
+
+    # each host's own figures, through the orchestrator
+    for node in nodes:
+        assert total(after, "swactor_host_up", node_id=node) == 1
+        assert total(during, "swactor_host_arena_leased_bytes", node_id=node) > 0
+        assert total(after, "swactor_host_arena_ceiling_bytes", node_id=node) > 0
+        assert total(after, "swactor_host_quic_sent_bytes_total", node_id=node) > 0
+        assert total(after, "swactor_host_quic_received_datagrams_total", node_id=node) > 0
+        assert total(after, "swactor_host_edge_object_transfer_seconds_count", node_id=node, role="recv") > 0
+        assert total(after, "swactor_stage_step_seconds_count", node_id=node) > 0
+        assert total(after, "swactor_stage_step_seconds_sum", node_id=node) > 0
+    stages = sorted(dict(ls)["stage_index"] for (n, ls) in after if n == "swactor_stage_step_seconds_count")
+    assert stages == ["0", "1"]  # one stage on each host

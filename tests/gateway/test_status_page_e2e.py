@@ -5,18 +5,18 @@ a traced run's per-token timeline as SVG. Screenshots are kept under the test's 
 from __future__ import annotations
 
 import base64
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from swactor.localcluster import ClusterSpec, LocalCluster
+from swactor.localcluster import LocalCluster
 from swactor.localcluster.run import follow
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
 from tests.e2e.conftest import needs_model
+from tests.gateway.helpers import MODEL, gateway_pool, token_of
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -25,20 +25,12 @@ needs_chromium = pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exis
                                            "/usr/bin/chromedriver): apt-get install chromium chromium-driver")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400), needs_model, needs_chromium]
 
-MODEL = "smollm2-135m-instruct"
 PROMPT = "Once upon a time, in a small village,"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[LocalCluster]:
-    spec = ClusterSpec(hosts=2, openai_port=free_port(), orchestrator={"default_stages": 2})
-    with LocalCluster(spec, progress=lambda line: print(line, flush=True)) as c:
+    with gateway_pool() as c:
         yield c
 
 
@@ -73,8 +65,8 @@ def shot(driver, path: Path) -> None:
 def test_status_page_in_a_browser(pool: LocalCluster, browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
-    assert pool.openai_url is not None and pool.openai_token_file is not None
-    token = pool.openai_token_file.read_text().strip()
+    assert pool.openai_url is not None
+    token = token_of(pool)
     base = pool.openai_url.removesuffix("/v1")
     answer = openai.OpenAI(base_url=pool.openai_url, api_key=token, max_retries=0, timeout=120).completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=8, temperature=0)

@@ -50,9 +50,11 @@ def test_two_stage_run_streams_text_events_and_tears_down(tmp_path: Path) -> Non
             got = await s.stub.GetRun(opb.GetRunRequest(run_id=resp.run_id))
             listed = await s.stub.ListRuns(opb.ListRunsRequest())
             tokens = await s.stub.GetEvents(opb.GetEventsRequest(run_id=resp.run_id, kind=pb.TOKEN_RECEIVED))
-            return resp, updates, got, listed, tokens
+            answer_only = [u async for u in s.stub.WatchRun(opb.WatchRunRequest(run_id=resp.run_id,
+                                                                                omit_object_events=True))]
+            return resp, updates, got, listed, tokens, answer_only
 
-    resp, updates, got, listed, tokens = run(main())
+    resp, updates, got, listed, tokens, answer_only = run(main())
     prompt = tok.encode(render_chat(tok.data.chat_template, [Message("user", "What is the capital of France?")]))
     assert resp.prompt_tokens == len(prompt)
     assert fleet.injected[0] == (0, tuple(prompt))
@@ -77,6 +79,8 @@ def test_two_stage_run_streams_text_events_and_tears_down(tmp_path: Path) -> Non
     assert got == final and listed.runs[0] == final
     assert len(tokens.events) == len(script)
     assert sorted(fleet.stopped) == [0, 1] and fleet.closed == 1
+    # A watcher of the answer alone gets the same stream less the per-object events (the gateway's).
+    assert answer_only == [u for u in updates if not (u.HasField("event") and u.event.kind == pb.TOKEN_RECEIVED)]
 
 
 def test_bad_requests_are_refused_by_name_and_the_server_keeps_serving(tmp_path: Path) -> None:

@@ -278,7 +278,9 @@ def submit(stub, req: opb.SubmitRunRequest, timeout: float, retries: int) -> opb
 def stream(stub, run_id: int, *, events: bool, as_json: bool) -> int:
     out = sys.stdout
     final = None
-    updates: Iterator[opb.RunUpdate] = stub.WatchRun(opb.WatchRunRequest(run_id=run_id))
+    # The answer alone needs no per-token TOKEN_RECEIVED events: half the messages.
+    request = opb.WatchRunRequest(run_id=run_id, omit_object_events=not (events or as_json))
+    updates: Iterator[opb.RunUpdate] = stub.WatchRun(request)
     for u in updates:
         if as_json:
             print(json.dumps(render.as_json(u)), flush=True)

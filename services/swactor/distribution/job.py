@@ -82,6 +82,8 @@ class Job:
 
     def _finish(self, error: BaseException | None) -> None:
         def settle() -> None:
+            if self in self.entry.jobs:
+                self.pool.job_ended(self)
             self.entry.jobs.discard(self)
             if not self.done.done():
                 if error is None:

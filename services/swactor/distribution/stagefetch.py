@@ -52,7 +52,19 @@ class FetchPool:
         self.client_factory = client_factory or (lambda t: fetcher.RangeClient(t, stall_timeout_s=stall_timeout_s))
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by acquire
         self._changed = asyncio.Event()
+        self._received_by_ended_jobs = 0  # bytes the fetches that ended received (Job.settle adds them)
         self.log = get_logger(component="fetch_pool")
+
+    @property
+    def received_bytes(self) -> int:
+        """Bytes of weights received from model servers since the pool started: the ended fetches' and the running
+        ones' so far (a counter: it only grows)."""
+        running = sum(j.received for e in list(self.cache.entries.values()) for j in list(e.jobs) if isinstance(j, Job))
+        return self._received_by_ended_jobs + running
+
+    def job_ended(self, job: Job) -> None:
+        """On the pool's loop, as a fetch leaves its entry: what it received moves into the ended fetches' count."""
+        self._received_by_ended_jobs += job.received
 
     def changed(self) -> None:
         self._changed.set()

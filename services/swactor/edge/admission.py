@@ -8,12 +8,19 @@ datagram), and gets back one of
 
     Admit(odcid, retry_scid)   create the server connection (a half-open slot is now reserved)
     SendRetry(scid, token)     answer with a stateless Retry packet, keep nothing
+    SendVersionNegotiation(dcid, scid)
+                               answer with a stateless Version Negotiation packet, keep nothing
     Drop(reason)               ignore the datagram (counted under `reason`)
 
 The policy, in order:
 
 1. QUIC's own minimum: a long-header client INITIAL of at least 1200 bytes (RFC 9000 §14.1) with a
-   version we speak; anything else for an unknown CID is NOT_INITIAL / UNSUPPORTED_VERSION.
+   version we speak; anything else for an unknown CID is NOT_INITIAL / UNSUPPORTED_VERSION. A
+   long-header datagram of at least 1200 bytes with a version we do not speak gets a Version
+   Negotiation packet (RFC 9000 §6.1: shorter than the probe, so no amplification), out of the
+   Retry budget and not counted as a refusal: the orchestrator's reachability probe
+   (orchestrator/fleet/reach_probe.py) is such a datagram, and any QUIC client's first try of a
+   newer version too.
 2. Address validation (RFC 9000 §8.1): an Initial with a Retry token must carry a valid one
    (retry_token.py: HMAC'd, bound to address and CIDs, expiring); one without a token gets a
    Retry, unless its source address is a member's (the membership view's edge endpoints:
@@ -91,6 +98,18 @@ MAX_CID = 20  # RFC 9000 §17.2
 _INITIAL_TYPE = {0x00000001: 0, 0x6B3343CF: 1}  # QUIC v1 (RFC 9000), v2 (RFC 9369): Initial's type bits
 
 
+def parse_long_header(data: bytes) -> tuple[int, bytes, bytes] | None:
+    """(version, dcid, scid) of a long-header packet from the version-independent header (RFC 8999
+    §5.1), whatever its version; else None."""
+    n = len(data)
+    if n < 7 or not data[0] & 0x80:
+        return None
+    i = 6 + data[5]
+    if i >= n or i + 1 + data[i] > n:
+        return None
+    return int.from_bytes(data[1:5], "big"), data[6:i], data[i + 1:i + 1 + data[i]]
+
+
 def parse_initial(data: bytes) -> Initial | None:
     """The Initial's fields if `data` starts with a long-header Initial packet (RFC 9000 §17.2.2)
     of a version we know, else None. Hand-written for speed: under a flood it runs per datagram."""
@@ -135,7 +154,13 @@ class Drop:
     reason: Refusal
 
 
-Verdict = Admit | SendRetry | Drop
+@dataclass(frozen=True, slots=True)
+class SendVersionNegotiation:
+    dcid: bytes  # the client's destination and source CIDs, echoed swapped (RFC 9000 §17.2.1)
+    scid: bytes
+
+
+Verdict = Admit | SendRetry | SendVersionNegotiation | Drop
 _DROPS = [Drop(r) for r in Refusal]  # one instance per reason: nothing allocated per dropped packet
 
 
@@ -198,6 +223,7 @@ class ConnectionAdmission:
         self.half_open_total = 0
         self._totals = [0] * len(Refusal)  # indexed by Refusal
         self.retries_sent = 0
+        self.version_negotiations_sent = 0
         self.admitted = 0
         self._window = [0] * len(Refusal)
         self._window_any = False
@@ -215,8 +241,16 @@ class ConnectionAdmission:
 
     def admit_new(self, data: bytes, addr: tuple[str, int], now: float) -> tuple[Verdict, Initial | None]:
         """The verdict on a datagram for an unknown CID, and its Initial fields when it has them."""
-        initial = parse_initial(data) if len(data) >= SMALLEST_MAX_DATAGRAM_SIZE else None
+        big = len(data) >= SMALLEST_MAX_DATAGRAM_SIZE
+        initial = parse_initial(data) if big else None
         if initial is None:
+            header = parse_long_header(data) if big else None
+            # version 0 is a Version Negotiation packet itself: never answered (RFC 9000 §6.1)
+            if header is not None and header[0] != 0 and header[0] not in self.supported_versions:
+                if not self._retry_bucket.take(now):  # stateless replies share the Retry budget
+                    return self.refused(Refusal.RETRY_RATE, addr[0]), None
+                self.version_negotiations_sent += 1
+                return SendVersionNegotiation(header[1], header[2]), None
             return self.refused(Refusal.NOT_INITIAL, addr[0]), None
         return self.admit_initial(initial, addr, now), initial
 

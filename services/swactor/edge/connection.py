@@ -16,6 +16,7 @@ from aioquic.quic.packet import QuicErrorCode
 
 from swactor.common.events import get_logger
 from swactor.edge.quic_conn import EdgeQuicConnection
+from swactor.edge.traffic import Traffic
 
 if TYPE_CHECKING:
     from swactor.edge.endpoint import Endpoint
@@ -68,10 +69,16 @@ class EdgeConnection:
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_ids = itertools.count(1)
         self.pings_acked = 0  # keepalive PINGs the peer acknowledged
+        self.traffic = Traffic()  # datagrams and bytes: sent counted by transmit, received by the endpoint
 
     @property
     def peer_node_id(self) -> int | None:
         return self.quic.peer_node_id
+
+    def counts(self) -> Traffic:
+        """What this connection sent and received so far, with the packets its QUIC recovery declared lost."""
+        self.traffic.lost_packets = self.quic.lost_packets
+        return self.traffic
 
     @property
     def max_datagram_size(self) -> int:
@@ -115,8 +122,11 @@ class EdgeConnection:
             return
         loop = self.endpoint.loop
         sendto = self.endpoint.sendto
+        traffic = self.traffic
         for data, addr in self.quic.datagrams_to_send(now=loop.time()):
             sendto(data, addr)
+            traffic.sent_bytes += len(data)
+            traffic.sent_datagrams += 1
         timer_at = self.quic.get_timer()
         if self._timer is not None and self._timer_at != timer_at:
             self._timer.cancel()

@@ -100,7 +100,8 @@ class Driver:
                              owner_id: int = 0) -> None:
         self._check_request(edge_id, ring_id, SEND, rx_node_id)
         ring = await self._open_ring(self.rings.open_consumer, edge_id, SEND, ring_id, layout)
-        rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, self._tap(edge_id, SEND, ring_id), owner_id)
+        tap = self._tap(edge_id, SEND, ring_id, rx_node_id)
+        rec = self.table.add_send(edge_id, ring_id, rx_node_id, ring, tap, owner_id)
         self._watch_ring(rec)
         self._dials[(edge_id, SEND)] = asyncio.ensure_future(self._dial(rec))
         self._after()
@@ -123,7 +124,7 @@ class Driver:
         self._check_request(edge_id, ring_id, RECV, tx_node_id)
         ring = await self._open_ring(self.rings.open_producer, edge_id, RECV, ring_id, layout)
         try:
-            rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id),
+            rec = self.table.add_recv(edge_id, ring_id, tx_node_id, ring, self._tap(edge_id, RECV, ring_id, tx_node_id),
                                       self._loop.time(), wall_us(), owner_id)
         except EdgeError:
             ring.release()
@@ -215,7 +216,8 @@ class Driver:
         self.retired.set()
 
     def status(self) -> edge_pb2.EdgeDriverStatus:
-        return driver_status(self.node_id, self.identity.fingerprint, self.endpoint, self.table)
+        return driver_status(self.node_id, self.identity.fingerprint, self.endpoint, self.table,
+                             self.taps.transfer_protos())
 
     def status_line(self) -> str:
         return status_line(self.endpoint, self.table)
@@ -307,11 +309,11 @@ class Driver:
 
     # ---- object timings (objtap.py, timingflush.py) ----
 
-    def _tap(self, edge_id: int, role: int, ring_id: int) -> ObjectTap | None:
+    def _tap(self, edge_id: int, role: int, ring_id: int, peer_node_id: int) -> ObjectTap | None:
         if not self.config.object_timing:
             return None
         self._flush_timings()  # a previous end of this edge id: its marks go out first
-        return self.taps.new_tap(edge_id, role, ring_id)
+        return self.taps.new_tap(edge_id, role, ring_id, peer_node_id)
 
     def _arm_flush(self) -> None:
         if self._flush_timer is None:

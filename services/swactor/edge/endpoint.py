@@ -28,11 +28,19 @@ from dataclasses import dataclass, field
 
 from aioquic import tls
 from aioquic.quic.configuration import QuicConfiguration
-from aioquic.quic.packet import encode_quic_retry
+from aioquic.quic.packet import encode_quic_retry, encode_quic_version_negotiation
 from cryptography import x509
 
 from swactor.common.events import get_logger
-from swactor.edge.admission import AdmissionLimits, Admit, ConnectionAdmission, Drop, Refusal, SendRetry
+from swactor.edge.admission import (
+    AdmissionLimits,
+    Admit,
+    ConnectionAdmission,
+    Drop,
+    Refusal,
+    SendRetry,
+    SendVersionNegotiation,
+)
 from swactor.edge.config import ALPN, EdgeConfig
 from swactor.edge.connection import ConnectionListener, EdgeConnection, PeerUnreachable
 from swactor.edge.guard import AdmissionGuard
@@ -40,6 +48,7 @@ from swactor.edge.identity import EdgeIdentity, fingerprint
 from swactor.edge.mtu import datagram_size_for
 from swactor.edge.peers import PeerDirectory, parse_endpoint
 from swactor.edge.quic_conn import EdgeQuicConnection
+from swactor.edge.traffic import Traffic, TrafficLedger
 
 READ_BATCH = 128
 CID_LEN = 8
@@ -62,6 +71,7 @@ class Endpoint:
     _dials: dict[int, asyncio.Task[EdgeConnection]] = field(default_factory=dict, init=False)
     connections: set[EdgeConnection] = field(default_factory=set, init=False)
     send_errors: int = field(default=0, init=False)
+    traffic: TrafficLedger = field(default_factory=TrafficLedger, init=False)  # of the connections gone
     admission: ConnectionAdmission = field(init=False)
     guard: AdmissionGuard = field(init=False)
 
@@ -142,6 +152,8 @@ class Endpoint:
                     continue
                 conn.expect_handshake(self.config.handshake_timeout, self._handshake_expired)
             conn.last_rx = now
+            conn.traffic.received_bytes += len(data)
+            conn.traffic.received_datagrams += 1
             touched[conn.uid] = conn
         for conn in touched.values():
             conn.process_events()
@@ -154,6 +166,11 @@ class Endpoint:
             return None
         verdict, initial = self.admission.admit_new(data, addr, now)
         if verdict.__class__ is Drop:
+            return None
+        if isinstance(verdict, SendVersionNegotiation):  # a newer QUIC, or the orchestrator's reachability probe
+            self.sendto(encode_quic_version_negotiation(source_cid=verdict.dcid, destination_cid=verdict.scid,
+                                                        supported_versions=sorted(self.admission.supported_versions)),
+                        addr)
             return None
         assert initial is not None
         if isinstance(verdict, SendRetry):
@@ -279,6 +296,8 @@ class Endpoint:
 
     def connection_gone(self, conn: EdgeConnection) -> None:
         """The connection is gone: O(its own CIDs), never a scan of all connections."""
+        if conn in self.connections:  # its traffic counts once, under its peer
+            self.traffic.retire(conn.peer_node_id, conn.counts())
         self.connections.discard(conn)
         for cid in conn.cids:
             if self._cids.get(cid) is conn:
@@ -301,6 +320,10 @@ class Endpoint:
         if conn.refused_here():
             self.admission.refused(Refusal.PEER_NOT_AUTHORIZED, conn.peer_addr[0] if conn.peer_addr else "?")
             self.guard.noted()
+
+    def traffic_totals(self) -> dict[int, Traffic]:
+        """Per peer node id, the QUIC traffic of every connection since the driver started."""
+        return self.traffic.totals((c.peer_node_id, c.counts()) for c in self.connections)
 
     def _quiet(self, conn: EdgeConnection) -> bool:
         """Nothing heard from the peer for two keepalive intervals (its PINGs go unanswered)."""

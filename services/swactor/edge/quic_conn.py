@@ -17,6 +17,9 @@ This touches aioquic 1.7.2 private API (pinned by tests/edge/test_quic_conn.py):
   (loopback, jumbo frames) work and per-packet costs are paid once per datagram.
 * `heard_from_peer`: whether any packet of the peer decrypted yet (aioquic leaves a server
   connection in FIRSTFLIGHT until one does), so the endpoint drops junk Initials at once.
+* `lost_packets`: the packets QUIC loss detection declared lost (RFC 9002 §6.1, aioquic's
+  `_on_packets_lost` with a congestion event), counted by swapping the connection's
+  QuicPacketRecovery for a subclass; the probes a PTO retransmits early are not losses.
 * Both sides present a certificate (the server asks for one via the TLS context's
   `_request_client_certificate`) and each pins the peer's certificate with `pin(cert)`, which
   raises a TLS alert for a non-member: the handshake then fails with a CRYPTO_ERROR on both ends.
@@ -24,7 +27,7 @@ This touches aioquic 1.7.2 private API (pinned by tests/edge/test_quic_conn.py):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from aioquic import tls
@@ -37,8 +40,8 @@ from aioquic.quic.connection import (
     QuicConnectionState,
 )
 from aioquic.quic.packet import QuicFrameType
-from aioquic.quic.packet_builder import QuicPacketBuilder
-from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.packet_builder import QuicPacketBuilder, QuicSentPacket
+from aioquic.quic.recovery import QuicPacketRecovery, QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 from cryptography import x509
 
@@ -81,6 +84,20 @@ def _credit_frame(builder: QuicPacketBuilder, frame_type: int, capacity: int, on
         buf.push_uint_var(value)
 
 
+class _CountingRecovery(QuicPacketRecovery):
+    """aioquic's loss recovery, counting the packets it declares lost."""
+
+    lost_packets: int
+
+    def _on_packets_lost(self, *, congestion_event: bool = True, now: float, packets: Iterable[QuicSentPacket],
+                         persistent_congestion: bool = False, space: QuicPacketSpace) -> None:
+        if congestion_event:
+            packets = tuple(packets)
+            self.lost_packets += len(packets)
+        super()._on_packets_lost(congestion_event=congestion_event, now=now, packets=packets,
+                                 persistent_congestion=persistent_congestion, space=space)
+
+
 class EdgeQuicConnection(QuicConnection):
     def __init__(
         self,
@@ -92,6 +109,8 @@ class EdgeQuicConnection(QuicConnection):
         **kwargs: Any,
     ) -> None:
         super().__init__(configuration=configuration, **kwargs)
+        self._loss.__class__ = _CountingRecovery
+        self._loss.lost_packets = 0  # type: ignore[attr-defined]
         self._pin = pin
         self._connection_window = connection_window
         self._local_max_data.value = self._local_max_data.sent = connection_window
@@ -111,6 +130,11 @@ class EdgeQuicConnection(QuicConnection):
         ctx.refused = None
         if not self._is_client:
             ctx._request_client_certificate = True
+
+    @property
+    def lost_packets(self) -> int:
+        """Packets declared lost since the connection started (RFC 9002 §6.1)."""
+        return self._loss.lost_packets  # type: ignore[attr-defined, no-any-return]
 
     @property
     def peer_node_id(self) -> int | None:

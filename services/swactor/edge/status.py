@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from swactor.common.systemd import notify_status
 from swactor.edge.endpoint import Endpoint
 from swactor.edge.table import EdgeTable
+from swactor.edge.traffic import traffic_protos
 from swactor.v1 import edge_pb2
 
 STATUS_INTERVAL = 1.0
 
 
-def driver_status(node_id: int, fingerprint: str, endpoint: Endpoint, table: EdgeTable) -> edge_pb2.EdgeDriverStatus:
+def driver_status(node_id: int, fingerprint: str, endpoint: Endpoint, table: EdgeTable,
+                  transfers: Iterable[edge_pb2.ObjectTransfers] = ()) -> edge_pb2.EdgeDriverStatus:
     st = edge_pb2.EdgeDriverStatus(
         node_id=node_id,
         endpoint=f"{endpoint.address[0]}:{endpoint.address[1]}" if endpoint.address else "",
@@ -36,6 +38,8 @@ def driver_status(node_id: int, fingerprint: str, endpoint: Endpoint, table: Edg
     st.admission.handshakes_admitted = adm.admitted
     st.admission.half_open = adm.half_open_total
     st.admission.streams_wrong_producer = table.streams_wrong_producer
+    st.traffic.extend(traffic_protos(endpoint.traffic_totals()))
+    st.transfers.extend(transfers)
     for rec in table.edges.values():
         st.edges.append(edge_pb2.EdgeStatus(
             edge_id=rec.edge_id, ring_id=rec.ring_id, role=rec.role,  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """Object-timing batches (docs/edge.md "Per-object timing"): the taps of this driver's pumps, and
 the ObjectTimings events built from their finished marks. I/O-free; the driver decides when to
 `drain` (a timer every `object_timing_flush_s`, and before an edge's closed / fault /
-pump_stopped event, so that its timings reach watchers before its end).
+pump_stopped event, so that its timings reach watchers before its end). Every drained mark also
+adds to `transfers`, per peer and direction, watched or not (GetStatus, the hosts' /metrics).
 """
 
 from __future__ import annotations
@@ -19,19 +20,29 @@ TapKey = tuple[int, int]  # (edge_id, role)
 class TimingTaps:
     def __init__(self, on_done: Callable[[], None]) -> None:
         self.on_done = on_done  # a tap has finished marks: the driver arms its flush timer
-        self._taps: dict[TapKey, tuple[ObjectTap, int]] = {}  # -> (tap, ring_id)
+        self._taps: dict[TapKey, tuple[ObjectTap, int, int]] = {}  # -> (tap, ring_id, peer node id)
+        # (peer node id, role) -> [objects, seconds first to last byte] of every drained mark, watched or not
+        self.transfers: dict[tuple[int, int], list[float]] = {}
 
-    def new_tap(self, edge_id: int, role: int, ring_id: int) -> ObjectTap:
+    def new_tap(self, edge_id: int, role: int, ring_id: int, peer_node_id: int = 0) -> ObjectTap:
         tap = ObjectTap(commits=role == edge_pb2.EDGE_ROLE_RECV, on_done=self.on_done)
-        self._taps[(edge_id, role)] = (tap, ring_id)
+        self._taps[(edge_id, role)] = (tap, ring_id, peer_node_id)
         return tap
+
+    def transfer_protos(self) -> list[edge_pb2.ObjectTransfers]:
+        return [edge_pb2.ObjectTransfers(peer_node_id=peer, role=role, objects=int(n), seconds=sec)  # type: ignore[arg-type]
+                for (peer, role), (n, sec) in sorted(self.transfers.items())]
 
     def drain(self, live: Callable[[TapKey], ObjectTap | None], want: bool) -> list[tuple[edge_pb2.EdgeEvent, int]]:
         """(event, edge_id) per edge end with finished marks (none unless `want`); taps whose pump
         is gone (`live(key)` is not the tap: this was its last batch) or that turned off are dropped."""
         out: list[tuple[edge_pb2.EdgeEvent, int]] = []
-        for key, (tap, ring_id) in list(self._taps.items()):
+        for key, (tap, ring_id, peer) in list(self._taps.items()):
             marks, dropped = tap.drain()
+            if marks:
+                totals = self.transfers.setdefault((peer, key[1]), [0, 0.0])
+                totals[0] += len(marks)
+                totals[1] += sum(max(0, m.last_us - m.first_us) for m in marks) / 1e6
             if live(key) is not tap or tap.broken:
                 del self._taps[key]
                 if tap.broken:

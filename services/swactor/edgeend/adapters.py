@@ -124,6 +124,9 @@ class EdgeDriverPort(LocalClient):
             get_logger(ring_id=ring_id).warning("edge_wake_fds_unavailable", detail=str(e))
             raise
 
+    async def status(self) -> edge_pb2.EdgeDriverStatus:
+        return await self._stub.GetStatus(edge_pb2.GetStatusRequest())
+
     async def healthy(self) -> bool:
         try:
             await self._stub.GetStatus(edge_pb2.GetStatusRequest(), timeout=5)

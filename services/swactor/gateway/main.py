@@ -5,6 +5,7 @@ the operator names another address, and then only over TLS. Every request but /h
 from [gateway].token_file. SIGTERM stops taking requests, stops the runs of the answers still open, and exits.
 
     swactor-gateway --init-token            # installer: make the token file if there is none
+    swactor-gateway --init-tls --tls-name 10.0.0.2 --tls-name gw.example   # and a self-signed pair for TLS
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from swactor.common.systemd import notify_ready, notify_stopping, start_watchdog
 from swactor.gateway.app import build_app
 from swactor.gateway.config import GatewayConfig
 from swactor.gateway.pool_client import PoolClient
-from swactor.orchestrator.api.api_access import ApiAccessError, ensure_token, load_key_pair, read_token
+from swactor.orchestrator.api.api_access import (
+    ApiAccessError,
+    create_key_pair,
+    ensure_token,
+    load_key_pair,
+    read_token,
+)
 
 EXIT_USAGE = 2
 # Seconds open streams get to finish at SIGTERM before they are cancelled (and their runs stopped).
@@ -35,7 +42,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--address", help="HOST:PORT to serve HTTP on (default 127.0.0.1:8000)")
     p.add_argument("--orchestrator-socket", type=Path, help="the orchestrator's Unix socket")
     p.add_argument("--token-file", type=Path, help="the bearer token clients must send (0600)")
-    p.add_argument("--init-token", action="store_true", help="make the token file if there is none, print it, exit")
+    p.add_argument("--init-token", action="store_true", help="make the token file if there is none, say so, exit")
+    p.add_argument("--init-tls", action="store_true",
+                   help="make [gateway].tls_cert and tls_key (self-signed, for --tls-name) if neither exists, exit")
+    p.add_argument("--tls-name", action="append", default=[], metavar="IP_OR_DNS",
+                   help="with --init-tls: a name clients dial (repeatable)")
     return p.parse_args(argv)
 
 
@@ -80,6 +91,19 @@ async def serve(cfg: GatewayConfig, token: bytes) -> int:
     return 0
 
 
+def init_tls(cfg: GatewayConfig, names: list[str]) -> int:
+    """A self-signed key pair where the config names one and neither file exists; an existing pair is checked."""
+    if cfg.tls_cert is None or cfg.tls_key is None:
+        raise ConfigError("--init-tls needs [gateway].tls_cert and tls_key set")
+    if cfg.tls_cert.exists() or cfg.tls_key.exists():
+        load_key_pair(cfg.tls_cert, cfg.tls_key)  # both there and matching, or named
+        print(f"kept {cfg.tls_cert}")
+        return 0
+    fingerprint = create_key_pair(cfg.tls_cert, cfg.tls_key, names, common_name="swactor OpenAI API gateway")
+    print(f"made {cfg.tls_cert} (SHA-256 {fingerprint})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging("swactor-gateway")
@@ -89,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
             made = ensure_token(cfg.token_file)
             print(f"{'made' if made else 'kept'} {cfg.token_file}")
             return 0
+        if args.init_tls:
+            return init_tls(cfg, args.tls_name)
         token = read_token(cfg.token_file)
     except (ConfigError, ApiAccessError) as e:
         print(f"swactor-gateway: {e}", file=sys.stderr)

@@ -1,26 +1,33 @@
 """The gateway's Prometheus metrics: `GET /metrics` in the text exposition format (docs/operations.md "Metrics").
 
-Two sources:
+Three sources:
 - what this gateway saw, counted as it happens: every HTTP request by endpoint and status (RequestCounter, outside
   the bearer-token check so that refused tokens count too), and every answer when its request closes
   (GatewayMetrics.answer_closed): how it ended, its time to first token and per output token, its tokens;
 - the pool as the orchestrator reports it, asked at scrape time (PoolCollector): members, run slots, the runs
   queued and in flight, the outcomes of the runs it retains, the models. Gauges all: they are the orchestrator's
-  state now, not events this gateway counted, and a gateway restart does not reset them.
+  state now, not events this gateway counted, and a gateway restart does not reset them;
+- each host's own figures, through the orchestrator (GetPoolMetrics, which asks every member's worker at once:
+  StageControl.GetHostMetrics): the arena's occupancy, QUIC traffic and object transfers per peer, weights fetched,
+  completed compute steps per stage index (host_families). Counters where the host counts (they restart from zero
+  with the service that counts them), labelled by node_id and hostname; `swactor_host_up` is 0 for a member that did
+  not answer.
 
 The orchestrator is asked once per scrape (ListNodes, ListRuns, ListModels, the first and last kept a moment by the
-PoolClient); when it does not answer, `swactor_pool_up` is 0 and the other pool series are absent for that scrape.
+PoolClient, and GetPoolMetrics); when it does not answer, `swactor_pool_up` is 0 and the other pool series are absent
+for that scrape, and so are the host series.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 from starlette.requests import Request
@@ -31,6 +38,7 @@ from swactor.common.events import get_logger
 from swactor.gateway.answers import Answer
 from swactor.gateway.errors import ApiError
 from swactor.gateway.pool_client import PoolClient
+from swactor.v1 import edge_pb2
 from swactor.v1 import orchestrator_pb2 as opb
 
 # The `endpoint` label: the route, not the raw path (a model's name in it would make a series per name).
@@ -157,6 +165,69 @@ def pool_families(view: PoolView | None) -> list[Metric]:
     ]
 
 
+# ---- each host's own figures at scrape time ----
+
+
+async def read_hosts(client: PoolClient) -> opb.GetPoolMetricsResponse | None:
+    """Every member's figures as the orchestrator gathered them, or None (logged) when it does not answer."""
+    try:
+        return await client.host_metrics()
+    except ApiError as e:
+        log.warning("gateway_metrics_hosts_unread", status=e.status, code=e.code, detail=e.message)
+        return None
+
+
+def host_families(hosts: opb.GetPoolMetricsResponse | None) -> list[Metric]:
+    """The per-host series from one GetPoolMetrics answer (none without one). A member that did not answer has
+    `swactor_host_up` 0 and no other series; a local service of a host that did not answer its worker (arena,
+    edge-driver) leaves that service's series out."""
+    if hosts is None:
+        return []
+    node = ["node_id", "hostname"]
+    up = GaugeMetricFamily("swactor_host_up", "1 if the member answered GetHostMetrics through the orchestrator at "
+                           "this scrape, else 0 (and its other swactor_host_ series are absent)", labels=node)
+    ceiling = GaugeMetricFamily("swactor_host_arena_ceiling_bytes", "Bytes of the host's arena (its memfd) rings "
+                                "may be leased from", labels=node)
+    leased = GaugeMetricFamily("swactor_host_arena_leased_bytes", "Bytes of the host's arena leased to rings now",
+                               labels=node)
+    leases = GaugeMetricFamily("swactor_host_arena_leases", "Ring leases the host's arena holds now", labels=node)
+    peer = [*node, "peer_node_id"]
+    quic_docs = {"sent_bytes": "bytes (UDP payload) sent", "received_bytes": "bytes (UDP payload) received",
+                 "sent_datagrams": "UDP datagrams sent", "received_datagrams": "UDP datagrams received",
+                 "lost_packets": "packets declared lost (RFC 9002 loss detection)"}  # PeerTraffic's fields
+    quic = {name: CounterMetricFamily(f"swactor_host_quic_{name}", f"QUIC {doc} with one peer by the host's "
+                                      "edge-driver since it started (closed connections included)", labels=peer)
+            for name, doc in quic_docs.items()}
+    fetched = CounterMetricFamily("swactor_host_weights_fetched_bytes", "Bytes of GGUF weights the host's worker "
+                                  "received from the orchestrator's model server since it started", labels=node)
+    steps = SummaryMetricFamily("swactor_stage_step_seconds", "Compute steps the host's stages completed since its "
+                                "worker started, by stage index: count, and seconds from dispatch to completion "
+                                "(a batched step of several runs counts once)", labels=[*node, "stage_index"])
+    transfers = SummaryMetricFamily("swactor_host_edge_object_transfer_seconds", "Object records the host's "
+                                    "edge-driver moved with one peer in one direction (role send or recv): count, and "
+                                    "seconds from each record's first to last byte", labels=[*peer, "role"])
+    for n in hosts.nodes:
+        labels = [str(n.node_id), n.hostname]
+        up.add_metric(labels, 0 if n.error else 1)
+        if n.error:
+            continue
+        h = n.host
+        if h.HasField("arena"):
+            ceiling.add_metric(labels, h.arena.ceiling_bytes)
+            leased.add_metric(labels, h.arena.leased_bytes)
+            leases.add_metric(labels, h.arena.leases)
+        for t in h.traffic:
+            for name, family in quic.items():
+                family.add_metric([*labels, str(t.peer_node_id)], getattr(t, name))
+        for x in h.transfers:
+            transfers.add_metric([*labels, str(x.peer_node_id), _enum_label(edge_pb2.EdgeRole, x.role, "EDGE_ROLE_")],
+                                 count_value=x.objects, sum_value=x.seconds)
+        fetched.add_metric(labels, h.weights_fetched_bytes)
+        for st in h.steps:
+            steps.add_metric([*labels, str(st.stage_index)], count_value=st.count, sum_value=st.seconds)
+    return [up, ceiling, leased, leases, *quic.values(), transfers, fetched, steps]
+
+
 class PoolCollector:
     """A prometheus_client collector of the pool as the orchestrator last reported it: `refresh()` asks it (the
     /metrics route awaits that before it renders), `collect()` yields what the last refresh found."""
@@ -164,12 +235,14 @@ class PoolCollector:
     def __init__(self, client: PoolClient) -> None:
         self.client = client
         self.view: PoolView | None = None
+        self.hosts: opb.GetPoolMetricsResponse | None = None
 
     async def refresh(self) -> None:
-        self.view = await read_pool(self.client)
+        self.view, self.hosts = await asyncio.gather(read_pool(self.client), read_hosts(self.client))
 
     def collect(self) -> Iterator[Metric]:
         yield from pool_families(self.view)
+        yield from host_families(self.hosts)
 
 
 # ---- what the gateway saw ----

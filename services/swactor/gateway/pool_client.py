@@ -99,6 +99,11 @@ class PoolClient(LocalClient):
     async def pool(self) -> opb.ListNodesResponse:
         return await self._pool.get()
 
+    async def host_metrics(self) -> opb.GetPoolMetricsResponse:
+        """Every member's own figures (GetPoolMetrics), asked anew each time: counters, for a scrape."""
+        return await self._call("GetPoolMetrics", self.stub.GetPoolMetrics(opb.GetPoolMetricsRequest(),
+                                                                           timeout=CALL_TIMEOUT_S))
+
     async def model(self, name: str) -> opb.ServedModel:
         """The served model a request names ("" = the default), or 404 naming the ones served."""
         served = await self.models()

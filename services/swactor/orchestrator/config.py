@@ -81,6 +81,15 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # HTTP/2 keepalive on the channels to the nodes' control API (control_tls.keepalive_options): a
     # dead or partitioned stage host ends its WatchStage stream (and faults the run) within ~3 intervals.
     control_keepalive_s: float = 1.0
+    # Reachability of what each node advertises (fleet/reach.py), probed from this host when a node
+    # becomes Available: each probe waits reach_timeout_s (or 4 measured round trips to the node, if
+    # longer; the edge probe's datagram goes reach_tries times in that time); a node found unreachable
+    # is not provisionable and is probed again every reach_retry_s, a reachable one every
+    # reach_recheck_s (0: only when its advertised endpoints change).
+    reach_timeout_s: float = 3.0
+    reach_tries: int = 3
+    reach_retry_s: float = 10.0
+    reach_recheck_s: float = 60.0
     # A token ring lease the local arena keeps queued this long faults the run RUN_FAULT_ARENA_PRESSURE_TIMEOUT.
     arena_pressure_timeout_s: float = 30.0
     # Bounds (docs/orchestrator.md#bounds): runs waiting behind the active one (a full queue refuses

@@ -31,9 +31,10 @@ from swactor.orchestrator.api.api_access import ApiAccess, ApiAccessError, init_
 from swactor.orchestrator.api.server import listeners
 from swactor.orchestrator.api.service import SERVICE_NAME, OrchestratorServicer
 from swactor.orchestrator.config import OrchestratorConfig
-from swactor.orchestrator.fleet import node_events, reconcile_shell
+from swactor.orchestrator.fleet import node_events, reach_shell, reconcile_shell
 from swactor.orchestrator.fleet.fleet import FleetError, Report, StageFleet, TokenEndpoints
 from swactor.orchestrator.fleet.membership_client import follow_membership, follow_rtts
+from swactor.orchestrator.fleet.reach import Probe, ReachConfig, ReachTracker
 from swactor.orchestrator.fleet.reconcile import Leftover
 from swactor.orchestrator.fleet.stage_fleet import StageControlFleet, mtls_channels
 from swactor.orchestrator.models.distributor import Distributor
@@ -86,6 +87,27 @@ def build_fleet(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry,
                                     lease_timeout_s=cfg.arena_pressure_timeout_s)
     return StageControlFleet(mtls_channels(secret, node_id, keepalive_s=cfg.control_keepalive_s), sources,
                              endpoints=endpoints)
+
+
+def reach_tracker(cfg: OrchestratorConfig) -> ReachTracker:
+    try:
+        return ReachTracker(ReachConfig(cfg.reach_timeout_s, cfg.reach_retry_s, cfg.reach_recheck_s, cfg.reach_tries))
+    except ValueError as e:
+        raise ConfigError(f"[orchestrator]: {e}") from None
+
+
+def reach_channel(cfg: OrchestratorConfig, node_id: int):  # type: ignore[no-untyped-def]
+    """The mutual-TLS channel a reachability probe handshakes over (None without the cluster secret: TCP only)."""
+    if cfg.secret_file is None:
+        return None
+    from swactor.common import control_tls
+
+    secret = read_secret(cfg.secret_file)
+
+    def channel(p: Probe):  # type: ignore[no-untyped-def]
+        return control_tls.channel(secret, node_id, p.control, p.node_id)
+
+    return channel
 
 
 def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegistry):
@@ -229,22 +251,29 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
     except ValueError as e:  # SecretError
         print(f"swactor-orchestrator: {e}", file=sys.stderr)
         return EXIT_USAGE
-    lister = None
-    if distributor is not None:
+    lister = node_channel = None
+    if cfg.secret_file is not None:  # the node control API (mutual TLS) is dialled with the cluster secret
         from swactor.common import control_tls
-        from swactor.common.secret import read_secret
-        from swactor.orchestrator.models.model_listing import list_models
 
-        secret = read_secret(cfg.secret_file) if cfg.secret_file else b""
+        secret = read_secret(cfg.secret_file)
 
         def node_channel(node):
             return control_tls.channel(secret, node_id, node.control_endpoint, node.node_id)
 
+    if distributor is not None:
+        from swactor.orchestrator.models.model_listing import list_models
+
         async def lister(members):
             return await list_models(models, distributor, members, node_channel)
 
+    from swactor.orchestrator.fleet.pool_metrics import pool_metrics
+
+    async def metrics(members):
+        return await pool_metrics(members, node_channel)
+
     orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
-                        defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister, limits=limits(cfg))
+                        defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister, limits=limits(cfg),
+                        pool_metrics=metrics)
     if distributor is not None:
         distributor.members = lambda: orch.members
         for name in models.sources:  # manifests (and URL copies) are made before the first run needs them
@@ -264,13 +293,20 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         arena_socket=cfg.arena_socket, store=store, publish=orch.set_members,
         confirm_timeout_s=cfg.teardown_timeout_s, keepalive_s=cfg.control_keepalive_s)
     tracker = node_events.NodeEventTracker()
+    reach = reach_shell.ReachShell(reach_tracker(cfg), on_view, channel=reach_channel(cfg, node_id),
+                                   node_id=node_id)
+    reaching = asyncio.create_task(reach.run(), name="reach")
 
     def on_members(view: tuple) -> None:
         node_events.publish(tracker.observe(view, wall_us()), store, orch.active_runs())
-        on_view(view)
+        reach.on_view(view)
+
+    def on_rtts(rtts: dict) -> None:
+        orch.set_rtts(rtts)
+        reach.set_rtts(rtts)
 
     watcher = asyncio.create_task(follow_membership(cfg.membership_socket, on_members))
-    rtts = asyncio.create_task(follow_rtts(cfg.membership_socket, orch.set_rtts))
+    rtts = asyncio.create_task(follow_rtts(cfg.membership_socket, on_rtts))
     log.info("orchestrator_serving", node_id=node_id, socket=str(cfg.socket), tcp_port=port,
              model=loaded.name, layers=loaded.facts.num_layers, fleet=type(fleet).__name__,
              model_server_port=model_server.port if model_server else None)
@@ -289,6 +325,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         await orch.shutdown()
         watcher.cancel()
         rtts.cancel()
+        reaching.cancel()
         if reconciling is not None:
             reconciling.cancel()
         for server, _ in servers:
@@ -307,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build_config(args)
         cfg.model_sources()
         limits(cfg)
+        reach_tracker(cfg)
         if args.init_api_access:
             print(json.dumps(init_access(cfg.tls_cert, cfg.tls_key, cfg.token_file, args.api_name)))
             return 0

@@ -67,6 +67,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     from swactor.membership.gpus import compute_device
     from swactor.worker.ctl import GpuWorkerCtl
     from swactor.worker.ctl_fsm import CtlCore
+    from swactor.worker.host_metrics import HostSources
     from swactor.worker.membership import MembershipClientPort
     from swactor.worker.node import StageNode
     from swactor.worker.service import SERVICE_NAME, StageControlServicer
@@ -87,15 +88,17 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     driver = await local.enter_async_context(EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket))
     stage_memory = functools.partial(advertised_memory, cfg.device, cfg.memory_bytes, limit=cfg.device_memory_limit_bytes)
     membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket, stage_memory))
+    weights = fetch_pool(cfg, secret, node_id)
     node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
                      control_endpoint=cfg.advertise_control or cfg.control_address,
                      orchestrator_node_id=cfg.orchestrator_node_id or None,
-                     weights=fetch_pool(cfg, secret, node_id), lease_window_s=cfg.control_lease_s,
+                     weights=weights, lease_window_s=cfg.control_lease_s,
                      arena_pressure_timeout_s=cfg.arena_pressure_timeout_s, batch_gather_s=cfg.batch_gather_ms / 1000)
     server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
                                          server_credentials=control_tls.server_credentials(secret, node_id),
                                          options=control_tls.keepalive_options(cfg.control_keepalive_s, server=True))
-    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node), server)
+    host = HostSources(node_id, arena.stats, driver.status, lambda: weights.received_bytes, node.steps)
+    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node, host), server)
     await server.start()
     await node.start()
     hold.on_end(node.arena_lost)  # the arena-manager died: fault the run, tear down, retire (exit, restarted)

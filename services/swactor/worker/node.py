@@ -35,6 +35,7 @@ from swactor.v1 import common_pb2, edge_pb2, stage_pb2
 from swactor.worker import stage_fsm
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed, WorkerFailed
 from swactor.worker.ctl_port import WorkerCtlLike, WorkerRingHost
+from swactor.worker.host_metrics import StepTotals
 from swactor.worker.membership import MembershipPort
 from swactor.worker.node_health import (
     Announce,
@@ -114,6 +115,7 @@ class StageNode:
                                       lease_timeout_s=arena_pressure_timeout_s)
         self.runs: dict[int, RunLog] = {}  # the runs here (active ones, then a bounded history of finished ones)
         self.scheduler = StepScheduler(gather_s=batch_gather_s)
+        self.steps = StepTotals()  # completed compute steps per stage index (GetHostMetrics)
         self._gather_timer: asyncio.TimerHandle | None = None
         self._answering = False  # a step's runs are being answered: the next step waits until all of them were
         self._run_of_edge: dict[int, int] = {}  # an active run's edge id -> run_id
@@ -497,6 +499,9 @@ class StageNode:
             return
         if isinstance(ev, wire.StepCompleted):
             self._health(WorkerWorks())
+            log = self.runs.get(ended.members[0].run_id)
+            if log is not None:
+                self.steps.completed(log.stage_index, self._clock() - ended.sent_at)
         self._answering = True  # every run answered first: those that ask again go out together
         try:
             for asked in ended.members:

@@ -8,6 +8,7 @@ import grpc
 
 from swactor.common.control_tls import peer_orchestrator
 from swactor.v1 import stage_pb2, stage_pb2_grpc
+from swactor.worker.host_metrics import HostSources, host_metrics
 from swactor.worker.node import StageNode
 from swactor.worker.provisioning import ProvisionError
 from swactor.worker.weights import cache_listing
@@ -20,8 +21,9 @@ def _caller(context: grpc.aio.ServicerContext) -> int | None:
 
 
 class StageControlServicer(stage_pb2_grpc.StageControlServicer):
-    def __init__(self, node: StageNode) -> None:
+    def __init__(self, node: StageNode, host: HostSources | None = None) -> None:
         self.node = node
+        self.host = host  # None: GetHostMetrics reports the node's own counters only
 
     async def ProvisionStage(self, request: stage_pb2.ProvisionStageRequest,
                              context: grpc.aio.ServicerContext) -> stage_pb2.ProvisionStageResponse:
@@ -48,6 +50,14 @@ class StageControlServicer(stage_pb2_grpc.StageControlServicer):
         if _caller(context) is None:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
         return cache_listing(self.node.weights.pool)
+
+    async def GetHostMetrics(self, request: stage_pb2.GetHostMetricsRequest,
+                             context: grpc.aio.ServicerContext) -> stage_pb2.HostMetrics:
+        if _caller(context) is None:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "the caller's certificate names no orchestrator")
+        if self.host is None:
+            return stage_pb2.HostMetrics(node_id=self.node.node_id, steps=self.node.steps.protos())
+        return await host_metrics(self.host)
 
     async def WatchStage(self, request: stage_pb2.WatchStageRequest,
                          context: grpc.aio.ServicerContext) -> AsyncIterator[stage_pb2.StageUpdate]:

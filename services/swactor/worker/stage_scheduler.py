@@ -46,6 +46,7 @@ class Dispatch:
 
     step: wire.ExecuteStep
     members: tuple[Asked, ...]
+    sent_at: float = 0.0  # when `next` sent it (the caller's clock): its completion tells the step's duration
 
     @property
     def batched(self) -> bool:
@@ -101,20 +102,20 @@ class StepScheduler:
         chunks = [a for a in self.waiting.values() if a.rows > 1]
         if chunks and (not rows or not self.chunk_last):
             self.chunk_last = True
-            return self._send((chunks[0],))
+            return self._send((chunks[0],), now)
         deadline = rows[0].at + self.gather_s
         if not chunks and len(rows) < min(self.expected, self.max_batch) and now < deadline:  # never idle past a chunk
             self.hold_until = deadline
             return None
         self.chunk_last = False
-        return self._send(tuple(rows[:self.max_batch]))
+        return self._send(tuple(rows[:self.max_batch]), now)
 
-    def _send(self, members: tuple[Asked, ...]) -> Dispatch:
+    def _send(self, members: tuple[Asked, ...], now: float) -> Dispatch:
         for a in members:
             del self.waiting[a.run_id]
         self._next_step_id += 1
         self.widths[len(members)] += 1
-        self.in_flight = Dispatch(self._compose(self._next_step_id, members), members)
+        self.in_flight = Dispatch(self._compose(self._next_step_id, members), members, now)
         return self.in_flight
 
     @staticmethod

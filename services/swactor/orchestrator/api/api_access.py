@@ -171,7 +171,8 @@ def _san(names: Iterable[str]):
     return x509.SubjectAlternativeName(out)
 
 
-def create_key_pair(cert_path: Path, key_path: Path, names: Iterable[str]) -> str:
+def create_key_pair(cert_path: Path, key_path: Path, names: Iterable[str],
+                    common_name: str = "swactor orchestrator API") -> str:
     """A self-signed EC P-256 certificate for `names` (IP addresses or DNS names the operators
     dial); returns its SHA-256 fingerprint. Operators trust it with `--tls-ca` / `-cacert`."""
     from cryptography import x509
@@ -183,7 +184,7 @@ def create_key_pair(cert_path: Path, key_path: Path, names: Iterable[str]) -> st
     if not names:
         raise ApiAccessError("the API certificate needs at least one name (--api-name IP_OR_DNS)")
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "swactor orchestrator API")])
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())

@@ -105,6 +105,9 @@ class OrchestratorServicer(orchestrator_pb2_grpc.OrchestratorServicer):
     async def ListModels(self, request, context):
         return await self.o.list_models()
 
+    async def GetPoolMetrics(self, request, context):
+        return await self.o.pool_metrics()
+
     async def GetEvents(self, request, context):
         try:
             return self.o.events(request.run_id, request.kind, request.page_size, request.page_token)

@@ -7,4 +7,5 @@
   stage_fleet        StageControlFleet: the StageFleet over stage.proto (ProvisionStage / WatchStage / StopRun, mTLS)
   reconcile          restart reconciliation: tear down what a previous process left in flight (I/O-free core)
   reconcile_shell    its asyncio shell: StopRun / WatchStage to nodes, StopEdge to the local edge-driver
+  pool_metrics       GetPoolMetrics: every member's GetHostMetrics (monitoring), asked at once, silent ones named
 """

@@ -37,8 +37,11 @@ class NodeInfo:
     worker_generation: int = 0  # §31: its GPU worker's generation (0 = not reported)
     # Device memory a stage may use there, as its worker advertised it with NodeAvailable; 0 = not advertised.
     memory_bytes: int = 0
+    # Why the orchestrator's host does not (yet) reach an endpoint it advertises ("" = it does; fleet/reach.py).
+    unreachable: str = ""
 
     @property
     def provisionable(self) -> bool:
-        """Available and carrying the endpoint material edges and provisioning need (spec §9)."""
-        return self.state is NodeState.AVAILABLE and bool(self.edge_endpoint) and bool(self.control_endpoint)
+        """Available, carrying the endpoint material edges and provisioning need (spec §9), and reachable there."""
+        return (self.state is NodeState.AVAILABLE and bool(self.edge_endpoint) and bool(self.control_endpoint)
+                and not self.unreachable)

@@ -24,8 +24,10 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network |
         pinned = {m.node_id: m for m in members if m.node_id in demand.node_ids and not m.provisionable}
         which = "; pinned node(s) not Available: " + ", ".join(
             f"{n} ({m.state.value}{': ' + m.reason if m.reason else ''})" for n, m in pinned.items()) if pinned else ""
+        cut = "".join(f"; node {m.node_id} is unreachable: {m.unreachable}" for m in members
+                      if m.unreachable and m.node_id not in pinned)
         return (f"{demand.stages} stage(s) need {demand.stages} Available node(s); the pool has {len(provisionable)} "
-                f"(of {len(members)} known){which}")
+                f"(of {len(members)} known){which}{cut}")
     known = {m.node_id for m in members if m.state is not NodeState.LEFT}
     unknown = [n for n in demand.node_ids if n not in known]
     if unknown:

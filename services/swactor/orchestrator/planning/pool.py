@@ -83,7 +83,8 @@ class PoolGate:
             if m is None:
                 return _closed(f"pinned node {node_id} to join the pool", f"pinned node {node_id} is not a member")
             if not m.provisionable:
-                what = "Available without edge/control endpoints" if m.state is NodeState.AVAILABLE else m.state.value
+                what = (m.state.value if m.state is not NodeState.AVAILABLE else f"unreachable: {m.unreachable}"
+                        if m.unreachable else "Available without edge/control endpoints")
                 return _closed(f"pinned node {node_id} to be Available (it is {what})", f"pinned node {node_id} is {what}")
         try:
             placement = place(self.members, demand.stages, demand.num_layers, demand.node_ids, demand.memory,
@@ -102,6 +103,6 @@ class PoolGate:
     def _outside(self, chosen: Sequence[NodeInfo]) -> str:
         """The members left out because they are not Available (they do not hold the run)."""
         ids = {n.node_id for n in chosen}
-        sick = [f"{m.node_id} is {m.state.value}" for m in sorted(self.members, key=lambda m: m.node_id)
-                if m.node_id not in ids and not m.provisionable]
+        sick = [f"{m.node_id} is " + (f"unreachable: {m.unreachable}" if m.unreachable else m.state.value)
+                for m in sorted(self.members, key=lambda m: m.node_id) if m.node_id not in ids and not m.provisionable]
         return f" (not candidates: {', '.join(sick)})" if sick else ""

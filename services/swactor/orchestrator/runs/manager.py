@@ -78,9 +78,12 @@ class Orchestrator:
     def __init__(self, *, models: ModelRegistry, fleet: StageFleet, store: RunStore, fsm_config: F.FsmConfig,
                  defaults: RunDefaults = RunDefaults(), clock: Callable[[], float] = time.monotonic,
                  model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None,
-                 limits: Limits = Limits()) -> None:
+                 limits: Limits = Limits(),
+                 pool_metrics: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.GetPoolMetricsResponse]] | None = None,
+                 ) -> None:
         self.models = models
         self._model_lister = model_lister
+        self._pool_metrics = pool_metrics
         self.fleet = fleet
         self.store = store
         self.fsm_config = fsm_config
@@ -134,6 +137,12 @@ class Orchestrator:
             if loaded is not None:
                 m.context_length = run_max_seq_len(loaded.facts, self.fsm_config.max_seq_len_cap)
         return resp
+
+    async def pool_metrics(self) -> opb.GetPoolMetricsResponse:
+        """Every member's own figures (none when nothing is wired to ask them)."""
+        if self._pool_metrics is None:
+            return opb.GetPoolMetricsResponse()
+        return await self._pool_metrics(self.members)
 
     # ---- runs ----
 
