@@ -10,6 +10,7 @@
 #
 # Options:
 #   --advertise-ip IP        address other hosts reach this one at (required): behind NAT, the public one
+#   (--public-ip and --public-port are the same options under the names NAT documentation uses)
 #   --advertise-port NAME=PORT[,NAME=PORT...]   behind NAT with remapped ports: the public port other hosts reach
 #                            a service at, where it differs from the one it binds (repeatable; NAME: membership
 #                            (UDP+TCP 7946), edge (UDP 7400), control (TCP 7441), model (TCP 7442, the orchestrator's
@@ -117,8 +118,8 @@ gateway_toml() {
 
 while [ $# -gt 0 ]; do
     case "$1" in
-        --advertise-ip) need_value "an address" "$@"; ADVERTISE_IP="$2"; shift 2 ;;
-        --advertise-port) need_value "NAME=PORT" "$@"; ADVERTISE_PORTS+=("$2"); shift 2 ;;
+        --advertise-ip|--public-ip) need_value "an address" "$@"; ADVERTISE_IP="$2"; shift 2 ;;
+        --advertise-port|--public-port) need_value "NAME=PORT" "$@"; ADVERTISE_PORTS+=("$2"); shift 2 ;;
         --seed) need_value "HOST:PORT" "$@"; SEEDS+=("$2"); shift 2 ;;
         --secret-file) need_value "a path" "$@"; SECRET_FILE="$2"; shift 2 ;;
         --orchestrator) ORCHESTRATOR=1; shift ;;

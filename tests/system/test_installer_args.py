@@ -58,6 +58,9 @@ MISTAKES = [
     (["host", *IP, "--advertise-port", "edge=41234,gateway=1"], 2, "--advertise-port 'gateway=1' is not NAME=PORT"),
     (["host", *IP, "--advertise-port", "edge=70000"], 2, "--advertise-port 'edge=70000': the port must be 1..65535"),
     (["host", *IP, "--advertise-port", "control=0"], 2, "--advertise-port 'control=0': the port must be 1..65535"),
+    # --public-ip / --public-port: the same options under their NAT names, checked the same way
+    (["host", "--public-ip", "not-an-ip"], 2, "--advertise-ip 'not-an-ip' is not an IP address"),
+    (["host", "--public-ip", "10.0.0.5", "--public-port", "edge"], 2, "--advertise-port 'edge' is not NAME=PORT"),
     (["host", *IP, "--api", "0.0.0.0:7440"], 2, "--api serves the orchestrator's API: it needs --orchestrator"),
     (["host", *IP, "--prefix", "/opt"], 2, "--prefix '/opt' is a top-level directory"),
     (["host", *IP, "--prefix", "opt/swactor"], 2, "--prefix 'opt/swactor' is not an absolute path"),

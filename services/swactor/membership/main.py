@@ -29,6 +29,7 @@ from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.kinship_backend import KinshipBackend, route_engine_logs
 from swactor.membership.metadata import MetadataError, check_endpoint, check_fingerprint, encode_tags
 from swactor.membership.node import MembershipNode, NodeTimings
+from swactor.membership.probe_timing import ProbeTiming
 from swactor.membership.service import SERVICE_NAME, MembershipServicer
 from swactor.membership.swim import SwimSettings, SwimStartError
 from swactor.membership.view import Counts
@@ -156,7 +157,8 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
     route_engine_logs()
     node = MembershipNode(
         KinshipBackend(settings), md, cfg.seeds,
-        NodeTimings(cfg.join_retry_interval_s, cfg.departed_retention_s, cfg.leave_timeout_s, cfg.rtt_interval_s),
+        NodeTimings(cfg.join_retry_interval_s, cfg.departed_retention_s, cfg.leave_timeout_s, cfg.rtt_interval_s,
+                    ProbeTiming(settings.probe_timeout_s, settings.probe_interval_s)),
         on_change=lambda c: notify_status(status_line(c)),
     )
     stop = asyncio.Event()

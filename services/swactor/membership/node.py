@@ -18,6 +18,7 @@ from swactor.common.aio import cancel_and_wait
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
+from swactor.membership.probe_timing import DEFAULT_PROBE, ProbeAdvisor, ProbeTiming
 from swactor.membership.rtt import PING, PONG, ROW, Rtt, RttTable
 from swactor.membership.swim import (
     JoinFailed,
@@ -57,6 +58,8 @@ class NodeTimings:
     departed_retention_s: float
     leave_timeout_s: float
     rtt_interval_s: float = 2.0  # 0: no RTT sampling
+    # What the SWIM engine was started with: the RTTs measured are checked against them (probe_timing.py).
+    probe: ProbeTiming = DEFAULT_PROBE
 
 
 class Subscriber:
@@ -97,6 +100,7 @@ class MembershipNode:
         self._meta_lock = asyncio.Lock()
         self._view: MemberView | None = None
         self._rtt = RttTable(metadata.node_id, RTT_STALE_INTERVALS * timings.rtt_interval_s)
+        self._probe_advisor = ProbeAdvisor(timings.probe)
         self._stopped = False
         # Set when a background task dies or the engine's event stream ends without stop():
         # the process should exit non-zero (systemd restarts it) rather than serve a frozen view.
@@ -257,7 +261,22 @@ class MembershipNode:
                     await self._backend.broadcast(row)
                 except MessageFailed as e:
                     self._log.debug("rtt_row_failed", detail=str(e))
+            self._advise_probe_timing()
             await asyncio.sleep(self._timings.rtt_interval_s)
+
+    def _advise_probe_timing(self) -> None:
+        """Tell the operator when the measured RTTs call for other probe timings (the engine cannot change its own
+        while it runs: probe_timing.py)."""
+        advice = self._probe_advisor.observe(self._rtt.own(time.monotonic()))
+        if advice is None:
+            return
+        log = self._log.info if advice.sufficient else self._log.warning
+        log("membership_probe_timeout_advised", node_id=self._metadata.node_id, sufficient=advice.sufficient,
+            probe_timeout_s=round(advice.timing.probe_timeout_s, 3),
+            probe_interval_s=round(advice.timing.probe_interval_s, 3),
+            configured_probe_timeout_s=advice.configured.probe_timeout_s,
+            configured_probe_interval_s=advice.configured.probe_interval_s,
+            farthest_peer=advice.peer, farthest_rtt_ms=round(advice.rtt_ms, 1))
 
     def _reconcile(self) -> None:
         """Diff the view against the engine's own table (after lost events, and periodically)."""

@@ -76,7 +76,7 @@ class RttTable:
 
     def rows(self, now_s: float) -> list[bytes]:
         """This node's row as broadcasts (several when it has more peers than one broadcast holds)."""
-        entries = sorted(self._own(now_s).items())
+        entries = sorted(self.own(now_s).items())
         out = []
         for i in range(0, len(entries), ROW_ENTRIES):
             chunk = entries[i:i + ROW_ENTRIES]
@@ -107,13 +107,14 @@ class RttTable:
             self._measured.pop(p, None)
             self._rows.pop(p, None)
 
-    def _own(self, now_s: float) -> dict[int, int]:
+    def own(self, now_s: float) -> dict[int, int]:
+        """This node's median RTT in us to each peer it measured within the stale time."""
         return {p: int(statistics.median(s)) for p, s in self._samples.items()
                 if now_s - self._measured[p] <= self.stale_s}
 
     def matrix(self, now_s: float) -> list[Rtt]:
         """Every pair known: this node's own medians and the rows peers broadcast, none older than the stale time."""
-        out = [Rtt(self.node_id, p, r, now_s - self._measured[p]) for p, r in sorted(self._own(now_s).items())]
+        out = [Rtt(self.node_id, p, r, now_s - self._measured[p]) for p, r in sorted(self.own(now_s).items())]
         for sender, (received, row) in sorted(self._rows.items()):
             if now_s - received <= self.stale_s:
                 out.extend(Rtt(sender, p, r, now_s - received) for p, r in sorted(row.items()))

@@ -22,6 +22,7 @@ Pure functions over the membership view, the measured network and the model's me
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -169,6 +170,10 @@ class Placement:
     needs: tuple[StageBytes, ...] = ()  # per stage, when the model's memory is known
     split: str = "balanced"  # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised)
     slots: tuple[int | None, ...] = ()  # per stage with `needs`: run_slots (None: its node's memory is unknown)
+    # The token ring's round trip over these nodes (Network.ring_ms: unmeasured hops as the mean of the measured
+    # ones); 0 when placed without a network or with no RTT measured. The run's step and first-token timeouts grow
+    # with it (run_messages.Timeouts.for_ring).
+    ring_ms: float = 0.0
 
     def over(self) -> list[int]:
         """The stages whose node cannot hold even one run slot beside what the stage holds once."""
@@ -279,11 +284,17 @@ def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequ
         balanced_ranges(num_layers, stages)  # refuses a stage count the model cannot take, first
     if network is not None and not node_ids and memory is not None:
         try:  # the cheapest ring first; the nodes with the most memory when it does not fit
-            return _place_on(choose_nodes(pool, stages, network=network), num_layers, memory)
+            return _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory), network)
         except Shortfall:
             pass
-    return _place_on(choose_nodes(pool, stages, node_ids, by_memory=memory is not None, network=network),
-                     num_layers, memory)
+    return _with_ring(_place_on(choose_nodes(pool, stages, node_ids, by_memory=memory is not None, network=network),
+                                num_layers, memory), network)
+
+
+def _with_ring(placement: Placement, network: Network | None) -> Placement:
+    if network is None:
+        return placement
+    return dataclasses.replace(placement, ring_ms=network.ring_ms(placement.nodes))
 
 
 def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None,

@@ -109,6 +109,12 @@ class RunPlan:
     trace_objects: bool = False  # stages report per-object events (SubmitRunRequest.trace_objects)
     kv_dtype: str = DEFAULT_KV_DTYPE  # the stages' KV cache dtype ([orchestrator].kv_dtype), as placement counted it
     max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE  # [orchestrator].max_slots_per_stage, as placement capped
+    ring_rtt_ms: float = 0.0  # the token ring's measured round trip at plan time (Placement.ring_ms; 0: unknown)
+
+    @property
+    def prompt_chunks(self) -> int:
+        """The prompt's chunk objects (prefill_chunk tokens each; one object when 0)."""
+        return -(-self.prompt_tokens // self.prefill_chunk) if self.prefill_chunk else 1
 
     def slots(self, stage: StagePlan) -> int:
         """The runs `stage` holds at once (its KV cache slots): what the stage is told (StageRuntimeFacts.run_slots)
@@ -253,6 +259,7 @@ def plan_run(
         prompt_tokens=prompt_tokens,
         kv_dtype=kv_dtype,
         max_slots_per_stage=max_slots_per_stage,
+        ring_rtt_ms=placement.ring_ms,
     )
     validate_plan(plan)
     return plan

@@ -98,6 +98,8 @@ class RunFsm:
         self.reason = ""  # first fault reason name, or the completion reason
         self.detail = ""
         self.plan: RunPlan | None = None
+        # config.timeouts grown for the planned ring's measured RTT (Timeouts.for_ring), from planning on
+        self.timeouts = config.timeouts
         self.tokens: list[int] = []
         # pool_view: the orchestrator's gate, which has watched the pool before this run: a pool that has been stable
         # for the window is ready at once instead of the window being waited again by every run
@@ -325,8 +327,12 @@ class RunFsm:
                         f"{_seats(plan.seats())} (a node's advertised memory changed): it would not share their weights")
             return
         self.plan = plan = dataclasses.replace(plan, prefill_chunk=cfg.prefill_chunk, trace_objects=req.trace_objects)
-        out.append(self._ev(K.RUN_PLANNED, counters={"stages": len(plan.stages), "edges": len(plan.edges),
-                                                      "layers": plan.model.num_layers, "max_seq_len": plan.max_seq_len}))
+        self.timeouts = cfg.timeouts.for_ring(plan.ring_rtt_ms, plan.prompt_chunks)
+        out.append(self._ev(K.RUN_PLANNED, counters={
+            "stages": len(plan.stages), "edges": len(plan.edges), "layers": plan.model.num_layers,
+            "max_seq_len": plan.max_seq_len, "ring_rtt_ms": round(plan.ring_rtt_ms),
+            "first_token_timeout_ms": round(self.timeouts.first_token_s * 1000),
+            "step_timeout_ms": round(self.timeouts.step_s * 1000)}))
         self._set_state(RunState.PROVISIONING)
         out.append(OpenEndpoints(plan))
         self._endpoints_open = True
@@ -374,7 +380,7 @@ class RunFsm:
                 out.append(InjectTokens(i, ids, PROMPT_CONTINUES if i < len(chunks) - 1 else 0))
             out.append(self._ev(K.PROMPT_INJECTED, sequence=0, counters={"tokens": len(prompt), "chunks": len(chunks)}))
             self._expected_seq, self._prompt_objects = 0, len(chunks)
-            self._deadline = now + self.config.timeouts.first_token_s
+            self._deadline = now + self.timeouts.first_token_s
 
     def _on_running(self, event: Input, now: float, out: list[Action]) -> None:
         if self._common(event, now, out):
@@ -410,11 +416,14 @@ class RunFsm:
                     return
                 self._expected_seq = seq + 1
                 out.append(InjectTokens(self._expected_seq, (tid,)))
-                self._deadline = now + self.config.timeouts.step_s
+                self._deadline = now + self.timeouts.step_s
             case Tick():
                 if self._deadline is not None and now >= self._deadline:
+                    first = self._expected_seq < self._prompt_objects
+                    limit = self.timeouts.first_token_s if first else self.timeouts.step_s
                     self._fault(out, now, pb.RUN_FAULT_STEP_TIMEOUT,
-                                f"no token for sequence {self._expected_seq} within the step timeout")
+                                f"no token for sequence {self._expected_seq} within the step timeout "
+                                f"({'first token: ' if first else ''}{limit:.1f}s)")
             case _:
                 pass
 

@@ -5,6 +5,7 @@ Plain frozen values, so the FSM stays I/O-free and a test can build any input or
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from swactor.common.msgbase import Failure
@@ -15,6 +16,12 @@ from swactor.orchestrator.models.gguf_model import ModelFacts
 from swactor.orchestrator.planning.placement import DEFAULT_MAX_SLOTS_PER_STAGE
 from swactor.orchestrator.planning.planner import RunPlan, Seat, StagePlan
 from swactor.v1 import common_pb2 as pb
+
+# The margin a run's step and first-token timeouts get over its token ring's measured round trip (Timeouts.for_ring):
+# a ring's RTT wanders with load and loss (a lost packet is sent again after about one more RTT), so a few rings more
+# than the configured value, which is meant for the compute, keeps a far ring from timing out a healthy run.
+STEP_RING_TRIPS = 4
+FIRST_TOKEN_RING_TRIPS = 4  # per prompt chunk
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,16 @@ class Timeouts:
     first_token_s: float = 300.0  # prefill through every stage
     step_s: float = 60.0  # one decode step through every stage
     teardown_s: float = 30.0
+
+    def for_ring(self, ring_ms: float, prompt_chunks: int = 1) -> Timeouts:
+        """These timeouts for a run whose token ring has this round trip (RunPlan.ring_rtt_ms): a step is given
+        STEP_RING_TRIPS rings more than step_s, the first token FIRST_TOKEN_RING_TRIPS rings more per prompt chunk
+        than first_token_s (each chunk counted as a whole ring, as if they did not pipeline). The configured values
+        are what a step may take on top of the network; a ring of 0 (nothing measured) leaves them unchanged."""
+        ring_s = max(0.0, ring_ms) / 1000
+        return dataclasses.replace(
+            self, step_s=self.step_s + STEP_RING_TRIPS * ring_s,
+            first_token_s=self.first_token_s + FIRST_TOKEN_RING_TRIPS * ring_s * max(1, prompt_chunks))
 
 
 @dataclass(frozen=True)

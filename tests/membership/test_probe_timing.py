@@ -1,0 +1,66 @@
+"""The probe timings measured RTTs call for (membership/probe_timing.py): tables over the pure advice, no clocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from swactor.membership.probe_timing import (
+    CHANGE_SHARE,
+    DEFAULT_PROBE,
+    INTERVAL_OVER_TIMEOUT,
+    RTT_FACTOR,
+    ProbeAdvisor,
+    ProbeTiming,
+    advised,
+)
+from swactor.membership.rtt import RttTable
+
+LAN = ProbeTiming(probe_timeout_s=0.5, probe_interval_s=1.0)
+
+
+@pytest.mark.parametrize(("rtt_ms", "timeout_s", "interval_s"), [
+    (0.0, 0.5, 1.0),  # nothing measured: as configured
+    (0.2, 0.5, 1.0),  # a LAN
+    (150.0, 0.5, 1.0),  # 3 x 150 ms = 450 ms: the LAN timeout still covers it
+    (200.0, 0.6, 1.2),  # the timeout follows the RTT, the interval keeps room for the indirect probes
+    (1000.0, 3.0, 6.0),
+])
+def test_the_timeout_is_the_larger_of_the_configured_and_a_multiple_of_the_rtt(
+        rtt_ms: float, timeout_s: float, interval_s: float) -> None:
+    t = advised(LAN, rtt_ms)
+    assert (t.probe_timeout_s, t.probe_interval_s) == pytest.approx((timeout_s, interval_s))
+    assert t.probe_timeout_s == pytest.approx(max(LAN.probe_timeout_s, RTT_FACTOR * rtt_ms / 1000))
+    assert t.probe_interval_s >= INTERVAL_OVER_TIMEOUT * t.probe_timeout_s - 1e-9
+
+
+def test_a_long_configured_interval_is_kept() -> None:
+    assert advised(ProbeTiming(3.0, 5.0), 150.0) == ProbeTiming(3.0, 5.0)  # kinship's wan() preset
+    assert advised(ProbeTiming(0.5, 10.0), 400.0) == pytest.approx(ProbeTiming(1.2, 10.0))
+
+
+def test_the_advisor_speaks_when_the_advice_moves_by_more_than_the_change_share() -> None:
+    adv = ProbeAdvisor(LAN)
+    assert adv.observe({}) is None  # nothing measured: the configured timings stand
+    assert adv.observe({2: 200, 3: 150_000}) is None  # 150 ms: still covered
+    a = adv.observe({2: 200, 3: 150_000, 4: 250_000})
+    assert a is not None and not a.sufficient
+    assert (a.peer, a.rtt_ms, a.configured) == (4, 250.0, LAN)
+    assert a.timing == pytest.approx(ProbeTiming(0.75, 1.5))
+    assert adv.observe({4: 260_000}) is None  # 0.78 s: within CHANGE_SHARE of the last told
+    moved = adv.observe({4: int(250_000 * (1 + CHANGE_SHARE) + 10_000)})
+    assert moved is not None and moved.timing.probe_timeout_s > 0.75 * (1 + CHANGE_SHARE)
+    back = adv.observe({4: 1_000})  # the far peer went (or came closer): the configured timings suffice again
+    assert back is not None and back.sufficient and back.timing == LAN
+    assert adv.observe({}) is None
+
+
+def test_the_advisor_reads_this_nodes_own_medians() -> None:
+    t = RttTable(1, stale_s=10)
+    for i, rtt_us in enumerate([300_000, 310_000, 900_000]):  # one slow echo: the median stays 310 ms
+        pong = RttTable.pong_for(RttTable.ping(i))
+        assert pong is not None
+        t.on_pong(2, pong, i + rtt_us * 1000, now_s=0)
+    assert t.own(now_s=1) == {2: 310_000}
+    assert t.own(now_s=11) == {}  # stale: not a live peer's RTT any more
+    a = ProbeAdvisor(DEFAULT_PROBE).observe(t.own(now_s=1))
+    assert a is not None and a.timing == pytest.approx(ProbeTiming(0.93, 1.86))
