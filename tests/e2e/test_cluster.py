@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from swactor.localcluster.netns import Netns
 from swactor.localcluster.run import follow
 from swactor.v1.orchestrator_pb2 import SubmitRunRequest
 from swactor.v1.orchestrator_pb2_grpc import OrchestratorStub
+from tests.gateway.helpers import free_port
 
 from .conftest import assert_torn_down, needs_model, processes_mentioning
 
@@ -65,8 +67,9 @@ def test_one_host_runs_and_leaves_nothing(mode: str) -> None:
 
 
 def test_ctrl_c_tears_the_cluster_down() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "swactor.localcluster", "--hosts", "2"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    port = free_port()  # the OpenAI API it serves, and tears down with the rest
+    proc = subprocess.Popen([sys.executable, "-m", "swactor.localcluster", "--hosts", "2", "--openai-port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stderr is not None and proc.stdout is not None
         first = proc.stderr.readline()
@@ -76,6 +79,8 @@ def test_ctrl_c_tears_the_cluster_down() -> None:
         ready_line = proc.stdout.readline()  # printed once the pool is ready
         assert "--address unix:" in ready_line, ready_line + proc.stderr.read()
         assert len(processes_mentioning(str(root))) >= 8
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as health:
+            assert json.loads(health.read())["pool_ready"] is True
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 130
     finally:
@@ -84,6 +89,8 @@ def test_ctrl_c_tears_the_cluster_down() -> None:
             proc.wait()
     assert processes_mentioning(str(root)) == []
     assert not root.exists()
+    with pytest.raises(OSError):  # the gateway went with it
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
 
 
 def test_demo_ctrl_c_mid_run_stops_the_run_and_tears_down() -> None:

@@ -26,7 +26,7 @@ from .conftest import needs_model, processes_mentioning
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), needs_model]
 
 CLEAN_WITHIN_S = 5.0
-LOCALCLUSTER = [sys.executable, "-m", "swactor.localcluster", "--hosts", "1"]
+LOCALCLUSTER = [sys.executable, "-m", "swactor.localcluster", "--hosts", "1", "--no-openai"]
 DEMO = [sys.executable, "-m", "swactor.cli.main", "demo", "--hosts", "2", "--max-tokens", "200",
         "--prompt", "Tell me a long story about a lighthouse keeper and the sea."]
 # What `python -m swactor.localcluster` exits with when it tears down in order (None: it cannot, SIGKILL).

@@ -24,7 +24,7 @@ def _background() -> None:
 
 
 def test_sigterm_stops_a_background_localcluster_and_tears_the_pool_down() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "swactor.localcluster", "--hosts", "1"], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "swactor.localcluster", "--hosts", "1", "--no-openai"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_background)
     root: Path | None = None
     try:

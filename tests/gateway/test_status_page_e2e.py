@@ -64,6 +64,8 @@ def shot(driver, path: Path) -> None:
 
 def test_status_page_in_a_browser(pool: LocalCluster, browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
 
     assert pool.openai_url is not None
     token = token_of(pool)
@@ -81,10 +83,12 @@ def test_status_page_in_a_browser(pool: LocalCluster, browser, tmp_path: Path) -
     assert browser.current_url.startswith(f"{base}/login?next=")
     browser.find_element(By.ID, "token").send_keys("not-the-token")
     browser.find_element(By.ID, "sign-in").click()
-    assert "wrong token" in browser.find_element(By.ID, "error").text
+    # A click does not wait for the page it posts to: wait for that page (bounded, on a loaded machine).
+    wait = WebDriverWait(browser, 30)
+    assert "wrong token" in wait.until(EC.presence_of_element_located((By.ID, "error"))).text
     browser.find_element(By.ID, "token").send_keys(token)
     browser.find_element(By.ID, "sign-in").click()
-    assert browser.current_url == f"{base}/status"
+    wait.until(EC.url_to_be(f"{base}/status"))
 
     hosts = browser.find_element(By.ID, "hosts").text
     for node_id in pool.node_ids:
