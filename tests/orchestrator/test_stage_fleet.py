@@ -188,3 +188,46 @@ def test_unreachable_node_is_node_unavailable() -> None:
 
     err = asyncio.run(main())
     assert err.reason == pb.RUN_FAULT_NODE_UNAVAILABLE and "UNAVAILABLE" in err.detail
+
+
+def test_a_connect_that_failed_is_waited_for_once_before_the_run_faults() -> None:
+    """The node's control port answers only after the first connect failed (a SYN lost twice over a lossy link
+    looks the same to the orchestrator): the ProvisionStage that never left waits for the next connect and goes."""
+
+    class Log:
+        def __init__(self) -> None:
+            self.retried = asyncio.Event()
+
+        def info(self, event: str, **kw) -> None:
+            if event == "provision_retried":
+                self.retried.set()
+
+        warning = error = info
+
+    async def main():
+        import socket
+
+        with socket.socket() as s:  # a port nothing listens on yet: connection refused
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        plan = plan_run(run_id=7, model=model_facts(), pool=(node(1),), stages=1, max_tokens=8, prompt_tokens=5,
+                        sampling=SamplingPolicy(), orchestrator_node_id=ORCH)
+        stage = plan.stages[0]
+        stage = dataclasses.replace(stage, node=dataclasses.replace(stage.node, control_endpoint=f"127.0.0.1:{port}"))
+        fleet = StageControlFleet(mtls_channels(SECRET, ORCH), lambda p, r: Path("/m.gguf"), call_timeout_s=30)
+        fleet.log = log = Log()
+        provisioning = asyncio.ensure_future(fleet.provision(plan, stage, lambda inp: None))
+        await asyncio.wait_for(log.retried.wait(), 10)  # the first call failed to connect
+        servicer = ScriptedStageControl(1, False, [])
+        server = grpc.aio.server()
+        stage_pb2_grpc.add_StageControlServicer_to_server(servicer, server)
+        server.add_secure_port(f"127.0.0.1:{port}", control_tls.server_credentials(SECRET, 1))
+        await server.start()
+        try:
+            await asyncio.wait_for(provisioning, 20)
+            assert servicer.request is not None and servicer.request.run_id == 7  # sent once, after the connect
+            await fleet.stop_stage(plan, stage)
+        finally:
+            await server.stop(0.5)
+
+    asyncio.run(main())

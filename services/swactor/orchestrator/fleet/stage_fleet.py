@@ -119,6 +119,15 @@ class NoEndpoints:
                          "this fleet has no token endpoints (StageControlFleet built without an EndpointFactory)")
 
 
+# After a connect that failed, a ProvisionStage waits this long for the channel's next connect (wait_for_ready).
+CONNECT_WAIT_S = 5.0
+
+
+def _never_sent(e: grpc.aio.AioRpcError) -> bool:
+    """UNAVAILABLE because the channel could not connect: the call never reached the node."""
+    return e.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (e.details() or "").lower()
+
+
 class StageControlFleet:
     def __init__(self, channels: ChannelFactory, gguf_sources: GgufSources,
                  endpoints: EndpointFactory | None = None, *, call_timeout_s: float = 30.0,
@@ -168,11 +177,24 @@ class StageControlFleet:
                                    req: stage_pb2.ProvisionStageRequest) -> None:
         loop = asyncio.get_running_loop()
         deadline, pause = loop.time() + self._teardown_wait_s, 0.1
+        unconnected: grpc.aio.AioRpcError | None = None  # the first connect failure, once it happened
         while True:
             try:
-                await stub.ProvisionStage(req, timeout=self._timeout)
+                if unconnected is not None:
+                    await stub.ProvisionStage(req, timeout=min(self._timeout, CONNECT_WAIT_S), wait_for_ready=True)
+                else:
+                    await stub.ProvisionStage(req, timeout=self._timeout)
                 return
             except grpc.aio.AioRpcError as e:
+                if unconnected is None and _never_sent(e):
+                    # The connection was not made, so the request never left: wait for the channel's next connect
+                    # once, rather than fault the run on one lost SYN (keepalive's TCP user timeout, two intervals,
+                    # is shorter than SYN retransmission over a lossy WAN link).
+                    unconnected = e
+                    self.log.info("provision_retried", run_id=req.run_id, node_id=req.node_id, detail=e.details())
+                    continue
+                if unconnected is not None and e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    raise unconnected from None  # still no connection: why the first one failed says more
                 if e.code() != grpc.StatusCode.ABORTED or loop.time() + pause > deadline:
                     raise
                 self.log.info("provision_retried", run_id=req.run_id, node_id=req.node_id, detail=e.details())
