@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/faults.py table      # run tests/faults, print the fault table
     .venv/bin/python bench/faults.py load [--runs 50]
+    .venv/bin/python bench/faults.py resume [--after 10,50,200]
 
 `table` runs the fault suite (every §36 source it injects, one test each, tests/faults/) and prints
 its table: fault, detected by, reason, seconds from injection to the terminal outcome, arena leases
@@ -14,6 +15,13 @@ each phase, per host: open fds and RSS of every service process (the compute pro
 the arena's live leases. Aims (not asserted): zero growth in fds and leases, RSS within 10 %;
 runs that touch the dead host fault cleanly, later ones complete. Figures also go to
 bench/out/faults_load.json.
+
+`resume`: a request submitted with `resume` decodes through h0 -> h1 -> h2 (S=3) until it has generated
+`--after` tokens, then h2 is killed (every process, as power loss). Printed per count: when the run's fault was
+detected, when the first token of the run that continues the request arrived (both from the loss), the stages it
+was re-planned on, and whether the client's stream equals the uninterrupted run's tokens (it must). The aim: the
+next token <= 5 s after the loss is detected, with 200 tokens already generated. h2 is restarted between counts.
+Figures also go to bench/out/faults_resume.json.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from tests.faults.checks import REPORT_PATH, Row, table  # noqa: E402
 from tests.faults.pool import FaultPool, NotYet, children, fault_pool, fd_count, rss_kib, wait_until  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "faults_load.json"
+RESUME_OUT = ROOT / "bench" / "out" / "faults_resume.json"
 
 
 def run_table(pytest_args: list[str]) -> int:
@@ -207,12 +216,54 @@ def load(n: int) -> int:
     return 0
 
 
+def resume(counts: list[int]) -> int:
+    from swactor.v1 import common_pb2 as pb
+
+    rows = []
+    with fault_pool(progress=lambda line: print(line, flush=True)) as pool:
+        pool.run(max_tokens=2, timeout_s=300)  # warm: graphs compiled
+        for after in counts:
+            total = after + 24
+            solo = pool.run(max_tokens=total, timeout_s=600)
+            watch = pool.submit(max_tokens=total, resume=True)
+            watch.wait_tokens(after, timeout_s=600)
+            lost_at = inject.kill_host(pool, 2)
+            ended = watch.wait_end(300)
+            first = pool.get_run(watch.run_id)
+            faulted = [e.time_us / 1e6 for e in watch.events if e.kind == pb.RUN_FAULTED and e.run_id == first.run_id]
+            nxt = [e.time_us / 1e6 for e in watch.events if e.kind == pb.TOKEN_RECEIVED and e.run_id != first.run_id]
+            last = watch.finished
+            row = {"after": after, "generated_before_loss": len(first.token_ids), "reason": first.reason,
+                   "detected_s": round(faulted[0] - lost_at, 2) if faulted else None,
+                   "next_token_s": round(nxt[0] - lost_at, 2) if nxt else None,
+                   "stages_after": len(last.placement) if last is not None else None,
+                   "outcome": opb.RunOutcome.Name(last.outcome) if ended and last is not None else "not ended",
+                   "tokens_equal": watch.tokens == solo.tokens}
+            rows.append(row)
+            print(f"  after {after} tokens: {row}", flush=True)
+            pool.restart_host(2)
+            pool.wait_pool(300)
+    print(f"\n{'tokens before':>13} {'detected s':>10} {'next token s':>12} {'after detection s':>17} {'stages':>6} "
+          f"{'tokens equal':>12}")
+    for r in rows:
+        gap = None if r["next_token_s"] is None or r["detected_s"] is None else r["next_token_s"] - r["detected_s"]
+        print(f"{r['generated_before_loss']:>13} {r['detected_s']!s:>10} {r['next_token_s']!s:>12} "
+              f"{'-' if gap is None else f'{gap:.2f}':>17} {r['stages_after']!s:>6} {r['tokens_equal']!s:>12}")
+    RESUME_OUT.parent.mkdir(parents=True, exist_ok=True)
+    RESUME_OUT.write_text(json.dumps({"rows": rows, "loadavg": os.getloadavg()}, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("table").add_argument("pytest_args", nargs="*")
     sub.add_parser("load").add_argument("--runs", type=int, default=50)  # fds growth by process and kind too
+    sub.add_parser("resume").add_argument("--after", default="10,50,200",
+                                          help="tokens generated before the host is lost, comma-separated")
     args = ap.parse_args()
+    if args.cmd == "resume":
+        return resume([int(n) for n in args.after.split(",")])
     return run_table(args.pytest_args) if args.cmd == "table" else load(args.runs)
 
 

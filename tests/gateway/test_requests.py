@@ -24,7 +24,7 @@ def test_chat_request_becomes_messages_and_sampling() -> None:
     assert [(m.role, m.content) for m in s.messages.messages] == [("user", "hi")]
     assert s.max_tokens == 7 and s.sampling.temperature == 0 and s.sampling.top_p == 0.5
     assert s.sampling.seed == 2**64 - 1  # the same 64 bits
-    assert s.stop_when_unwatched and r.stops == ("x",) and r.stream and r.include_usage
+    assert s.stop_when_unwatched and s.resume and r.stops == ("x",) and r.stream and r.include_usage
 
 
 def test_defaults_follow_openai() -> None:

@@ -114,6 +114,9 @@ def parser() -> argparse.ArgumentParser:
                    help="pipeline stages (default: the orchestrator's)")
     s.add_argument("--max-tokens", type=integer(1, INT32_MAX), default=64)
     s.add_argument("--ignore-eos", action="store_true", help="generate through EOS: stop only at --max-tokens")
+    s.add_argument("--resume", action="store_true",
+                   help="outlive a lost host: a run faulted by a stage host, worker or edge goes on as a new run on "
+                        "the healthy nodes, from the tokens already delivered (--watch follows it)")
     s.add_argument("--max-context", type=integer(1, UINT32_MAX), default=0, metavar="TOKENS",
                    help="the run's own context: prompt and generated tokens at most this many (default: the model's)")
     s.add_argument("--node", action="append", type=integer(1, UINT64_MAX), default=[], metavar="NODE_ID",
@@ -242,7 +245,7 @@ def sampling(args: argparse.Namespace) -> opb.Sampling:
 def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
     req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
                                sampling=sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos,
-                               max_context=args.max_context)
+                               max_context=args.max_context, resume=args.resume)
     if args.prompt_ids is not None:
         if args.raw:
             raise CliError("--raw applies to --prompt only")

@@ -158,7 +158,8 @@ def parse(endpoint: Endpoint, body: Any) -> OpenAiRequest:
     if endpoint is Endpoint.CHAT and body.get("logprobs") is None and body.get("top_logprobs") is not None:
         raise ApiError.unsupported("top_logprobs", "top_logprobs is not served")
 
-    submit = opb.SubmitRunRequest(model=model, stop_when_unwatched=True)
+    # resume: a request outlives a lost stage host (its stream goes on from the run that continues it).
+    submit = opb.SubmitRunRequest(model=model, stop_when_unwatched=True, resume=True)
     if endpoint is Endpoint.CHAT:
         submit.messages.messages.extend(_messages(body))
     else:

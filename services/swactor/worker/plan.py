@@ -129,7 +129,8 @@ def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: i
         s = rt.sampling
         _require(s.temperature >= 0 and 0 <= s.top_p <= 1, "runtime.sampling", "temperature >= 0 and top_p in [0, 1]")
         sampling = {"temperature": float(s.temperature), "top_k": int(s.top_k),
-                    "top_p": float(s.top_p) if s.top_p > 0 else 1.0, "seed": int(s.seed)}
+                    "top_p": float(s.top_p) if s.top_p > 0 else 1.0, "seed": int(s.seed),
+                    "skip_draws": int(s.skip_draws)}
     else:
         _require(not rt.HasField("sampling"), "runtime.sampling", "only the last stage samples")
     chunk = rt.prefill_chunk or 1

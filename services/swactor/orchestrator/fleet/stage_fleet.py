@@ -79,7 +79,8 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
     if last:
         s = plan.sampling
         req.runtime.sampling.CopyFrom(stage_pb2.StageSampling(temperature=s.temperature, top_k=s.top_k,
-                                                              top_p=s.top_p, seed=s.seed))
+                                                              top_p=s.top_p, seed=s.seed,
+                                                              skip_draws=s.skip_draws))
     return req
 
 

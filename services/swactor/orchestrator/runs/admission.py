@@ -48,6 +48,8 @@ class Candidate:
     model: str
     stages: int
     node_ids: tuple[int, ...] = ()
+    # A resumed request's run: it never joins the runs in flight, whose placement holds the part its run lost.
+    joins_group: bool = True
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,8 @@ def admit(head: Candidate, active: int, group: Group | None, members: Sequence[N
         return Start()
     if group is None:
         return Wait("the runs in flight to be placed")
+    if not head.joins_group:
+        return Wait("the runs in flight on the placement its request lost a part of to finish (a resumed run is placed anew)")
     if head.model != group.model:
         return Wait(f"the runs of model {group.model!r} in flight to finish")
     if head.stages != len(group.seats):

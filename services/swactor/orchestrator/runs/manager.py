@@ -38,10 +38,11 @@ from swactor.orchestrator.runs.admission import Candidate, Group, Start, Wait, a
 from swactor.orchestrator.runs.client_requests import RequestIds, RequestKey, request_key
 from swactor.orchestrator.runs.queue import QueuedRun, QueueFull, RunLobby
 from swactor.orchestrator.runs.retention import RetentionPolicy, RetentionSchedule
-from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, replay
+from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, continued, replay
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
 from swactor.orchestrator.tokens.prompting import PromptPreparer
 from swactor.orchestrator.tokens.tokenizer import Tokenizer
+from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 
 LIST_MAX_RUNS = 1000
@@ -49,6 +50,14 @@ LIST_MAX_BYTES = 3 << 20  # under gRPC's 4 MiB message limit
 EVENTS_PAGE = 1000
 EVENTS_PAGE_MAX = 10000
 EVENTS_PAGE_BYTES = 1 << 20
+# A resumed request's runs after its first: a placement that keeps failing ends the request rather than loop.
+MAX_RESUMES = 3
+# Faults of a part runs share (a stage host, its worker, an edge, the pool): a re-plan may route around them. A
+# fault of the run's own (its input, a step of its own failing, its store record) would only recur.
+RESUMABLE = frozenset(pb.RunFaultReason.Name(r) for r in (
+    pb.RUN_FAULT_NODE_UNAVAILABLE, pb.RUN_FAULT_MEMBERSHIP_LOST, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
+    pb.RUN_FAULT_STREAM_FAULT, pb.RUN_FAULT_RING_FAULT, pb.RUN_FAULT_WORKER_FATAL, pb.RUN_FAULT_WORKER_CRASHED,
+    pb.RUN_FAULT_STEP_TIMEOUT, pb.RUN_FAULT_READINESS_TIMEOUT, pb.RUN_FAULT_PROVISIONING_REJECTED))
 
 
 @dataclass(frozen=True)
@@ -266,10 +275,11 @@ class Orchestrator:
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
                                trace_objects=req.trace_objects, max_context=context,
-                               stop_when_unwatched=req.stop_when_unwatched)
+                               stop_when_unwatched=req.stop_when_unwatched, resume=req.resume)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
-                         sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context)
+                         sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context,
+                         resume=req.resume)
         prepared = Prepared(request, model.tokenizer)
         position = 0
         if key is not None:  # written with the run's first record, below
@@ -322,10 +332,11 @@ class Orchestrator:
 
     def _decide(self, record: opb.Run, prepared: Prepared) -> Start | Wait:
         """Admission's answer for one run (admission.admit): Start (alone, or joining the group) or Wait."""
-        return self._verdict(record.model, prepared.request.stages, tuple(prepared.request.node_ids))
+        request = prepared.request
+        return self._verdict(record.model, request.stages, tuple(request.node_ids), joins_group=not request.resumes)
 
-    def _verdict(self, model: str, stages: int, node_ids: tuple[int, ...]) -> Start | Wait:
-        return admit(Candidate(model, stages, node_ids), len(self._active), self._group, self.members,
+    def _verdict(self, model: str, stages: int, node_ids: tuple[int, ...], joins_group: bool = True) -> Start | Wait:
+        return admit(Candidate(model, stages, node_ids, joins_group), len(self._active), self._group, self.members,
                      self.fsm_config.max_slots_per_stage)
 
     def _admit_waiting(self) -> None:
@@ -352,7 +363,7 @@ class Orchestrator:
         fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)
         record.state = opb.RUN_STATE_WAITING_POOL
         handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates,
-                           on_planned=lambda plan: self._planned(handle, plan))
+                           on_planned=lambda plan: self._planned(handle, plan), on_ending=self._resume)
         self._active[handle.run_id] = handle
         handle.report(F.MembershipChanged(self.members))
         task = self._tasks[handle.run_id] = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
@@ -369,6 +380,72 @@ class Orchestrator:
         warm = {**self.network.warm, len(plan.stages): tuple(s.node.node_id for s in plan.stages)}
         self._gate.network = dataclasses.replace(self.network, warm=warm)
         self._admit_waiting()
+
+    # ---- resumed requests (SubmitRunRequest.resume) ----
+
+    def _resume(self, handle: RunHandle) -> None:
+        """A run of a resumable request ends: when a shared part faulted it before its end and a placement fits
+        without that part, the request goes on as a new run at the queue's head, whose prompt is this run's plus
+        the tokens it delivered. The run keeps its own outcome; its record and events name the new run, and its
+        watchers follow that one (RunUpdates.continue_with)."""
+        run, request = handle.record, handle.fsm.request
+        delivered = tuple(run.token_ids)
+        if not (request.resume and run.outcome == opb.RUN_OUTCOME_FAULTED and run.reason in RESUMABLE) or self._closing:
+            return
+        left = request.max_tokens - len(delivered)
+        prompt = request.prompt_ids + delivered
+        ended = bool(delivered) and delivered[-1] in request.eog_ids and not request.ignore_eos
+        why = (f"its request was resumed {MAX_RESUMES} times already" if request.resumes >= MAX_RESUMES
+               else "it delivered all its tokens" if left <= 0 or ended
+               else "its context is full" if len(prompt) >= (request.max_context or len(prompt) + 1) else "")
+        model = self.models.loaded(run.model)
+        if not why and model is None:
+            why = f"model {run.model!r} is no longer served"
+        stages = request.stages
+        if not why and model is not None:
+            # The same stage count where it fits the pool without the lost part; else the fewest that fit.
+            if dry_run.pool_refusal(self.members, self._demand(model, stages, ()), self.network):
+                stages = fewest_stages(self.members, model.facts.num_layers, self._memory(model), self.network)
+            why = dry_run.pool_refusal(self.members, self._demand(model, stages, ()), self.network)
+        if why:
+            self.log.info("run_not_resumed", run_id=run.run_id, reason=run.reason, why=why)
+            return
+        assert model is not None
+        sampling = request.sampling
+        if not sampling.greedy:  # its sampler goes on where this one's stopped: one draw per token delivered
+            sampling = dataclasses.replace(sampling, skip_draws=sampling.skip_draws + len(delivered))
+        run_id = new_id()
+        nxt = dataclasses.replace(request, run_id=run_id, prompt_ids=prompt, max_tokens=left, stages=stages,
+                                  node_ids=(), joins=(), sampling=sampling, resumes=request.resumes + 1)
+        record = opb.Run(run_id=run_id, model=run.model, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
+                         max_tokens=left, prompt_tokens=len(prompt), created_us=wall_us(), sampling=run.sampling,
+                         max_context=run.max_context, resume=True, resumed_from=run.run_id,
+                         resumed_tokens=run.resumed_tokens + len(delivered))
+        try:
+            self._lobby.enqueue(record, Prepared(nxt, handle.tokenizer), first=True)
+        except StoreWriteError as e:
+            self.store.discard(run_id)
+            self.log.error("run_not_resumed", run_id=run.run_id, reason=run.reason, why=f"the run store: {e}")
+            return
+        queued = self._lobby.waiting[run_id]
+        if request.stop_when_unwatched:
+            queued.updates.on_unwatched = lambda: self._client_gone(run_id)
+        run.resumed_by = run_id
+        ev = pb.LifecycleEvent(kind=pb.RUN_RESUMED, run_id=run.run_id, component=pb.COMPONENT_ORCHESTRATOR,
+                               detail=f"continued as run {run_id} on the healthy nodes after {run.reason}")
+        ev.counters.update({"resumed_by": run_id, "tokens": len(delivered)})
+        handle.emit_after_outcome(ev)
+        handle.updates.continue_with(queued.updates, len(delivered))
+        self.log.info("run_resumed", run_id=run.run_id, resumed_by=run_id, reason=run.reason, tokens=len(delivered),
+                      stages=stages, resumes=nxt.resumes)
+
+    def _latest(self, run_id: int) -> int:
+        """The run a request goes on as now: `run_id`, or the run that resumed it, and so on."""
+        seen = {run_id}
+        while (nxt := self._known(run_id).resumed_by) and nxt not in seen:
+            run_id = nxt
+            seen.add(nxt)
+        return run_id
 
     def _finished(self, handle: RunHandle) -> None:
         """An active run is done: drop it from memory (the store has it) and admit from the queue. The last
@@ -431,6 +508,7 @@ class Orchestrator:
 
     async def stop(self, run_id: int, detail: str) -> opb.Run:
         run = self._known(run_id)
+        run_id = self._latest(run_id)  # a resumed request: the run it goes on as
         match self._stop_now(run_id, detail or "operator stop"):
             case opb.Run() as stopped_in_queue:
                 return stopped_in_queue
@@ -461,8 +539,17 @@ class Orchestrator:
         handle = self._active.get(run_id)
         if handle is not None:
             return handle.watch()
+        return self._replay(run)
+
+    async def _replay(self, run: opb.Run) -> AsyncIterator[opb.RunUpdate]:
+        """A finished run's stored updates; a resumed one's go on with the run that continued it."""
         model = self.models.loaded(run.model)
-        return replay(self.store, run, model.tokenizer if model is not None else None)
+        async for u in replay(self.store, run, model.tokenizer if model is not None else None):
+            if u.HasField("finished") and run.resumed_by:
+                async for v in continued(self.watch(run.resumed_by), len(run.token_ids)):
+                    yield v
+                return
+            yield u
 
     async def shutdown(self) -> None:
         """Operator-stop every active run and give their teardowns, together, a bounded time. Queued runs stay

@@ -65,6 +65,15 @@ class RunQueue:
         self._since[run_id] = now
         return len(self._ids)
 
+    def push_first(self, run_id: int, now: float) -> list[Moved]:
+        """Put a run at the head, past the depth: a request the orchestrator already accepted continuing after its
+        run's fault (never refused, never behind requests that came later). Returns the runs that moved back."""
+        if run_id in self._since:
+            raise ValueError(f"run {run_id} is already queued")
+        self._ids.insert(0, run_id)
+        self._since[run_id] = now
+        return self._moved_from(1)
+
     def pop(self, now: float) -> tuple[int, float, list[Moved]] | None:
         """The next run, how long it waited, and the runs that moved up; None when empty."""
         if not self._ids:
@@ -125,11 +134,12 @@ class RunLobby:
             raise QueueFull(f"the run queue is full ({len(self.core)} of {self.core.depth} runs waiting; "
                             "[orchestrator].queue_depth)")
 
-    def enqueue(self, record: opb.Run, start: Any) -> int:
-        """Queue a run; returns its position. QueueFull when full; StoreWriteError when its record
-        cannot be stored (then nothing is queued)."""
-        self.check_room()
-        position = len(self.core) + 1
+    def enqueue(self, record: opb.Run, start: Any, *, first: bool = False) -> int:
+        """Queue a run (`first`: at the head, whatever the depth: a resumed request); returns its position.
+        QueueFull when full; StoreWriteError when its record cannot be stored (then nothing is queued)."""
+        if not first:
+            self.check_room()
+        position = 1 if first else len(self.core) + 1
         record.state, record.queue_position = opb.RUN_STATE_QUEUED, position
         ev = self._event(record.run_id, pb.RUN_QUEUED, {"position": position, "queued": position})
         try:
@@ -138,10 +148,13 @@ class RunLobby:
         except StoreWriteError:
             self.store.discard(record.run_id)
             raise
-        self.core.push(record.run_id, self.clock())
+        moved = self.core.push_first(record.run_id, self.clock()) if first else []
+        if not first:
+            self.core.push(record.run_id, self.clock())
         queued = QueuedRun(record, start)
         self.waiting[record.run_id] = queued
         self._publish(queued, ev)
+        self._moved(moved)
         return position
 
     def take_next(self) -> QueuedRun | None:

@@ -66,6 +66,8 @@ class RunRequest:
     # 0 = the plan's max_seq_len (the model's context as capped), which also sizes the stages' KV slots.
     max_context: int = 0
     stop_when_unwatched: bool = False  # SubmitRunRequest.stop_when_unwatched: its client gone, the run is stopped
+    resume: bool = False  # SubmitRunRequest.resume: a shared part's fault continues the request as a new run
+    resumes: int = 0  # the runs of its request before this one (a continuation's count; manager.MAX_RESUMES)
 
 
 @dataclass(frozen=True)

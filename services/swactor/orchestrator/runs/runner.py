@@ -28,9 +28,23 @@ PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJE
 # Kept in the run's events but not journaled either: up to two per stage per second for a whole download.
 UNJOURNALED_KINDS = PER_OBJECT_KINDS | {pb.WEIGHTS_DOWNLOAD_PROGRESS}
 
+async def continued(updates: AsyncIterator[opb.RunUpdate], tokens_before: int) -> AsyncIterator[opb.RunUpdate]:
+    """A resumed request's next run as its first run's watchers see it: its token deltas numbered after the
+    `tokens_before` the request delivered already (its events and `finished` as they are)."""
+    async for u in updates:
+        if u.HasField("token") and tokens_before:
+            shifted = opb.RunUpdate()
+            shifted.CopyFrom(u)
+            shifted.token.sequence += tokens_before
+            u = shifted
+        yield u
+
+
 class RunUpdates:
     """A run's WatchRun updates in order, from the first (RUN_QUEUED when it waited) to `finished`:
-    each watcher replays them from the first, then follows new ones as they come."""
+    each watcher replays them from the first, then follows new ones as they come. A run whose request
+    resumed as another run (`continue_with`, set before its `finished`) goes on with that run's updates
+    in place of its own `finished`."""
 
     def __init__(self) -> None:
         self.items: list[opb.RunUpdate] = []
@@ -38,10 +52,15 @@ class RunUpdates:
         self._watchers = 0
         # called when the last open watch ends before `finished` (SubmitRunRequest.stop_when_unwatched)
         self.on_unwatched: Callable[[], None] | None = None
+        self._next: tuple[RunUpdates, int] | None = None
 
     def append(self, update: opb.RunUpdate) -> None:
         self.items.append(update)
         self._more.set()
+
+    def continue_with(self, updates: RunUpdates, tokens_before: int) -> None:
+        """The request goes on as the run publishing `updates`, after this run's `tokens_before` tokens."""
+        self._next = (updates, tokens_before)
 
     async def watch(self) -> AsyncIterator[opb.RunUpdate]:
         index = 0
@@ -51,6 +70,11 @@ class RunUpdates:
                 while index < len(self.items):
                     update = self.items[index]
                     index += 1
+                    if update.HasField("finished") and self._next is not None:
+                        nxt, before = self._next
+                        async for u in continued(nxt.watch(), before):
+                            yield u
+                        return
                     yield update
                     if update.HasField("finished"):
                         return
@@ -68,7 +92,8 @@ class RunHandle:
 
     def __init__(self, fsm: F.RunFsm, record: opb.Run, tokenizer: Tokenizer, fleet: StageFleet, store: RunStore,
                  clock: Callable[[], float] = time.monotonic, updates: RunUpdates | None = None,
-                 on_planned: Callable[[RunPlan], None] | None = None) -> None:
+                 on_planned: Callable[[RunPlan], None] | None = None,
+                 on_ending: Callable[[RunHandle], None] | None = None) -> None:
         self.fsm = fsm
         self.record = record
         self.fleet = fleet
@@ -76,7 +101,10 @@ class RunHandle:
         self.clock = clock
         self.inputs: asyncio.Queue[F.Input] = asyncio.Queue()
         self.updates = RunUpdates() if updates is None else updates  # a queued run's, when it waited
+        self.tokenizer = tokenizer
         self._decoder = StreamDecoder(tokenizer)
+        for tid in fsm.request.prompt_ids[len(fsm.request.prompt_ids) - min(record.resumed_tokens, 8):]:
+            self._decoder.push(tid)  # a resumed request's text goes on from its last tokens (UTF-8 split over them)
         self._endpoints: TokenEndpoints | None = None
         self._endpoints_ready = asyncio.Event()
         self._injections: asyncio.Queue[F.InjectTokens] = asyncio.Queue()
@@ -88,6 +116,7 @@ class RunHandle:
         self.outcome_recorded = asyncio.Event()
         self._store_fault_reported = False
         self._on_planned = on_planned  # told once, when the FSM has placed the run (admission waits for that)
+        self._on_ending = on_ending  # told once, with the outcome recorded, before watchers get `finished`
 
     @property
     def run_id(self) -> int:
@@ -210,6 +239,11 @@ class RunHandle:
     def _finalize(self) -> None:
         if self.record.state != opb.RUN_STATE_DONE:
             self.record.state = opb.RUN_STATE_DONE
+        if self._on_ending is not None:
+            try:
+                self._on_ending(self)  # may resume the request (record.resumed_by): watchers then follow that run
+            except Exception as e:
+                self.log.exception("run_resume_failed", error=f"{type(e).__name__}: {e}")
         try:
             self.store.put(self.record)
         except StoreWriteError as e:  # held by the store, which serves it to reads and retries the write
@@ -321,6 +355,10 @@ class RunHandle:
                     self._spawn(self._stop_stage(stage))
                 case F.CloseEndpoints():
                     self._spawn(self._close_endpoints())
+
+    def emit_after_outcome(self, ev: pb.LifecycleEvent) -> None:
+        """An event about the finished run from above it (RUN_RESUMED): stored, published and logged."""
+        self._emit_quietly(ev)
 
     def _emit_quietly(self, ev: pb.LifecycleEvent) -> None:
         """An event of the failure teardown; the store may be what failed, so it cannot stop the teardown."""

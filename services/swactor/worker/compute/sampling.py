@@ -10,6 +10,8 @@ class Sampler:
   """Stateful only through its seeded generator: the same policy and logits sequence give the same tokens."""
   def __init__(self, policy: SamplingPolicy):
     self.policy, self.rng = policy, np.random.default_rng(policy.seed)
+    if policy.skip_draws and not policy.greedy:
+      self.rng.random(policy.skip_draws)  # one uniform per sampled token, as __call__ draws them
 
   def __call__(self, logits: np.ndarray) -> int:
     x = np.asarray(logits, dtype=np.float64).reshape(-1)

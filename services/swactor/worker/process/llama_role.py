@@ -43,8 +43,9 @@ def sampling_policy(config: dict[str, Any]) -> Any:
     from swactor.common.sampling import SamplingPolicy
 
     s = config.get("sampling") or {}
-    if not isinstance(s, dict) or set(s) - {"temperature", "top_k", "top_p", "seed"}:
-        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID, f"config.sampling {s!r}: keys are temperature, top_k, top_p, seed")
+    if not isinstance(s, dict) or set(s) - {"temperature", "top_k", "top_p", "seed", "skip_draws"}:
+        raise RoleError(pb.ROLE_FAILURE_CONFIG_INVALID,
+                        f"config.sampling {s!r}: keys are temperature, top_k, top_p, seed, skip_draws")
     try:
         return SamplingPolicy(**s)
     except (TypeError, ValueError) as e:
