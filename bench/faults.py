@@ -233,12 +233,17 @@ def resume(counts: list[int]) -> int:
             faulted = [e.time_us / 1e6 for e in watch.events if e.kind == pb.RUN_FAULTED and e.run_id == first.run_id]
             nxt = [e.time_us / 1e6 for e in watch.events if e.kind == pb.TOKEN_RECEIVED and e.run_id != first.run_id]
             last = watch.finished
+            # where the seconds to the next token went: the continuing run's lifecycle, from the loss
+            phases = {}
+            for e in watch.events:
+                if e.run_id != first.run_id and pb.LifecycleEventKind.Name(e.kind) not in phases:
+                    phases[pb.LifecycleEventKind.Name(e.kind)] = round(e.time_us / 1e6 - lost_at, 2)
             row = {"after": after, "generated_before_loss": len(first.token_ids), "reason": first.reason,
                    "detected_s": round(faulted[0] - lost_at, 2) if faulted else None,
                    "next_token_s": round(nxt[0] - lost_at, 2) if nxt else None,
                    "stages_after": len(last.placement) if last is not None else None,
                    "outcome": opb.RunOutcome.Name(last.outcome) if ended and last is not None else "not ended",
-                   "tokens_equal": watch.tokens == solo.tokens}
+                   "tokens_equal": watch.tokens == solo.tokens, "phases_s": phases}
             rows.append(row)
             print(f"  after {after} tokens: {row}", flush=True)
             pool.restart_host(2)

@@ -16,8 +16,8 @@ from swactor.v1 import orchestrator_pb2 as opb
 from tests.faults import inject
 from tests.faults.pool import FaultPool
 
-TOKENS = 40
-BEFORE_LOSS = 8
+TOKENS = 24
+BEFORE_LOSS = 6
 
 
 def test_a_resumed_request_outlives_its_lost_stage_host(pool: FaultPool, request: pytest.FixtureRequest) -> None:

@@ -105,6 +105,8 @@ def test_units_start_in_order_restart_when_killed_and_stop_in_reverse(host: Host
     assert now["c.service"]["main_pid"] == first["c.service"]["main_pid"] and now["c.service"]["restarts"] == 0
     assert b_child and not any(pid_alive(p) for p in b_child), "b's child outlived it"
 
+    again = host.cli("run", "--units", str(host.dir / "units"))  # a second supervisor is refused, not started
+    assert again.returncode == 1 and "a supervisor already runs here" in again.stderr, again.stderr
     text = host.cli("status", "b")
     assert text.returncode == 0, text.stderr
     assert "● b.service - fake b" in text.stdout and "Active: active (running) since" in text.stdout

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swactor.cli.render import run_detail
 from swactor.common.sampling import SamplingPolicy
 from swactor.orchestrator.runs.manager import Orchestrator
 from swactor.orchestrator.runs.runner import RunUpdates
@@ -70,6 +71,9 @@ def test_a_run_faulted_by_its_lost_node_goes_on_as_a_new_run_its_watcher_follows
     assert [u.finished.run_id for u in seen if u.HasField("finished")] == [second.run_id]
     resumed = [u.event for u in seen if u.HasField("event") and u.event.kind == pb.RUN_RESUMED]
     assert len(resumed) == 1 and resumed[0].counters["resumed_by"] == second.run_id
+    # `swactor show` of either run names the other
+    assert f"resumed as run {second.run_id}" in run_detail(first)
+    assert f"resumes run {first.run_id}: its request's 1 token(s)" in run_detail(second)
 
 
 def test_the_resumed_run_avoids_the_lost_node_and_stop_of_the_first_stops_it(tmp_path: Path) -> None:

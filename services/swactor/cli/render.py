@@ -42,6 +42,11 @@ def run_detail(run: opb.Run) -> str:
             lines.append(f"  waiting for: {run.queue_wait}")
     if run.detail:
         lines.append(f"  detail: {run.detail}")
+    if run.resumed_from:
+        lines.append(f"  resumes run {run.resumed_from}: its request's {run.resumed_tokens} token(s) before this run "
+                     "are the tail of its prompt")
+    if run.resumed_by:
+        lines.append(f"  resumed as run {run.resumed_by} (its request goes on there: swactor watch {run.run_id})")
     if run.max_context:
         lines.append(f"  context: {run.max_context} tokens, prompt included")
     for p in run.placement:

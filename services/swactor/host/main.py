@@ -57,6 +57,14 @@ def _run(units_dir: Path, control_path: Path) -> int:
     except UnitError as e:
         print(f"swactor-host run: {e}", file=sys.stderr)
         return 1
+    try:  # two supervisors would start every service twice and fight over their sockets
+        running = control.ask(control_path, "status", timeout_s=5)
+    except (control.NotRunning, OSError, ValueError):
+        pass
+    else:
+        print(f"swactor-host run: a supervisor already runs here (pid {running.get('pid')}, {control_path}); "
+              "swactor-host stop ends it", file=sys.stderr)
+        return 1
     paths = HostPaths(own=control_path.parent)
 
     async def main() -> int:
