@@ -46,6 +46,16 @@ def test_removing_a_run_moves_only_those_behind_it() -> None:
         q.remove(3)
 
 
+def test_a_resumed_request_goes_first_past_the_depth_and_the_others_move_back() -> None:
+    q = RunQueue(depth=2)
+    q.push(1, 0.0)
+    q.push(2, 0.0)
+    assert q.push_first(9, 1.0) == [Moved(1, 2), Moved(2, 3)]  # already accepted: never refused for room
+    assert q.pop(3.0) == (9, 2.0, [Moved(1, 1), Moved(2, 2)])
+    with pytest.raises(ValueError, match="already queued"):
+        q.push_first(1, 3.0)
+
+
 NOW_US = 100 * int(DAY_S * 1e6)
 
 

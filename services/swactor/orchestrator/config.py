@@ -49,6 +49,10 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     manifest_piece_bytes: int = 0
     # A URL source that sends nothing for this long fails the preparation (and the runs waiting on it).
     source_stall_timeout_s: float = 30.0
+    # A URL source: stage hosts fetch their byte ranges straight from the URL (verified against this
+    # orchestrator's manifest; the model server if the URL fails them), so this host's uplink is not the
+    # pool's limit. False: every byte from the model server. docs/distribution.md "Straight from the source".
+    stages_fetch_from_source: bool = True
     # The cluster secret: the node control API's mutual TLS derives from it. None = provisioning
     # is not possible (runs fault with RUN_FAULT_PROVISIONING_REJECTED, saying so).
     secret_file: Path | None = None

@@ -125,7 +125,8 @@ def start_distribution(cfg: OrchestratorConfig, node_id: int, models: ModelRegis
                               cache_dir=cfg.model_cache_dir or cfg.state_dir / "model-cache", node_id=node_id,
                               server_port=server.port, advertise=cfg.model_server_advertise,
                               piece_bytes=cfg.manifest_piece_bytes, node_paths=node_paths,
-                              stall_timeout_s=cfg.source_stall_timeout_s)
+                              stall_timeout_s=cfg.source_stall_timeout_s,
+                              stages_fetch_from_source=cfg.stages_fetch_from_source)
     return server, distributor
 
 

@@ -90,6 +90,9 @@ class Distributor:
     members: Callable[[], tuple[NodeInfo, ...]] = tuple
     node_paths: dict[str, Path] = field(default_factory=dict)
     stall_timeout_s: float = 30.0
+    # A URL source's stages fetch their pieces from the URL itself (GgufSource.source_url), the model server
+    # being their fallback: the orchestrator's uplink then carries one copy, not one per stage host.
+    stages_fetch_from_source: bool = True
     manifests: ManifestCache = field(init=False)
     _tasks: dict[str, asyncio.Task[Prepared]] = field(default_factory=dict, init=False)
     _listeners: dict[str, set[Callable[[pb.LifecycleEvent], None]]] = field(default_factory=dict, init=False)
@@ -203,8 +206,10 @@ class Distributor:
         m = prepared.manifest
         if name in self.node_paths:  # the operator put the file on every node: send the path, checked by hash
             return stage_pb2.GgufSource(path=str(self.node_paths[name]), sha256=m.file_sha256)
+        src = self.registry.sources[name]
         return stage_pb2.GgufSource(url=f"https://{self.server_address()}/v1/files/{m.file_sha256}",
-                                    sha256=m.file_sha256, manifest_sha256=prepared.digest, size=m.size)
+                                    sha256=m.file_sha256, manifest_sha256=prepared.digest, size=m.size,
+                                    source_url=src.location if src.is_url and self.stages_fetch_from_source else "")
 
     def server_address(self) -> str:
         """host:port stage hosts reach the model server at: configured, else this node's control host."""

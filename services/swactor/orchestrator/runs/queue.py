@@ -141,7 +141,7 @@ class RunLobby:
             self.check_room()
         position = 1 if first else len(self.core) + 1
         record.state, record.queue_position = opb.RUN_STATE_QUEUED, position
-        ev = self._event(record.run_id, pb.RUN_QUEUED, {"position": position, "queued": position})
+        ev = self._event(record.run_id, pb.RUN_QUEUED, {"position": position, "queued": len(self.core) + 1})
         try:
             self.store.append(record.run_id, [ev])
             self.store.put(record)  # a new state: written at once, with the event

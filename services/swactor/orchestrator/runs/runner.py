@@ -28,6 +28,7 @@ PER_OBJECT_KINDS = frozenset({pb.OBJECT_LOADED, pb.EXECUTE_STEP_STARTED, pb.OBJE
 # Kept in the run's events but not journaled either: up to two per stage per second for a whole download.
 UNJOURNALED_KINDS = PER_OBJECT_KINDS | {pb.WEIGHTS_DOWNLOAD_PROGRESS}
 
+
 async def continued(updates: AsyncIterator[opb.RunUpdate], tokens_before: int) -> AsyncIterator[opb.RunUpdate]:
     """A resumed request's next run as its first run's watchers see it: its token deltas numbered after the
     `tokens_before` the request delivered already (its events and `finished` as they are)."""
