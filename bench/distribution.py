@@ -11,6 +11,15 @@ Printed, per model (the real SmolLM2 GGUF, and a synthetic llama-7B-shaped spars
   * a fetch killed (SIGKILL) at 50 % and restarted (the link shaped so the stage takes about 4 s):
     bytes host B received twice, against one uninterrupted fetch (aim <= 5 %), two trials.
 Needs root. Prints the load average: figures on a shared machine are noisy.
+
+    .venv/bin/python bench/distribution.py --from-source [--gib 4]
+
+Straight from the source (no root, loopback): a sparse synthetic llama-shaped GGUF of about `--gib` GiB served
+by a plain HTTP server (tests/fixtures/http_source.py, Range by sendfile) in its own process, the manifest by the
+model server; first one plain single-stream read of a stage's ranges (no hashing, no writing: the source's rate), one
+stage host alone, then three stage hosts (three processes, three FetchPools, three caches) fetching their stages of S=3 from the
+source at once. Printed: each host's rate beside the single-stream rate (aim >= 0.8x each), and whether any host
+asked for a byte twice (aim: none) or the model server sent any piece (aim: none).
 """
 
 from __future__ import annotations
@@ -272,7 +281,161 @@ class Bench:
               f"sent {sent / 1e6:.1f} MB for {want / 1e6:.1f} MB of ranges; resumed fetch {r['fetched'] / 1e6:.1f} MB")
 
 
+# ---- straight from the source: a plain HTTP source, three stage hosts at once ----
+
+def source_serve(path: Path, manifest_path: Path) -> None:
+    """The model server (the manifest only, as for a URL source) and the plain HTTP source, on loopback."""
+    from tests.fixtures.http_source import HttpSource
+
+    m = Manifest.decode(manifest_path.read_bytes())
+    files = FileTable()
+    files.add(ServedFile(m.file_sha256, path, m.size, m.encode()))
+    server, _ = start_server("127.0.0.1:0", files, control_tls.model_server_context(SECRET, ORCH))
+    src = HttpSource(path)
+    print(json.dumps({"ready": True, "server": f"https://127.0.0.1:{server.port}/v1/files/{m.file_sha256}",
+                      "source": src.url(path.name)}), flush=True)
+    for line in sys.stdin:
+        if line.strip() == "stats":
+            print(json.dumps({"server_sent": files.bytes_served.get(m.file_sha256, 0), "source_sent": src.bytes_sent}),
+                  flush=True)
+    src.close()
+    server.shutdown()
+
+
+def source_fetch(url: str, source_url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path) -> None:
+    """One stage host: its stage's pieces from the source, the ranges its connections asked for recorded."""
+    from swactor.distribution.fetcher import RangeClient
+
+    asked: list[tuple[int, int]] = []
+
+    class Recording(RangeClient):
+        def read_range(self, start, end, sink) -> None:
+            asked.append((start, end))
+            super().read_range(start, end, sink)
+
+    ctx = control_tls.model_client_context(SECRET, NODE + k)
+    pool = FetchPool(WeightsCache(cache), lambda u, name: Target(u, ctx, name), progress_interval_s=0.05,
+                     client_factory=lambda t: Recording(t))
+    req = FetchRequest(url, m.file_sha256, m.size, m.digest(), k * n_layers // s, (k + 1) * n_layers // s, n_layers,
+                       control_tls.orchestrator_name(ORCH), source_url=source_url)
+    started: list[float] = []
+    t0 = time.monotonic()
+    lease = asyncio.run(pool.acquire(req, lambda _: started.append(time.monotonic())))
+    end = time.monotonic()
+    union = reach = 0  # bytes asked for at least once
+    for a, b in sorted(asked):
+        if b > reach:
+            union, reach = union + b - max(a, reach), b
+    twice = sum(b - a for a, b in asked) - union
+    print(json.dumps({"fetched": lease.bytes_fetched, "total": lease.bytes_total, "seconds": end - t0,
+                      "received": pool.received_bytes, "asked_twice": twice,
+                      "transfer_bytes": lease.bytes_fetched - m.header_bytes, "transfer_s": end - started[0]}),
+          flush=True)
+
+
+def source_single(source_url: str, ranges: list[tuple[int, int]]) -> None:
+    """The source's single-stream rate: one connection reading the ranges, bytes dropped."""
+    from swactor.distribution.fetcher import RangeClient
+
+    client = RangeClient(Target(source_url))
+    total = 0
+
+    def sink(chunk: memoryview) -> None:
+        nonlocal total
+        total += len(chunk)
+
+    t0 = time.monotonic()
+    for start, end in ranges:
+        client.read_range(start, end, sink)
+    print(json.dumps({"bytes": total, "seconds": time.monotonic() - t0}), flush=True)
+    client.close()
+
+
+def from_source(gib: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="swdist-src-") as tmp:
+        work = Path(tmp)
+        # llama-7B's shape (Q4_0, untied: ~113 MB a block, ~147 MB of embeddings), blocks a multiple of 3
+        layers = max(3, round((gib * 2**30 - 147e6) / 113e6 / 3) * 3)
+        shape = Shape(layers=layers, dim=4096, ffn=11008, vocab=32000, heads=32, kv_heads=32)
+        t0 = time.monotonic()
+        path = write_gguf(work / "big.gguf", shape, qtype="Q4_0", tied=False, sparse=True)
+        t1 = time.monotonic()
+        m = build_manifest(path, header_of(path))
+        t2 = time.monotonic()
+        print(f"synthetic sparse GGUF: {m.size / 2**30:.2f} GiB, {layers} blocks, written in {t1 - t0:.1f} s "
+              f"({path.stat().st_blocks * 512 >> 20} MiB on disk); manifest {len(m.pieces)} pieces of <= "
+              f"{m.piece_bytes >> 10} KiB in {t2 - t1:.1f} s")
+        man = work / "manifest.json"
+        man.write_bytes(m.encode())
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # page cache warm (holes: free)
+        server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "source-serve", str(path), str(man)],
+                                  text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert server.stdout is not None and server.stdin is not None
+        try:
+            while not (line := server.stdout.readline()).startswith('{"ready"'):
+                if not line:
+                    raise SystemExit("bench: the source server did not start")
+            where = json.loads(line)
+
+            def stats() -> dict:
+                server.stdin.write("stats\n")
+                server.stdin.flush()
+                while True:
+                    line = server.stdout.readline()
+                    if line.startswith('{"server_sent"'):
+                        return json.loads(line)
+
+            py = [sys.executable, str(Path(__file__).resolve())]
+            need = [sum(m.pieces[i].length for i in stage_pieces(m, path, k, 3)) for k in range(3)]
+            body = [(a, b) for a, b, _ in spans(m, stage_pieces(m, path, 1, 3)) if a >= m.header_bytes]
+            single = last_json(subprocess.Popen([*py, "source-single", where["source"], json.dumps(body)], text=True,
+                                                stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            one = single["bytes"] / single["seconds"]
+            print(f"source single stream (one connection, stage 1's {single['bytes'] / 1e9:.2f} GB, bytes dropped): "
+                  f"{one / 1e6:.0f} MB/s")
+            alone = last_json(subprocess.Popen([*py, "source-fetch", where["server"], where["source"], str(man), "1",
+                                                "3", str(layers), str(work / "alone")], text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            rate = alone["transfer_bytes"] / alone["transfer_s"]
+            print(f"one host alone (stage 1, its fetch: 4 connections, SHA-256 per piece, written in place): "
+                  f"{rate / 1e6:.0f} MB/s = {rate / one:.2f}x the single stream")
+            shutil.rmtree(work / "alone")
+            before = stats()
+            t3 = time.monotonic()
+            hosts = [subprocess.Popen([*py, "source-fetch", where["server"], where["source"], str(man), str(k), "3",
+                                       str(layers), str(work / f"host{k}")], text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE) for k in range(3)]
+            results = [last_json(h) for h in hosts]
+            wall = time.monotonic() - t3
+            after = stats()
+            for k, r in enumerate(results):
+                rate = r["transfer_bytes"] / r["transfer_s"]
+                print(f"host {k} (stage {k} of 3, {r['total'] / 1e9:.2f} GB, {r['total'] / m.size:.2f} of the file): "
+                      f"{rate / 1e6:.0f} MB/s = {rate / one:.2f}x the single stream (aim >= 0.8x); "
+                      f"asked twice {r['asked_twice']} B, received {r['received'] / 1e6:.1f} MB for "
+                      f"{r['fetched'] / 1e6:.1f} MB of pieces")
+            sent = after["source_sent"] - before["source_sent"]
+            print(f"three hosts at once: {sum(need) / 1e9:.2f} GB of stage pieces in {wall:.1f} s "
+                  f"({sum(need) / wall / 1e6:.0f} MB/s together); the source sent {sent / 1e9:.3f} GB, the model server "
+                  f"{after['server_sent'] - before['server_sent']} B of pieces; any byte fetched twice by one host: "
+                  f"{'yes' if any(r['asked_twice'] for r in results) else 'no'}")
+        finally:
+            server.stdin.close()
+            server.terminate()
+            server.wait(10)
+
+
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in ("source-serve", "source-fetch", "source-single"):
+        cmd, args = sys.argv[1], sys.argv[2:]
+        if cmd == "source-serve":
+            source_serve(Path(args[0]), Path(args[1]))
+        elif cmd == "source-fetch":
+            m = Manifest.decode(Path(args[2]).read_bytes())
+            source_fetch(args[0], args[1], m, int(args[3]), int(args[4]), int(args[5]), Path(args[6]))
+        else:
+            source_single(args[0], [tuple(r) for r in json.loads(args[1])])
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] in ("serve", "fetch", "plain"):
         cmd, args = sys.argv[1], sys.argv[2:]
         if cmd == "serve":
@@ -288,7 +451,15 @@ def main() -> int:
     ap.add_argument("--big-gib", type=float, default=3.6, help="size class of the synthetic model (llama-7B shape)")
     ap.add_argument("--no-big", action="store_true", help="skip the synthetic multi-GB model")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--from-source", action="store_true",
+                    help="three stage hosts fetching from a plain HTTP source at once (loopback, no root)")
+    ap.add_argument("--gib", type=float, default=4.0, help="--from-source: size of the synthetic model")
     args = ap.parse_args()
+    if args.from_source:
+        print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}, {os.cpu_count()} CPUs")
+        from_source(args.gib)
+        print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
+        return 0
     why = netns_unavailable_reason()
     if why:
         print(f"bench/distribution.py: needs network namespaces: {why}", file=sys.stderr)

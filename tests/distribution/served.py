@@ -29,9 +29,10 @@ class Served:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.server.port}/v1/files/{self.manifest.file_sha256}"
 
-    def request(self, layer_start: int, layer_end: int, num_layers: int) -> FetchRequest:
+    def request(self, layer_start: int, layer_end: int, num_layers: int, source_url: str = "") -> FetchRequest:
         m = self.manifest
-        return FetchRequest(self.url, m.file_sha256, m.size, m.digest(), layer_start, layer_end, num_layers)
+        return FetchRequest(self.url, m.file_sha256, m.size, m.digest(), layer_start, layer_end, num_layers,
+                            source_url=source_url)
 
     def served_bytes(self) -> int:
         return self.files.bytes_served.get(self.manifest.file_sha256, 0)

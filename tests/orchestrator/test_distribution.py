@@ -122,6 +122,9 @@ def test_a_url_source_is_materialised_resumably_checked_and_served(tmp_path: Pat
     sent, src = asyncio.run(go())
     assert http.bytes_sent - sent <= len(data) - len(data) // 2 + (1 << 20)  # resumed, not restarted
     assert src.sha256 == sha and src.size == len(data) and src.url == f"https://10.0.0.1:7442/v1/files/{sha}"
+    assert src.source_url == http.url()  # the stages fetch their ranges from the URL itself (the server: fallback)
+    d.stages_fetch_from_source = False  # [orchestrator].stages_fetch_from_source = false: every byte from the server
+    assert asyncio.run(d.gguf_source(plan_for("m"), events.append)).source_url == ""
     served = files.get(sha)
     assert served is not None and served.path.read_bytes() == data
     assert Manifest.decode(served.manifest, expect_digest=src.manifest_sha256).file_sha256 == sha
@@ -169,6 +172,7 @@ def test_a_local_file_gets_one_manifest_per_version(tmp_path: Path, model: Path)
     first = asyncio.run(go())
     assert list((tmp_path / "state" / "manifests").glob("*.json"))
     assert files.get(first.sha256).path == model
+    assert first.source_url == ""  # a local file has no source but the model server
     write_gguf(model, SHAPE, seed=9)
     d2, _ = distributor(tmp_path, reg)
     second = asyncio.run(d2.gguf_source(plan_for("m"), lambda _: None))

@@ -49,6 +49,18 @@ def test_provision_requests_pass_the_worker_validation(stages: int) -> None:
             assert req.inbound.producer_node_id == ORCH
 
 
+def test_a_url_source_s_source_url_reaches_each_stage_s_fetch() -> None:
+    """GgufSource.source_url (the distributor sets it for a URL source) -> ProvisionStage -> the worker's FetchRequest."""
+    plan = plan_run(run_id=7, model=model_facts(), pool=(node(1), node(2)), stages=2, max_tokens=8, prompt_tokens=5,
+                    sampling=SamplingPolicy(), orchestrator_node_id=ORCH)
+    src = stage_pb2.GgufSource(url="https://10.0.0.1:7442/v1/files/" + "a" * 64, sha256="a" * 64,
+                               manifest_sha256="b" * 64, size=1000, source_url="https://hub.example/m.gguf")
+    for stage in plan.stages:
+        built = worker_plan.build_plan(provision_request(plan, stage, src), node_id=stage.node_id, role_id=1)
+        assert built.fetch is not None and built.fetch.source_url == "https://hub.example/m.gguf"
+        assert built.fetch.url == src.url
+
+
 def test_the_kv_dtype_reaches_each_stage_s_role_config() -> None:
     """[orchestrator].kv_dtype -> RunPlan -> StageRuntimeFacts.kv_dtype -> the worker's role config (StageModel's)."""
     for kv_dtype in ("float16", "float32"):

@@ -92,9 +92,13 @@ def test_a_url_source_becomes_a_fetch_of_the_stage_range() -> None:
     assert p.fetch is not None and (p.fetch.layer_start, p.fetch.layer_end, p.fetch.num_layers) == (15, 30, 30)
     assert p.fetch.tls_name == "orchestrator-1.swactor" and p.role_config["gguf_sha256"] == ""
     assert build_plan(ok(), node_id=5, role_id=3).fetch is None
+    assert p.fetch.source_url == ""
+    direct = build_plan(with_url(source_url="https://hub.example/m.gguf"), node_id=5, role_id=3).fetch
+    assert direct is not None and direct.source_url == "https://hub.example/m.gguf"
     for bad, field in [({"manifest_sha256": ""}, "gguf_source.manifest_sha256"), ({"size": 0}, "gguf_source.size"),
                        ({"url": "http://x/y"}, "gguf_source.url"), ({"path": "/m.gguf"}, "gguf_source"),
-                       ({"sha256": "A" * 64}, "gguf_source.sha256")]:
+                       ({"sha256": "A" * 64}, "gguf_source.sha256"), ({"source_url": "ftp://hub/m.gguf"},
+                                                                      "gguf_source.source_url")]:
         with pytest.raises(PlanRejected) as e:
             build_plan(with_url(**bad), node_id=5, role_id=3)
         assert e.value.field == field, (bad, e.value)

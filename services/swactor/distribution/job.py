@@ -53,8 +53,11 @@ class Job:
     its own thread) taking spans from one queue, so decryption, hashing and writing of different
     spans overlap on different cores."""
 
-    def __init__(self, pool: FetchPool, entry: CacheEntry, pieces: list[int], target: fetcher.Target) -> None:
+    def __init__(self, pool: FetchPool, entry: CacheEntry, pieces: list[int], target: fetcher.Target, *,
+                 from_source: bool = False) -> None:
         self.pool, self.entry, self.pieces, self.target = pool, entry, set(pieces), target
+        # From the model's own URL rather than the model server: a failure may be retried from the server.
+        self.from_source = from_source
         self.clients: list[fetcher.RangeClient] = []
         self.writers: list[PieceWriter] = []
         self.lock = threading.Lock()

@@ -17,6 +17,9 @@ class FetchRequest:
     num_layers: int
     # The TLS name the server must present (the model server: orchestrator-<id>.swactor).
     tls_name: str = ""
+    # The model's own http(s) URL: the pieces come from here (the manifest always from `url`), and from
+    # `url` once the source fails. "" = every piece from `url` (docs/distribution.md "Straight from the source").
+    source_url: str = ""
 
 
 @dataclass(frozen=True)

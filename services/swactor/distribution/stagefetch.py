@@ -7,6 +7,11 @@ instead of starting its own. Each fetch (`Job`) is one thread with one HTTP conn
 I/O off the event loop): it requests spans of consecutive missing pieces, hashes each piece as it
 arrives, writes it in place, and records verified pieces in batches (cache.record). A fetch nobody
 waits for any more is cancelled; what it verified stays, so the next request resumes from there.
+
+With `FetchRequest.source_url` the pieces come from the model's own http(s) URL instead (the manifest
+still from the model server): the orchestrator's uplink is then not the pool's limit. A fetch from the
+source that fails for a reason in `SOURCE_FALLBACK_REASONS` is continued, once, from the model server
+(`Origin.fall_back`: the one place that decides).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from swactor.common.events import get_logger
 from swactor.distribution import fetcher
@@ -28,7 +34,40 @@ from swactor.modelfile.manifest import Manifest, ManifestError
 
 MANIFEST_LIMIT = 256 << 20
 
+# A fetch from the model's own URL that failed for one of these is continued from the orchestrator's model server:
+# each says the origin, or the way to it, failed (no route to the internet, a TLS interception, the file moved or
+# gone, a server that ignores Range, a link that stalls or drops), not this host. ChecksumMismatch too: the origin's
+# bytes are not the file the orchestrator verified (it changed since, or is another file); the orchestrator's copy
+# is the verified one. Not DiskFull, CacheFull, CacheIo (this host's disk: the server would not help) or Cancelled.
+SOURCE_FALLBACK_REASONS = frozenset({
+    fetcher.UNREACHABLE, fetcher.TLS_FAILED, fetcher.NOT_FOUND, fetcher.HTTP_STATUS, fetcher.RANGE_IGNORED,
+    fetcher.STALLED, fetcher.RANGE_NOT_SATISFIABLE, fetcher.TRUNCATED, fetcher.SIZE_CHANGED, fetcher.PROTOCOL,
+    "ChecksumMismatch",
+})
+
 # FetchFailed.reason values beyond fetcher's: ChecksumMismatch, ManifestMismatch, DiskFull, CacheFull, MalformedGGUF.
+
+
+@dataclass
+class Origin:
+    """Where one acquire's pieces come from: the model's own URL (`req.source_url`) until a fetch from it fails,
+    then, for the rest of the acquire, the orchestrator's model server (`req.url`)."""
+    req: FetchRequest
+    from_source: bool
+
+    def fall_back(self, job: Job, error: BaseException, log: Any) -> bool:
+        """Whether a failed job's pieces are to be fetched again (from the model server) rather than the failure
+        raised: only a job from the source, failed for a SOURCE_FALLBACK_REASONS reason. The first such failure
+        switches this acquire to the model server and logs `weights_source_fallback`."""
+        if not (job.from_source and isinstance(error, FetchFailed) and error.reason in SOURCE_FALLBACK_REASONS):
+            return False
+        if self.from_source:
+            self.from_source = False
+            why = ("the source's bytes differ from the manifest (the file changed at the source?); the orchestrator's "
+                   "copy is the verified one" if error.reason == "ChecksumMismatch" else "the source failed")
+            log.warning("weights_source_fallback", reason=error.reason, detail=error.detail, source=self.req.source_url,
+                        server=self.req.url, why=why)
+        return True
 
 
 @dataclass(frozen=True)
@@ -43,10 +82,13 @@ class Lease:
 class FetchPool:
     def __init__(self, cache: WeightsCache, target_for: Callable[[str, str], fetcher.Target], *,
                  stall_timeout_s: float = 30.0, progress_interval_s: float = 0.5, lanes: int = 4,
-                 client_factory: Callable[[fetcher.Target], fetcher.RangeClient] | None = None) -> None:
+                 client_factory: Callable[[fetcher.Target], fetcher.RangeClient] | None = None,
+                 source_target_for: Callable[[str], fetcher.Target] = fetcher.Target) -> None:
         self.cache = cache
         self.lanes = max(1, lanes)  # HTTP connections per fetch
-        self.target_for = target_for
+        self.target_for = target_for  # the model server: (url, tls name) -> its mutual-TLS target
+        # The model's own URL: https checked against the default trust store (it is a public server, not ours).
+        self.source_target_for = source_target_for
         self.stall_timeout_s = stall_timeout_s
         self.progress_interval_s = progress_interval_s
         self.client_factory = client_factory or (lambda t: fetcher.RangeClient(t, stall_timeout_s=stall_timeout_s))
@@ -83,9 +125,10 @@ class FetchPool:
         entry = await self._entry(req)
         entry.users += 1
         self.cache.touch(entry)
+        origin = Origin(req, bool(req.source_url))
         try:
             m = entry.manifest
-            fetched = await self._ensure(entry, req, list(range(m.header_pieces)), None)
+            fetched = await self._ensure(entry, origin, list(range(m.header_pieces)), None)
             pieces = await asyncio.to_thread(self._stage_pieces, entry, req)
             await asyncio.to_thread(self.cache.recheck, entry, pieces)
             total = entry.piece_bytes(pieces)
@@ -93,8 +136,8 @@ class FetchPool:
             cached = entry.piece_bytes([i for i in pieces if i in entry.verified]) - fetched
             if on_started is not None:
                 on_started(FetchStarted(total, cached))
-            fetched += await self._ensure(entry, req, pieces, Meter(entry, pieces, total, cached, on_progress,
-                                                                     self.progress_interval_s))
+            fetched += await self._ensure(entry, origin, pieces, Meter(entry, pieces, total, cached, on_progress,
+                                                                        self.progress_interval_s))
         except BaseException:
             self.release_entry(entry)
             raise
@@ -164,10 +207,12 @@ class FetchPool:
 
     # ---- fetching ----
 
-    async def _ensure(self, entry: CacheEntry, req: FetchRequest, pieces: list[int], meter: Meter | None) -> int:
+    async def _ensure(self, entry: CacheEntry, origin: Origin, pieces: list[int], meter: Meter | None) -> int:
         """Until every piece is verified: start a job for the missing pieces no job holds, wait on
-        the jobs that hold the rest (a cancelled job too, until its thread is out). Returns the bytes
-        this call's own jobs fetched."""
+        the jobs that hold the rest (a cancelled job too, until its thread is out; a job from the
+        source that failed and falls back, too: its pieces are claimed again). Returns the bytes this
+        call's own jobs fetched."""
+        req = origin.req
         await asyncio.to_thread(self.cache.recheck, entry, pieces)
         fetched = 0
         while True:
@@ -185,12 +230,15 @@ class FetchPool:
                     await asyncio.to_thread(self.cache.make_room, entry.piece_bytes(mine), entry.sha256)
                 except CacheFull as e:
                     raise FetchFailed("CacheFull", str(e)) from None
-                own = Job(self, entry, mine, self._target(req))
+                if origin.from_source:
+                    own = Job(self, entry, mine, self.source_target_for(req.source_url), from_source=True)
+                else:
+                    own = Job(self, entry, mine, self._target(req))
                 entry.jobs.add(own)
                 own.thread.start()
                 busy.append(own)
                 self.log.info("weights_fetch_started", sha256=entry.sha256[:16], pieces=len(mine),
-                              bytes=entry.piece_bytes(mine))
+                              bytes=entry.piece_bytes(mine), origin="source" if own.from_source else "server")
             for j in busy:
                 j.waiters += 1
             try:
@@ -204,9 +252,10 @@ class FetchPool:
                         meter.report()
                 if own is not None:
                     fetched += own.total_bytes - own.remaining_bytes
-                for j in busy:
-                    if j.done.exception() is not None:
-                        raise j.done.exception()  # type: ignore[misc]
+                failed = [(j, j.done.exception()) for j in busy if j.done.exception() is not None]
+                for j, error in failed:
+                    if not origin.fall_back(j, error, self.log):
+                        raise error  # type: ignore[misc]
             finally:
                 for j in busy:
                     j.waiters -= 1

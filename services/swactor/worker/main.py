@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def fetch_pool(cfg: WorkerConfig, secret: bytes, node_id: int):
-    """The weights cache and its fetches from the orchestrator's model server (mutual TLS as this node)."""
+    """The weights cache and its fetches from the orchestrator's model server (mutual TLS as this node), or from a
+    URL source's own http(s) URL when the plan names one (FetchPool's default: the default trust store)."""
     from swactor.common import control_tls
     from swactor.distribution.cache import WeightsCache
     from swactor.distribution.fetcher import Target

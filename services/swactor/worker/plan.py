@@ -77,16 +77,19 @@ def _hex64(text: str) -> bool:
 
 
 def _weights_fetch(req: stage_pb2.ProvisionStageRequest) -> FetchRequest:
-    """The url variant of gguf_source: the stage fetches its ranges from the orchestrator's model server."""
+    """The url variant of gguf_source: the stage fetches its ranges from the orchestrator's model server (or from
+    the model's own source_url, falling back to the server)."""
     src = req.gguf_source
     _require(not src.path, "gguf_source", "set either path or url, not both")
     _require(src.url.startswith("https://"), "gguf_source.url", "must be an https:// URL of the orchestrator's model server")
     _require(_hex64(src.sha256), "gguf_source.sha256", "must be 64 lowercase hex digits with a url")
     _require(_hex64(src.manifest_sha256), "gguf_source.manifest_sha256", "must be 64 lowercase hex digits with a url")
     _require(src.size > 0, "gguf_source.size", "must be > 0 with a url")
+    _require(not src.source_url or src.source_url.startswith(("http://", "https://")), "gguf_source.source_url",
+             f"must be empty or the model's http(s):// URL, not {src.source_url[:80]!r}")
     return FetchRequest(url=src.url, sha256=src.sha256, size=src.size, manifest_sha256=src.manifest_sha256,
                         layer_start=req.layer_start, layer_end=req.layer_end_exclusive, num_layers=req.model.num_layers,
-                        tls_name=orchestrator_name(req.orchestrator_node_id))
+                        tls_name=orchestrator_name(req.orchestrator_node_id), source_url=src.source_url)
 
 
 def build_plan(req: stage_pb2.ProvisionStageRequest, *, node_id: int, role_id: int) -> StagePlan:
