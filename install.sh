@@ -4,7 +4,8 @@
 #   bash install.sh dev           build everything into ./.venv for development, tests and `swactor demo`
 #                                 (Debian packages, the venv, ring-rs, gRPC stubs, the default model)
 #   bash install.sh model [DIR]   fetch the default GGUF into DIR (default .cache/models)
-#   bash install.sh host ...      install the services on this host under systemd (see docs/operations.md;
+#   bash install.sh host ...      install the services on this host under systemd, or under the supervisor
+#                                 swactor-host where systemd does not run (a container; see docs/operations.md;
 #                                 its options: bash install.sh host --help)
 #   bash install.sh uninstall     remove what `host` installed (bash install.sh uninstall --help)
 #   bash install.sh --help        this text; `bash install.sh MODE --help` for one mode

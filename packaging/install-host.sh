@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Install swactor on one host under systemd (called as `bash install.sh host ...`). Idempotent:
-# re-running upgrades the code and keeps the host's config, secret, node id and edge identity.
-# The services run as the system user `swactor`, sandboxed, started and stopped together by
-# swactor.target; `bash install.sh uninstall` removes all of it again.
+# Install swactor on one host (called as `bash install.sh host ...`). Idempotent: re-running
+# upgrades the code and keeps the host's config, secret, node id and edge identity. The services
+# run as the system user `swactor`: under systemd, sandboxed, started and stopped together by
+# swactor.target; on a host without systemd (a container whose main process is not systemd, an
+# image build: detected, or asked for with --no-systemd) under the supervisor `swactor-host run`,
+# from the same unit files in PREFIX/units. `bash install.sh uninstall` removes all of it again.
 #
 #   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator            # first host: makes the secret
 #   bash install.sh host --advertise-ip 10.0.0.5 --seed 10.0.0.2:7946 --secret-file ./cluster.secret
 #   bash install.sh host --advertise-ip 10.0.0.2 --orchestrator --gateway 127.0.0.1:8000   # + the OpenAI API
+#   bash install.sh host --no-systemd --no-start --advertise-ip 203.0.113.7 --seed ...   # an image (Dockerfile)
 #
 # Options:
 #   --advertise-ip IP        address other hosts reach this one at (required): behind NAT, the public one
@@ -43,8 +46,19 @@
 #   --prefix DIR             install root (default /opt/swactor): a new or empty directory, or one an
 #                            earlier install made; absolute, and of letters, digits and / . _ - + @ only
 #                            (it goes into the systemd units as it is)
-#   --no-start               install and enable, but do not start the services
+#   --no-systemd             run the services under the supervisor swactor-host instead of systemd: the
+#                            units go to PREFIX/units, /usr/local/bin/swactor-host links to it, and no
+#                            systemctl is needed. The default where systemd is not running
+#                            (no /run/systemd/system: a container's shell or entrypoint as PID 1)
+#   --no-start               install and enable, but do not start the services; without systemd: do not
+#                            start the supervisor (a container image runs `swactor-host run` as its
+#                            main process)
 #   -h, --help               this text
+#
+# Without systemd the supervisor is started detached (`swactor-host run`, its log in
+# /var/log/swactor-host.log); `swactor-host status` shows the services as `systemctl status` would,
+# `swactor-host stop` stops them all. A re-install stops a running supervisor before it replaces the
+# code and starts it again after.
 #
 # What it makes is listed in /etc/swactor/installed and, as a marker, in PREFIX/.swactor-install
 # (packaging/record.sh): the uninstall removes that and nothing else.
@@ -69,6 +83,8 @@ ORCHESTRATOR=0
 MODEL=""
 WHEELHOUSE=""
 START=1
+# 1: the supervisor swactor-host runs the services, not systemd (--no-systemd, or detected below).
+NO_SYSTEMD=0
 API=""
 API_NAMES=()
 API_CERT=""
@@ -127,6 +143,7 @@ while [ $# -gt 0 ]; do
         --wheelhouse) need_value "a directory" "$@"; WHEELHOUSE="$2"; shift 2 ;;
         --prefix) need_value "a directory" "$@"; PREFIX="$2"; shift 2 ;;
         --no-start) START=0; shift ;;
+        --no-systemd) NO_SYSTEMD=1; shift ;;
         --api) need_value "HOST:PORT" "$@"; API="$2"; shift 2 ;;
         --api-name) need_value "an IP or DNS name" "$@"; API_NAMES+=("$2"); shift 2 ;;
         --api-cert) need_value "a path" "$@"; API_CERT="$2"; shift 2 ;;
@@ -190,7 +207,14 @@ if [ ${#GATEWAY_NAMES[@]} -gt 0 ]; then
     [ -z "$GATEWAY_CERT" ] || die_usage "--gateway-name goes into the certificate install makes: --gateway-cert brings its own names"
     [ "$GATEWAY_TLS" -eq 1 ] || die_usage "--gateway-name: --gateway ${GATEWAY@Q} is loopback, served as plain HTTP without a certificate"
 fi
-[ "$(id -u)" -eq 0 ] || die "run as root: it installs systemd units and a system user"
+[ "$(id -u)" -eq 0 ] || die "run as root: it installs services and a system user"
+# systemd's own test (sd_booted(3)): where it is not running (a container whose main process is a
+# shell or an entrypoint, an image build) nothing could start or enable a unit, so the supervisor
+# swactor-host runs them instead, as --no-systemd asks.
+DETECTED=""
+if [ "$NO_SYSTEMD" -eq 0 ] && [ ! -d /run/systemd/system ]; then
+    NO_SYSTEMD=1 DETECTED="systemd is not running on this host (no /run/systemd/system): "
+fi
 # What the host shows to be wrong: exit status 1, still before anything changes.
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file ${SECRET_FILE@Q} is missing or empty"
 [ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model ${MODEL@Q} is missing or empty"
@@ -254,9 +278,19 @@ elif [ -d "$PREFIX" ] && [ -n "$(ls -A "$PREFIX")" ] && ! { [ "${REC_LEGACY:-0}"
     die "--prefix ${PREFIX@Q} holds files install.sh host did not put there (it has no $MARKER): choose a new or an empty directory"
 fi
 REC_LINES=("${old_lines[@]}")
+if [ "$NO_SYSTEMD" -eq 1 ] && pid="$(supervisor_pid)" && [ "$pid" -eq 1 ]; then
+    # Replacing the code means stopping the supervisor, and with it the container it is the main
+    # process of (and this install inside it).
+    die "swactor-host is this container's main process (PID 1): a re-install would stop it and end the container; build a new image, or install into the container's file system while it is stopped"
+fi
 
-command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
-for tool in useradd runuser sync; do command -v "$tool" >/dev/null || die "$tool not found (Debian packages passwd, util-linux, coreutils)"; done
+[ "$NO_SYSTEMD" -eq 1 ] || command -v systemctl >/dev/null || die "systemctl not found: this installer needs systemd"
+tools=(useradd runuser sync)
+[ "$NO_SYSTEMD" -eq 0 ] || tools+=(setsid timeout)  # the supervisor's start and stop
+for tool in "${tools[@]}"; do
+    command -v "$tool" >/dev/null || die "$tool not found (Debian packages passwd, util-linux, coreutils)"
+done
+[ "$NO_SYSTEMD" -eq 0 ] || say "${DETECTED}the services will run under the supervisor swactor-host (--no-systemd), from $PREFIX/units"
 
 say "Debian packages"
 missing=()
@@ -271,7 +305,9 @@ say "install record $RECORD"
 units=(swactor-membership swactor-arena swactor-edge swactor-worker)
 [ "$ORCHESTRATOR" -eq 1 ] && units+=(swactor-orchestrator)
 [ -n "$GATEWAY" ] && units+=(swactor-gateway)
-record="$(install_record_lines "$PREFIX" swactor.target "${units[@]/%/.service}" | record_text)"
+no_systemd=()
+[ "$NO_SYSTEMD" -eq 0 ] || no_systemd=(--no-systemd)
+record="$(install_record_lines "${no_systemd[@]}" "$PREFIX" swactor.target "${units[@]/%/.service}" | record_text)"
 install -d -m 0755 "$PREFIX"
 install -d -m 0750 "$ETC"
 printf '%s\n' "$record" | write_state_file "$PREFIX/$MARKER" 0644 root:root
@@ -294,6 +330,13 @@ install -d -m 0750 -o "$SERVICE_USER" -g swactor "$STATE"
 # What an install by root (before the services ran as swactor) left root's; the models stay
 # root's, read-only to the services.
 find "$STATE" -path "$STATE/models" -prune -o ! -user "$SERVICE_USER" -exec chown "$SERVICE_USER:swactor" {} +
+
+if [ "$NO_SYSTEMD" -eq 1 ] && supervisor_pid >/dev/null; then
+    # The services must not be restarted (after a crash) from a half-replaced venv: all of them stop
+    # first, and start again at the end.
+    say "stopping the running supervisor and its services (swactor-host stop) before the code is replaced"
+    stop_supervisor "$PREFIX"
+fi
 
 say "Python environment in $PREFIX/venv"
 PY=""
@@ -451,18 +494,50 @@ if [ -n "$GATEWAY" ]; then
     fi
 fi
 
-say "systemd units"
-for unit in "${units[@]/%/.service}" swactor.target; do
-    # PREFIX is of [A-Za-z0-9/._+@-] (prefix_shape_problem): nothing sed's replacement would read
-    # as | & or \, nothing a unit would split or expand.
-    sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "$UNIT_DIR/$unit"
-done
-systemctl daemon-reload
-# reenable: links exactly as the units' [Install] says now (an older install linked them into
-# multi-user.target directly).
-systemctl reenable -q swactor.target "${units[@]/%/.service}"
-if [ "$START" -eq 1 ]; then
-    systemctl restart swactor.target "${units[@]/%/.service}"
-    say "started: $(systemctl is-active "${units[@]/%/.service}" | tr '\n' ' ')"
-    say "check with: systemctl status swactor.target 'swactor-*'"
+if [ "$NO_SYSTEMD" -eq 1 ]; then
+    say "unit files for the supervisor in $PREFIX/units"
+    install -d -m 0755 "$PREFIX/units"
+    # It runs every unit there: exactly this install's (an earlier one may have had the orchestrator).
+    rm -f "$PREFIX/units"/*.service
+    for unit in "${units[@]/%/.service}"; do
+        # The units systemd would get (the same sed as below), read by swactor-host: nothing to reload or enable.
+        sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "$PREFIX/units/$unit"
+    done
+    ln -sfn "$PREFIX/venv/bin/swactor-host" "$HOST_LINK"
+    if [ "$START" -eq 1 ]; then
+        say "starting the supervisor: swactor-host run, detached, its log in $HOST_LOG"
+        # Its own session: it outlives this script and the terminal (or nsenter) it ran from.
+        setsid -f "$PREFIX/venv/bin/swactor-host" run >>"$HOST_LOG" 2>&1 </dev/null
+        # Each unit starts once the one before it said READY=1: wait for all of them, as
+        # `systemctl restart` does, and stop early when the supervisor itself is gone.
+        started=$SECONDS
+        until status="$("$PREFIX/venv/bin/swactor-host" status 2>&1)"; do
+            if [ $((SECONDS - started)) -ge 120 ]; then
+                die "the services are not all active after 120 s: $status (its log: $HOST_LOG)"
+            elif [ $((SECONDS - started)) -ge 10 ] && ! supervisor_pid >/dev/null; then
+                die "the supervisor exited: $(tail -n 20 "$HOST_LOG")"
+            fi
+            sleep 1
+        done
+        printf '%s\n' "$status" >&2
+        say "started; check with: swactor-host status; stop everything with: swactor-host stop"
+    else
+        say "not started (--no-start): run \`swactor-host run\` as the container's main process (Dockerfile), or detached: setsid -f swactor-host run >>$HOST_LOG 2>&1 </dev/null"
+    fi
+else
+    say "systemd units"
+    for unit in "${units[@]/%/.service}" swactor.target; do
+        # PREFIX is of [A-Za-z0-9/._+@-] (prefix_shape_problem): nothing sed's replacement would read
+        # as | & or \, nothing a unit would split or expand.
+        sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "$UNIT_DIR/$unit"
+    done
+    systemctl daemon-reload
+    # reenable: links exactly as the units' [Install] says now (an older install linked them into
+    # multi-user.target directly).
+    systemctl reenable -q swactor.target "${units[@]/%/.service}"
+    if [ "$START" -eq 1 ]; then
+        systemctl restart swactor.target "${units[@]/%/.service}"
+        say "started: $(systemctl is-active "${units[@]/%/.service}" | tr '\n' ' ')"
+        say "check with: systemctl status swactor.target 'swactor-*'"
+    fi
 fi

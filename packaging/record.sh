@@ -12,6 +12,12 @@
 #   unit /etc/systemd/system/swactor.target        one line per unit file
 #   dir /etc/swactor                     and /var/lib/swactor, /var/cache/swactor, /run/swactor
 #   user swactor, group swactor          only when install created them
+# and on a host without systemd (install.sh host --no-systemd), where the supervisor swactor-host
+# runs the services from unit files in the install root instead:
+#   tree /opt/swactor/units              the unit files the supervisor runs (no unit lines then)
+#   link /usr/local/bin/swactor-host     the supervisor's command, removed while it points into the root
+#   file /var/log/swactor-host.log       the supervisor's log, when install started it
+#   dir /run/swactor-host                the supervisor's runtime dir (control socket, pid file)
 # The same text is written to $RECORD and into the install root as its marker: a directory is
 # swactor's install root only when it holds a marker naming it, so a mistyped or hostile --prefix
 # (/opt, a copy, a link) is never taken for one. A line install does not write makes the whole
@@ -22,6 +28,11 @@ MARKER=.swactor-install
 CLI_LINK=/usr/local/bin/swactor
 UNIT_DIR=/etc/systemd/system
 SWACTOR_DIRS=(/etc/swactor /var/lib/swactor /var/cache/swactor /run/swactor)
+# The supervisor of a host without systemd (swactor-host, services/swactor/host): its command on
+# PATH, the log install starts it with, and its runtime dir (control socket, pid file).
+HOST_LINK=/usr/local/bin/swactor-host
+HOST_LOG=/var/log/swactor-host.log
+HOST_RUN=/run/swactor-host
 
 # Why P cannot be an install root whatever is on disk (nothing when it can): it is compared byte for
 # byte with the record, so it must be absolute and normalized; it must be a directory of its own, not
@@ -40,16 +51,25 @@ prefix_shape_problem() {
     fi
 }
 
-# install_record_lines PREFIX UNIT_FILE...: the lines of the record an install into PREFIX writes
-# before it makes anything: what it is about to make, and what the previous record (REC_LINES) says
-# an earlier install made (the install root, the user, a unit this install does not write).
+# install_record_lines [--no-systemd] PREFIX UNIT_FILE...: the lines of the record an install into
+# PREFIX writes before it makes anything: what it is about to make, and what the previous record
+# (REC_LINES) says an earlier install made (the install root, the user, a unit this install does not
+# write, the supervisor's files of an install without systemd). With --no-systemd the unit files go
+# to PREFIX/units, run by the supervisor, instead of UNIT_DIR.
 install_record_lines() {
-    local prefix="$1" unit
+    local no_systemd=0 prefix unit line
+    if [ "$1" = --no-systemd ]; then no_systemd=1; shift; fi
+    prefix="$1"
     shift
     echo "prefix $prefix"
     if [ ! -e "$prefix" ] || record_has "made $prefix"; then echo "made $prefix"; fi
     printf '%s\n' "tree $prefix/venv" "tree $prefix/docs" "file $prefix/$MARKER" "link $CLI_LINK"
-    for unit in "$@"; do echo "unit $UNIT_DIR/$unit"; done
+    for line in "tree $prefix/units" "link $HOST_LINK" "file $HOST_LOG" "dir $HOST_RUN"; do
+        if [ "$no_systemd" -eq 1 ] || record_has "$line"; then echo "$line"; fi
+    done
+    if [ "$no_systemd" -eq 0 ]; then
+        for unit in "$@"; do echo "unit $UNIT_DIR/$unit"; done
+    fi
     record_lines unit | sed 's/^/unit /'
     printf 'dir %s\n' "${SWACTOR_DIRS[@]}"
     if ! getent group swactor >/dev/null || record_has "group swactor"; then echo "group swactor"; fi
@@ -103,6 +123,7 @@ record_read() {
             "prefix $REC_PREFIX"|"made $REC_PREFIX"|"tree $REC_PREFIX/venv"|"tree $REC_PREFIX/docs") ;;
             "file $REC_PREFIX/$MARKER"|"link $CLI_LINK"|"user swactor"|"group swactor"|"unit $UNIT_DIR/swactor.target") ;;
             "dir /etc/swactor"|"dir /var/lib/swactor"|"dir /var/cache/swactor"|"dir /run/swactor") ;;
+            "tree $REC_PREFIX/units"|"link $HOST_LINK"|"file $HOST_LOG"|"dir $HOST_RUN") ;;
             *)
                 if ! [[ "$line" =~ ^unit\ $UNIT_DIR/swactor-[a-z]+\.service$ ]]; then
                     REC_PROBLEM="has a line install.sh host does not write: ${line@Q}"; return 1
@@ -150,4 +171,32 @@ prefix_proof_problem() {
     else
         echo "holds no $MARKER, so nothing shows that install.sh host made it"
     fi
+}
+
+# ---- the supervisor of a host without systemd (swactor-host run) ----
+
+# supervisor_pid: the pid of the supervisor running now (as this PID namespace numbers it), from its
+# pid file, when that names a live swactor-host; status 1 when none runs. A stale pid file (a killed
+# supervisor) may name another process by now: its command line tells.
+supervisor_pid() {
+    local pid
+    pid="$(cat "$HOST_RUN/pid" 2>/dev/null)" || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q 'swactor-host' || return 1
+    echo "$pid"
+}
+
+# stop_supervisor PREFIX: stop the running supervisor and every service it runs, and wait until it
+# has exited. `swactor-host stop` asks it over its control socket and answers once every unit is
+# down; where no supervisor answers there, SIGTERM does the same (it stops the units in reverse order,
+# each within its TimeoutStopSec=, together a few minutes at most); SIGKILL only after that. Gone is
+# what supervisor_pid says: a zombie (its parent not reaping it) shows no command line.
+stop_supervisor() {
+    local pid
+    pid="$(supervisor_pid)" || return 0
+    if ! { [ -x "$1/venv/bin/swactor-host" ] && timeout 330 "$1/venv/bin/swactor-host" stop >/dev/null 2>&1; }; then
+        kill -TERM "$pid" 2>/dev/null || return 0
+    fi
+    for _ in $(seq 3000); do supervisor_pid >/dev/null || return 0; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
 }

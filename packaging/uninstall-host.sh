@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Remove what `bash install.sh host` installed on this host (called as `bash install.sh uninstall`):
-# stops swactor.target and every swactor unit and checks that no process of the swactor user is
-# left, then removes what the install record (/etc/swactor/installed) lists, and nothing else: the
-# units and the target, what install put in the install root (default /opt/swactor: the venv, the
-# docs, its marker, and the root itself once empty when install created it), the CLI link, the
+# stops swactor.target and every swactor unit (on a host installed without systemd: the supervisor
+# swactor-host and the services it runs) and checks that no process of the swactor user is left,
+# then removes what the install record (/etc/swactor/installed) lists, and nothing else: the units
+# and the target (or the supervisor's unit files in the install root, its log and its runtime dir),
+# what install put in the install root (default /opt/swactor: the venv, the docs, its marker, and
+# the root itself once empty when install created it), the CLI link (and swactor-host's), the
 # config and the certificates, keys and tokens of the API and the gateway (/etc/swactor), the state
 # (node id, edge identity, run store, ring ids: /var/lib/swactor), the caches (/var/cache/swactor),
 # the runtime dir (/run/swactor) and the swactor user and group when install created them.
@@ -101,6 +103,15 @@ fi
 [ "$REC_PREFIX" = "$PREFIX" ] || die "$root_is holds the $MARKER of $REC_PREFIX; nothing removed"
 kept=()
 
+# A host installed without systemd: its supervisor stops every service it runs, in reverse order.
+if record_has "tree $PREFIX/units"; then
+    if pid="$(supervisor_pid)"; then
+        [ "$pid" -ne 1 ] || die "swactor-host is this container's main process (PID 1): stopping it would end the container (and this uninstall); stop the container instead; nothing removed"
+        say "stopping the supervisor swactor-host (pid $pid) and its services"
+        stop_supervisor "$PREFIX"
+    fi
+fi
+
 say "stopping swactor.target and its services"
 units=()
 while read -r file; do
@@ -139,6 +150,9 @@ fi
 if record_has "link $CLI_LINK" && [ "$(readlink "$CLI_LINK" 2>/dev/null || true)" = "$PREFIX/venv/bin/swactor" ]; then
     rm -f "$CLI_LINK"
 fi
+if record_has "link $HOST_LINK" && [ "$(readlink "$HOST_LINK" 2>/dev/null || true)" = "$PREFIX/venv/bin/swactor-host" ]; then
+    rm -f "$HOST_LINK"
+fi
 while read -r tree; do rm -rf "$tree"; done < <(record_lines tree)
 while read -r file; do rm -f "$file"; done < <(record_lines file)
 if record_has "made $PREFIX"; then
@@ -157,7 +171,7 @@ fi
 
 # The config last: it holds the record, which a second run needs if this one stops half-way.
 say "removing state, caches, runtime files and config"
-for dir in /var/cache/swactor /run/swactor; do
+for dir in /var/cache/swactor /run/swactor "$HOST_RUN"; do
     ! record_has "dir $dir" || rm -rf "$dir"
 done
 if record_has "dir $STATE"; then

@@ -41,6 +41,33 @@ print(json.dumps(out))
 """
 
 
+# Every process of a host (its PID namespace, as root) but this probe: pid, parent, name, state (Z: a
+# zombie), command line, uids, gids and effective capabilities. For a host without systemd, where no
+# cgroup names a process's unit.
+_ALL_PROCS = r"""
+import json, os, pathlib
+out = []
+for d in pathlib.Path("/proc").iterdir():
+    if not d.name.isdigit() or int(d.name) == os.getpid():
+        continue
+    try:
+        status = (d / "status").read_text()
+        args = (d / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        continue  # exited meanwhile
+    f = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    out.append({"pid": int(d.name), "ppid": int(f["PPid"]), "comm": f["Name"].strip(), "state": f["State"].split()[0],
+                "args": [a.decode(errors="replace") for a in args if a], "uids": f["Uid"].split(),
+                "gids": f["Gid"].split(), "cap_eff": f["CapEff"].strip()})
+print(json.dumps(out))
+"""
+
+
+def host_processes(c: Container) -> list[dict]:
+    """Every process in host `c` but the probe itself (see _ALL_PROCS)."""
+    return json.loads(c.run(["python3", "-c", _ALL_PROCS]).stdout)
+
+
 def exposure(c: Container, unit: str) -> float:
     """`systemd-analyze security UNIT`'s overall exposure level (0 safest .. 10)."""
     out = c.run(["systemd-analyze", "security", "--no-pager", unit]).stdout

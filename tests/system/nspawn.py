@@ -1,15 +1,24 @@
-"""Booted systemd hosts for the system tests: one `systemd-nspawn -b` container per host, on an
-overlay of the cached Debian rootfs, in a network namespace of the netns harness.
+"""Hosts for the system tests: one `systemd-nspawn` container per host, on an overlay of the cached
+Debian rootfs, in a network namespace of the netns harness. Booted with systemd (`--boot`), or, as a
+container image runs, with a given command as its main process (PID 1) and no systemd at all.
 
     with Container("sys-h0", rootfs, workdir, netns="/run/netns/x-h0") as c:
-        c.boot()                                    # waits for `systemctl is-system-running`
+        c.start(); c.wait_booted()                  # waits for `systemctl is-system-running`
         c.sh("systemctl is-active dbus")            # nsenter -t LEADER -a, clean environment
 
-The container is started with `--register=no --keep-unit` (no machined needed), its init is found
-as the nspawn process's child in a new PID namespace, and every command enters all of init's
-namespaces with `nsenter -t PID -a`. `close()` powers the container off through its own systemd
-(SIGKILLs its init if that takes too long), unmounts the overlay and its tmpfs and deletes the
-host's copy: nothing stays behind, also when the body raised.
+    with Container("sys-h1", rootfs, workdir, netns="/run/netns/x-h1") as c:
+        c.mount()
+        c.run_once(["bash", "/root/swactor/install.sh", "host", ...])  # nothing runs before, or after
+        c.start_command(["/opt/swactor/venv/bin/swactor-host", "run"])
+        c.wait_started()                            # its main process found: c.run() works
+        status = c.terminate()                      # SIGTERM to PID 1, as `docker stop`; nspawn's exit status
+
+The container is started with `--register=no --keep-unit` (no machined needed), its init (or main
+process) is found as the nspawn process's child in a new PID namespace, and every command enters all
+of its namespaces with `nsenter -t PID -a`. `close()` powers a booted container off through its own
+systemd, and SIGTERMs the main process of one that is not (SIGKILLs it if that takes too long),
+unmounts the overlay and its tmpfs and deletes the host's copy: nothing stays behind, also when the
+body raised.
 """
 
 from __future__ import annotations
@@ -77,6 +86,7 @@ class Container:
         self.console = workdir / "console.log"
         self.proc: subprocess.Popen[Any] | None = None
         self.leader: int | None = None
+        self.command: list[str] = []  # the main process of a container that is not booted; [] when booted
         self._mounted = False
         self._tmpfs = False
         self._log: IO[Any] | None = None
@@ -91,6 +101,21 @@ class Container:
 
     def start(self) -> None:
         """Mount the overlay and start `systemd-nspawn -b` in the background (see `wait_booted`)."""
+        self.mount()
+        self._launch()
+
+    def start_command(self, argv: Sequence[str]) -> None:
+        """Mount the overlay (unless mounted) and start `systemd-nspawn` with `argv` as the container's
+        main process, PID 1 in its PID namespace, no systemd inside (see `wait_started`). Its
+        stdout and stderr go to the console log as they are (--console=pipe)."""
+        self.command = list(argv)
+        self.mount()
+        self._launch()
+
+    def mount(self) -> None:
+        """The tmpfs and the overlay on it, once: the container's file system, before anything runs."""
+        if self._mounted:
+            return
         # The host's writes (venv, model copy, state) go to a tmpfs: nothing to write back to disk
         # at unmount (on a slow disk that took ~10 s per host), and freed at once.
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -102,16 +127,81 @@ class Container:
         opts = f"lowerdir={self.rootfs},upperdir={self.workdir / 'upper'},workdir={self.workdir / 'work'}"
         self._check(["mount", "-t", "overlay", "overlay", "-o", opts, str(self.merged)], "mount the overlay")
         self._mounted = True
-        self._launch()
 
-    def _launch(self) -> None:
-        argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", f"--machine={self.name}",
+    def _nspawn(self) -> list[str]:
+        return ["systemd-nspawn", "--register=no", "--keep-unit", f"--machine={self.name}",
                 f"--network-namespace-path={self.netns}", "--directory", str(self.merged),
                 *(f"--bind-ro={src}:{dst}" for src, dst in self.bind_ro)]
+
+    def _launch(self) -> None:
+        if self.command:
+            # The command as PID 1 (no --as-pid2: it is the container's init, as in an image); nspawn's
+            # own SIGTERM (a killed test) reaches it as SIGTERM, not as the SIGKILL nspawn sends by default.
+            argv = [*self._nspawn(), "--console=pipe", "--quiet", "--kill-signal=SIGTERM", "--", *self.command]
+        else:
+            argv = [*self._nspawn(), "--boot"]
         self.leader = None
+        if self._log is not None:
+            self._log.close()  # an earlier start's
         self._log = self.console.open("ab")
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**CLEAN_ENV, "SYSTEMD_LOG_COLOR": "0"}, start_new_session=True)
+
+    def run_once(self, argv: Sequence[str], *, timeout: float = 420.0,
+                 check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run `argv` as the main process of a container that is not running (no systemd, nothing
+        else in it), in the host's network namespace with its bind mounts, a clean root environment;
+        returns when it exits, and with it the container."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise ContainerError(f"{self.name}: running; run_once() is for a container that is not")
+        self.mount()
+        env = [f"--setenv={k}={v}" for k, v in CLEAN_ENV.items()]
+        full = [*self._nspawn(), "--console=pipe", "--quiet", *env, "--", *argv]
+        try:
+            done = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+                                  env={**CLEAN_ENV, "SYSTEMD_LOG_COLOR": "0"})
+        except subprocess.TimeoutExpired as e:
+            raise ContainerError(f"{self.name}: `{' '.join(argv)}` did not finish within {timeout} s; "
+                                 f"stderr tail: {(e.stderr or b'')[-2000:]!r}") from None
+        if check and done.returncode != 0:
+            raise ContainerError(f"{self.name}: `{' '.join(argv)}` failed ({done.returncode}); "
+                                 f"stderr tail: {done.stderr[-3000:]}")
+        return done
+
+    def wait_started(self, timeout_s: float = 30.0) -> int:
+        """Wait for the main process of a container started with `start_command` to be found (the
+        nspawn's child in a new PID namespace running the command); returns its pid as this machine
+        numbers it. Raises ContainerError with the console tail when nspawn exits first."""
+        assert self.proc is not None and self.command, "start_command() first"
+        deadline = time.monotonic() + timeout_s
+        own_ns = _pid_ns("self")
+        want = Path(self.command[0]).name[:15]  # comm: the executable's name, as the kernel cuts it
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ContainerError(f"{self.name}: systemd-nspawn exited with {self.proc.returncode} while "
+                                     f"starting; console: {self.console_tail()}")
+            for child in _children(self.proc.pid):
+                with contextlib.suppress(OSError):
+                    if _pid_ns(child) != own_ns and Path(f"/proc/{child}/comm").read_text().strip() == want:
+                        self.leader = child
+                        return child
+            time.sleep(0.1)
+        raise ContainerError(f"{self.name}: main process not started within {timeout_s} s; "
+                             f"console: {self.console_tail()}")
+
+    def terminate(self, timeout_s: float = 60.0, sig: signal.Signals = signal.SIGTERM) -> int:
+        """SIGTERM (or `sig`) to the main process of a container that is not booted (what `docker
+        stop` sends), then wait for nspawn to exit; returns its exit status, the main process's.
+        Raises ContainerError, the container still running, when it does not exit within `timeout_s`."""
+        assert self.proc is not None and self.command, "start_command() first"
+        if self.proc.poll() is None and self.leader is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.leader, sig)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ContainerError(f"{self.name}: not stopped within {timeout_s} s of SIGTERM; "
+                                 f"console: {self.console_tail()}") from None
 
     def wait_booted(self, timeout_s: float = 90.0) -> str:
         """Wait for init to be found and `systemctl is-system-running` to say running or degraded;
@@ -149,6 +239,9 @@ class Container:
 
     def _poweroff(self, timeout_s: float) -> None:
         assert self.proc is not None
+        if self.command:
+            self.terminate(timeout_s)
+            return
         if self.leader is not None:
             self.run(["systemctl", "poweroff"], check=False, timeout=10)
         try:
@@ -158,7 +251,8 @@ class Container:
                                  f"console: {self.console_tail()}") from None
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Power off (systemd inside), kill nspawn if it lingers, unmount, delete the copy."""
+        """Power off (systemd inside; SIGTERM to a main process that is not systemd), kill nspawn if
+        it lingers, unmount, delete the copy."""
         try:
             if self.proc is not None and self.proc.poll() is None:
                 try:

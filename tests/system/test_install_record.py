@@ -226,8 +226,8 @@ def test_a_record_install_did_not_write_is_refused(host: ScratchRoot, edit: str,
     assert host.changes(before) == {}
 
 
-# install.sh host's choice of install root, probed without installing: the copy has no systemctl, so
-# an install that accepts its root stops right after, at "systemctl not found", having changed nothing.
+# install.sh host's choice of install root, probed without installing: the copy has no runuser, so
+# an install that accepts its root stops right after, at "runuser not found", having changed nothing.
 INSTALL_ROOTS = {  # what was done to the host, --prefix, the refusal (None: accepted)
     "its-own-root-again": ("", "/opt/swactor", None),
     "record-lost-marker-stands": ("rm /etc/swactor/installed", "/opt/swactor", None),
@@ -245,12 +245,12 @@ INSTALL_ROOTS = {  # what was done to the host, --prefix, the refusal (None: acc
 @pytest.mark.parametrize(("edit", "prefix", "refusal"), INSTALL_ROOTS.values(), ids=INSTALL_ROOTS.keys())
 def test_install_writes_only_into_a_root_that_is_new_empty_or_its_own(host: ScratchRoot, edit: str, prefix: str,
                                                                        refusal: str | None) -> None:
-    host.sh(f"{edit}\nrm /usr/bin/systemctl", check=True)
+    host.sh(f"{edit}\nrm /usr/sbin/runuser", check=True)
     before = host.snapshot()
     done = host.run(["bash", "/root/swactor/install.sh", "host", "--advertise-ip", "10.0.0.5", "--prefix", prefix])
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert (refusal or "systemctl not found") in lines[0], lines[0]
+    assert (refusal or "runuser not found") in lines[0], lines[0]
     assert host.changes(before) == {}
 
 
@@ -276,11 +276,45 @@ def test_a_kept_config_serves_the_gateway_the_options_ask_for(host: ScratchRoot,
                                                                refusal: str | None) -> None:
     with host.path("/etc/swactor/swactor.toml").open("a") as config:
         config.write(f"\n{table}")
-    host.sh("rm /usr/bin/systemctl", check=True)
+    host.sh("rm /usr/sbin/runuser", check=True)
     before = host.snapshot()
     done = host.run(["bash", "/root/swactor/install.sh", "host", "--advertise-ip", "10.0.0.5", "--orchestrator",
                      "--gateway", gateway])
     lines = done.stderr.splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
-    assert (refusal or "systemctl not found") in lines[0], lines[0]
+    assert (refusal or "runuser not found") in lines[0], lines[0]
     assert host.changes(before) == {}
+
+
+# What `install.sh host --no-systemd` leaves beside the rest (its record from the installer's own code): the units
+# in the install root for the supervisor, its link, log and runtime dir, and a running supervisor (a stand-in that
+# does not answer on a control socket: the uninstall falls back to SIGTERM to the pid in its pid file).
+FAKE_SUPERVISED = r"""
+. /root/swactor/packaging/record.sh
+record_read /etc/swactor/installed
+record="$(install_record_lines --no-systemd /opt/swactor swactor-membership.service | record_text)"
+printf '%s\n' "$record" > /opt/swactor/.swactor-install
+printf '%s\n' "$record" > /etc/swactor/installed
+install -d /opt/swactor/units /run/swactor-host
+cp /root/swactor/systemd/swactor-membership.service /opt/swactor/units/
+printf '#!/bin/sh\n' > /opt/swactor/venv/bin/swactor-host
+ln -sfn /opt/swactor/venv/bin/swactor-host /usr/local/bin/swactor-host
+echo '{"event": "started"}' > /var/log/swactor-host.log
+setsid bash -c 'exec -a swactor-host sleep 300' </dev/null >/dev/null 2>&1 &
+echo $! > /run/swactor-host/pid
+"""
+
+
+def test_a_host_without_systemd_loses_its_supervisor_and_its_files(host: ScratchRoot) -> None:
+    host.sh(FAKE_SUPERVISED, check=True)
+    lines = set(host.path("/etc/swactor/installed").read_text().splitlines())
+    assert {"tree /opt/swactor/units", "link /usr/local/bin/swactor-host", "file /var/log/swactor-host.log",
+            "dir /run/swactor-host"} <= lines
+    pid = host.path("/run/swactor-host/pid").read_text().strip()
+    done = uninstall(host)
+    assert done.returncode == 0, done.stderr
+    assert f"stopping the supervisor swactor-host (pid {pid})" in done.stderr, done.stderr
+    assert host.sh("ps -eo args= | grep -c '^swactor-host' || true").stdout.strip() == "0"
+    for gone in ["/opt/swactor", "/usr/local/bin/swactor-host", "/var/log/swactor-host.log", "/run/swactor-host"]:
+        assert not host.path(gone).exists() and not host.path(gone).is_symlink(), gone
+    assert_planted_intact(host)

@@ -30,7 +30,10 @@ def configure_logging(service: str, *, level: int = logging.INFO, **identities: 
             structlog.processors.JSONRenderer(sort_keys=False),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per event (message and newline together): a service and its children share one pipe under
+        # the host supervisor (and one journal stream under systemd), and writes of up to PIPE_BUF bytes do not
+        # interleave; PrintLogger writes the newline separately.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     structlog.contextvars.clear_contextvars()

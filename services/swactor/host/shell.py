@@ -160,7 +160,7 @@ class HostSupervisor:
         if not text.strip():
             return
         self.tails[unit.name].append(text)
-        if not (text.startswith("{") and text.endswith("}")):
+        if not _json_object(text):  # a traceback, a library's print, or an event cut by another writer
             text = json.dumps({"service": unit.short_name, "event": "unit_output", "line": text})
         self._write_line(text)
 
@@ -224,6 +224,15 @@ class HostSupervisor:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         self._loop.remove_signal_handler(signal.SIGCHLD)
+
+
+def _json_object(text: str) -> bool:
+    if not (text.startswith("{") and text.endswith("}")):
+        return False
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
 
 
 def _stderr_line(line: str) -> None:
