@@ -12,22 +12,46 @@ Printed, per model (the real SmolLM2 GGUF, and a synthetic llama-7B-shaped spars
     bytes host B received twice, against one uninterrupted fetch (aim <= 5 %), two trials.
 Needs root. Prints the load average: figures on a shared machine are noisy.
 
-    .venv/bin/python bench/distribution.py --from-source [--gib 4]
+    .venv/bin/python bench/distribution.py --from-source [--gib 4] [--rounds 1] [--lanes 4] [--no-warm]
 
-Straight from the source (no root, loopback): a sparse synthetic llama-shaped GGUF of about `--gib` GiB served
-by a plain HTTP server (tests/fixtures/http_source.py, Range by sendfile) in its own process, the manifest by the
-model server; first one plain single-stream read of a stage's ranges (no hashing, no writing: the source's rate), one
-stage host alone, then three stage hosts (three processes, three FetchPools, three caches) fetching their stages of S=3 from the
-source at once. Printed: each host's rate beside the single-stream rate (aim >= 0.8x each), and whether any host
-asked for a byte twice (aim: none) or the model server sent any piece (aim: none).
+Straight from the source beside from the orchestrator (issue 24: "three hosts fetching one 4 GB model from a URL:
+>= 0.8x the server's rate each, none refetching a byte"). No root, loopback, every process on this machine's cores: a
+sparse synthetic llama-shaped Q4_0 GGUF of about `--gib` GiB, served by one process (source-serve) three ways: the
+orchestrator's model server (HTTPS, mutual TLS: the manifest always, and every piece for a host given no
+source_url), a plain HTTP source (tests/fixtures/http_source.py, Range by sendfile) and an https source (a second
+instance of the model server's code, standing in for an https URL). Each stage host is its own process
+(source-fetch: a FetchPool, its own cache, `--lanes` connections) fetching its stage of S=3 from one origin: the
+http URL or the https URL (FetchRequest.source_url), or the model server (no source_url: what a host does with
+stages_fetch_from_source off). Printed:
+  * the machine's cores, and its disk written as a fetch writes (rate; pwrite's CPU seconds per GiB);
+  * the http source's single stream: one connection reading stage 1's ranges, bytes dropped (no TLS, hashing or
+    writing), and the reader's CPU seconds per GiB;
+  * one host alone (stage 1), then the three hosts at once (stages 0, 1, 2; `--rounds` times), from each origin in
+    turn: per host its pieces' bytes, the raw rate (bytes / wall-clock seconds of its transfer: what happened here)
+    against the single stream, its process's CPU seconds per GiB split into its connections' receiving (socket,
+    TLS, HTTP) / SHA-256 / writing (pwrite) / the rest (recorder, event loop), a DERIVED rate (bytes / its CPU
+    seconds, capped at the single stream: as if it had a core of its own), and the bytes it asked for twice; per
+    phase the piece bytes each server sent, the serving process's CPU seconds per GiB (what one core of it would
+    serve), and how busy the machine's cores were;
+  * the three hosts from each URL beside the three from the model server (each origin's quickest round):
+    raw and derived per host against the orchestrator's mean per host (aim >= 0.8x each) and host by host, the
+    aggregate rates, whether any host asked for a byte twice (aim: none), and the piece bytes the model server sent
+    while the hosts fetched from a URL (aim: none).
+On the 2-core dev host the hosts and the servers share two cores: the raw per-host rates are bounded by CPU (TLS,
+SHA-256, pwrite), not by the source; the derived rates say what the same work would do on cores of its own. Before
+each phase a scratch file of the phase's size is written and deleted (`warm_pages`): on this VM pwrite into guest
+pages it has not touched lately costs several times more CPU (virtio-balloon free page reporting), which otherwise
+makes the write share of a host's CPU vary 0.2-2.3 s/GiB from phase to phase; `--no-warm` measures without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -283,45 +307,142 @@ class Bench:
 
 # ---- straight from the source: a plain HTTP source, three stage hosts at once ----
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+NO_SOURCE = "-"  # source-fetch's source_url argument for "no source_url: every piece from the model server"
+
+
+def self_cpu() -> float:
+    """CPU seconds this process has used so far: every thread, user + system."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds another process has used so far (/proc/<pid>/stat: utime + stime, every thread)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, every core (/proc/stat; iowait counts as idle)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return (sum(v) - v[3] - v[4]) / CLK_TCK, sum(v) / CLK_TCK
+
+
+def cores() -> str:
+    usable = len(os.sched_getaffinity(0))
+    return f"{os.cpu_count()} cores" + ("" if usable == os.cpu_count() else f" ({usable} usable by this process)")
+
+
 def source_serve(path: Path, manifest_path: Path) -> None:
-    """The model server (the manifest only, as for a URL source) and the plain HTTP source, on loopback."""
+    """On loopback, in one process (the parent reads its CPU time per phase): the model server (the manifest, and
+    every piece for a host told no source_url), the plain HTTP source, and an https source: a second instance of the
+    model server's code (TLS as the model server does it: preadv + sendall, no sendfile) standing in for a URL such as
+    https://huggingface.co/…, its pieces counted apart."""
     from tests.fixtures.http_source import HttpSource
 
     m = Manifest.decode(manifest_path.read_bytes())
-    files = FileTable()
-    files.add(ServedFile(m.file_sha256, path, m.size, m.encode()))
-    server, _ = start_server("127.0.0.1:0", files, control_tls.model_server_context(SECRET, ORCH))
+    tables = {"server": FileTable(), "https": FileTable()}
+    started = {}
+    for name, files in tables.items():
+        files.add(ServedFile(m.file_sha256, path, m.size, m.encode()))
+        started[name] = start_server("127.0.0.1:0", files, control_tls.model_server_context(SECRET, ORCH))[0]
     src = HttpSource(path)
-    print(json.dumps({"ready": True, "server": f"https://127.0.0.1:{server.port}/v1/files/{m.file_sha256}",
-                      "source": src.url(path.name)}), flush=True)
+    print(json.dumps({"ready": True, "server": f"https://127.0.0.1:{started['server'].port}/v1/files/{m.file_sha256}",
+                      "http": src.url(path.name),
+                      "https": f"https://127.0.0.1:{started['https'].port}/v1/files/{m.file_sha256}"}), flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
-            print(json.dumps({"server_sent": files.bytes_served.get(m.file_sha256, 0), "source_sent": src.bytes_sent}),
-                  flush=True)
+            print(json.dumps({"sent": True, "http": src.bytes_sent,
+                              **{k: t.bytes_served.get(m.file_sha256, 0) for k, t in tables.items()}}), flush=True)
     src.close()
-    server.shutdown()
+    for server in started.values():
+        server.shutdown()
 
 
-def source_fetch(url: str, source_url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path) -> None:
-    """One stage host: its stage's pieces from the source, the ranges its connections asked for recorded."""
+def source_fetch(url: str, source_url: str | None, m: Manifest, k: int, s: int, n_layers: int, cache: Path,
+                 lanes: int) -> None:
+    """One stage host: its stage's pieces from the source (or, source_url None, from the model server) over `lanes`
+    connections, the ranges its connections asked for recorded, and its CPU time: the whole process's, and the
+    thread time of its connections split into receiving (socket, TLS, HTTP: RangeClient.read_range outside the
+    sink), SHA-256 (the hash objects PieceWriter makes, timed here by a stand-in for job.py's hashlib) and the rest
+    of the sink (PieceWriter.write: pwrite into the cache file, bookkeeping)."""
+    import hashlib
+    import types
+
+    from swactor.distribution import job
     from swactor.distribution.fetcher import RangeClient
 
     asked: list[tuple[int, int]] = []
+    clients: list[Recording] = []
+    hashed = [0.0]
+    lock = threading.Lock()
+
+    class TimedSha256:
+        def __init__(self) -> None:
+            self.h = hashlib.sha256()
+
+        def update(self, data) -> None:
+            t = time.thread_time()
+            self.h.update(data)
+            dt = time.thread_time() - t
+            with lock:
+                hashed[0] += dt
+
+        def hexdigest(self) -> str:
+            return self.h.hexdigest()
+
+    timed_hash = hasattr(job, "hashlib")
+    if timed_hash:
+        job.hashlib = types.SimpleNamespace(sha256=TimedSha256)  # type: ignore[attr-defined]
 
     class Recording(RangeClient):
+        sink_cpu = read_cpu = 0.0  # this connection's thread: in the sink; in read_range outside the sink
+
         def read_range(self, start, end, sink) -> None:
             asked.append((start, end))
-            super().read_range(start, end, sink)
+
+            def timed(chunk: memoryview) -> None:
+                t = time.thread_time()
+                try:
+                    sink(chunk)
+                finally:
+                    self.sink_cpu += time.thread_time() - t
+
+            t0, s0 = time.thread_time(), self.sink_cpu
+            try:
+                super().read_range(start, end, timed)
+            finally:
+                self.read_cpu += time.thread_time() - t0 - (self.sink_cpu - s0)
+
+    def client(t: Target) -> Recording:
+        c = Recording(t)
+        clients.append(c)
+        return c
+
+    def split() -> tuple[float, float, float]:
+        return sum(c.read_cpu for c in clients), sum(c.sink_cpu for c in clients), hashed[0]
 
     ctx = control_tls.model_client_context(SECRET, NODE + k)
+    # The https source is the bench's own (source_serve): its certificate is the model server's, not one the default
+    # trust store knows; a real https URL gets Target(url).
+    tls_source = Target(source_url or "", ctx, control_tls.orchestrator_name(ORCH))
     pool = FetchPool(WeightsCache(cache), lambda u, name: Target(u, ctx, name), progress_interval_s=0.05,
-                     client_factory=lambda t: Recording(t))
+                     client_factory=client, lanes=lanes,
+                     source_target_for=lambda u: dataclasses.replace(tls_source, url=u) if u.startswith("https:")
+                     else Target(u))
     req = FetchRequest(url, m.file_sha256, m.size, m.digest(), k * n_layers // s, (k + 1) * n_layers // s, n_layers,
                        control_tls.orchestrator_name(ORCH), source_url=source_url)
-    started: list[float] = []
-    t0 = time.monotonic()
-    lease = asyncio.run(pool.acquire(req, lambda _: started.append(time.monotonic())))
-    end = time.monotonic()
+    mark: dict[str, float] = {}
+
+    def started(_) -> None:  # the manifest and the header are in: the stage's pieces (the transfer) start
+        mark["t"], mark["cpu"] = time.monotonic(), self_cpu()
+        mark["read"], mark["sink"], mark["hash"] = split()
+
+    t0, cpu0 = time.monotonic(), self_cpu()
+    lease = asyncio.run(pool.acquire(req, started))
+    end, cpu = time.monotonic(), self_cpu()
+    read, sink, hash_ = split()
     union = reach = 0  # bytes asked for at least once
     for a, b in sorted(asked):
         if b > reach:
@@ -329,8 +450,10 @@ def source_fetch(url: str, source_url: str, m: Manifest, k: int, s: int, n_layer
     twice = sum(b - a for a, b in asked) - union
     print(json.dumps({"fetched": lease.bytes_fetched, "total": lease.bytes_total, "seconds": end - t0,
                       "received": pool.received_bytes, "asked_twice": twice,
-                      "transfer_bytes": lease.bytes_fetched - m.header_bytes, "transfer_s": end - started[0]}),
-          flush=True)
+                      "transfer_bytes": lease.bytes_fetched - m.header_bytes, "transfer_s": end - mark["t"],
+                      "cpu_s": cpu - mark["cpu"], "cpu_all_s": cpu - cpu0, "read_cpu_s": read - mark["read"],
+                      "sink_cpu_s": sink - mark["sink"], "hash_cpu_s": hash_ - mark["hash"] if timed_hash else None,
+                      "connections": len(clients)}), flush=True)
 
 
 def source_single(source_url: str, ranges: list[tuple[int, int]]) -> None:
@@ -344,14 +467,73 @@ def source_single(source_url: str, ranges: list[tuple[int, int]]) -> None:
         nonlocal total
         total += len(chunk)
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), self_cpu()
     for start, end in ranges:
         client.read_range(start, end, sink)
-    print(json.dumps({"bytes": total, "seconds": time.monotonic() - t0}), flush=True)
+    print(json.dumps({"bytes": total, "seconds": time.monotonic() - t0, "cpu_s": self_cpu() - cpu0}), flush=True)
     client.close()
 
 
-def from_source(gib: float) -> None:
+def disk_probe(work: Path, nbytes: int = 1 << 30) -> tuple[float, float]:
+    """This disk as a fetch writes to it: pwrite 1 MiB at a time into a fresh sparse file, fdatasync every 8 MiB
+    (the recorder's batches are at most 8 MiB). Returns (bytes/s, CPU seconds per GiB in pwrite: the copy into the
+    page cache, which on this VM costs several times more when the pages are fresh to it)."""
+    buf = bytes(1 << 20)
+    path = work / "disk-probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+        in_pwrite = 0.0
+        t0 = time.monotonic()
+        for off in range(0, nbytes, len(buf)):
+            c = time.thread_time()
+            os.pwrite(fd, buf, off)
+            in_pwrite += time.thread_time() - c
+            if (off + len(buf)) % (8 << 20) == 0:
+                os.fdatasync(fd)
+        os.fdatasync(fd)
+        took = time.monotonic() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+    return nbytes / took, in_pwrite / (nbytes / GIB)
+
+
+def warm_pages(work: Path, nbytes: int) -> float:
+    """Write `nbytes` into a scratch file beside the caches and delete it (dirty pages dropped): the hosts' writes
+    that follow land in page-cache pages this VM touched a moment ago. Pages it has not touched for a while
+    (virtio-balloon free page reporting hands freed guest memory back to the hypervisor) cost several times
+    more CPU on first touch, in pwrite's copy, and that cost comes and goes with what ran seconds before: without
+    this the write share of a host's CPU varies 0.2-2.3 s/GiB from one phase to the next. A host that has run a
+    while, its page cache full, takes its pages from reclaimed cache instead. Returns the scratch's pwrite CPU
+    seconds per GiB (the cost it absorbed)."""
+    buf = bytes(8 << 20)
+    path = work / "warm-scratch"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    in_pwrite = 0.0
+    try:
+        for off in range(0, nbytes, len(buf)):
+            c = time.thread_time()
+            os.pwrite(fd, buf, off)
+            in_pwrite += time.thread_time() - c
+    finally:
+        os.close(fd)
+        path.unlink()
+    return in_pwrite / max(nbytes / GIB, 1e-9)
+
+
+GIB = 2**30
+# where the three hosts' pieces come from: key (as source_serve counts it) -> (label, the server, how it serves)
+ORIGINS = {"http": ("URL http", "the http source", "plain HTTP, sendfile"),
+           "https": ("URL https", "the https source", "TLS, the model server's code"),
+           "server": ("orchestrator", "the model server", "HTTPS, mutual TLS")}
+
+
+def rate_of(r: dict) -> float:
+    return r["transfer_bytes"] / r["transfer_s"]
+
+
+def from_source(gib: float, rounds: int, lanes: int, warm: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="swdist-src-") as tmp:
         work = Path(tmp)
         # llama-7B's shape (Q4_0, untied: ~113 MB a block, ~147 MB of embeddings), blocks a multiple of 3
@@ -367,6 +549,10 @@ def from_source(gib: float) -> None:
               f"{m.piece_bytes >> 10} KiB in {t2 - t1:.1f} s")
         man = work / "manifest.json"
         man.write_bytes(m.encode())
+        disk, disk_cpu = disk_probe(work)
+        print(f"machine: {cores()}, shared by every process below (the source, the model server, the hosts); one "
+              f"disk: {disk / 1e6:.0f} MB/s (1 GiB, pwrite 1 MiB at a time, fdatasync every 8 MiB; pwrite "
+              f"{disk_cpu:.2f} CPU s/GiB)")
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # page cache warm (holes: free)
         server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "source-serve", str(path), str(man)],
                                   text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -382,43 +568,124 @@ def from_source(gib: float) -> None:
                 server.stdin.flush()
                 while True:
                     line = server.stdout.readline()
-                    if line.startswith('{"server_sent"'):
+                    if line.startswith('{"sent"'):
                         return json.loads(line)
 
             py = [sys.executable, str(Path(__file__).resolve())]
+
+            def phase(stages: list[int], source: str | None) -> dict:
+                """These stages' hosts fetching at once, from the source (or the model server), caches empty."""
+                for k in stages:
+                    shutil.rmtree(work / f"host{k}", ignore_errors=True)
+                os.sync()  # the last phase's writes are not this one's to wait for
+                cold = warm_pages(work, int(sum(need[k] for k in stages) * 1.1)) if warm else None
+                before, srv0, (busy0, all0) = stats(), proc_cpu(server.pid), machine_cpu()
+                t0 = time.monotonic()
+                hosts = [subprocess.Popen([*py, "source-fetch", where["server"], source or NO_SOURCE, str(man), str(k),
+                                           "3", str(layers), str(work / f"host{k}"), str(lanes)], text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) for k in stages]
+                results = [last_json(h) for h in hosts]
+                wall = time.monotonic() - t0
+                after, srv1, (busy1, all1) = stats(), proc_cpu(server.pid), machine_cpu()
+                for k in stages:
+                    shutil.rmtree(work / f"host{k}", ignore_errors=True)
+                return {"hosts": results, "wall": wall, "cold": cold, "server_cpu": srv1 - srv0,
+                        "busy": (busy1 - busy0) / (all1 - all0), "sent": {k: after[k] - before[k] for k in ORIGINS}}
+
             need = [sum(m.pieces[i].length for i in stage_pieces(m, path, k, 3)) for k in range(3)]
             body = [(a, b) for a, b, _ in spans(m, stage_pieces(m, path, 1, 3)) if a >= m.header_bytes]
-            single = last_json(subprocess.Popen([*py, "source-single", where["source"], json.dumps(body)], text=True,
+            single = last_json(subprocess.Popen([*py, "source-single", where["http"], json.dumps(body)], text=True,
                                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE))
             one = single["bytes"] / single["seconds"]
-            print(f"source single stream (one connection, stage 1's {single['bytes'] / 1e9:.2f} GB, bytes dropped): "
-                  f"{one / 1e6:.0f} MB/s")
-            alone = last_json(subprocess.Popen([*py, "source-fetch", where["server"], where["source"], str(man), "1",
-                                                "3", str(layers), str(work / "alone")], text=True,
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-            rate = alone["transfer_bytes"] / alone["transfer_s"]
-            print(f"one host alone (stage 1, its fetch: 4 connections, SHA-256 per piece, written in place): "
-                  f"{rate / 1e6:.0f} MB/s = {rate / one:.2f}x the single stream")
-            shutil.rmtree(work / "alone")
-            before = stats()
-            t3 = time.monotonic()
-            hosts = [subprocess.Popen([*py, "source-fetch", where["server"], where["source"], str(man), str(k), "3",
-                                       str(layers), str(work / f"host{k}")], text=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE) for k in range(3)]
-            results = [last_json(h) for h in hosts]
-            wall = time.monotonic() - t3
-            after = stats()
-            for k, r in enumerate(results):
-                rate = r["transfer_bytes"] / r["transfer_s"]
-                print(f"host {k} (stage {k} of 3, {r['total'] / 1e9:.2f} GB, {r['total'] / m.size:.2f} of the file): "
-                      f"{rate / 1e6:.0f} MB/s = {rate / one:.2f}x the single stream (aim >= 0.8x); "
-                      f"asked twice {r['asked_twice']} B, received {r['received'] / 1e6:.1f} MB for "
-                      f"{r['fetched'] / 1e6:.1f} MB of pieces")
-            sent = after["source_sent"] - before["source_sent"]
-            print(f"three hosts at once: {sum(need) / 1e9:.2f} GB of stage pieces in {wall:.1f} s "
-                  f"({sum(need) / wall / 1e6:.0f} MB/s together); the source sent {sent / 1e9:.3f} GB, the model server "
-                  f"{after['server_sent'] - before['server_sent']} B of pieces; any byte fetched twice by one host: "
-                  f"{'yes' if any(r['asked_twice'] for r in results) else 'no'}")
+            print(f"source single stream (one connection, plain HTTP, stage 1's {single['bytes'] / 1e9:.2f} GB, bytes "
+                  f"dropped: no TLS, no hashing, no writing): {one / 1e6:.0f} MB/s, the reader "
+                  f"{single['cpu_s'] / (single['bytes'] / GIB):.2f} CPU s/GiB")
+            print(f"\nPer host (its stage's pieces after the header; {lanes} connections, SHA-256 per piece, written in "
+                  "place):\n  raw      = bytes / wall-clock seconds of its transfer: what happened here, on cores "
+                  "shared with the other hosts and the servers;\n  CPU      = the fetching process's CPU seconds (every "
+                  "thread) per GiB: its connections receiving (socket, TLS, HTTP), SHA-256, writing (pwrite into the "
+                  "cache file), and the rest (the recorder's fdatasync and record, the event loop);\n  derived  = "
+                  f"bytes / its CPU seconds, at most the single stream ({one / 1e6:.0f} MB/s): the rate were its CPU "
+                  "work done on a core of its own, nothing else waiting (DERIVED, not measured; also not counting the "
+                  "serving side's CPU, printed apart)."
+                  + ("\nBefore each phase a scratch file of its size is written and deleted (warm_pages: the hosts "
+                     "then write into guest pages as warm as a host that has run a while; --no-warm to skip)."
+                     if warm else "\nNo warm-up (--no-warm): the hosts' pwrite CPU includes this VM's first touch "
+                     "of pages it handed back to the hypervisor, and varies with what ran before."))
+
+            def derived(r: dict) -> float:
+                return min(one, r["transfer_bytes"] / max(r["cpu_s"], 1e-9))
+
+            def host_line(r: dict) -> str:
+                g = r["transfer_bytes"] / GIB
+                rate = rate_of(r)
+                hash_ = r["hash_cpu_s"]
+                parts = [f"receive {r['read_cpu_s'] / g:.2f}"]
+                if hash_ is None:
+                    parts.append(f"SHA-256 + write {r['sink_cpu_s'] / g:.2f}")
+                else:
+                    parts += [f"SHA-256 {hash_ / g:.2f}", f"write {(r['sink_cpu_s'] - hash_) / g:.2f}"]
+                parts.append(f"rest {(r['cpu_s'] - r['read_cpu_s'] - r['sink_cpu_s']) / g:.2f}")
+                return (f"{r['total'] / 1e9:.2f} GB, raw {rate / 1e6:4.0f} MB/s ({rate / one:.2f}x the single stream) | "
+                        f"CPU {r['cpu_s'] / g:.2f} s/GiB = {', '.join(parts)} | derived {derived(r) / 1e6:4.0f} MB/s "
+                        f"({derived(r) / one:.2f}x) | asked twice {r['asked_twice']} B")
+
+            def serving(p: dict, origin: str) -> str:
+                sent = p["sent"][origin]
+                others = ", ".join(f"{ORIGINS[k][1]} {n} B" for k, n in p["sent"].items() if k != origin)
+                per = p["server_cpu"] / (sent / GIB) if sent else 0.0
+                one_core = sent / p["server_cpu"] if p["server_cpu"] else 0.0
+                warmed = "" if p["cold"] is None else f"; the warm-up's pwrite {p['cold']:.2f} CPU s/GiB"
+                return (f"{ORIGINS[origin][1]} ({ORIGINS[origin][2]}) sent {sent / 1e9:.3f} GB of pieces, {per:.2f} "
+                        f"CPU s/GiB (one core of it: {one_core / 1e6:.0f} MB/s), {others}; machine busy "
+                        f"{p['busy']:.0%} of {os.cpu_count()} cores{warmed}")
+
+            def url_of(origin: str) -> str | None:
+                return None if origin == "server" else where[origin]
+
+            print("\n== one host alone (stage 1)")
+            alone = {}
+            for origin, (name, _, _) in ORIGINS.items():
+                p = alone[origin] = phase([1], url_of(origin))
+                print(f"  {name:<12} {host_line(p['hosts'][0])}")
+                print(f"  {'':<12} {serving(p, origin)}")
+            a_orch = alone["server"]["hosts"][0]
+            print("  " + "; ".join(f"{ORIGINS[o][0]} / orchestrator: raw {rate_of(alone[o]['hosts'][0]) / rate_of(a_orch):.2f}x, "
+                                   f"derived {derived(alone[o]['hosts'][0]) / derived(a_orch):.2f}x" for o in ("http", "https")))
+
+            runs: dict[str, list[dict]] = {origin: [] for origin in ORIGINS}
+            for rnd in range(rounds):
+                print(f"\n== three hosts at once (stages 0, 1, 2 of 3)"
+                      f"{f', round {rnd + 1} of {rounds}' if rounds > 1 else ''}")
+                for origin, (name, _, _) in ORIGINS.items():
+                    p = phase([0, 1, 2], url_of(origin))
+                    runs[origin].append(p)
+                    for k, r in enumerate(p["hosts"]):
+                        print(f"  {name:<12} host {k}: {host_line(r)}")
+                    print(f"  {name:<12} all three: {sum(need) / 1e9:.2f} GB in {p['wall']:.1f} s "
+                          f"({sum(need) / p['wall'] / 1e6:.0f} MB/s); {serving(p, origin)}")
+            best = {origin: min(ps, key=lambda p: p["wall"]) for origin, ps in runs.items()}
+            o = best["server"]
+            twice = any(r["asked_twice"] for ps in runs.values() for p in ps for r in p["hosts"])
+            print(f"\n== three hosts from the URL beside the same three from the orchestrator's model server"
+                  f"{f' (each origin: the quickest of its {rounds} rounds, all three)' if rounds > 1 else ''}")
+            for label, fn in (("raw", rate_of), ("derived", derived)):
+                orr = [fn(r) for r in o["hosts"]]
+                mean = sum(orr) / len(orr)  # the server's rate per host (which host got more of the shared cores: noise)
+                print(f"  {label:<7} MB/s per host: orchestrator {' / '.join(f'{x / 1e6:.0f}' for x in orr)} "
+                      f"(mean {mean / 1e6:.0f})")
+                for origin in ("http", "https"):
+                    ur = [fn(r) for r in best[origin]["hosts"]]
+                    ratios = [x / mean for x in ur]
+                    print(f"  {label:<7} MB/s per host: {ORIGINS[origin][0]:<9} {' / '.join(f'{x / 1e6:.0f}' for x in ur)}"
+                          f" = {' / '.join(f'{x:.2f}' for x in ratios)}x the orchestrator's mean per host (aim >= 0.8x "
+                          f"each: {'met' if min(ratios) >= 0.8 else 'not met'}; host by host "
+                          f"{' / '.join(f'{a / b:.2f}' for a, b in zip(ur, orr, strict=True))}x), "
+                          f"{' / '.join(f'{x / one:.2f}' for x in ur)}x the single stream")
+            print("  all three together: " + ", ".join(
+                f"{ORIGINS[k][0]} {sum(need) / p['wall'] / 1e6:.0f} MB/s" for k, p in best.items())
+                + f"; a byte asked twice by any host: {'yes' if twice else 'none'}; piece bytes through the model server "
+                  f"while the hosts fetched from a URL: {sum(p['sent']['server'] for k in ('http', 'https') for p in runs[k])}")
         finally:
             server.stdin.close()
             server.terminate()
@@ -432,7 +699,8 @@ def main() -> int:
             source_serve(Path(args[0]), Path(args[1]))
         elif cmd == "source-fetch":
             m = Manifest.decode(Path(args[2]).read_bytes())
-            source_fetch(args[0], args[1], m, int(args[3]), int(args[4]), int(args[5]), Path(args[6]))
+            source_fetch(args[0], None if args[1] == NO_SOURCE else args[1], m, int(args[3]), int(args[4]),
+                         int(args[5]), Path(args[6]), int(args[7]))
         else:
             source_single(args[0], [tuple(r) for r in json.loads(args[1])])
         return 0
@@ -450,14 +718,20 @@ def main() -> int:
     ap.add_argument("--rate", default="", help="shape host A's egress with tbf (e.g. 1gbit); default: unshaped")
     ap.add_argument("--big-gib", type=float, default=3.6, help="size class of the synthetic model (llama-7B shape)")
     ap.add_argument("--no-big", action="store_true", help="skip the synthetic multi-GB model")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds per measurement (default 3; --from-source: rounds of the three-host pair, default 1)")
     ap.add_argument("--from-source", action="store_true",
-                    help="three stage hosts fetching from a plain HTTP source at once (loopback, no root)")
+                    help="three stage hosts at once from a URL (http, https) beside from the model server "
+                         "(loopback, no root)")
     ap.add_argument("--gib", type=float, default=4.0, help="--from-source: size of the synthetic model")
+    ap.add_argument("--lanes", type=int, default=4,
+                    help="--from-source: connections per host (FetchPool lanes; [worker].weights_connections is 4)")
+    ap.add_argument("--no-warm", action="store_true",
+                    help="--from-source: no scratch write before each phase (the hosts write into cold guest pages)")
     args = ap.parse_args()
     if args.from_source:
         print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}, {os.cpu_count()} CPUs")
-        from_source(args.gib)
+        from_source(args.gib, max(1, args.rounds or 1), args.lanes, not args.no_warm)
         print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
         return 0
     why = netns_unavailable_reason()
@@ -465,6 +739,7 @@ def main() -> int:
         print(f"bench/distribution.py: needs network namespaces: {why}", file=sys.stderr)
         return 2
     print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}, {os.cpu_count()} CPUs")
+    args.rounds = args.rounds or 3
     with tempfile.TemporaryDirectory(prefix="swdist-") as tmp, NetnsCluster(2, prefix="dist") as net:
         work = Path(tmp)
         if args.rate:

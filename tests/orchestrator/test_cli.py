@@ -63,7 +63,7 @@ def test_submit_watch_runs_show_events_nodes_stop(tmp_path: Path) -> None:
     assert events[1].splitlines()[0].split()[2] == "pool_ready" and "run_torn_down" in events[1].splitlines()[-1]
     assert nodes[1].splitlines()[0].startswith("1 ") and "CUDA H100 80GiB" in nodes[1] and "pool ready" in nodes[1]
     assert stop_done[0] == 0 and "completed (eos)" in stop_done[1]  # stopping a finished run changes nothing
-    assert bad[0] == 1 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 Available node(s)" in bad[2]
+    assert bad[0] == 1 and "FAILED_PRECONDITION" in bad[2] and "5 stage(s) need 5 stage device(s)" in bad[2]
     assert missing[0] == 1 and "NOT_FOUND: unknown run_id 12345" in missing[2]
     assert over[0] == 1 and "INVALID_ARGUMENT" in over[2] and "max_context 5000 is more than model" in over[2]
 

@@ -234,12 +234,12 @@ def test_node_lost_before_pool_ready_waits_then_refuses_with_reason() -> None:
     fsm = make(stages=2, timeouts=F.Timeouts(pool_s=10))
     fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)
     acts = fsm.handle(F.MembershipChanged(pool(1)), 0.5)  # node 2 gone before the window closed
-    assert kinds(acts) == ["POOL_WAITING"] and "2 stage(s) need 2 Available node(s), the pool has 1" in acts[0].event.detail
+    assert kinds(acts) == ["POOL_WAITING"] and "2 stage(s) need 2 stage device(s), the pool has 1 on 1 Available node(s)" in acts[0].event.detail
     assert fsm.handle(F.Tick(), 1.0) == [] and fsm.state is F.RunState.WAITING_POOL  # said once, not per tick
     assert fsm.deadline() == 10.0  # nothing to place: no stability timer, only the pool timeout
     acts = fsm.handle(F.Tick(), 10.0)
     assert kinds(acts) == ["RUN_FAULTED", "RUN_TORN_DOWN"]
-    assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and "2 stage(s) need 2 Available node(s), the pool has 1" in fsm.detail
+    assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and "2 stage(s) need 2 stage device(s), the pool has 1 on 1 Available node(s)" in fsm.detail
     assert fsm.state is F.RunState.DONE and of(acts, F.Provision) == [] and of(acts, F.StopStage) == []
 
 

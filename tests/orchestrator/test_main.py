@@ -49,7 +49,7 @@ def test_process_recovers_interrupted_runs_refuses_without_pool_and_stops_on_sig
         nodes = cli(sock, "nodes")
         assert nodes.returncode == 0 and "pool not ready: no membership view yet" in nodes.stdout
         refused = cli(sock, "submit", "--prompt", "hi")
-        assert refused.returncode == 1 and "need 1 Available node(s); the pool has 0" in refused.stderr
+        assert refused.returncode == 1 and "need 1 stage device(s); the pool has 0 on 0 Available node(s)" in refused.stderr
         bad_model = cli(sock, "submit", "--prompt", "hi", "--model", "nope")
         assert bad_model.returncode == 1 and "unknown model 'nope'" in bad_model.stderr
     finally:

@@ -123,7 +123,7 @@ def test_only_provisionable_nodes_are_candidates() -> None:
     pool = (*nodes(80 * GiB), dataclasses.replace(node(2, NodeState.BOOTING), memory_bytes=200 * GiB),
             dataclasses.replace(node(3, NodeState.SUSPECT), memory_bytes=200 * GiB), *nodes(8 * GiB, first_id=4))
     assert [n.node_id for n in place(pool, 2, 32, memory=need()).nodes] == [1, 4]
-    with pytest.raises(PlanError, match=r"3 stage\(s\) need 3 Available node\(s\), the pool has 2"):
+    with pytest.raises(PlanError, match=r"3 stage\(s\) need 3 stage device\(s\), the pool has 2 on 2 Available node\(s\)"):
         place(pool, 3, 32, memory=need())
 
 

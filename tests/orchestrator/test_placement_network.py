@@ -119,11 +119,11 @@ def test_the_last_runs_ring_stays_unless_another_is_cheaper_by_more_than_the_mar
     # origin 1; ring 1-2-3 costs 10 + 10 + 12 = 32 ms, ring 1-2-4 costs 10 + 10 + 13.5 = 33.5 ms (within 10 % + 2 ms)
     rtt = symmetric(a1b2=10, a2b3=10, a1b3=12, a2b4=10, a1b4=13.5, a3b4=10)
     assert ids(place(pool, 3, 30, memory=need(SMOL), network=Network(1, rtt))) == [1, 2, 3]
-    warm = Network(1, rtt, warm={3: (1, 2, 4)})
+    warm = Network(1, rtt, warm={3: ((1, 0), (2, 0), (4, 0))})
     assert ids(place(pool, 3, 30, memory=need(SMOL), network=warm)) == [1, 2, 4]  # its weights are loaded: it stays
-    far = Network(1, {**rtt, **symmetric(a1b4=40)}, warm={3: (1, 2, 4)})
+    far = Network(1, {**rtt, **symmetric(a1b4=40)}, warm={3: ((1, 0), (2, 0), (4, 0))})
     assert ids(place(pool, 3, 30, memory=need(SMOL), network=far)) == [1, 2, 3]  # 60 ms against 32: it moves
-    gone = Network(1, rtt, warm={3: (1, 2, 4)})
+    gone = Network(1, rtt, warm={3: ((1, 0), (2, 0), (4, 0))})
     assert ids(place(pool[:3], 3, 30, memory=need(SMOL), network=gone)) == [1, 2, 3]  # node 4 left the pool
 
 

@@ -66,7 +66,7 @@ def test_three_stage_plan_edges_and_specs() -> None:
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        (dict(stages=4), r"4 stage\(s\) need 4 Available node\(s\), the pool has 3"),
+        (dict(stages=4), r"4 stage\(s\) need 4 stage device\(s\), the pool has 3 on 3 Available node\(s\)"),
         (dict(stages=31, nodes=tuple(range(1, 40))), "only 30 blocks"),
         (dict(stages=0), "at least 1"),
         (dict(max_tokens=0), "max_tokens must be positive"),

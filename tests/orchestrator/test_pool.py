@@ -33,7 +33,7 @@ def gate(members: tuple[NodeInfo, ...], at: float = 0.0) -> PoolGate:
         ((A, A, B), Demand(2), True, [1, 2], "not candidates: 3 is booting"),
         ((A, S, A), Demand(2), True, [1, 3], "not candidates: 2 is suspect"),
         ((B, A, A, F, L), Demand(2), True, [2, 3], "1 is booting, 4 is faulted, 5 is left"),
-        ((A, B, S), Demand(2), False, [], "2 stage(s) need 2 Available node(s), the pool has 1 (not candidates: 2 is booting, 3 is suspect)"),
+        ((A, B, S), Demand(2), False, [], "2 stage(s) need 2 stage device(s), the pool has 1 on 1 Available node(s) (not candidates: 2 is booting, 3 is suspect)"),
         ((A, A, B), Demand(2, node_ids=(3, 1)), False, [], "pinned node 3 is booting"),
         ((A, A), Demand(2, node_ids=(2, 7)), False, [], "pinned node 7 is not a member"),
         ((A, S, A), Demand(2, node_ids=(3, 1)), True, [3, 1], "not candidates: 2 is suspect"),
@@ -87,6 +87,6 @@ def test_a_refused_shortfall_names_the_pinned_nodes_that_are_not_available() -> 
 
     members = (node(1), dataclasses.replace(node(2), state=NodeState.BOOTING), node(3))
     said = pool_refusal(members, Demand(3, (1, 2, 3), 30))
-    assert said.startswith("3 stage(s) need 3 Available node(s); the pool has 2 (of 3 known)")
+    assert said.startswith("3 stage(s) need 3 stage device(s); the pool has 2 on 2 Available node(s) (of 3 known)")
     assert said.endswith("; pinned node(s) not Available: 2 (booting)")
     assert "pinned" not in pool_refusal(members, Demand(3, (), 30))  # nothing pinned: nothing to name

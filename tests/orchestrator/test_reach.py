@@ -154,7 +154,7 @@ def test_the_submit_refusal_and_the_pool_gate_name_an_unreachable_node() -> None
     why = edge_silent().text()
     view = (node(1), dataclasses.replace(node(2, edge="10.0.0.6:17400"), unreachable=why, reason=why))
     refused = pool_refusal(view, Demand(2))
-    assert refused.endswith(f"the pool has 1 (of 2 known); node 2 is unreachable: {why}")
+    assert refused.endswith(f"the pool has 1 on 1 Available node(s) (of 2 known); node 2 is unreachable: {why}")
     gate = PoolGate(window_s=0.0)
     gate.observe(view, 0.0)
     assert f"2 is unreachable: {why}" in gate.check(1.0, Demand(2)).detail

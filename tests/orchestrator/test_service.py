@@ -90,7 +90,7 @@ def test_bad_requests_are_refused_by_name_and_the_server_keeps_serving(tmp_path:
                 (opb.SubmitRunRequest(prompt="hi", model="gpt-9", max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
                  "unknown model 'gpt-9'"),
                 (opb.SubmitRunRequest(prompt="hi", stages=3, max_tokens=5), grpc.StatusCode.FAILED_PRECONDITION,
-                 "3 stage(s) need 3 Available node(s); the pool has 2"),
+                 "3 stage(s) need 3 stage device(s); the pool has 2 on 2 Available node(s)"),
                 (opb.SubmitRunRequest(prompt="hi", stages=31, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
                  "has 30 blocks"),
                 (opb.SubmitRunRequest(prompt="hi", max_tokens=0), grpc.StatusCode.INVALID_ARGUMENT, "max_tokens"),
@@ -105,8 +105,10 @@ def test_bad_requests_are_refused_by_name_and_the_server_keeps_serving(tmp_path:
                  grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
                 (opb.SubmitRunRequest(prompt="x " * 5000, raw=True, max_tokens=5), grpc.StatusCode.INVALID_ARGUMENT,
                  "the context holds 4096"),
-                (opb.SubmitRunRequest(prompt="hi", max_tokens=5, stages=2, node_ids=[1, 1]),
-                 grpc.StatusCode.INVALID_ARGUMENT, "distinct"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=5, stages=2, node_ids=[1, 1]),  # one stage device
+                 grpc.StatusCode.FAILED_PRECONDITION, "node 1 is named 2 times but has 1 stage device(s)"),
+                (opb.SubmitRunRequest(prompt="hi", max_tokens=5, stages=2, node_ids=[1]),
+                 grpc.StatusCode.INVALID_ARGUMENT, "node_ids must name 2 node(s), one per stage"),
             ]
             seen = []
             for req, _code, needle in cases:

@@ -120,7 +120,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-context", type=integer(1, UINT32_MAX), default=0, metavar="TOKENS",
                    help="the run's own context: prompt and generated tokens at most this many (default: the model's)")
     s.add_argument("--node", action="append", type=integer(1, UINT64_MAX), default=[], metavar="NODE_ID",
-                   help="place stage k on the k-th --node (repeatable)")
+                   help="place stage k on the k-th --node (repeatable; a node named twice carries two stages, on its "
+                        "stage devices 0 and 1)")
     add_sampling(s)
     s.add_argument("--dry-run", action="store_true",
                    help="print the placement (nodes, blocks, estimated memory per stage) and start nothing")

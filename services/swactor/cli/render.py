@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
+from collections.abc import Sequence
 
 from google.protobuf.json_format import MessageToDict
 
@@ -49,14 +51,22 @@ def run_detail(run: opb.Run) -> str:
         lines.append(f"  resumed as run {run.resumed_by} (its request goes on there: swactor watch {run.run_id})")
     if run.max_context:
         lines.append(f"  context: {run.max_context} tokens, prompt included")
-    for p in run.placement:
-        lines.append(f"  stage {p.stage_index}: node {p.node_id} layers {p.layer_start}..{p.layer_end_exclusive} "
+    placed = sorted(run.placement, key=lambda p: p.stage_index)
+    for p, where in zip(placed, stage_wheres([(p.node_id, p.device_index) for p in placed]), strict=True):
+        lines.append(f"  stage {p.stage_index}: {where} layers {p.layer_start}..{p.layer_end_exclusive} "
                      f"edges {p.inbound_edge_id} -> {p.outbound_edge_id}")
     if run.text:
         lines.append(f"  text: {run.text!r}")
     if seed := seed_line(run):
         lines.append(f"  {seed}")
     return "\n".join(lines)
+
+
+def stage_wheres(units: Sequence[tuple[int, int]]) -> list[str]:
+    """Each stage's (node id, device index) for people: the device named where it tells something, on a node that
+    carries several of the stages or on a device other than its first."""
+    many = Counter(n for n, _ in units)
+    return [f"node {n} device {d}" if many[n] > 1 or d else f"node {n}" for n, d in units]
 
 
 def seed_line(run: opb.Run) -> str | None:
@@ -74,6 +84,9 @@ def node_line(n: opb.Node) -> str:
     mark = "ready" if n.provisionable else "-"
     reason = f" ({n.reason})" if n.reason else ""
     memory = f"stage memory {gib(n.stage_memory_bytes)}" if n.stage_memory_bytes else "stage memory not advertised"
+    if n.stage_devices > 1:  # it carries as many stages of one run, each on its own device with that memory
+        each = f"{gib(n.stage_memory_bytes)} each" if n.stage_memory_bytes else "memory not advertised"
+        memory = f"{n.stage_devices} stage devices, {each}"
     slots = f" slots {n.slots_in_use}/{n.run_slots} in use" if n.run_slots else ""  # runs in flight on it
     return (f"{n.node_id:<20} {state:<10}{reason} {mark:<6} edge={n.edge_endpoint or '-'} control={n.control_endpoint or '-'} "
             f"[{gpus}] {memory}{slots}")
@@ -107,12 +120,12 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     fitted = " (the fewest whose memory fits)" if p.stages_fitted else ""
     lines = [f"model {p.model}: {p.stages} stage(s){fitted}, {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
-    for s in p.placement:
+    for s, where in zip(p.placement, stage_wheres([(s.node_id, s.device_index) for s in p.placement]), strict=True):
         offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"
         need = (f"needs {gib(s.total_bytes)} with one run slot (weights {gib(s.weights_bytes)}, KV cache "
                 f"{gib(s.kv_cache_bytes)} per run slot, scratch {gib(s.scratch_bytes)}, runtime {gib(s.runtime_bytes)})"
                 if p.memory_known else "needs ?")
-        lines.append(f"  stage {s.stage_index}: node {s.node_id} blocks {s.layer_start}..{s.layer_end_exclusive} "
+        lines.append(f"  stage {s.stage_index}: {where} blocks {s.layer_start}..{s.layer_end_exclusive} "
                      f"{need} of {offer}; {run_slots(p, s)}{'' if s.fits else '  DOES NOT FIT'}")
     if p.placement_detail:
         lines.append(f"  no placement: {p.placement_detail}")

@@ -16,6 +16,7 @@ from aioquic.quic.packet import QuicErrorCode
 
 from swactor.common.events import get_logger
 from swactor.edge.quic_conn import EdgeQuicConnection
+from swactor.edge.streamport import new_uid
 from swactor.edge.traffic import Traffic
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ class ConnectionListener(Protocol):
 class EdgeConnection:
     """One QUIC connection: timers, transmit, keepalive, events out to the listener."""
 
-    _uids = itertools.count(1)
-
     def __init__(self, endpoint: Endpoint, quic: EdgeQuicConnection, *, initiated_here: bool) -> None:
         self.endpoint = endpoint
         self.quic = quic
@@ -59,7 +58,7 @@ class EdgeConnection:
         self.handshake: asyncio.Future[None] = endpoint.loop.create_future()
         self.closed = False
         self.last_rx = endpoint.loop.time()  # loop time of the last datagram from the peer
-        self.uid = next(self._uids)
+        self.uid = new_uid()
         self.cids: set[bytes] = set()  # our connection IDs the endpoint routes to this connection
         self.half_open: str | None = None  # admission slot (source address) until the handshake completes
         self._handshake_timer: asyncio.TimerHandle | None = None

@@ -2,13 +2,15 @@
 
 The table (table.py) and its pumps decide; this module does the I/O around them:
 
-* requests from the gRPC servicer: open the edge's ring (RingSource), dial the peer (Endpoint),
+* requests from the gRPC servicer: open the edge's ring (RingSource), dial the peer (Endpoint;
+  an edge to this very node goes over the in-process local link instead, locallink.py),
   StopEdge (release the rings it stopped); an owner's last WatchEdges stream ending stops every
   edge it established (owners.py);
 * the host's arena-manager gone (its hand-out connection ended): no new edges; the driver
   retires (`retired`, the service exits for its manager to restart it on the new arena) once its
   owners stopped their edges, or after ARENA_LOST_GRACE_S;
-* the endpoint's ConnectionListener: QUIC stream events into the table, with the time;
+* the endpoint's ConnectionListener (and the local link's, the same events): stream events into
+  the table, with the time;
 * ring wakes: every pumped ring's eventfd is on the loop; a wake is acked here, then goes to the
   table (RingReadable for a send pump, RingWritable for a recv pump);
 * after every input, the table's outputs: transmit the connections it queued data on, publish its
@@ -28,15 +30,17 @@ from typing import Any
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.edge.config import EdgeConfig
-from swactor.edge.connection import EdgeConnection, PeerNotAuthorized, PeerUnreachable
+from swactor.edge.connection import PeerNotAuthorized, PeerUnreachable
 from swactor.edge.endpoint import Endpoint
 from swactor.edge.identity import EdgeIdentity
+from swactor.edge.locallink import LocalLink
 from swactor.edge.objtap import ObjectTap
 from swactor.edge.owners import EdgeStopCause, OwnerStreams
 from swactor.edge.peers import PeerDirectory
 from swactor.edge.ring_source import RingSource
 from swactor.edge.status import StatusNotifier, driver_status, status_line
-from swactor.edge.table import RECV, SEND, EdgeError, EdgeRecord, EdgeTable
+from swactor.edge.streamport import StreamPort
+from swactor.edge.table import RECV, SEND, EdgeError, EdgeRecord, EdgeTable, SendEdge
 from swactor.edge.timingflush import TapKey, TimingTaps
 from swactor.edge.watchers import Watcher, Watchers
 from swactor.v1 import common_pb2, edge_pb2
@@ -72,6 +76,8 @@ class Driver:
         self.retired = asyncio.Event()  # arena gone and no edge left: the service should exit
         self.taps = TimingTaps(on_done=self._arm_flush)
         self._loop = asyncio.get_running_loop()
+        self.local = LocalLink(node_id=node_id, listener=self, initial_window=config.initial_stream_window,
+                               loop=self._loop)
         self._status = StatusNotifier(self.status_line)
         self._dials: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._ring_fds: dict[EdgeRecord, int] = {}
@@ -87,6 +93,7 @@ class Driver:
     async def close(self) -> None:
         for edge_id in {k[0] for k in self.table.edges}:
             self.stop_edge(edge_id, cause=EdgeStopCause.DRIVER_CLOSING)
+        self.local.close("edge driver stopping")
         for timer in (self._expiry, self._flush_timer):
             if timer is not None:
                 timer.cancel()
@@ -106,18 +113,29 @@ class Driver:
         self._dials[(edge_id, SEND)] = asyncio.ensure_future(self._dial(rec))
         self._after()
 
-    async def _dial(self, rec: EdgeRecord) -> None:
-        try:
-            conn = await self.endpoint.connection_to(rec.peer_node_id)
-        except PeerNotAuthorized as e:
-            self.table.dial_failed(rec, common_pb2.STREAM_FAULT_PEER_NOT_AUTHORIZED, str(e))
-        except (PeerUnreachable, OSError) as e:
-            self.table.dial_failed(rec, common_pb2.STREAM_FAULT_PEER_UNREACHABLE, str(e))
+    async def _dial(self, rec: SendEdge) -> None:
+        if rec.peer_node_id == self.node_id:
+            self._connect_local(rec)
         else:
-            self.table.connected(rec, conn, wall_us())
+            try:
+                conn = await self.endpoint.connection_to(rec.peer_node_id)
+            except PeerNotAuthorized as e:
+                self.table.dial_failed(rec, common_pb2.STREAM_FAULT_PEER_NOT_AUTHORIZED, str(e))
+            except (PeerUnreachable, OSError) as e:
+                self.table.dial_failed(rec, common_pb2.STREAM_FAULT_PEER_UNREACHABLE, str(e))
+            else:
+                self.table.connected(rec, conn, wall_us())
         if self._dials.get((rec.edge_id, SEND)) is asyncio.current_task():
             del self._dials[(rec.edge_id, SEND)]
         self._after()
+
+    def _connect_local(self, rec: SendEdge) -> None:
+        """Both ends on this host: a QUIC connection to ourselves would only add TLS and loopback
+        packets between two rings of one arena, so the edge goes over the local link."""
+        sender = self.local.sender
+        self.table.connected(rec, sender, wall_us())
+        if rec.pump.conn is sender:  # not when a StopEdge came first
+            log.info("edge.local_link", edge_id=rec.edge_id, ring_id=rec.ring_id, node_id=self.node_id)
 
     async def establish_recv(self, edge_id: int, ring_id: int, tx_node_id: int, layout: object,
                              owner_id: int = 0) -> None:
@@ -223,29 +241,29 @@ class Driver:
         return status_line(self.endpoint, self.table)
 
     # ---- ConnectionListener (called inside the endpoint's event processing, which transmits
-    # the connection afterwards) ----
+    # the connection afterwards; the local link's delivery pass does the same for its ends) ----
 
-    def on_stream_data(self, conn: EdgeConnection, stream_id: int, data: bytes, end: bool) -> None:
+    def on_stream_data(self, conn: StreamPort, stream_id: int, data: bytes, end: bool) -> None:
         table = self.table
         table.stream_data(conn, stream_id, data, end, self._loop.time(), wall_us())
         if table.outbox or table.transmit or table.deadline_moved:
             self._after(conn)
 
-    def on_stream_reset(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None:
+    def on_stream_reset(self, conn: StreamPort, stream_id: int, error_code: int) -> None:
         self.table.stream_reset(conn, stream_id, error_code)
         self._after(conn)
 
-    def on_stop_sending(self, conn: EdgeConnection, stream_id: int, error_code: int) -> None:
+    def on_stop_sending(self, conn: StreamPort, stream_id: int, error_code: int) -> None:
         self.table.stop_sending(conn, stream_id, error_code)
         self._after(conn)
 
-    def on_progress(self, conn: EdgeConnection) -> None:
+    def on_progress(self, conn: StreamPort) -> None:
         table = self.table
         table.progress(conn, wall_us())
         if table.outbox or table.transmit:
             self._after(conn)
 
-    def on_connection_lost(self, conn: EdgeConnection, reason: str, not_authorized: bool) -> None:
+    def on_connection_lost(self, conn: StreamPort, reason: str, not_authorized: bool) -> None:
         self.table.connection_lost(conn, reason, not_authorized)
         self._after(conn)
         self._status.changed()
@@ -271,9 +289,10 @@ class Driver:
 
     # ---- the table's outputs ----
 
-    def _after(self, in_progress: EdgeConnection | None = None) -> None:
+    def _after(self, in_progress: StreamPort | None = None) -> None:
         """Carry out what the last input left in the table. `in_progress`: the connection whose
-        events are being processed; the endpoint transmits it afterwards anyway."""
+        events are being processed; the endpoint transmits it afterwards anyway (the local link's
+        pass schedules another when its inputs queued more)."""
         table = self.table
         if table.transmit:
             for conn in table.transmit:

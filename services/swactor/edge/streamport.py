@@ -2,8 +2,9 @@
 two drivers exchange when they end a stream early.
 
 `StreamPort` is the seam between the I/O-free cores (pumps, edge table) and aioquic: the shell's
-`connection.EdgeConnection` implements it over one aioquic connection, the core tests implement it
-in memory (tests/edge/memlink.py). Data calls (`open_stream`, `send`, `grant`) only queue work in
+`connection.EdgeConnection` implements it over one aioquic connection, `locallink.LocalEnd` in the
+driver's process for edges whose two ends are on its host, the core tests in memory
+(tests/edge/memlink.py). Data calls (`open_stream`, `send`, `grant`) only queue work in
 the connection; whoever called the core transmits afterwards (the core says when: its inputs
 return True). Control calls (`stop_stream`, `reset_stream`) schedule their own transmit.
 """
@@ -11,6 +12,7 @@ return True). Control calls (`stop_stream`, `reset_stream`) schedule their own t
 from __future__ import annotations
 
 import enum
+import itertools
 from typing import Protocol
 
 from swactor.v1 import common_pb2
@@ -50,6 +52,15 @@ class StreamPort(Protocol):
     def stop_stream(self, stream_id: int, code: int) -> None:
         """STOP_SENDING: ask the peer to stop (a stream already gone is no error)."""
         ...
+
+
+_uids = itertools.count(1)
+
+
+def new_uid() -> int:
+    """A connection uid no other connection of this process has, QUIC connection or local link end
+    (locallink.py): one table routes the streams of both kinds by (uid, stream id)."""
+    return next(_uids)
 
 
 class AppError(enum.IntEnum):

@@ -54,7 +54,7 @@ from swactor.localcluster.nat import PUBLIC_OFFSET
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.procs import Service, tail
 from swactor.orchestrator.api.api_access import ensure_token
-from swactor.v1 import arena_pb2, arena_pb2_grpc, orchestrator_pb2_grpc
+from swactor.v1 import arena_pb2, arena_pb2_grpc, edge_pb2, edge_pb2_grpc, orchestrator_pb2_grpc
 from swactor.worker.stage_memory import advertised_memory
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[3] / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -415,6 +415,10 @@ class LocalCluster:
     def arena_stats(self, i: int) -> arena_pb2.ArenaStats:
         with grpc.insecure_channel(f"unix:{self.hosts[i].sock('arena')}") as ch:
             return arena_pb2_grpc.ArenaManagerStub(ch).Stats(arena_pb2.ArenaStatsRequest(), timeout=5)
+
+    def edge_status(self, i: int) -> edge_pb2.EdgeDriverStatus:
+        with grpc.insecure_channel(f"unix:{self.hosts[i].sock('edge')}") as ch:
+            return edge_pb2_grpc.EdgeDriverStub(ch).GetStatus(edge_pb2.GetStatusRequest(), timeout=5)
 
     def logs(self, name: str, lines: int = 40) -> str:
         return tail(self.service(name).log, lines)

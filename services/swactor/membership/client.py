@@ -40,12 +40,13 @@ class MembershipClient(LocalClient):
         control_endpoint: str | None = None,
         worker_generation: int | None = None,
         stage_memory_bytes: int | None = None,
+        stage_devices: int | None = None,
     ) -> pb.Member:
         """Gossip this node's state (AVAILABLE once arena, worker and transport are ready, §8)."""
         request = pb.SetLocalStateRequest(
             state=state, reason=reason, edge_endpoint=edge_endpoint,
             edge_cert_fingerprint=edge_cert_fingerprint, control_endpoint=control_endpoint,
             worker_generation=worker_generation,
-            stage_memory_bytes=stage_memory_bytes,
+            stage_memory_bytes=stage_memory_bytes, stage_devices=stage_devices,
         )
         return (await self._stub.SetLocalState(request, timeout=self._timeout)).self

@@ -13,6 +13,8 @@ import re
 from swactor.v1 import membership_pb2 as pb
 
 MAX_TAG_BYTES = 512
+# The most stage devices (GPUs) a node advertises: a bound on what one host is planned to carry.
+MAX_STAGE_DEVICES = 64
 
 _STATE_TAGS = {
     pb.NODE_STATE_BOOTING: "booting",
@@ -40,6 +42,12 @@ def check_fingerprint(value: str) -> str:
     value = value.lower().replace(":", "")
     if value and not _FINGERPRINT_RE.match(value):
         raise MetadataError(f"edge certificate fingerprint must be 64 hex digits (SHA-256), got {value!r}")
+    return value
+
+
+def check_stage_devices(value: int) -> int:
+    if not 0 <= value <= MAX_STAGE_DEVICES:
+        raise MetadataError(f"stage_devices must be 0..{MAX_STAGE_DEVICES}, got {value}")
     return value
 
 
@@ -81,6 +89,7 @@ def encode_tags(md: pb.NodeMetadata) -> dict[str, str]:
         "why": md.state_reason,
         "wg": str(md.worker_generation) if md.worker_generation else "",
         "mem": str(md.stage_memory_bytes) if md.stage_memory_bytes else "",
+        "dev": str(md.stage_devices) if md.stage_devices > 1 else "",
     }
     tags.update({k: v for k, v in optional.items() if v})
     size = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in tags.items())
@@ -109,4 +118,6 @@ def decode_tags(tags: dict[str, str] | None, fallback_node_id: int = 0) -> pb.No
     with contextlib.suppress(ValueError):
         md.worker_generation = max(0, int(tags.get("wg", "0")))
         md.stage_memory_bytes = max(0, min(int(tags.get("mem", 0)), 2**64 - 1))
+    with contextlib.suppress(ValueError):
+        md.stage_devices = max(0, min(int(tags.get("dev", 0)), MAX_STAGE_DEVICES))
     return md

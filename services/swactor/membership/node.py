@@ -17,7 +17,7 @@ from typing import Any
 from swactor.common.aio import cancel_and_wait
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
-from swactor.membership.metadata import check_endpoint, check_fingerprint, encode_tags
+from swactor.membership.metadata import check_endpoint, check_fingerprint, check_stage_devices, encode_tags
 from swactor.membership.probe_timing import DEFAULT_PROBE, ProbeAdvisor, ProbeTiming
 from swactor.membership.rtt import PING, PONG, ROW, Rtt, RttTable
 from swactor.membership.swim import (
@@ -49,6 +49,7 @@ _LOCAL_FIELDS: dict[str, Callable[[Any], Any]] = {
     "control_endpoint": partial(check_endpoint, "control_endpoint"),
     "worker_generation": int,
     "stage_memory_bytes": int,
+    "stage_devices": check_stage_devices,
 }
 
 

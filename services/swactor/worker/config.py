@@ -23,12 +23,17 @@ class WorkerConfig(sockets.EdgeEndSockets):
     membership_socket: Path = sockets.MEMBERSHIP
     # tinygrad device for the compute process ("" = CUDA when nvidia-smi lists a GPU, else CPU: membership/gpus.py).
     device: str = ""
+    # Stage devices (docs/operations.md "Several GPUs per host"): one stage controller and compute process each, so the
+    # node carries that many consecutive stages of a run with the edges between them inside the host. 0 = one per GPU
+    # nvidia-smi lists when `device` is CUDA (or detected), else 1. Several on a CPU device share its cores and memory.
+    stage_devices: int = 0
     # CPU cores the compute process's matvec kernels split over (CPU device); 0 = auto: the cores the
-    # process may use, at most 8. Set it when several workers share one machine.
+    # process may use, at most 8, shared out between the stage devices. Set it when several workers share one machine.
     compute_threads: int = 0
     # Device memory stages may use on this node, advertised to the orchestrator's planner with
-    # NodeAvailable; 0 = measured (worker/stage_memory.py: the GPU's free memory, or 80 % of
-    # MemAvailable on a CPU device). Set it when several workers share one machine.
+    # NodeAvailable, per stage device; 0 = measured (worker/stage_memory.py: each GPU's free memory (the least of
+    # them), or 80 % of MemAvailable on a CPU device, shared out between its stage devices). Set it when several
+    # workers share one machine.
     memory_bytes: int = 0
     # Device memory the compute process may allocate (weights, KV cache, activations), for GPUs shared with other
     # tenants; an allocation past it fails as the device's own out-of-memory does (the run faults
@@ -63,6 +68,8 @@ class WorkerConfig(sockets.EdgeEndSockets):
     batch_gather_ms: float = 10.0
 
     def __post_init__(self) -> None:
+        if self.stage_devices < 0:
+            raise ConfigError(f"[worker].stage_devices: must be >= 0 (0 = one per GPU), got {self.stage_devices}")
         if self.compute_threads < 0:
             raise ConfigError(f"[worker].compute_threads: must be >= 0 (0 = auto), got {self.compute_threads}")
         if not 0 <= self.batch_gather_ms <= 1000:
@@ -80,13 +87,16 @@ class WorkerConfig(sockets.EdgeEndSockets):
         if self.weights_cache_bytes < 0:
             raise ConfigError(f"[worker].weights_cache_bytes: must be >= 0 (0 = no limit), got {self.weights_cache_bytes}")
 
-    def backend(self) -> dict[str, object]:
-        """InitializeWorker.backend (§29) of the compute process."""
+    def backend(self, device: str | None = None, threads: int | None = None) -> dict[str, object]:
+        """InitializeWorker.backend (§29) of a compute process: on `device` (None: [worker].device) with `threads`
+        kernel threads (None: [worker].compute_threads)."""
         out: dict[str, object] = {}
-        if self.device:
-            out["device"] = self.device
-        if self.compute_threads:
-            out["threads"] = self.compute_threads
+        device = self.device if device is None else device
+        threads = self.compute_threads if threads is None else threads
+        if device:
+            out["device"] = device
+        if threads:
+            out["threads"] = threads
         if self.device_memory_limit_bytes:
             out["memory_limit"] = self.device_memory_limit_bytes
         out["graph_cache"] = str(self.graph_cache_path()) if self.graph_cache else ""

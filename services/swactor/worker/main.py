@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from swactor.common.config import ConfigError, load_section, read_config
@@ -65,75 +67,102 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     from swactor.arena.client import EXIT_ARENA_LOST, AsyncArenaClient, connect_holder
     from swactor.common import control_tls
     from swactor.edgeend.adapters import ArenaClientPort, EdgeDriverPort
-    from swactor.membership.gpus import compute_device
+    from swactor.membership.gpus import compute_device, detect_nvidia
     from swactor.worker.ctl import GpuWorkerCtl
     from swactor.worker.ctl_fsm import CtlCore
+    from swactor.worker.devices import DeviceMembership, StageDevices, stage_device_names
     from swactor.worker.host_metrics import HostSources
     from swactor.worker.membership import MembershipClientPort
     from swactor.worker.node import StageNode
     from swactor.worker.service import SERVICE_NAME, StageControlServicer
-    from swactor.worker.stage_memory import advertised_memory
+    from swactor.worker.stage_memory import HOST_KINDS, advertised_memory
 
     log = get_logger(component="worker")
     configured = cfg.device
     cfg = dataclasses.replace(cfg, device=compute_device(configured))
-    log.info("worker_compute_device", device=cfg.device, source="config" if configured else "detected")
+    devices = stage_device_names(cfg.device, cfg.stage_devices, len(detect_nvidia()) if cfg.stage_devices == 0 else 0)
+    log.info("worker_compute_device", device=cfg.device, source="config" if configured else "detected",
+             stage_devices=devices)
     hold = local.enter_context(connect_holder(cfg.arena_fd_socket))
     hold.map()  # ArenaReady (§8): mapped in this process before the worker maps it too
     arena = await local.enter_async_context(AsyncArenaClient(hold, cfg.arena_socket))
-    core = CtlCore(hold.arena_len, swactor_ring.RING_VERSION, cfg.backend(),
-                   init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s)
-    # The compute process inherits our arena hand-out connection too: the arena then counts this
-    # holder alive while the child still touches its rings, even if this service dies first.
-    ctl = GpuWorkerCtl(core, hold.fd, extra_fds=(hold.connection_fileno(),))
+    shared_host = cfg.device.upper().partition(":")[0] in HOST_KINDS and len(devices) > 1
+    threads = cfg.compute_threads or (max(1, min(len(os.sched_getaffinity(0)), 8) // len(devices)) if shared_host
+                                      else 0)
+    # Each compute process inherits our arena hand-out connection too: the arena then counts this
+    # holder alive while a child still touches its rings, even if this service dies first.
+    ctls = [GpuWorkerCtl(CtlCore(hold.arena_len, swactor_ring.RING_VERSION, cfg.backend(device, threads),
+                                 init_timeout_s=cfg.init_timeout_s, stop_timeout_s=cfg.stop_timeout_s),
+                         hold.fd, extra_fds=(hold.connection_fileno(),)) for device in devices]
     driver = await local.enter_async_context(EdgeDriverPort(cfg.edge_socket, cfg.edge_wake_socket))
-    stage_memory = functools.partial(advertised_memory, cfg.device, cfg.memory_bytes, limit=cfg.device_memory_limit_bytes)
-    membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket, stage_memory))
+    stage_memory = functools.partial(_stage_memory, devices, cfg.memory_bytes, cfg.device_memory_limit_bytes,
+                                     advertised_memory)
+    membership = await local.enter_async_context(MembershipClientPort(cfg.membership_socket, stage_memory,
+                                                                      len(devices)))
+    per_device = DeviceMembership(membership, len(devices))
     weights = fetch_pool(cfg, secret, node_id)
-    node = StageNode(node_id, ctl, ArenaClientPort(arena), driver, membership,
-                     control_endpoint=cfg.advertise_control or cfg.control_address,
-                     orchestrator_node_id=cfg.orchestrator_node_id or None,
-                     weights=weights, lease_window_s=cfg.control_lease_s,
-                     arena_pressure_timeout_s=cfg.arena_pressure_timeout_s, batch_gather_s=cfg.batch_gather_ms / 1000)
+    stage_devices = StageDevices([
+        StageNode(node_id, ctl, ArenaClientPort(arena), driver.for_new_owner() if index else driver,
+                  per_device.device(index), control_endpoint=cfg.advertise_control or cfg.control_address,
+                  orchestrator_node_id=cfg.orchestrator_node_id or None,
+                  weights=weights, lease_window_s=cfg.control_lease_s,
+                  arena_pressure_timeout_s=cfg.arena_pressure_timeout_s, batch_gather_s=cfg.batch_gather_ms / 1000,
+                  device_index=index)
+        for index, ctl in enumerate(ctls)])
     server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
                                          server_credentials=control_tls.server_credentials(secret, node_id),
                                          options=control_tls.keepalive_options(cfg.control_keepalive_s, server=True))
-    host = HostSources(node_id, arena.stats, driver.status, lambda: weights.received_bytes, node.steps)
-    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(node, host), server)
+    host = HostSources(node_id, arena.stats, driver.status, lambda: weights.received_bytes, stage_devices.steps)
+    stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(stage_devices, host), server)
     await server.start()
-    await node.start()
-    hold.on_end(node.arena_lost)  # the arena-manager died: fault the run, tear down, retire (exit, restarted)
+    for node in stage_devices.nodes:
+        await node.start()
+    # the arena-manager died: fault the runs, tear down, retire (exit, restarted)
+    hold.on_end(stage_devices.arena_lost)
     keeper = asyncio.create_task(membership.keep_published())  # re-says our state after a membership restart
     await set_serving(health, [SERVICE_NAME])
-    log.info("worker_service_started", node_id=node_id, control_port=port)
+    log.info("worker_service_started", node_id=node_id, control_port=port, stage_devices=len(devices))
     notify_ready(f"node {node_id}: control on port {port}")
     start_watchdog()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    while not stop.is_set() and not node.retired.is_set():
-        with_status = f"node {node_id}: available={node.available} worker={ctl.state.value}"
-        notify_status(with_status)
-        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(node.retired.wait())]
+    while not stop.is_set() and not stage_devices.retired:
+        workers = ",".join(ctl.state.value for ctl in ctls)
+        notify_status(f"node {node_id}: available={stage_devices.available} worker={workers}")
+        waits = [asyncio.ensure_future(stop.wait()),
+                 *(asyncio.ensure_future(node.retired.wait()) for node in stage_devices.nodes)]
         await asyncio.wait(waits, timeout=30, return_when=asyncio.FIRST_COMPLETED)
         for w in waits:
             w.cancel()
-    # Retired: this process and its compute process mapped a dead arena's memfd; the service manager
+    # Retired: this process and its compute processes mapped a dead arena's memfd; the service manager
     # (Restart=on-failure) starts us again, on the new arena.
-    rc = EXIT_ARENA_LOST if node.retired.is_set() else 0
+    rc = EXIT_ARENA_LOST if stage_devices.retired else 0
     notify_stopping("arena-manager gone" if rc else "shutting down")
-    log.info("worker_service_stopping", exit_status=rc, detail=node.health.arena_gone or "")
+    log.info("worker_service_stopping", exit_status=rc, detail=stage_devices.nodes[0].health.arena_gone or "")
     keeper.cancel()
     from swactor.worker.process import wire
 
-    ctl.send(wire.ShutdownWorker("AbortInFlight"))
+    for ctl in ctls:
+        ctl.send(wire.ShutdownWorker("AbortInFlight"))
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(ctl.wait_exited(), timeout=cfg.stop_timeout_s)
-    await ctl.close()
+        await asyncio.wait_for(asyncio.gather(*(ctl.wait_exited() for ctl in ctls)), timeout=cfg.stop_timeout_s)
+    for ctl in ctls:
+        await ctl.close()
     await server.stop(grace=2)
-    await node.close()
+    for node in stage_devices.nodes:
+        await node.close()
     return rc
+
+
+def _stage_memory(devices: list[str], budget: int, limit: int, measure: Callable[..., int]) -> int:
+    """What each stage device offers a stage: the configured budget, else the least any device measures; several
+    devices on the host's own memory (CPU) share it out."""
+    if budget > 0:
+        return budget
+    least = min(measure(device, 0, limit=limit) for device in set(devices))
+    return least // devices.count(devices[0]) if len(set(devices)) == 1 else least
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,11 +33,13 @@ class MembershipPort(Protocol):
 class MembershipClientPort(MembershipClient):
     """MembershipPort over the local membership service's SetLocalState (swactor.membership.client).
 
-    NodeAvailable carries the stage memory `stage_memory()` measures at that moment (worker/stage_memory.py)."""
+    NodeAvailable carries the stage memory `stage_memory()` measures at that moment (worker/stage_memory.py), per stage
+    device, and how many stage devices the worker runs (worker/devices.py)."""
 
-    def __init__(self, socket_path: Path, stage_memory: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, socket_path: Path, stage_memory: Callable[[], int] = lambda: 0, stage_devices: int = 1) -> None:
         super().__init__(socket_path, timeout_s=10.0)
         self._stage_memory = stage_memory
+        self._stage_devices = stage_devices
         self._wanted: membership_pb2.SetLocalStateRequest | None = None
         self._control_endpoint: str | None = None
         self._memory: int | None = None  # the stage memory last measured (said again with every state)
@@ -57,7 +59,8 @@ class MembershipClientPort(MembershipClient):
         self._wanted = membership_pb2.SetLocalStateRequest(state=state, reason=reason,
                                                            control_endpoint=self._control_endpoint,
                                                            worker_generation=worker_generation,
-                                                           stage_memory_bytes=self._memory)
+                                                           stage_memory_bytes=self._memory,
+                                                           stage_devices=self._stage_devices)
         await self._stub.SetLocalState(self._wanted, timeout=self._timeout)
 
     def _forgotten(self, md: membership_pb2.NodeMetadata) -> bool:

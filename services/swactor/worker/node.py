@@ -104,13 +104,15 @@ class StageNode:
                  orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None,
                  lease_window_s: float = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
                  arena_pressure_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
-                 batch_gather_s: float = DEFAULT_GATHER_S) -> None:
+                 batch_gather_s: float = DEFAULT_GATHER_S, device_index: int = 0) -> None:
         self.node_id = node_id
+        self.device_index = device_index  # which of the node's stage devices this is (worker/devices.py)
         self.ctl = ctl
         self.membership = membership
         self.control_endpoint = control_endpoint
         self.orchestrator_node_id = orchestrator_node_id
-        self._log = get_logger(node_id=node_id, component="stage_node")
+        self._log = get_logger(node_id=node_id, component="stage_node", **({"device_index": device_index}
+                                                                             if device_index else {}))
         self.edges = EstablisherShell(arena, driver, WorkerRingHost(ctl), self._edge_outcome, self._spawn, self._log,
                                       lease_timeout_s=arena_pressure_timeout_s)
         self.runs: dict[int, RunLog] = {}  # the runs here (active ones, then a bounded history of finished ones)

@@ -26,11 +26,12 @@ _READINESS = {s: opb.NodeReadiness.Value(f"NODE_READINESS_{s.name}") for s in No
 
 
 def node_proto(n: NodeInfo, slots: tuple[int, int] = (0, 0)) -> opb.Node:
-    """The node as ListNodes shows it; `slots`: (runs in flight on it, the run slots it holds for them)."""
+    """The node as ListNodes shows it; `slots`: (runs in flight on it, the run slots it holds for them: the fewest of
+    its stages', when it carries several)."""
     return opb.Node(
         node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
         edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
-        stage_memory_bytes=n.memory_bytes, slots_in_use=slots[0], run_slots=slots[1],
+        stage_memory_bytes=n.memory_bytes, stage_devices=n.devices, slots_in_use=slots[0], run_slots=slots[1],
         gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
     )
 

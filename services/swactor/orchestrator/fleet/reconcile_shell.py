@@ -33,11 +33,13 @@ log = get_logger(component="reconcile")
 
 
 class ControlPort(Protocol):
-    async def stop_run(self, node: NodeInfo, run_id: int) -> bool:
-        """StopRun on the node: `known`. Raises when the node does not answer."""
+    """The run's stage is named by its index: a node with several stage devices may hold several stages of it."""
 
-    async def wait_stopped(self, node: NodeInfo, run_id: int) -> None:
-        """Returns once the node reports StageStopped (or no longer knows the run); raises otherwise."""
+    async def stop_run(self, node: NodeInfo, run_id: int, stage_index: int) -> bool:
+        """StopRun of the stage on the node: `known`. Raises when the node does not answer."""
+
+    async def wait_stopped(self, node: NodeInfo, run_id: int, stage_index: int) -> None:
+        """Returns once the node reports the stage's StageStopped (or no longer knows it); raises otherwise."""
 
 
 class LocalPort(Protocol):
@@ -54,16 +56,17 @@ class MtlsControl:
     def __init__(self, channel: Callable[[NodeInfo], grpc.aio.Channel]) -> None:
         self._channel = channel
 
-    async def stop_run(self, node: NodeInfo, run_id: int) -> bool:
+    async def stop_run(self, node: NodeInfo, run_id: int, stage_index: int) -> bool:
+        request = stage_pb2.StopStageRunRequest(run_id=run_id, stage_index=stage_index)
         async with self._channel(node) as ch:
-            resp = await stage_pb2_grpc.StageControlStub(ch).StopRun(stage_pb2.StopStageRunRequest(run_id=run_id),
-                                                                     timeout=CALL_TIMEOUT_S)
+            resp = await stage_pb2_grpc.StageControlStub(ch).StopRun(request, timeout=CALL_TIMEOUT_S)
         return bool(resp.known)
 
-    async def wait_stopped(self, node: NodeInfo, run_id: int) -> None:
+    async def wait_stopped(self, node: NodeInfo, run_id: int, stage_index: int) -> None:
+        request = stage_pb2.WatchStageRequest(run_id=run_id, stage_index=stage_index)
         async with self._channel(node) as ch:
             try:
-                call = stage_pb2_grpc.StageControlStub(ch).WatchStage(stage_pb2.WatchStageRequest(run_id=run_id))
+                call = stage_pb2_grpc.StageControlStub(ch).WatchStage(request)
                 async with response_stream(call) as updates:
                     async for update in updates:
                         if update.HasField("stopped"):
@@ -180,7 +183,7 @@ class ReconcileShell:
 
     async def _stop(self, run_id: int, index: int, node: NodeInfo) -> None:
         try:
-            known = await self.control.stop_run(node, run_id)
+            known = await self.control.stop_run(node, run_id, index)
         except Exception as e:
             self.inputs.put_nowait(R.StopFailed(run_id, index, f"StopRun on node {node.node_id}: {_name(e)}"))
             return
@@ -188,7 +191,7 @@ class ReconcileShell:
 
     async def _confirm(self, run_id: int, index: int, node: NodeInfo) -> None:
         try:
-            await self.control.wait_stopped(node, run_id)
+            await self.control.wait_stopped(node, run_id, index)
         except Exception as e:
             self.inputs.put_nowait(R.ConfirmLost(run_id, index, f"WatchStage on node {node.node_id}: {_name(e)}"))
             return

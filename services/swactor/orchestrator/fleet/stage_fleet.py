@@ -1,7 +1,8 @@
 """StageFleet over the node control API (stage.proto): ProvisionStage, WatchStage, StopRun.
 
-One mutually-authenticated channel per node (the control CA derives from the cluster secret; see
-swactor.common.control_tls). After a node accepts ProvisionStage, a watch task relays the stage's
+One mutually-authenticated channel per stage (the control CA derives from the cluster secret; see
+swactor.common.control_tls); a node with several stage devices may hold several stages of one run, so every
+WatchStage and StopRun names its stage. After a node accepts ProvisionStage, a watch task relays the stage's
 updates as run-FSM inputs until StageStopped. Token endpoints are delegated to an
 `EndpointFactory` (token_endpoints.RingEndpointFactory on a real host).
 """
@@ -59,7 +60,7 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
     m = plan.model
     req = stage_pb2.ProvisionStageRequest(
         run_id=plan.run_id, node_id=stage.node_id, orchestrator_node_id=plan.orchestrator_node_id,
-        stage_index=stage.stage_index, stage_count=stage.stage_count,
+        stage_index=stage.stage_index, stage_count=stage.stage_count, device_index=stage.device,
         gguf_source=gguf,
         layer_start=stage.layer_start, layer_end_exclusive=stage.layer_end_exclusive,
         inbound=stage_pb2.InboundEdgeProvision(
@@ -82,6 +83,16 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
                                                               top_p=s.top_p, seed=s.seed,
                                                               skip_draws=s.skip_draws))
     return req
+
+
+def watch_request(plan: RunPlan, stage: StagePlan) -> stage_pb2.WatchStageRequest:
+    """WatchStage for one stage: named by its index, as its node may hold another stage of the run."""
+    return stage_pb2.WatchStageRequest(run_id=plan.run_id, stage_index=stage.stage_index)
+
+
+def stop_request(plan: RunPlan, stage: StagePlan) -> stage_pb2.StopStageRunRequest:
+    """StopRun for one stage: named by its index, so a node holding two stages of the run stops the one meant."""
+    return stage_pb2.StopStageRunRequest(run_id=plan.run_id, stage_index=stage.stage_index)
 
 
 def stage_input(stage: StagePlan, update: stage_pb2.StageUpdate) -> F.Input | None:
@@ -205,7 +216,7 @@ class StageControlFleet:
     async def _watch(self, plan: RunPlan, stage: StagePlan, stub: stage_pb2_grpc.StageControlStub,
                      report: Report) -> None:
         try:
-            async with response_stream(stub.WatchStage(stage_pb2.WatchStageRequest(run_id=plan.run_id))) as updates:
+            async with response_stream(stub.WatchStage(watch_request(plan, stage))) as updates:
                 async for update in updates:
                     inp = stage_input(stage, update)
                     if inp is not None:
@@ -267,8 +278,7 @@ class StageControlFleet:
         channel = channel or self._channels(stage)
         try:
             stub = stage_pb2_grpc.StageControlStub(channel)
-            await stub.StopRun(stage_pb2.StopStageRunRequest(run_id=plan.run_id), timeout=timeout_s,
-                               wait_for_ready=temporary)
+            await stub.StopRun(stop_request(plan, stage), timeout=timeout_s, wait_for_ready=temporary)
         finally:
             if temporary:
                 await channel.close()

@@ -3,10 +3,18 @@ submit --dry-run`, the Plan RPC). Pure: the membership view and the run's Demand
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
-from swactor.orchestrator.planning.placement import Network, Placement, PlanError, Shortfall, place
+from swactor.orchestrator.planning.placement import (
+    Network,
+    Placement,
+    PlanError,
+    Shortfall,
+    place,
+    pool_units,
+)
 from swactor.orchestrator.planning.pool import Demand, PoolStatus
 from swactor.v1 import common_pb2
 from swactor.v1 import orchestrator_pb2 as opb
@@ -20,18 +28,24 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network |
     """Why SubmitRun refuses the run on this pool (FAILED_PRECONDITION), or "" when it takes it. A pinned node
     that is a member but not Available yet is waited for by the PoolReady gate, not refused here."""
     provisionable = [m for m in members if m.provisionable]
-    if demand.stages > len(provisionable):
+    devices = len(pool_units(provisionable))
+    if demand.stages > devices:
         pinned = {m.node_id: m for m in members if m.node_id in demand.node_ids and not m.provisionable}
         which = "; pinned node(s) not Available: " + ", ".join(
             f"{n} ({m.state.value}{': ' + m.reason if m.reason else ''})" for n, m in pinned.items()) if pinned else ""
         cut = "".join(f"; node {m.node_id} is unreachable: {m.unreachable}" for m in members
                       if m.unreachable and m.node_id not in pinned)
-        return (f"{demand.stages} stage(s) need {demand.stages} Available node(s); the pool has {len(provisionable)} "
-                f"(of {len(members)} known){which}{cut}")
+        return (f"{demand.stages} stage(s) need {demand.stages} stage device(s); the pool has {devices} on "
+                f"{len(provisionable)} Available node(s) (of {len(members)} known){which}{cut}")
     known = {m.node_id for m in members if m.state is not NodeState.LEFT}
     unknown = [n for n in demand.node_ids if n not in known]
     if unknown:
         return f"node(s) {unknown} named by node_ids are not members of the pool"
+    ready = {m.node_id: m for m in members if m.provisionable}
+    over = [f"node {n} is named {k} times but has {ready[n].devices} stage device(s)"
+            for n, k in Counter(demand.node_ids).items() if n in ready and k > ready[n].devices]
+    if over:  # a node not Available yet has not said how many it has: the gate waits for it
+        return "; ".join(over)
     try:
         _place(members, demand, network)
     except Shortfall as e:
@@ -44,7 +58,7 @@ def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network |
 def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, status: PoolStatus, *,
                   prompt_tokens: int, max_seq_len: int, network: Network | None = None) -> opb.PlanResponse:
     """The refusal SubmitRun would give (if any), the §9 gate for this run, and the placement with per-stage bytes
-    (for a memory shortfall, the closest split tried, its stages over their node's memory marked) and the RTT of
+    (for a memory shortfall, the closest split tried, its stages over their device's memory marked) and the RTT of
     each hop of its ring."""
     out = opb.PlanResponse(model=model, stages=demand.stages, prompt_tokens=prompt_tokens, max_seq_len=max_seq_len,
                            refusal=pool_refusal(members, demand, network), pool_ready=status.ready, pool_detail=status.detail,
@@ -61,8 +75,8 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
     out.split = placement.split
     over = set(placement.over())
     for k, (node, (lo, hi)) in enumerate(zip(placement.nodes, placement.ranges, strict=True)):
-        stage = opb.PlannedStage(stage_index=k, node_id=node.node_id, layer_start=lo, layer_end_exclusive=hi,
-                                 node_memory_bytes=node.memory_bytes, fits=k not in over)
+        stage = opb.PlannedStage(stage_index=k, node_id=node.node_id, device_index=node.device, layer_start=lo,
+                                 layer_end_exclusive=hi, node_memory_bytes=node.memory_bytes, fits=k not in over)
         if placement.needs:
             need = placement.needs[k]
             stage.weights_bytes, stage.kv_cache_bytes = need.weights, need.kv_cache

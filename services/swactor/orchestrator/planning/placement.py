@@ -1,20 +1,24 @@
-"""Where a run's stages go (spec §11): which nodes, which contiguous block range each, and whether it fits.
+"""Where a run's stages go (spec §11): which stage devices, which contiguous block range each, and whether it fits.
 
 Pure functions over the membership view, the measured network and the model's memory profile
-(swactor.modelfile.memory):
-- nodes: the `--node` pins in their order; else, with a `Network` (the orchestrator's node and the RTTs members
-  measured), the nodes and stage order whose ring orchestrator -> stage 0 -> ... -> last stage -> orchestrator costs
-  the least: the sum of its hops' RTTs (in whole milliseconds: a LAN's differences are noise), then the fewest hops
-  between hosts (the orchestrator's own node takes stage 0, so the tokens' first hop stays on its host), then the most
-  memory; when that choice does not fit, the nodes with the most memory in their best order. Without a Network: the
-  provisionable nodes with the most advertised memory when the model's memory is known (node-id order otherwise),
-  stages then in node-id order;
-- blocks: every stage at least one, the rest in proportion to each node's advertised memory (largest remainder,
+(swactor.modelfile.memory). Stages are placed on units: a node with several stage devices (NodeInfo.devices) is that
+many units, each with the node's per-device memory, so it can carry as many stages of one run; a node's units are
+interchangeable, and a plan takes them in device order (the first of its stages on device 0, the next on device 1).
+- units: the `--node` pins in their order (a node pinned twice: its devices 0 and 1); else, with a `Network` (the
+  orchestrator's node and the RTTs members measured), the units and stage order whose ring orchestrator -> stage 0
+  -> ... -> last stage -> orchestrator costs the least: the sum of its hops' RTTs (in whole milliseconds: a LAN's
+  differences are noise; 0 between two devices of one node), then the fewest hops between hosts (the orchestrator's
+  own node takes stage 0, so the tokens' first hop stays on its host), then the fewest stage-to-stage hops between
+  hosts (activations are larger than tokens: a multi-device host takes consecutive stages before the ring crosses the
+  network), then the most memory; when that choice does not fit, the units with the most memory in their best
+  order. Without a Network: the provisionable units with the most advertised memory when the model's memory is
+  known (node-id order otherwise), stages then in node-id and device order;
+- blocks: every stage at least one, the rest in proportion to each unit's advertised memory (largest remainder,
   ties to earlier stages: equal memory gives the balanced split, 30 / 4 = 8, 8, 7, 7); balanced when a node did
   not advertise memory or the model's is unknown;
-- fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its node's memory.
-  When the proportional split does not fit, the split that minimises the largest share of a node's memory used is
-  tried; when that does not fit either, `Shortfall` names every stage over its node's memory;
+- fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its device's memory.
+  When the proportional split does not fit, the split that minimises the largest share of a device's memory used is
+  tried; when that does not fit either, `Shortfall` names every stage over its device's memory;
 - run slots: how many runs' KV caches a stage holds beside its weights (at most max_slots_per_stage), for the
   admission of several runs at once; a stage fits when it holds at least one. A slot is counted in the run's KV dtype
   ([orchestrator].kv_dtype): float16 costs half of float32.
@@ -26,7 +30,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from swactor.common.reasons import ReasonError
@@ -54,8 +58,8 @@ class PlanError(ReasonError, ValueError):
         super().__init__(reason, message)
 
 
-# Orders tried exhaustively up to this many (permutations of the candidates); beyond, nearest-neighbour from the
-# orchestrator's node.
+# Orders tried exhaustively up to this many (sequences of the candidate nodes, each at most as often as it has units:
+# orders that only swap two devices of one node are one plan); beyond, nearest-neighbour from the orchestrator's node.
 MAX_ORDERS_TRIED = 5040
 # The last run's ring stays while no other is cheaper by more than this share of its RTT plus WARM_MARGIN_MS: its nodes
 # hold those layers' weights (and compiled graphs) already, and a few ms of measured RTT is not worth reloading them.
@@ -70,8 +74,9 @@ class Network:
 
     origin: int
     rtt_ms: Mapping[tuple[int, int], float] = field(default_factory=dict)
-    # stage count -> the node order the last run with that many stages was placed on (its weights are warm there)
-    warm: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # stage count -> the units ((node id, device): NodeInfo.unit) the last run with that many stages was placed on,
+    # in stage order (its weights are warm there)
+    warm: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
     def hop_ms(self, a: int, b: int) -> float | None:
         """One hop's RTT: 0 on one node, the mean of what either end measured, None when neither has."""
@@ -106,36 +111,66 @@ class Network:
     def ring_ms(self, nodes: Sequence[NodeInfo]) -> float:
         return sum(self.hop_cost_ms(a, b) for a, b in self.hops([n.node_id for n in nodes]))
 
-    def cost(self, nodes: Sequence[NodeInfo]) -> tuple[int, int, int]:
-        """What ordering minimises: the ring's RTT in whole ms, its hops between hosts, then less memory (ties go
-        to more)."""
-        between_hosts = sum(a != b for a, b in self.hops([n.node_id for n in nodes]))
-        return math.floor(self.ring_ms(nodes)), between_hosts, -sum(n.memory_bytes for n in nodes)
+    def cost(self, nodes: Sequence[NodeInfo]) -> tuple[int, int, int, int]:
+        """What ordering minimises: the ring's RTT in whole ms, its hops between hosts, its stage-to-stage hops
+        between hosts (activation edges; the others carry tokens), then less memory (ties go to more)."""
+        ids = [n.node_id for n in nodes]
+        between_hosts = sum(a != b for a, b in self.hops(ids))
+        activations_between = sum(a != b for a, b in itertools.pairwise(ids))
+        return (math.floor(self.ring_ms(nodes)), between_hosts, activations_between,
+                -sum(n.memory_bytes for n in nodes))
 
 
 def ring_order(candidates: Sequence[NodeInfo], stages: int, network: Network) -> tuple[NodeInfo, ...]:
-    """`stages` of the candidates in the order whose ring costs the least (`Network.cost`; equal costs: the
-    orchestrator's node first, then node ids in ascending order), unless the last run's ring (`Network.warm`) is within
-    the warm margin of it. Exhaustive up to MAX_ORDERS_TRIED orders, else nearest neighbour from the orchestrator."""
-    best = _cheapest(sorted(candidates, key=lambda n: n.node_id), stages, network)
-    by_id = {n.node_id: n for n in candidates}
+    """`stages` of the candidate units in the order whose ring costs the least (`Network.cost`; equal costs: the
+    orchestrator's node first, then (node id, device) in ascending order), unless the last run's ring (`Network.warm`)
+    is within the warm margin of it. Exhaustive up to MAX_ORDERS_TRIED orders, else nearest neighbour from the
+    orchestrator. A node's units are taken in device order."""
+    best = _cheapest(sorted(candidates, key=lambda n: n.unit), stages, network)
+    by_unit = {n.unit: n for n in candidates}
     warm = network.warm.get(stages, ())
-    if warm and all(i in by_id for i in warm):
-        kept = tuple(by_id[i] for i in warm)
+    if warm and all(u in by_unit for u in warm):
+        kept = tuple(by_unit[u] for u in warm)
         if network.ring_ms(kept) <= network.ring_ms(best) * (1 + WARM_MARGIN_SHARE) + WARM_MARGIN_MS:
             return kept
     return best
 
 
+def unit_orders(pool: Sequence[NodeInfo], stages: int) -> Iterator[tuple[NodeInfo, ...]]:
+    """Every order of `stages` of the pool's units up to the interchange of one node's units: sequences of node ids,
+    each at most as often as the pool has units of it, the k-th occurrence of a node taking its k-th unit (`pool`
+    in (node id, device) order). One node per unit: the permutations of the pool."""
+    by_node: dict[int, list[NodeInfo]] = {}
+    for n in pool:
+        by_node.setdefault(n.node_id, []).append(n)
+    used = dict.fromkeys(by_node, 0)
+    order: list[NodeInfo] = []
+
+    def extend() -> Iterator[tuple[NodeInfo, ...]]:
+        if len(order) == stages:
+            yield tuple(order)
+            return
+        for node_id, units in by_node.items():
+            k = used[node_id]
+            if k < len(units):
+                used[node_id] = k + 1
+                order.append(units[k])
+                yield from extend()
+                used[node_id] = k
+                order.pop()
+
+    yield from extend()
+
+
 def _cheapest(pool: Sequence[NodeInfo], stages: int, network: Network) -> tuple[NodeInfo, ...]:
-    if math.perm(len(pool), stages) <= MAX_ORDERS_TRIED:
-        return min(itertools.permutations(pool, stages),
-                   key=lambda o: (network.cost(o), o[0].node_id != network.origin, [n.node_id for n in o]))
+    orders = list(itertools.islice(unit_orders(pool, stages), MAX_ORDERS_TRIED + 1))
+    if len(orders) <= MAX_ORDERS_TRIED:
+        return min(orders, key=lambda o: (network.cost(o), o[0].node_id != network.origin, [n.unit for n in o]))
     order: list[NodeInfo] = []
     at = network.origin
     for _ in range(stages):
         nxt = min((n for n in pool if n not in order),
-                  key=lambda n: (network.hop_cost_ms(at, n.node_id), -n.memory_bytes, n.node_id))
+                  key=lambda n: (network.hop_cost_ms(at, n.node_id), -n.memory_bytes, n.unit))
         order.append(nxt)
         at = nxt.node_id
     return tuple(order)
@@ -181,9 +216,10 @@ class Placement:
 
     def describe_stage(self, k: int) -> str:
         (lo, hi), n, need = self.ranges[k], self.nodes[k], self.needs[k]
-        return (f"stage {k} (blocks {lo}..{hi}) on node {n.node_id} needs {gib(need.total)} for one run slot "
+        offers = "the device offers" if n.devices > 1 else "the node offers"
+        return (f"stage {k} (blocks {lo}..{hi}) on {n.where} needs {gib(need.total)} for one run slot "
                 f"(weights {gib(need.weights)}, KV cache {gib(need.kv_cache)}, scratch {gib(need.scratch)}, "
-                f"runtime {gib(need.runtime)}); the node offers {gib(n.memory_bytes)}")
+                f"runtime {gib(need.runtime)}); {offers} {gib(n.memory_bytes)}")
 
 
 class Shortfall(PlanError):
@@ -256,25 +292,53 @@ def fitted_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed
     return best
 
 
+def pool_units(pool: Sequence[NodeInfo]) -> list[NodeInfo]:
+    """The provisionable nodes' units (NodeInfo.units), in (node id, device) order."""
+    return [u for n in sorted(pool, key=lambda n: n.node_id) if n.provisionable for u in n.units()]
+
+
+def shortage(stages: int, pool: Sequence[NodeInfo]) -> str:
+    """Why the pool cannot take `stages` stages: it has fewer stage devices on its provisionable nodes."""
+    ready = [n for n in pool if n.provisionable]
+    return (f"{stages} stage(s) need {stages} stage device(s), the pool has {len(pool_units(ready))} on "
+            f"{len(ready)} Available node(s)")
+
+
+def pinned_units(pool: Sequence[NodeInfo], node_ids: Sequence[int]) -> tuple[NodeInfo, ...]:
+    """The pins as units, in their order: a node named again takes its next device."""
+    ready = {n.node_id: n for n in pool if n.provisionable}
+    missing = [n for n in node_ids if n not in ready]
+    if missing:
+        raise PlanError(f"requested node(s) {missing} are not Available in the pool")
+    taken: dict[int, int] = {}
+    out = []
+    for node_id in node_ids:
+        device = taken[node_id] = taken.get(node_id, -1) + 1
+        units = ready[node_id].units()
+        if device >= len(units):
+            raise PlanError(f"node {node_id} is named {node_ids.count(node_id)} times but has "
+                            f"{len(units)} stage device(s)")
+        out.append(units[device])
+    return tuple(out)
+
+
 def choose_nodes(pool: Sequence[NodeInfo], stages: int, node_ids: Sequence[int] = (),
                  by_memory: bool = False, network: Network | None = None) -> tuple[NodeInfo, ...]:
-    """The pinned nodes in their order, else `stages` provisionable ones: with a network, the cheapest ring among
-    them all (the most memory ones only when `by_memory`: the fallback when that ring does not fit); without, the
-    most memory first when `by_memory`, in node-id order."""
-    ready = {n.node_id: n for n in pool if n.provisionable}
+    """The units of the pinned nodes in their order, else `stages` provisionable units: with a network, the
+    cheapest ring among them all (the most memory ones only when `by_memory`: the fallback when that ring does not
+    fit); without, the most memory first when `by_memory`, in (node id, device) order."""
     if node_ids:
-        missing = [n for n in node_ids if n not in ready]
-        if missing:
-            raise PlanError(f"requested node(s) {missing} are not Available in the pool")
-        return tuple(ready[n] for n in node_ids)
+        return pinned_units(pool, node_ids)
+    ready = pool_units(pool)
     if len(ready) < stages:
-        raise PlanError(f"{stages} stage(s) need {stages} Available node(s), the pool has {len(ready)}")
+        raise PlanError(shortage(stages, pool))
     if network is not None and not by_memory:
-        return ring_order(list(ready.values()), stages, network)
-    order = sorted(ready.values(), key=lambda n: (-n.memory_bytes, n.node_id) if by_memory else (0, n.node_id))
+        return ring_order(ready, stages, network)
+    # stable: equal memory keeps (node id, device) order, so a node's units are taken from device 0 up
+    order = sorted(ready, key=lambda n: -n.memory_bytes) if by_memory else ready
     if network is not None:
         return ring_order(order[:stages], stages, network)
-    return tuple(sorted(order[:stages], key=lambda n: n.node_id))
+    return tuple(sorted(order[:stages], key=lambda n: n.unit))
 
 
 def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequence[int] = (),
@@ -301,7 +365,7 @@ def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed 
                   network: Network | None = None) -> int:
     """The fewest stages whose placement fits the pool's memory now: each stage more is one hop more per token. 1 when
     the model's memory is unknown; the most the pool can take when none fits (the placement then names the shortfall)."""
-    most = min(num_layers, sum(n.provisionable for n in pool))
+    most = min(num_layers, len(pool_units(pool)))
     if memory is None or most < 1:
         return 1
     for stages in range(1, most + 1):

@@ -74,9 +74,17 @@ class StagePlan:
     def node_id(self) -> int:
         return self.node.node_id
 
+    @property
+    def device(self) -> int:
+        """Which of its node's stage devices computes the stage (ProvisionStageRequest.device_index)."""
+        return self.node.device
+
     def counters(self) -> dict[str, int]:
-        """Its blocks, and the memory the placement estimated against what its node advertised (provisioning event)."""
+        """Its blocks (and device, on a node with several), and the memory the placement estimated against what its
+        node advertised per device (provisioning event)."""
         out = {"layer_start": self.layer_start, "layer_end": self.layer_end_exclusive}
+        if self.node.devices > 1:
+            out["device"] = self.device
         if self.memory is not None:
             out |= {"memory_bytes": self.memory.total, "node_memory_bytes": self.node.memory_bytes}
         return out
@@ -84,13 +92,14 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class Seat:
-    """One stage's place in a pipeline: its node, its blocks and the run slots it holds. Runs in flight share a
-    stage's resident weights only when their plans agree on every seat (docs/runs-in-flight.md "Admission")."""
+    """One stage's place in a pipeline: its node and device, its blocks and the run slots it holds. Runs in flight
+    share a stage's resident weights only when their plans agree on every seat (docs/runs-in-flight.md "Admission")."""
 
     node_id: int
     layer_start: int
     layer_end_exclusive: int
     run_slots: int
+    device: int = 0
 
 
 @dataclass(frozen=True)
@@ -124,7 +133,7 @@ class RunPlan:
 
     def seats(self) -> tuple[Seat, ...]:
         """Where each stage sits: what every run sharing these stages' resident weights must agree on."""
-        return tuple(Seat(s.node_id, s.layer_start, s.layer_end_exclusive, self.slots(s)) for s in self.stages)
+        return tuple(Seat(s.node_id, s.layer_start, s.layer_end_exclusive, self.slots(s), s.device) for s in self.stages)
 
     def edge(self, edge_id: int) -> EdgePlan:
         for e in self.edges:
@@ -225,7 +234,7 @@ def plan_run(
                           memory_need(model, max_seq_len_cap, max_slots_per_stage, kv_dtype))
     chosen, ranges = placement.nodes, placement.ranges
     if len(chosen) != stages or len(ranges) != stages:
-        raise PlanError(f"the placement has {len(chosen)} node(s) and {len(ranges)} range(s) for {stages} stage(s)")
+        raise PlanError(f"the placement has {len(chosen)} stage device(s) and {len(ranges)} range(s) for {stages} stage(s)")
 
     orch = Endpoint(orchestrator_node_id, None)
     tokens_in = token_spec(max_seq_len)
@@ -284,8 +293,18 @@ def validate_plan(plan: RunPlan) -> None:
     if expect != plan.model.num_layers:
         raise PlanError(f"layer ranges end at {expect}, the model has {plan.model.num_layers} blocks")
     nodes = [s.node_id for s in plan.stages]
-    if len(set(nodes)) != n:
-        raise PlanError(f"a node holds more than one stage: {nodes}")
+    units = [s.node.unit for s in plan.stages]
+    if len(set(units)) != n:
+        raise PlanError(f"a stage device holds more than one stage: {units} ((node, device) per stage)")
+    taken: dict[int, int] = {}
+    for k, s in enumerate(plan.stages):
+        if not 0 <= s.device < max(1, s.node.devices):
+            raise PlanError(f"stage {k}: node {s.node_id} has {s.node.devices} stage device(s), not device {s.device}")
+        # a node's stages are on its devices 0, 1, ... in stage order: what run records and dry runs show them by
+        expect_device = taken[s.node_id] = taken.get(s.node_id, -1) + 1
+        if s.device != expect_device:
+            raise PlanError(f"stage {k}: node {s.node_id} device {s.device}, expected device {expect_device} (a "
+                            "node's stages take its devices 0, 1, ... in stage order)")
     ids = [e.edge_id for e in plan.edges]
     if len(set(ids)) != len(ids) or 0 in ids:
         raise PlanError(f"edge ids are not unique non-zero values: {ids}")

@@ -1,8 +1,9 @@
 """The PoolReady gate (spec §9), judged on the candidates a run needs.
 
 A run's intended candidate pool is the nodes its placement would use (placement.py): its `--node` pins, else
-enough Available nodes with edge and control endpoints, chosen among the healthy ones (by memory when the model's is
-known). PoolReady = every such node Available and unchanged (state, endpoints, advertised memory) for `window_s`.
+enough Available nodes with edge and control endpoints (as many stage devices as stages), chosen among the healthy
+ones (by memory when the model's is known). PoolReady = every such node Available and unchanged (state, endpoints,
+advertised memory and stage devices) for `window_s`.
 A member outside the placement (Booting, Suspect, Faulted, Left, or simply not chosen) neither holds the run nor
 restarts its window; a pinned node that is not Available yet is waited for. `waiting_for` says what a closed gate
 waits for in words that change only when that changes (the run records it as a POOL_WAITING event).
@@ -44,7 +45,7 @@ class PoolStatus:
 
 
 def _key(m: NodeInfo) -> tuple:
-    return (m.state, m.edge_endpoint, m.control_endpoint, m.edge_cert_fingerprint, m.memory_bytes)
+    return (m.state, m.edge_endpoint, m.control_endpoint, m.edge_cert_fingerprint, m.memory_bytes, m.devices)
 
 
 def _closed(why: str, detail: str) -> PoolStatus:
@@ -93,7 +94,7 @@ class PoolGate:
             return _closed(f"a placement: {e}{self._outside(())}", f"{e}{self._outside(())}")
         since = max(self._since[n.node_id][1] for n in placement.nodes)
         ready_at = since + self.window_s
-        names = ", ".join(str(n.node_id) for n in placement.nodes)
+        names = ", ".join(str(i) for i in dict.fromkeys(n.node_id for n in placement.nodes))  # a node once
         if now < ready_at:
             why = f"node(s) {names} to stay unchanged for {self.window_s:.1f}s"
             return PoolStatus(False, f"{why} (so far {now - since:.1f}s)", why, placement, ready_at)

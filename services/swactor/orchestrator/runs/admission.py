@@ -3,8 +3,8 @@
 The active runs form one group: they decode through the same stages at once, each in its own KV cache slot over
 the stages' one copy of the weights. The lobby's head (first in, first out: only the head is ever considered)
 starts when no run is active (placed on its own), or when it can join the group: the same model and stage count,
-no pins or the group's nodes exactly, the group's nodes all still Available with the memory they were placed
-with, and a free slot (`Group.slots`). A joining run is pinned to the group's nodes, which gives it the group's
+no pins or the group's nodes exactly, the group's nodes all still Available with the memory and stage devices they
+were placed with, and a free slot (`Group.slots`). A joining run is pinned to the group's nodes, which gives it the group's
 blocks and slots (placement is a function of the pinned nodes and their memory), so its stages share the resident
 weights. A head that cannot join waits until the group drains, and every run behind it waits too: nothing
 overtakes it, so no run starves.
@@ -88,6 +88,9 @@ def admit(head: Candidate, active: int, group: Group | None, members: Sequence[N
         if m.memory_bytes != memory:
             # its pinned placement would differ from the group's: the run would not share their weights
             return Wait(f"the runs in flight to finish (node {seat.node_id} advertises other memory now)")
+        if seat.device >= m.devices:
+            # pinned there, the run could not have this stage's device
+            return Wait(f"the runs in flight to finish (node {seat.node_id} advertises {m.devices} stage device(s) now)")
     slots = group.slots(max_slots)
     if active >= slots:
         return Wait(f"a free run slot ({active} of {slots} in use)")
@@ -95,4 +98,5 @@ def admit(head: Candidate, active: int, group: Group | None, members: Sequence[N
 
 
 def _ids(ids: Sequence[int]) -> str:
-    return ", ".join(str(i) for i in ids)
+    """Node ids for people, each once (a node may carry several stages, on several devices)."""
+    return ", ".join(str(i) for i in dict.fromkeys(ids))

@@ -76,8 +76,9 @@ _LOST = (NodeState.FAULTED, NodeState.LEFT)
 
 
 def _seats(seats: tuple[Seat, ...]) -> str:
-    return ", ".join(f"node {s.node_id} blocks {s.layer_start}..{s.layer_end_exclusive} ({s.run_slots} slots)"
-                     for s in seats)
+    shared = {s.node_id for s in seats if s.device}  # nodes carrying several of the stages: name the device
+    return ", ".join(f"node {s.node_id}{f' device {s.device}' if s.node_id in shared else ''} "
+                     f"blocks {s.layer_start}..{s.layer_end_exclusive} ({s.run_slots} slots)" for s in seats)
 
 
 def reason_name(reason: int) -> str:
@@ -275,9 +276,10 @@ class RunFsm:
                 lost = self._lost_nodes(members)
                 if lost:
                     s = lost[0]
+                    on = [str(t.stage_index) for t in lost if t.node_id == s.node_id]  # its stage devices' stages
                     self._fault(out, now, pb.RUN_FAULT_MEMBERSHIP_LOST,
-                                f"node {s.node_id} (stage {s.stage_index}) left the pool or faulted",
-                                pb.COMPONENT_MEMBERSHIP, s)
+                                f"node {s.node_id} (stage{'s' if len(on) > 1 else ''} {', '.join(on)}) left the pool "
+                                "or faulted", pb.COMPONENT_MEMBERSHIP, s)
                     self._on_tearing_down(event, now, out)  # a departed node is not waited for
             case _:
                 return False

@@ -166,16 +166,21 @@ class Orchestrator:
         return list(self._active) + list(self._lobby.waiting)
 
     def node_slots(self) -> dict[int, tuple[int, int]]:
-        """node id -> (runs active on it, the run slots it holds for the group): the nodes the runs in flight use."""
+        """node id -> (runs active on it, the run slots it holds for the group): the nodes the runs in flight use. A
+        run counts once on a node that carries several of its stages; the node holds the fewest slots of those
+        stages (a run needs one in each)."""
         if self._group is None:
             return {}
         in_use = dict.fromkeys(self._group.node_ids, 0)
         for handle in self._active.values():
             plan = handle.fsm.plan
-            for node_id in (s.node_id for s in plan.stages) if plan is not None else handle.fsm.request.node_ids:
-                if node_id in in_use:
-                    in_use[node_id] += 1
-        return {s.node_id: (in_use[s.node_id], s.run_slots) for s in self._group.seats}
+            on = {s.node_id for s in plan.stages} if plan is not None else set(handle.fsm.request.node_ids)
+            for node_id in on & in_use.keys():
+                in_use[node_id] += 1
+        slots: dict[int, int] = {}
+        for seat in self._group.seats:
+            slots[seat.node_id] = min(slots.get(seat.node_id, seat.run_slots), seat.run_slots)
+        return {node_id: (in_use[node_id], n) for node_id, n in slots.items()}
 
     async def _admit(self, req: opb.SubmitRunRequest) -> tuple[LoadedModel, list[int], int, int]:
         """The request checked against the model as SubmitRun takes it: (model, prompt ids, stages, the run's
@@ -196,8 +201,9 @@ class Orchestrator:
             self.members, model.facts.num_layers, self._memory(model), self.network)
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
-        if len(set(req.node_ids)) != len(req.node_ids) or (req.node_ids and len(req.node_ids) != stages):
-            raise RequestError.invalid(f"node_ids must name {stages} distinct node(s), one per stage; got {list(req.node_ids)}")
+        if req.node_ids and len(req.node_ids) != stages:
+            # a node named k times carries k stages, on k of its stage devices (placement checks it has them)
+            raise RequestError.invalid(f"node_ids must name {stages} node(s), one per stage; got {list(req.node_ids)}")
         if len(prompt_ids) >= context:
             field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
             bound = f"max_context {context} leaves no room for a token" if req.max_context else f"the context holds {context}"
@@ -235,7 +241,7 @@ class Orchestrator:
             case Start(joins=group) if group is not None:
                 slots = group.slots(self.fsm_config.max_slots_per_stage)
                 return (f"joins the {len(self._active)} run(s) in flight on node(s) "
-                        f"{', '.join(map(str, group.node_ids))} (run slot {len(self._active) + 1} of {slots})"), group
+                        f"{', '.join(map(str, dict.fromkeys(group.node_ids)))} (run slot {len(self._active) + 1} of {slots})"), group
             case Wait(why):
                 return f"waits for {why}", None
         raise AssertionError("admission answers Start or Wait")  # pragma: no cover
@@ -377,7 +383,7 @@ class Orchestrator:
         if self._group is None and handle.run_id in self._active:
             self._group = Group.of(handle.record.model, plan)
         # its stages now hold these weights: the next run of as many stages keeps this ring while it is near enough
-        warm = {**self.network.warm, len(plan.stages): tuple(s.node.node_id for s in plan.stages)}
+        warm = {**self.network.warm, len(plan.stages): tuple(s.node.unit for s in plan.stages)}
         self._gate.network = dataclasses.replace(self.network, warm=warm)
         self._admit_waiting()
 

@@ -224,7 +224,7 @@ class RunHandle:
             for s in fsm.plan.stages:
                 r.placement.add(stage_index=s.stage_index, node_id=s.node_id, layer_start=s.layer_start,
                                 layer_end_exclusive=s.layer_end_exclusive, inbound_edge_id=s.inbound_edge,
-                                outbound_edge_id=s.outbound_edge)
+                                outbound_edge_id=s.outbound_edge, device_index=s.device)
         if fsm.state is F.RunState.DONE and not r.torn_down_us:
             tail = self._decoder.flush()
             r.text += tail
