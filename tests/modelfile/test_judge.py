@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from swactor.modelfile.header import read_header
+from swactor.modelfile.header import GgufHeader, read_header
 from swactor.modelfile.judge import check_stages, judge
+from swactor.modelfile.memory import memory_profile
+from swactor.modelfile.support import QK_NORM
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 
-def judged(path: Path) -> list[str]:
+def header(path: Path) -> GgufHeader:
     with open(path, "rb") as f:
-        h = read_header(lambda n: (f.seek(0), f.read(n))[1])[0]
-    return [str(r) for r in judge(h, path.stat().st_size)]
+        return read_header(lambda n: (f.seek(0), f.read(n))[1])[0]
+
+
+def judged(path: Path) -> list[str]:
+    return [str(r) for r in judge(header(path), path.stat().st_size)]
 
 
 def test_a_supported_model_passes(tmp_path: Path) -> None:
@@ -30,6 +35,20 @@ def test_architecture_tokenizer_quant_and_tensors_are_named(tmp_path: Path) -> N
     assert r == "MissingTensor: 1 tensor(s) missing: blk.1.ffn_up.weight"
     [r] = judged(write_gguf(tmp_path / "x.gguf", extra=(("blk.0.attn_q_norm.weight", (256,), "F32"),)))
     assert r.startswith("UnsupportedArchitecture") and "blk.0.attn_q_norm.weight" in r
+
+
+def test_qwen3_needs_its_per_head_qk_norms_and_counts_them(tmp_path: Path) -> None:
+    shape = Shape(layers=2)
+    hd = shape.dim // shape.heads
+    norms = tuple((f"blk.{i}.{t}", (hd,), "F32") for i in range(shape.layers) for t in QK_NORM)
+    qwen3 = write_gguf(tmp_path / "q3.gguf", shape, arch="qwen3", extra=norms)
+    assert judged(qwen3) == []
+    [r] = judged(write_gguf(tmp_path / "bare.gguf", shape, arch="qwen3"))
+    assert r.startswith("MissingTensor: 4 tensor(s) missing") and "blk.0.attn_q_norm.weight" in r
+    [r] = judged(write_gguf(tmp_path / "q2.gguf", shape, arch="qwen2", extra=norms))  # qwen2 has no such part
+    assert r.startswith("UnsupportedArchitecture") and "attn_q_norm" in r
+    with_norms, without = (memory_profile(header(p)) for p in (qwen3, write_gguf(tmp_path / "l.gguf", shape)))
+    assert [a - b for a, b in zip(with_norms.layer_weights, without.layer_weights, strict=True)] == [2 * hd * 4] * shape.layers
 
 
 def test_stage_count_against_layers(tmp_path: Path) -> None:

@@ -33,11 +33,14 @@ def test_undeclared_types_are_refused_by_the_compute_core(qtype: QT) -> None:
 
 
 def test_architectures_are_what_the_compute_core_implements() -> None:
-    assert set(support.ARCHITECTURES) == {"llama", "qwen2"}
+    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3"}
     layer = {f"{t}.weight" for t in gguf_weights.LAYER_TENSORS}
-    for arch in support.ARCHITECTURES.values():
-        assert set(arch.layer_tensors) == layer
-    assert support.ARCHITECTURES["qwen2"].rope_neox and not support.ARCHITECTURES["llama"].rope_neox
+    assert {f"{t}.weight" for t in gguf_weights.QK_NORM_TENSORS} == set(support.QK_NORM)
+    for arch in support.ARCHITECTURES.values():  # the llama block, plus the per-head Q/K norms where declared
+        assert set(arch.layer_tensors) == layer | (set(support.QK_NORM) if arch.qk_norm else set())
+    a = support.ARCHITECTURES
+    assert [(n, a[n].rope_neox, a[n].qk_norm, a[n].optional_layer_groups) for n in ("llama", "qwen2", "qwen3")] == [
+        ("llama", False, False, ()), ("qwen2", True, False, (support.QKV_BIAS,)), ("qwen3", True, True, ())]
     assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
 
 

@@ -1,5 +1,5 @@
 """What the orchestrator accepts at SubmitRun is what the workers run (modelfile.support): qwen2 (with
-its Q/K/V biases) and every declared quant type are served, an unknown architecture, a type without a
+its Q/K/V biases), qwen3 (with its per-head Q/K norms) and every declared quant type are served, an unknown architecture, a type without a
 dequantizer or half a bias group is refused naming it, from the header alone."""
 
 from __future__ import annotations
@@ -32,6 +32,15 @@ def test_qwen2_with_biases_is_served(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "q.gguf", SHAPE, arch="qwen2", extra=biases(range(SHAPE.layers)))
     facts = ModelRegistry({"m": path}, "m").get("m").facts
     assert (facts.architecture, facts.num_layers, facts.hidden_dim) == ("qwen2", SHAPE.layers, SHAPE.dim)
+
+
+def test_qwen3_with_its_qk_norms_is_served_and_without_them_refused(tmp_path: Path) -> None:
+    hd = SHAPE.dim // SHAPE.heads
+    norms = tuple((f"blk.{i}.{t}", (hd,), "F32") for i in range(SHAPE.layers) for t in support.QK_NORM)
+    facts = ModelRegistry({"m": write_gguf(tmp_path / "q3.gguf", SHAPE, arch="qwen3", extra=norms)}, "m").get("m").facts
+    assert (facts.architecture, facts.num_layers, facts.hidden_dim) == ("qwen3", SHAPE.layers, SHAPE.dim)
+    msg = refusal(write_gguf(tmp_path / "bare.gguf", SHAPE, arch="qwen3"))
+    assert "MissingTensor" in msg and "attn_q_norm" in msg
 
 
 @pytest.mark.parametrize("qtype", sorted(support.PACKED_TYPES + support.EXPANDED_TYPES))

@@ -5,8 +5,8 @@ with its CUDA renderer and compiles it with NVRTC to a cubin, as a rented CUDA h
     python tests/worker/cuda_render.py MODEL.gguf SMALL_DIR  ->  one JSON line on stdout
 
 What is compiled: StageModel.prepare() of MODEL as one stage (its layer graphs are every stage's, and its head) (decode rows, 8-row prefill
-chunks and batched rows of 2 runs in flight, the head), and of a small llama and a small qwen2 (biases, NeoX rotation)
-whose layers hold every packed type and two types expanded to float32. The weights of the small files are zeros:
+chunks and batched rows of 2 runs in flight, the head), and of a small llama, a small qwen2 (biases, NeoX rotation) and
+a small qwen3 (per-head Q/K norms, NeoX rotation) whose layers hold every packed type and two types expanded to float32. The weights of the small files are zeros:
 nothing runs, only the kernels' code matters."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from swactor.worker.compute.model import BatchRow
 from swactor.worker.compute.quant import BLOCK
 from tests.fixtures.gguf_fixtures import (
   SMALL_DIM,
+  SMALL_HEADS,
   SMALL_LAYERS,
   SMALL_MATRICES,
   small_fields,
@@ -46,7 +47,8 @@ def _zeros(qt: QT, rows: int, cols: int) -> np.ndarray:
 
 
 def small_model(path: Path, arch: str) -> Path:
-  """gguf_fixtures' small model in LAYER_TYPES, weights all zero; qwen2's with the Q/K/V biases."""
+  """gguf_fixtures' small model in LAYER_TYPES, weights all zero; qwen2's with the Q/K/V biases, qwen3's with the
+  per-head Q/K norms."""
   shapes = small_shapes()
   tensors = {f"{n}.weight": (_zeros(TYPES[n], *s), TYPES[n]) for n, s in shapes.items()}
   for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(SMALL_LAYERS) for k in ("attn_norm", "ffn_norm"))]:
@@ -55,6 +57,10 @@ def small_model(path: Path, arch: str) -> Path:
     for i in range(SMALL_LAYERS):
       for m in ("attn_q", "attn_k", "attn_v"):
         tensors[f"blk.{i}.{m}.bias"] = (np.zeros(shapes[f"blk.{i}.{m}"][0], np.float32), QT.F32)
+  if arch == "qwen3":
+    for i in range(SMALL_LAYERS):
+      for m in ("attn_q_norm", "attn_k_norm"):
+        tensors[f"blk.{i}.{m}.weight"] = (np.ones(SMALL_DIM // SMALL_HEADS, np.float32), QT.F32)
   write_raw(path, arch, small_fields(arch), tensors)
   return path
 
@@ -89,7 +95,7 @@ def main(model: str, small_dir: str) -> None:
   from tinygrad import Device
   dev = Device["NULL"]
   stages = [stage_report("whole", Path(model), 0, None)]
-  for arch in ("llama", "qwen2"):
+  for arch in ("llama", "qwen2", "qwen3"):
     small = small_model(Path(small_dir) / f"{arch}.gguf", arch)
     stages.append(stage_report(f"small {arch}", small, 0, SMALL_LAYERS))
   programs = compiled_programs()

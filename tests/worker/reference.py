@@ -1,11 +1,13 @@
-"""Float64 numpy llama / qwen2 forward: the correctness oracle for the tinygrad stage compute.
+"""Float64 numpy llama / qwen2 / qwen3 forward: the correctness oracle for the tinygrad stage compute.
 
 Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
 dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix (or, with a KV
 cache, over the cached keys and values of it), and computes each rotation angle one pair at a time the
 way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's ramp and magnitude), rotating adjacent
-pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2 (NeoX). Llama 3's frequency rule
-is written here after Hugging Face's wavelength formulation.
+pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2 and qwen3 (NeoX). qwen3 RMS-norms
+each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the rotation; `qk_norm=False` skips
+that (a test's check that the norms matter). Llama 3's frequency rule is written here after Hugging Face's
+wavelength formulation.
 
 `Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
 and kept under .cache/reference/, keyed by the file's sha256 and this module's source, so a test suite
@@ -27,7 +29,7 @@ from gguf.quants import dequantize
 CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
 CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]  # any change here recomputes
 
-NEOX = {"llama": False, "qwen2": True}
+NEOX = {"llama": False, "qwen2": True, "qwen3": True}
 
 
 def llama3_divisors(base: float, dim: int, factor: float, low: float, high: float, orig: int) -> np.ndarray:
@@ -65,14 +67,14 @@ def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | N
 
 
 class RefLlama:
-  def __init__(self, path: str):
+  def __init__(self, path: str, qk_norm: bool = True):
     r = GGUFReader(path, "r")
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
     a = self.arch = kv["general.architecture"]
     self.neox = NEOX[a]
     self.n_layers, self.dim = kv[f"{a}.block_count"], kv[f"{a}.embedding_length"]
     self.n_heads, self.n_kv = kv[f"{a}.attention.head_count"], kv[f"{a}.attention.head_count_kv"]
-    self.hd = self.dim // self.n_heads
+    self.hd = kv.get(f"{a}.attention.key_length", self.dim // self.n_heads)
     self.rope_dim, self.base = kv.get(f"{a}.rope.dimension_count", self.hd), kv[f"{a}.rope.freq_base"]
     self.eps = kv[f"{a}.attention.layer_norm_rms_epsilon"]
     self.factor = kv.get(f"{a}.rope.scaling.factor", 1.0)
@@ -92,6 +94,8 @@ class RefLlama:
     for i, L in enumerate(self.layers):
       for n in ("attn_q", "attn_k", "attn_v"):
         L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])
+      for n in ("attn_q_norm", "attn_k_norm"):  # qwen3's per-head norms (None: the file has none, or qk_norm=False)
+        L[n] = get(f"blk.{i}.{n}.weight") if qk_norm and f"blk.{i}.{n}.weight" in w else None
 
   def norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray: return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w
 
@@ -117,8 +121,11 @@ class RefLlama:
     for i in layers if layers is not None else range(self.n_layers):
       L = self.layers[i]
       h = self.norm(x, L["attn_norm"])
-      q = self.rope((h @ L["attn_q"].T + L["attn_q.bias"]).reshape(T, self.n_heads, self.hd), pos)
-      k = self.rope((h @ L["attn_k"].T + L["attn_k.bias"]).reshape(T, self.n_kv, self.hd), pos)
+      q = (h @ L["attn_q"].T + L["attn_q.bias"]).reshape(T, self.n_heads, self.hd)
+      k = (h @ L["attn_k"].T + L["attn_k.bias"]).reshape(T, self.n_kv, self.hd)
+      if L["attn_q_norm"] is not None:  # over each head's vector (the last axis)
+        q, k = self.norm(q, L["attn_q_norm"]), self.norm(k, L["attn_k_norm"])
+      q, k = self.rope(q, pos), self.rope(k, pos)
       v = (h @ L["attn_v"].T + L["attn_v.bias"]).reshape(T, self.n_kv, self.hd)
       if cache is not None:
         if i in cache:

@@ -1,6 +1,6 @@
-"""qwen2 (biases, NeoX rotation, YaRN) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the
-stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the float64 reference and llama.cpp's
-recorded greedy tokens, at S = 1..3 chained stages."""
+"""qwen2 (biases, NeoX rotation, YaRN), qwen3 (per-head Q/K norm, NeoX rotation) and llama RoPE variants (Llama 3
+rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
+float64 reference and llama.cpp's recorded greedy tokens (where recorded), at S = 1..3 chained stages."""
 from __future__ import annotations
 
 import json
@@ -8,15 +8,19 @@ import pathlib
 
 import numpy as np
 import pytest
-from reference import Reference
+from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType
+from reference import Reference, RefLlama
 from test_model import generate
 
+from swactor.modelfile.header import GgufHeader, read_header
+from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import StageModel
 from tests.fixtures import gguf_fixtures
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
 LLAMACPP = json.loads(FIXTURE.read_text())
-FILES = gguf_fixtures.ARCH_FILES
+FILES = {**gguf_fixtures.ARCH_FILES, **gguf_fixtures.REFERENCE_FILES}
 SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12
@@ -76,7 +80,7 @@ def test_logits_close_to_reference(ref_model: Reference, chains: dict[int, list[
 def test_greedy_matches_llamacpp_until_near_tie(model_file: tuple[str, str], chains: dict[int, list[StageModel]], n_stages: int) -> None:
   name, path = model_file
   if name not in LLAMACPP["files"]:
-    pytest.skip(f"llama.cpp cannot load {name} (no recorded tokens)")
+    pytest.skip(f"no llama.cpp tokens recorded for {name}")
   rec = LLAMACPP["files"][name]
   assert gguf_fixtures.sha256(path) == rec["sha256"], \
     f"{path} differs from the file llama.cpp ran: rebuild it (delete it) or re-record with packaging/record_llamacpp_arch_fixture.py"
@@ -102,3 +106,65 @@ def test_llama3_rule_from_metadata_equals_the_tensor() -> None:
   for a, b in zip(rope_tables(meta.params, None, 600), rope_tables(tensor.params, freqs, 600), strict=True):
     np.testing.assert_allclose(a, b, atol=1e-6)  # rope_freqs is stored as float32
   assert not np.allclose(rope_tables(tensor.params, None, 600)[0], rope_tables(tensor.params, freqs, 600)[0], atol=1e-3)
+
+
+def header(path: str) -> GgufHeader:
+  with open(path, "rb") as f:
+    return read_header(lambda n: (f.seek(0), f.read(n))[1])[0]
+
+
+def test_planner_memory_estimate_equals_the_loaded_stages(model_file: tuple[str, str], chains: dict[int, list[StageModel]]) -> None:
+  """modelfile.memory counts every block tensor the compute uploads (qwen2's biases, qwen3's Q/K norms)."""
+  profile = memory_profile(header(model_file[1]))
+  for n_stages, ranges in SPLITS.items():
+    for (a, b), m in zip(ranges, chains[n_stages], strict=True):
+      want = profile.stage(a, b, 128, rows=1)
+      host = m.embd.nbytes if m.is_first else 0
+      assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (model_file[0], a, b)
+
+
+def test_qk_norms_matter(model_file: tuple[str, str], ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
+  """The fixture's per-head Q/K norms change the model: the reference without them is far from the reference with them
+  (and from the compute's logits, which test_logits_close_to_reference holds near the latter) and picks other tokens,
+  so a compute that skipped or misapplied them would fail the tests above."""
+  if "blk.0.attn_q_norm.weight" not in header(model_file[1]).tensor_map():
+    pytest.skip(f"{model_file[0]} has no per-head Q/K norms")
+  prompt = REF_PROMPTS["plain_france"]
+  want, bare = ref_model.prefill_logits(prompt), RefLlama(model_file[1], qk_norm=False)
+  without = bare.logits(bare.hidden(prompt)[-1])
+  (m,) = chains[1]
+  m.reset()
+  got = m.step_logits(np.asarray(prompt, np.int32), 0)
+  tol = 2e-3 * float(np.abs(want).max())  # test_logits_close_to_reference's
+  assert np.abs(without - want).max() > 50 * tol and np.abs(without - got).max() > 50 * tol
+  assert bare.greedy(prompt, REF_STEPS, kv_cache=True)[0] != ref_model.greedy(prompt, REF_STEPS)[0]
+
+
+def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
+  """A qwen3 whose head_dim (attention.key_length) is not embedding_length / head_count, its head tied to the
+  embedding: a small random float32 file, the compute's logits at 1 and 2 stages equal the float64 reference's."""
+  g = gguf_fixtures
+  dim, ffn, heads, kv_heads, vocab = g.SMALL_DIM, g.SMALL_FFN, g.SMALL_HEADS, g.SMALL_KV_HEADS, g.SMALL_VOCAB
+  hd = dim // heads // 2
+  rng = np.random.default_rng(7)
+  mat = lambda rows, cols: (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)  # noqa: E731
+  vec = lambda n, lo=0.5, hi=1.5: rng.uniform(lo, hi, n).astype(np.float32)  # noqa: E731
+  tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": vec(dim)}
+  for i in range(g.SMALL_LAYERS):
+    tensors |= {f"blk.{i}.{k}.weight": a for k, a in {
+      "attn_norm": vec(dim), "attn_q": mat(heads * hd, dim), "attn_k": mat(kv_heads * hd, dim), "attn_v": mat(kv_heads * hd, dim),
+      "attn_output": mat(dim, heads * hd), "attn_q_norm": vec(hd, 0.5, 3.0), "attn_k_norm": vec(hd, 0.5, 3.0),
+      "ffn_norm": vec(dim), "ffn_gate": mat(ffn, dim), "ffn_up": mat(ffn, dim), "ffn_down": mat(dim, ffn)}.items()}
+  fields = [*g.small_fields("qwen3"), *(g.Field(f"qwen3.attention.{k}_length", hd, GGUFValueType.UINT32) for k in ("key", "value"))]
+  path = tmp_path / "qwen3-small.gguf"
+  g.write_raw(path, "qwen3", fields, {n: (a, QT.F32) for n, a in tensors.items()})
+  ref = RefLlama(str(path))
+  prompt = [5, 17, 300, 42, 9]
+  want = ref.logits(ref.hidden(prompt)[-1])
+  for ranges in ([(0, g.SMALL_LAYERS)], [(0, 1), (1, g.SMALL_LAYERS)]):
+    chain = [StageModel(path, a, b, max_seq_len=16) for a, b in ranges]
+    assert chain[0].params.head_dim == hd != dim // heads and chain[0].params.qk_norm
+    x = np.asarray(prompt, np.int32)
+    for s in chain[:-1]:
+      x = s.step(x, 0)
+    np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=1e-4 * float(np.abs(want).max()))

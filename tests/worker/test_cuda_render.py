@@ -69,3 +69,4 @@ def test_every_kernel_of_a_stage_compiles_for_sm90(model_path: str, tmp_path: Pa
   assert whole["new_programs"] > 0 and whole["graphs"] == 9, whole
   assert all(set(s["kinds"]) == {*PACKED.values(), "f32"} for s in small), small  # every packed kind, one expanded
   assert small[1]["new_programs"] > 0, small  # qwen2's biases and NeoX rotation are kernels of their own
+  assert small[2]["new_programs"] > 0, small  # so are qwen3's per-head Q/K norms

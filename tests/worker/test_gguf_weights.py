@@ -130,6 +130,19 @@ def test_qwen2_params_and_biases(tmp_path: pathlib.Path) -> None:
   assert w.layers[0]["attn_q_bias"].shape == (576,) and w.layers[0]["attn_k_bias"].shape == (192,)
 
 
+def test_qwen3_params_and_qk_norms() -> None:
+  from tests.fixtures.gguf_fixtures import SOURCE, build_qwen3, qk_norms
+  if not SOURCE.exists():
+    pytest.skip(f"{SOURCE} missing (run `make model`)")
+  m = GGUFModel(build_qwen3())
+  p = m.params
+  assert (p.arch, p.rope_neox, p.qkv_bias, p.qk_norm, p.n_layers, p.dim, p.head_dim) == ("qwen3", True, False, True, 30, 576, 64)
+  w = load_stage(m, 3, 4)
+  assert "attn_q_bias" not in w.layers[0]
+  for k in ("attn_q_norm", "attn_k_norm"):
+    np.testing.assert_array_equal(w.layers[0][k], qk_norms(30, 64)[f"blk.3.{k}.weight"])
+
+
 def _writer(path: pathlib.Path, arch: str, extra: dict[str, np.ndarray]) -> str:
   wr = GGUFWriter(str(path), arch)
   for k, v in {"block_count": 1, "embedding_length": 8, "feed_forward_length": 8, "attention.head_count": 2,

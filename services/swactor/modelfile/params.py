@@ -53,8 +53,9 @@ class LlamaParams:
     bos_token_id: int | None
     eos_token_id: int | None
     arch: str = "llama"
-    rope_neox: bool = False  # qwen2: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
+    rope_neox: bool = False  # qwen2, qwen3: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
     qkv_bias: bool = False  # Q/K/V have biases (qwen2)
+    qk_norm: bool = False  # each head's Q and K are RMS-normed before the rotation (qwen3)
 
 
 def open_header(path: str | os.PathLike[str]) -> GgufHeader:
@@ -144,4 +145,5 @@ def read_params(header: GgufHeader) -> LlamaParams:
         bos_token_id=field(header, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=field(header, "tokenizer.ggml.eos_token_id", None),
         arch=arch, rope_neox=ARCHITECTURES[arch].rope_neox,
-        qkv_bias=QKV_BIAS in ARCHITECTURES[arch].optional_layer_groups and all(f"blk.0.{t}" in names for t in QKV_BIAS))
+        qkv_bias=QKV_BIAS in ARCHITECTURES[arch].optional_layer_groups and all(f"blk.0.{t}" in names for t in QKV_BIAS),
+        qk_norm=ARCHITECTURES[arch].qk_norm)

@@ -36,6 +36,8 @@ class Architecture:
     every_stage_optional: tuple[str, ...] = ("rope_freqs.weight",)
     # Q/K rotate as NeoX does (x[i], x[i + rope_dim/2]) rather than llama.cpp's adjacent pairs.
     rope_neox: bool = False
+    # Each head's Q and K vector is RMS-normed (QK_NORM, weights [head_dim], the file's rms eps) before the rotation.
+    qk_norm: bool = False
 
     def known_layer_tensors(self) -> frozenset[str]:
         return frozenset(self.layer_tensors) | {t for g in self.optional_layer_groups for t in g}
@@ -50,10 +52,17 @@ _LLAMA_LAYER = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.we
 # Q/K/V biases: a qwen2 file has all three in every block (or, for the compute, none at all).
 QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 
+# Per-head Q/K RMS norm weights: every block of a qwen3 file has both.
+QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
+
 # Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
+# An architecture is the llama block plus the shared parts it declares: Q/K/V biases (qwen2), NeoX rotation
+# (qwen2, qwen3), per-head Q/K norm (qwen3); `{arch}.attention.key_length` may set a head_dim other than
+# embedding_length / head_count (qwen3's usual case).
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _LLAMA_LAYER),
     Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(QKV_BIAS,), rope_neox=True),
+    Architecture("qwen3", _LLAMA_LAYER + QK_NORM, rope_neox=True, qk_norm=True),
 )}
 
 # `{arch}.rope.scaling.type` values the compute core applies (worker/compute/rope.py).

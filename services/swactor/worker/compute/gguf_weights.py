@@ -17,6 +17,8 @@ from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 # The per-layer matrices and norms the forward (model.py) reads, by their names after `blk.<i>.`
 # without `.weight`; tests/modelfile/test_support.py checks them against support.ARCHITECTURES.
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+# The per-head Q/K norms it reads too when the architecture has them (support.Architecture.qk_norm, support.QK_NORM).
+QK_NORM_TENSORS = ("attn_q_norm", "attn_k_norm")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,8 @@ class GGUFModel:
     if not (0 <= layer_start < layer_end <= n):
       raise ModelRefused("InvalidLayerRange", f"layer range [{layer_start}, {layer_end}) is not within 0 <= start < end <= {n}")
     bias = {t.replace(".", "_"): t for t in QKV_BIAS} if self.params.qkv_bias else {}  # attn_q_bias: "attn_q.bias"
-    names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias}
+    qk_norm = {t: f"{t}.weight" for t in QK_NORM_TENSORS} if self.params.qk_norm else {}
+    names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias, **qk_norm}
     layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
     extra: dict[str, RawTensor] = {}
     if layer_start == 0:

@@ -1,4 +1,4 @@
-"""Llama-family forward (llama, qwen2) for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2, qwen3) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 One copy of the stage's weights serves `slots` runs at once, each with its own KV cache slot
 (docs/runs-in-flight.md). step(rows, start_pos, slot=s) runs one run's rows at positions start_pos.. through the
@@ -106,7 +106,7 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | 
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
-  p.qkv_bias), *qkv, *attn_output, *gate_up, *ffn_down]."""
+  p.qkv_bias), (q_norm, k_norm if p.qk_norm), *qkv, *attn_output, *gate_up, *ffn_down]."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
                words: bool, kv_dtype: type = np.float32):
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
@@ -118,7 +118,9 @@ class Layer:
     cache = [device_empty((caches, p.n_kv_heads, cache_len, p.head_dim), kv_dtype, device) for _ in range(2)]
     bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
       if p.qkv_bias else []
-    self.tensors: list[Tensor] = norms + cache + bias + [t for g in mats for _, ts in g for t in ts]
+    qk_norm = [to_device(np.asarray(w[k], np.float32).reshape(p.head_dim), device) for k in ("attn_q_norm", "attn_k_norm")] \
+      if p.qk_norm else []
+    self.tensors: list[Tensor] = norms + cache + bias + qk_norm + [t for g in mats for _, ts in g for t in ts]
     self.weight_bytes = sum(t.nbytes() for t in self.tensors) - sum(t.nbytes() for t in cache)
 
   @property
@@ -135,6 +137,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None
+  q_norm, k_norm = (next(it), next(it)) if p.qk_norm else (None, None)
   def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
     fs = [functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in group]
     return fs[0] if len(fs) == 1 else lambda h: Tensor.cat(*(f(h) for f in fs), dim=-1)
@@ -142,8 +145,10 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
   if bias is not None:
     qkv = qkv + bias
-  q = rope(qkv[:, :nq].reshape(W, p.n_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
-  k = rope(qkv[:, nq:nq + nkv].reshape(W, p.n_kv_heads, p.head_dim), cos, sin, p.rope_dim, p.rope_neox)
+  q, k = qkv[:, :nq].reshape(W, p.n_heads, p.head_dim), qkv[:, nq:nq + nkv].reshape(W, p.n_kv_heads, p.head_dim)
+  if q_norm is not None and k_norm is not None:  # qwen3: each head's vector RMS-normed by the [head_dim] weights
+    q, k = rms_norm(q, q_norm, p.norm_eps), rms_norm(k, k_norm, p.norm_eps)
+  q, k = (rope(t, cos, sin, p.rope_dim, p.rope_neox) for t in (q, k))
   v = qkv[:, nq + nkv:].reshape(W, p.n_kv_heads, p.head_dim)
   g, outs, r0 = p.n_heads // p.n_kv_heads, [], 0
   for slot, sp, T in segments:
