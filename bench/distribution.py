@@ -12,6 +12,17 @@ Printed, per model (the real SmolLM2 GGUF, and a synthetic llama-7B-shaped spars
     bytes host B received twice, against one uninterrupted fetch (aim <= 5 %), two trials.
 Needs root. Prints the load average: figures on a shared machine are noisy.
 
+    .venv/bin/python bench/distribution.py --wan [--delay-ms 50] [--rate-mbit 100] [--stage 0] [--rounds 3] [--lanes 4]
+
+Weights over a WAN link (issue 22: ">= 80 % of the link's rate at 50 ms one way, 100 Mbit/s"): the same two hosts,
+every packet each sends the other delayed and rate-capped on arrival by the local pool's link shaping
+(localcluster/linkshaping.py: NFQUEUE delayer, drop-tail buffer), SmolLM2's stage `--stage` of S=3 (stage 0: 54 MB)
+fetched into a fresh cache per round. Printed per round: the fetch's rate as WEIGHTS_DOWNLOADED counts it (bytes
+fetched / seconds from the acquire's start: manifest, header and pieces) and its share of the link, the seconds to
+the manifest, the MB/s received per 0.5 s (the ramp), the TLS handshakes the model server made (the fetch's
+connections), the bytes it sent, and a plain TCP copy of the same bytes over one fresh connection beside it; then
+the median. Figures and ratios only: nothing is asserted.
+
     .venv/bin/python bench/distribution.py --from-source [--gib 4] [--rounds 1] [--lanes 4] [--no-warm]
 
 Straight from the source beside from the orchestrator (issue 24: "three hosts fetching one 4 GB model from a URL:
@@ -49,12 +60,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import json
 import os
 import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -121,15 +134,16 @@ def serve(path: Path, manifest_path: Path) -> None:
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
-            print(json.dumps({"sent": files.bytes_served.get(m.file_sha256, 0), "plain": plain_sent[0]}), flush=True)
+            print(json.dumps({"sent": files.bytes_served.get(m.file_sha256, 0), "plain": plain_sent[0],
+                              "handshakes": server.handshakes}), flush=True)
     server.shutdown()
 
 
 # ---- host B: a stage's fetch, and the plain copy ----
 
-def fetch(url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path) -> None:
+def fetch(url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path, lanes: int = 4) -> None:
     ctx = control_tls.model_client_context(SECRET, NODE)
-    pool = FetchPool(WeightsCache(cache), lambda u, name: Target(u, ctx, name), progress_interval_s=0.05)
+    pool = FetchPool(WeightsCache(cache), lambda u, name: Target(u, ctx, name), progress_interval_s=0.05, lanes=lanes)
     req = FetchRequest(url, m.file_sha256, m.size, m.digest(), k * n_layers // s, (k + 1) * n_layers // s, n_layers,
                        control_tls.orchestrator_name(ORCH))
 
@@ -137,13 +151,33 @@ def fetch(url: str, m: Manifest, k: int, s: int, n_layers: int, cache: Path) -> 
         print(json.dumps({"done": p.bytes_done, "total": p.bytes_total}), flush=True)
 
     started: list[float] = []
+    entry_of = pool._entry
+    manifest_at: list[float] = []
+
+    async def timed_entry(r):  # when the manifest is in (and the cache file open)
+        try:
+            return await entry_of(r)
+        finally:
+            manifest_at.append(time.monotonic())
+
+    pool._entry = timed_entry  # type: ignore[method-assign]
+    timeline: list[int] = []  # bytes received by the end of each 0.1 s since the start
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1 - (time.monotonic() - t0) % 0.1):
+            timeline.append(pool.received_bytes)
+
     t0 = time.monotonic()
+    threading.Thread(target=sample, daemon=True).start()
     lease = asyncio.run(pool.acquire(req, lambda s: started.append(time.monotonic()), progress))
     end = time.monotonic()
+    stop.set()
     header = m.header_bytes
     # transfer: from the moment the stage's pieces are known (manifest, header fetched and parsed) to the end
     print(json.dumps({"fetched": lease.bytes_fetched, "total": lease.bytes_total, "seconds": end - t0,
-                      "transfer_bytes": lease.bytes_fetched - header, "transfer_s": end - started[0]}), flush=True)
+                      "manifest_s": manifest_at[0] - t0, "transfer_bytes": lease.bytes_fetched - header,
+                      "transfer_s": end - started[0], "timeline": timeline}), flush=True)
 
 
 def plain(addr: str, ranges: list[tuple[int, int]], out: Path) -> None:
@@ -692,6 +726,89 @@ def from_source(gib: float, rounds: int, lanes: int, warm: bool) -> None:
             server.wait(10)
 
 
+# ---- over a WAN link: a stage's fetch at a one-way delay and a rate cap (issue 22) ----
+
+def wan(delay_ms: float, rate_mbit: float, rounds: int, lanes: int, stage: int) -> None:
+    """Two hosts whose every packet to the other is delayed and rate-capped on arrival (localcluster/linkshaping.py,
+    the local pool's shaped link: NFQUEUE delayer with a drop-tail buffer); one stage of SmolLM2 at S=3 fetched
+    from a fresh cache, beside a plain TCP copy of the same bytes on one fresh connection."""
+    from swactor.localcluster.linkconditions import LinkConditions
+    from swactor.localcluster.linkshaping import LinkShaping, ShapedHost
+
+    if not SMOLLM.exists():
+        raise SystemExit(f"bench/distribution.py --wan: needs {SMOLLM}")
+    links = LinkConditions(delay_ms=delay_ms, rate_mbit=rate_mbit)
+    link_mb_s = rate_mbit / 8
+    with tempfile.TemporaryDirectory(prefix="swdist-") as tmp, NetnsCluster(2, prefix="dist") as net:
+        work = Path(tmp)
+        a, b = net.hosts
+        shaping = LinkShaping(links, [ShapedHost("A", a.ns, work / "A"), ShapedHost("B", b.ns, work / "B")])
+        try:
+            shaping.apply()
+            m = build_manifest(SMOLLM, header_of(SMOLLM))
+            man = work / "manifest.json"
+            man.write_bytes(m.encode())
+            h = header_of(SMOLLM)
+            n = int(h.get(f"{h.get('general.architecture')}.block_count"))
+            pieces = stage_pieces(m, SMOLLM, stage, 3)
+            want = sum(m.pieces[i].length for i in pieces)
+            ranges = [(x, y) for x, y, _ in spans(m, sorted(set(pieces) | set(range(m.header_pieces))))]
+            print(f"link: {links.describe()} = {link_mb_s:.2f} MB/s; stage {stage} of 3 of SmolLM2: "
+                  f"{want / 1e6:.1f} MB (the header's {m.header_bytes / 1e6:.2f} MB among them), manifest "
+                  f"{len(m.encode()) / 1e3:.0f} kB, {lanes} lanes", flush=True)
+            server = spawn(a, [sys.executable, str(Path(__file__).resolve()), "serve", str(SMOLLM), str(man)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            assert server.stdout is not None and server.stdin is not None
+            while not server.stdout.readline().startswith('{"ready"'):
+                pass
+
+            def stats() -> dict:
+                server.stdin.write("stats\n")
+                server.stdin.flush()
+                while True:
+                    line = server.stdout.readline()
+                    if line.startswith('{"sent"'):
+                        return json.loads(line)
+
+            url = f"https://{a.addr}:{PORT}/v1/files/{m.file_sha256}"
+            py = [sys.executable, str(Path(__file__).resolve())]
+            rows = []
+            for r in range(rounds):
+                cache = work / "cache"
+                shutil.rmtree(cache, ignore_errors=True)
+                before = stats()
+                f = last_json(spawn(b, [*py, "fetch", url, str(man), str(stage), "3", str(n), str(cache), str(lanes)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                after = stats()
+                p = last_json(spawn(b, [*py, "plain", a.addr, json.dumps(ranges), str(work / "plain")],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                row = {"fetch_mb_s": f["fetched"] / 1e6 / f["seconds"], "fetch_s": f["seconds"],
+                       "after_manifest_mb_s": f["fetched"] / 1e6 / (f["seconds"] - f["manifest_s"]),
+                       "manifest_s": f["manifest_s"], "fetched": f["fetched"],
+                       "handshakes": after["handshakes"] - before["handshakes"],
+                       "asked": after["sent"] - before["sent"], "plain_mb_s": p["bytes"] / 1e6 / p["seconds"]}
+                rows.append(row)
+                tl = f["timeline"]
+                per_half = [(b - a) / 1e6 / 0.5 for a, b in itertools.pairwise([0, *tl[4::5]])]
+                print(f"  round {r + 1}: fetch {row['fetch_mb_s']:.2f} MB/s ({row['fetch_mb_s'] / link_mb_s:.1%} of the "
+                      f"link; {row['fetched'] / 1e6:.1f} MB in {row['fetch_s']:.2f} s: the manifest {row['manifest_s']:.2f} "
+                      f"s, then {row['after_manifest_mb_s']:.2f} MB/s); {row['handshakes']} TLS handshakes; the server "
+                      f"sent {row['asked'] / 1e6:.1f} MB; plain TCP, one fresh connection, same bytes: "
+                      f"{row['plain_mb_s']:.2f} MB/s ({row['plain_mb_s'] / link_mb_s:.0%})\n"
+                      f"    MB/s received per 0.5 s: " + " ".join(f"{x:.1f}" for x in per_half), flush=True)
+            med = statistics.median(x["fetch_mb_s"] for x in rows)
+            pmed = statistics.median(x["plain_mb_s"] for x in rows)
+            print(f"weights fetch over one-way {delay_ms:g} ms, {rate_mbit:g} Mbit/s ({link_mb_s:.2f} MB/s): median of "
+                  f"{rounds} {med:.2f} MB/s = {med / link_mb_s:.1%} of the link (aim >= 80 %), {med / pmed:.2f}x the "
+                  f"plain TCP copy ({pmed:.2f} MB/s = {pmed / link_mb_s:.0%}); every round: "
+                  + ", ".join(f"{x['fetch_mb_s']:.2f}" for x in rows) + " MB/s")
+            server.stdin.close()
+            server.terminate()
+            server.wait(10)
+        finally:
+            shaping.remove()
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] in ("source-serve", "source-fetch", "source-single"):
         cmd, args = sys.argv[1], sys.argv[2:]
@@ -710,7 +827,7 @@ def main() -> int:
             serve(Path(args[0]), Path(args[1]))
         elif cmd == "fetch":
             m = Manifest.decode(Path(args[1]).read_bytes())
-            fetch(args[0], m, int(args[2]), int(args[3]), int(args[4]), Path(args[5]))
+            fetch(args[0], m, int(args[2]), int(args[3]), int(args[4]), Path(args[5]), *map(int, args[6:7]))
         else:
             plain(args[0], [tuple(r) for r in json.loads(args[1])], Path(args[2]))
         return 0
@@ -725,10 +842,25 @@ def main() -> int:
                          "(loopback, no root)")
     ap.add_argument("--gib", type=float, default=4.0, help="--from-source: size of the synthetic model")
     ap.add_argument("--lanes", type=int, default=4,
-                    help="--from-source: connections per host (FetchPool lanes; [worker].weights_connections is 4)")
+                    help="--from-source, --wan: connections per host (FetchPool lanes; [worker].weights_connections "
+                         "is 4)")
     ap.add_argument("--no-warm", action="store_true",
                     help="--from-source: no scratch write before each phase (the hosts write into cold guest pages)")
+    ap.add_argument("--wan", action="store_true",
+                    help="one stage of SmolLM2 over a shaped link (--delay-ms one way, --rate-mbit), beside plain TCP")
+    ap.add_argument("--delay-ms", type=float, default=50.0, help="--wan: one-way delay between the two hosts")
+    ap.add_argument("--rate-mbit", type=float, default=100.0, help="--wan: rate cap of each one-way path")
+    ap.add_argument("--stage", type=int, default=0, help="--wan: which stage of S=3 (0: 54 MB, 1: 24 MB)")
     args = ap.parse_args()
+    if args.wan:
+        why = netns_unavailable_reason()
+        if why:
+            print(f"bench/distribution.py: needs network namespaces: {why}", file=sys.stderr)
+            return 2
+        print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}, {os.cpu_count()} CPUs")
+        wan(args.delay_ms, args.rate_mbit, args.rounds or 3, args.lanes, args.stage)
+        print(f"load average after: {Path('/proc/loadavg').read_text().split()[:3]}")
+        return 0
     if args.from_source:
         print(f"load average: {Path('/proc/loadavg').read_text().split()[:3]}, {os.cpu_count()} CPUs")
         from_source(args.gib, max(1, args.rounds or 1), args.lanes, not args.no_warm)

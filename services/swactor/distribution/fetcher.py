@@ -2,21 +2,27 @@
 orchestrator against an external http(s) source. Blocking I/O, meant for a worker thread (never an
 event loop): one keep-alive HTTP/1.1 connection per `RangeClient`, redirects followed, every
 response checked (a Range answered 200, a 416, a body cut short, a stalled link) and turned into a
-`FetchError` with a stable reason and a detail naming the URL.
+`FetchError` with a stable reason and a detail naming the URL. A client whose last response was read
+to its end can be pointed at another resource of the same origin (`retarget`) and keeps its
+connection: connections.py hands such clients from one request to the next (the manifest, the
+header, the stage's spans) so that a fetch pays the TCP and TLS handshakes and slow start once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import re
 import socket
 import ssl
 import threading
 import time
 import urllib.parse
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from swactor.common.reasons import NamedReason
 
@@ -46,7 +52,83 @@ class Target:
     server_hostname: str | None = None
 
 
+def origin_key(target: Target) -> tuple[object, ...]:
+    """What a connection made for `target` can serve: the same scheme, host and port, TLS context and TLS name."""
+    parts = urllib.parse.urlsplit(target.url)
+    return (parts.scheme, parts.netloc.lower(), target.ssl_context, target.server_hostname)
+
+
+class _SocketFile:
+    """A response's file that reads from the socket only what it is asked for. http.client's own (makefile("rb"))
+    buffers, and could swallow the start of the next response, which is on its way already when its request was
+    pipelined (RangeClient.ahead); each response here leaves the next one's bytes in the socket. Reads fill what
+    they are given (as a buffered file's do), but for a header line, read a byte at a time."""
+
+    def __init__(self, raw: io.RawIOBase) -> None:
+        self._raw = raw  # socket.SocketIO: holds the socket open until closed, as makefile's buffered file does
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        got = 0
+        while got < len(view):
+            n = self._raw.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        return got
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            out = bytearray()
+            while chunk := self.read(1 << 16):
+                out += chunk
+            return bytes(out)
+        buf = bytearray(n)
+        return bytes(buf[:self.readinto(buf)])
+
+    def read1(self, n: int = -1) -> bytes:
+        buf = bytearray(n if n >= 0 else 1 << 16)
+        got = self._raw.readinto(buf)
+        return bytes(buf[:got or 0])
+
+    def readline(self, limit: int = -1) -> bytes:
+        out, one = bytearray(), bytearray(1)
+        while (limit < 0 or len(out) < limit) and self._raw.readinto(one):
+            out += one
+            if one[0] == 0x0A:
+                break
+        return bytes(out)
+
+    def close(self) -> None:
+        self._raw.close()
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+
+class _Sock:
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    def makefile(self, mode: str, *args: object, **kw: object) -> _SocketFile:
+        return _SocketFile(self._sock.makefile(mode, buffering=0))  # type: ignore[arg-type]
+
+
+class _Response(http.client.HTTPResponse):
+    def __init__(self, sock: socket.socket, *args: Any, **kw: Any) -> None:
+        super().__init__(_Sock(sock), *args, **kw)  # type: ignore[arg-type]
+
+
+class _Http(http.client.HTTPConnection):
+    response_class = _Response
+
+
 class _Https(http.client.HTTPSConnection):
+    response_class = _Response
+
     def __init__(self, host: str, port: int | None, *, timeout: float, context: ssl.SSLContext, sni: str) -> None:
         super().__init__(host, port, timeout=timeout, context=context)
         self._sni = sni
@@ -67,7 +149,15 @@ class RangeClient:
         self.stall_timeout_s = stall_timeout_s
         self._conn: http.client.HTTPConnection | None = None
         self._conn_url = ""
+        self._resp: http.client.HTTPResponse | None = None  # the last response (reusable once read to its end)
+        # Pipelining: with `ahead` set, once a range's response is known whole (a 206 for all of it, the connection
+        # kept), `ahead()` names the next range, (start, end) or None, and its request goes out before this body is
+        # read: the server starts on it the moment this one ends, no round trip idle in between. The next
+        # read_range must be for that range (`_asked`: start, end, URL).
+        self.ahead: Callable[[], tuple[int, int] | None] | None = None
+        self._asked: tuple[int, int, str] | None = None
         self._aborted = threading.Event()
+        self.connections_opened = 0  # TCP (+ TLS) connections this client made
         self._buf = bytearray(read_bytes)
         self.total_size: int | None = None
         self.bytes_received = 0
@@ -76,7 +166,7 @@ class RangeClient:
 
     def _connection(self, url: str) -> http.client.HTTPConnection:
         parts = urllib.parse.urlsplit(url)
-        origin = f"{parts.scheme}://{parts.netloc}"
+        origin = _origin(url)
         if self._conn is not None and self._conn_url == origin:
             return self._conn
         self.close()
@@ -88,7 +178,7 @@ class RangeClient:
             conn: http.client.HTTPConnection = _Https(parts.hostname, parts.port, timeout=self.connect_timeout_s,
                                                       context=ctx, sni=sni)
         else:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=self.connect_timeout_s)
+            conn = _Http(parts.hostname, parts.port, timeout=self.connect_timeout_s)
         try:
             conn.connect()
         except ssl.SSLError as e:
@@ -100,12 +190,32 @@ class RangeClient:
         if conn.sock is not None:
             conn.sock.settimeout(self.stall_timeout_s)
         self._conn, self._conn_url = conn, origin
+        self.connections_opened += 1
         return conn
+
+    def connect(self) -> None:
+        """Make the connection (TCP, TLS) now rather than at the first request: a lane opened ahead of its work."""
+        self._check_aborted()
+        self._connection(self.url)
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
-        self._conn, self._conn_url = None, ""
+        self._conn, self._conn_url, self._resp, self._asked = None, "", None, None
+
+    @property
+    def reusable(self) -> bool:
+        """Connected, not aborted, and nothing left unread of the last response: the next request can go now."""
+        return (self._conn is not None and not self._aborted.is_set() and self._asked is None
+                and (self._resp is None or self._resp.isclosed()))
+
+    def retarget(self, target: Target) -> None:
+        """Ask for `target` from now on, keeping the connection when `target` has the same origin (origin_key)."""
+        if target == self.target:
+            return  # the same resource: where it redirected to, and its size, still hold
+        if origin_key(target) != origin_key(self.target):
+            self.close()
+        self.target, self.url, self.total_size = target, target.url, None
 
     def abort(self) -> None:
         self._aborted.set()
@@ -117,11 +227,13 @@ class RangeClient:
 
     # ---- requests ----
 
-    def _request(self, headers: dict[str, str]) -> http.client.HTTPResponse:
-        """GET self.url (following redirects), retrying once on a connection the server closed."""
+    def _request(self, headers: dict[str, str], asked: bool = False) -> http.client.HTTPResponse:
+        """GET self.url (following redirects), retrying once on a connection the server closed. `asked`: the
+        request went out already (pipelined): its response is the next on the connection."""
         url = self.url
         for _ in range(MAX_REDIRECTS + 1):
-            resp = self._send(url, headers)
+            resp = self._send(url, headers, asked)
+            asked = False
             if resp.status in (301, 302, 303, 307, 308):
                 location = resp.getheader("Location")
                 self._drain(resp)
@@ -133,17 +245,17 @@ class RangeClient:
             return resp
         raise FetchError(PROTOCOL, f"{self.target.url}: more than {MAX_REDIRECTS} redirects")
 
-    def _send(self, url: str, headers: dict[str, str]) -> http.client.HTTPResponse:
-        parts = urllib.parse.urlsplit(url)
-        path = parts.path or "/"
-        if parts.query:
-            path += "?" + parts.query
+    def _send(self, url: str, headers: dict[str, str], asked: bool = False) -> http.client.HTTPResponse:
+        path = _path(url)
         for attempt in (0, 1):
             self._check_aborted()
+            kept = self._conn is not None and self._conn_url == _origin(url)
             conn = self._connection(url)
             try:
-                conn.request("GET", path, headers={"Accept-Encoding": "identity", **headers})
-                return conn.getresponse()
+                if not (asked and kept and not attempt):
+                    conn.request("GET", path, headers={"Accept-Encoding": "identity", **headers})
+                self._resp = conn.getresponse()
+                return self._resp
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as e:
                 self.close()  # a kept-alive connection the server dropped: one fresh try
                 if attempt:
@@ -154,6 +266,8 @@ class RangeClient:
             except (OSError, http.client.HTTPException) as e:
                 self.close()
                 self._check_aborted()
+                if kept and not attempt:
+                    continue  # whatever broke a connection kept from an earlier request: one fresh try
                 raise FetchError(UNREACHABLE, f"{url}: {_os_detail(e)}") from None
         raise AssertionError("unreachable")
 
@@ -205,12 +319,40 @@ class RangeClient:
             self.close()
             raise FetchError(TRUNCATED, f"{self.url}: {_os_detail(e)}") from None
 
+    def _ask_ahead(self) -> None:
+        """The next range's request, pipelined behind the response being read (see `ahead`)."""
+        nxt = self.ahead() if self.ahead is not None else None
+        if nxt is None or self._conn is None:
+            return
+        start, end = nxt
+        self._asked = (start, end, self.url)
+        try:
+            self._conn.request("GET", _path(self.url), headers={"Accept-Encoding": "identity",
+                                                                "Range": f"bytes={start}-{end - 1}"})
+        except (OSError, http.client.HTTPException):
+            # The connection broke while this body is still to be read: that read says how; the next range then
+            # goes on a fresh connection (an unanswered request is never taken for another's answer).
+            self._asked = (start, end, "")
+
+    def _was_asked(self, start: int, end: int) -> bool:
+        """Whether [start, end)'s request went out already (pipelined) on this connection."""
+        asked, self._asked = self._asked, None
+        if asked is None:
+            return False
+        if asked != (start, end, self.url) or self._resp is None or not self._resp.isclosed():
+            self.close()  # an answer to another request is on its way: the connection is of no more use
+            return False
+        return True
+
     def read_range(self, start: int, end: int, sink: Callable[[memoryview], None]) -> None:
-        """Bytes [start, end) to `sink`, in order, in chunks; a short 206 is continued."""
+        """Bytes [start, end) to `sink`, in order, in chunks; a short 206 is continued. With `ahead` set, the next
+        range's request goes out as soon as this one's response is known whole."""
         pos = start
+        asked = self._was_asked(start, end)
         while pos < end:
             what = f"bytes={pos}-{end - 1}"
-            resp = self._request({"Range": what})
+            resp = self._request({"Range": what}, asked)
+            asked = False
             if resp.status == 200:
                 resp.close()
                 self.close()
@@ -229,7 +371,10 @@ class RangeClient:
                     self.close()
                     raise FetchError(SIZE_CHANGED, f"{self.url}: the file is now {total} bytes, was {self.total_size}")
                 self.total_size = total
-            pos = self._body(resp, pos, int(m.group(2)) + 1, sink)
+            stop = int(m.group(2)) + 1
+            if stop == end and not resp.will_close:
+                self._ask_ahead()
+            pos = self._body(resp, pos, stop, sink)
 
     def _body(self, resp: http.client.HTTPResponse, pos: int, stop: int, sink: Callable[[memoryview], None]) -> int:
         """The body to `sink`. A read fills its buffer before it returns, so the size adapts: large on
@@ -265,8 +410,9 @@ class RangeClient:
         return pos
 
     def get(self, limit: int) -> bytes:
-        """A small whole resource (the manifest), at most `limit` bytes."""
-        resp = self._request({})
+        """A small whole resource (the manifest), at most `limit` bytes. Asked for gzip too: a manifest's hex
+        digests come in half as many bytes, so in fewer round trips of a new connection's slow start."""
+        resp = self._request({"Accept-Encoding": "gzip, identity"})
         if resp.status != 200:
             raise self._status_error(resp, "GET")
         length = resp.getheader("Content-Length")
@@ -277,7 +423,36 @@ class RangeClient:
         if length is not None and len(data) != int(length):
             self.close()
             raise FetchError(TRUNCATED, f"{self.url}: got {len(data)} of {length} bytes")
+        encoding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        if encoding == "gzip":
+            return self._gunzip(data, limit)
+        if encoding != "identity":
+            raise FetchError(PROTOCOL, f"{self.url}: Content-Encoding {encoding!r} was not asked for")
         return data
+
+    def _gunzip(self, data: bytes, limit: int) -> bytes:
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out = d.decompress(data, limit + 1)
+        except zlib.error as e:
+            raise FetchError(PROTOCOL, f"{self.url}: the gzip body does not decompress: {e}") from None
+        if len(out) > limit:
+            raise FetchError(PROTOCOL, f"{self.url}: more than {limit} bytes once decompressed")
+        if not d.eof:
+            raise FetchError(TRUNCATED, f"{self.url}: the gzip body is cut short")
+        if d.unused_data:
+            raise FetchError(PROTOCOL, f"{self.url}: bytes follow the gzip body")
+        return out
+
+
+def _path(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return (parts.path or "/") + ("?" + parts.query if parts.query else "")
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _os_detail(e: BaseException) -> str:

@@ -1,5 +1,6 @@
 """The inside of a stage's fetch (stagefetch.FetchPool drives it): one `Job` per set of pieces on its
-own thread and HTTP connection, a `PieceWriter` that hashes each piece as it arrives and writes it
+own thread and its lanes' HTTP connections (taken from, and handed back to, the pool's kept
+connections: connections.py), a `PieceWriter` that hashes each piece as it arrives and writes it
 in place, a `Recorder` thread that makes verified pieces durable and records them, and the
 `Meter` that turns all that into progress events.
 """
@@ -7,6 +8,7 @@ in place, a `Recorder` thread that makes verified pieces durable and records the
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import os
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 
 COALESCE_GAP = 64 << 10      # read through alignment padding rather than start a new request
 MAX_SPAN = 16 << 20          # one request at most: spans spread over the lanes, and a dropped connection loses little
+MIN_SPAN = 512 << 10         # the smallest request a SpanQueue cuts (one piece when pieces are larger)
 RECORD_EVERY_S = 0.05
 RECORD_EVERY_BYTES = 8 << 20
 
@@ -36,16 +39,50 @@ class FetchFailed(NamedReason):
 
 
 def spans(manifest: Manifest, pieces: list[int]) -> list[tuple[int, int, list[int]]]:
-    """Consecutive pieces as (start, end, pieces) requests: gaps up to COALESCE_GAP are read through."""
+    """Consecutive pieces as (start, end, pieces) requests: gaps up to COALESCE_GAP are read through when they are
+    padding (between pieces next to each other in the manifest), never over a piece held already or not wanted."""
     out: list[tuple[int, int, list[int]]] = []
     for i in sorted(pieces):
         p = manifest.pieces[i]
-        if out and p.offset - out[-1][1] <= COALESCE_GAP and p.end - out[-1][0] <= MAX_SPAN:
+        if (out and out[-1][2][-1] == i - 1 and p.offset - out[-1][1] <= COALESCE_GAP
+                and p.end - out[-1][0] <= MAX_SPAN):
             start, _, members = out[-1]
             out[-1] = (start, p.end, [*members, i])
         else:
             out.append((p.offset, p.end, [i]))
     return out
+
+
+class SpanQueue:
+    """A job's spans, handed to its lanes one request at a time (any thread). Each request is cut from the front
+    at piece boundaries: about what is left over twice the lanes, between MIN_SPAN and MAX_SPAN. Large while much
+    is left (few requests), small at the end, so that the lanes run out of work together: over a long round trip
+    a connection left alone with the last 16 MiB carries its share of the window, not the link's rate."""
+
+    def __init__(self, manifest: Manifest, pieces: list[int], lanes: int) -> None:
+        self.manifest, self.lanes = manifest, max(1, lanes)
+        self._spans = collections.deque(spans(manifest, pieces))
+        self._left = sum(end - start for start, end, _ in self._spans)
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, int, list[int]] | None:
+        with self._lock:
+            if not self._spans:
+                return None
+            start, end, members = self._spans[0]
+            want = min(MAX_SPAN, max(MIN_SPAN, self._left // (2 * self.lanes)))
+            pieces = self.manifest.pieces
+            k = 1
+            while k < len(members) and pieces[members[k]].end - start <= want:
+                k += 1
+            if k == len(members):
+                self._spans.popleft()
+                span = (start, end, members)
+            else:
+                span = (start, pieces[members[k - 1]].end, members[:k])
+                self._spans[0] = (pieces[members[k]].offset, end, members[k:])
+            self._left -= span[1] - span[0]
+            return span
 
 
 class Job:
@@ -64,6 +101,7 @@ class Job:
         self.done: asyncio.Future[None] = pool.loop.create_future()
         self.waiters = 0
         self.total_bytes = self.remaining_bytes = entry.piece_bytes(pieces)
+        self.recorded: set[int] = set()  # pieces it verified and handed to the record (before they show as verified)
         self.cancelled = False
         self.thread = threading.Thread(target=self._run, name=f"fetch-{entry.sha256[:8]}", daemon=True)
 
@@ -77,8 +115,8 @@ class Job:
         return max(0, self.received - (self.total_bytes - self.remaining_bytes))
 
     def cancel(self) -> None:
-        self.cancelled = True
         with self.lock:
+            self.cancelled = True
             clients = list(self.clients)
         for c in clients:
             c.abort()
@@ -103,13 +141,10 @@ class Job:
             self._finish(FetchFailed("DiskFull" if is_disk_full(e) else "CacheIo", f"{self.entry.path}: {e.strerror}"))
             return
         recorder = Recorder(self, fd)
-        work: queue.SimpleQueue[tuple[int, int, list[int]]] = queue.SimpleQueue()
-        all_spans = spans(self.entry.manifest, sorted(self.pieces))
-        for span in all_spans:
-            work.put(span)
+        work = SpanQueue(self.entry.manifest, sorted(self.pieces), self.pool.lanes)
         errors: list[BaseException] = []
         lanes = [threading.Thread(target=self._lane, args=(fd, recorder, work, errors), daemon=True)
-                 for _ in range(min(self.pool.lanes, len(all_spans)) - 1)]
+                 for _ in range(min(self.pool.lanes, len(self.pieces)) - 1)]
         try:
             for t in lanes:
                 t.start()
@@ -119,26 +154,59 @@ class Job:
             recorder.close(check=False)
             self._finish(self._outcome(errors[0] if errors else recorder.error))
         finally:
+            self._hand_back()
             recorder.close(check=False)
             os.close(fd)
 
-    def _lane(self, fd: int, recorder: Recorder, work: queue.SimpleQueue[tuple[int, int, list[int]]],
-              errors: list[BaseException]) -> None:
-        client = self.pool.client_factory(self.target)
+    def _hand_back(self) -> None:
+        """The lanes' connections to the pool's next request (a cancelled job's are closed: cancel aborts them)."""
+        with self.lock:
+            clients, self.clients = self.clients, []
+            keep = not self.cancelled
+        for c in clients:
+            if keep:
+                self.pool.connections.give(c)
+            else:
+                c.close()
+
+    def _lane(self, fd: int, recorder: Recorder, work: SpanQueue, errors: list[BaseException]) -> None:
+        """One connection taking spans from `work` until none is left; from the model server each next span's request
+        is pipelined behind the body being read (RangeClient.ahead): the connection never waits a round trip between
+        two."""
+        def take() -> tuple[int, int, list[int]] | None:
+            return None if errors or self.cancelled else work.take()
+
+        span = take()
+        if span is None:
+            return  # no work left for this lane: no connection taken either
         writer = PieceWriter(self, fd, recorder)
         with self.lock:
-            self.clients.append(client)
             self.writers.append(writer)
-        if self.cancelled:
-            client.abort()
+        following: list[tuple[int, int, list[int]]] = []
+
+        def ahead() -> tuple[int, int] | None:
+            nxt = take()
+            if nxt is None:
+                return None
+            following.append(nxt)
+            return nxt[0], nxt[1]
+
+        client: fetcher.RangeClient | None = None
         try:
-            while not errors:
-                try:
-                    start, end, members = work.get_nowait()
-                except queue.Empty:
-                    break
+            client = self.pool.connections.take(self.target, lambda: self.cancelled or bool(errors))
+            with self.lock:
+                self.clients.append(client)
+                cancelled = self.cancelled
+            if cancelled:
+                client.abort()
+            # pipelined only to the model server, which answers in order by construction; a source URL's server
+            # (a CDN, a proxy) may not, and a lane then waits one round trip per span (spans are up to 16 MiB)
+            client.ahead = None if self.from_source else ahead
+            while span is not None:
+                start, end, members = span
                 writer.begin(start, members)
                 client.read_range(start, end, writer.write)
+                span = following.pop() if following else take()
             writer.flush()
         except Exception as e:
             writer.abandon()
@@ -147,8 +215,11 @@ class Job:
                 others = [c for c in self.clients if c is not client]
             for c in others:  # one lane's failure ends the fetch
                 c.abort()
+            if client is not None:
+                client.close()
         finally:
-            client.close()
+            if client is not None:
+                client.ahead = None
 
     def _outcome(self, error: BaseException | None) -> BaseException | None:
         """The job's result: None when it completed (or was cancelled), else a FetchFailed."""
@@ -189,6 +260,7 @@ class Recorder:
             nbytes = sum(b[1] for b in batches if b is not None)
             if self.error is not None or not pieces:
                 continue
+            self.job.recorded.update(pieces)
             try:
                 self.job.pool.cache.record(self.job.entry, self.fd, pieces)
             except OSError as e:
@@ -286,10 +358,11 @@ class Meter:
     """Progress of one acquire: events at most every `interval_s`, bytes done = verified pieces + bytes in flight."""
 
     def __init__(self, entry: CacheEntry, pieces: list[int], total: int, cached: int,
-                 emit: Callable[[FetchProgress], None] | None, interval_s: float) -> None:
+                 emit: Callable[[FetchProgress], None] | None, interval_s: float, t0: float | None = None) -> None:
         self.entry, self.pieces, self.total, self.cached = entry, set(pieces), total, cached
         self.emit, self.interval_s = emit, interval_s
-        self.t0 = self.last = time.monotonic()
+        self.last = time.monotonic()
+        self.t0 = self.last if t0 is None else t0  # when the bytes it counts began to come (the rate's start)
 
     def report(self, final: bool = False) -> None:
         now = time.monotonic()

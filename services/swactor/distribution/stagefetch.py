@@ -3,10 +3,12 @@
 `FetchPool.acquire(request)` gives the stage a cache file holding, verified, the header and exactly
 the tensors of its layer range (support.stage_tensors); `release(lease)` hands it back. Fetches are
 shared per piece: a request for pieces another fetch is already getting waits for that fetch
-instead of starting its own. Each fetch (`Job`) is one thread with one HTTP connection (blocking
-I/O off the event loop): it requests spans of consecutive missing pieces, hashes each piece as it
-arrives, writes it in place, and records verified pieces in batches (cache.record). A fetch nobody
-waits for any more is cancelled; what it verified stays, so the next request resumes from there.
+instead of starting its own. Each fetch (`Job`) is one thread and `lanes` HTTP connections (blocking
+I/O off the event loop): it requests spans of consecutive missing pieces (pipelined), hashes each piece
+as it arrives, writes it in place, and records verified pieces in batches (cache.record). A fetch nobody
+waits for any more is cancelled; what it verified stays, so the next request resumes from there. The
+connections are the pool's (connections.py): opened while the manifest comes, kept from the manifest to
+the last span and on to the next acquire, so a long round trip is paid in handshakes and slow start once.
 
 With `FetchRequest.source_url` the pieces come from the model's own http(s) URL instead (the manifest
 still from the model server): the orchestrator's uplink is then not the pool's limit. A fetch from the
@@ -26,6 +28,7 @@ from typing import Any
 from swactor.common.events import get_logger
 from swactor.distribution import fetcher
 from swactor.distribution.cache import CacheEntry, CacheFull, WeightsCache, is_disk_full
+from swactor.distribution.connections import Connections
 from swactor.distribution.job import FetchFailed, Job, Meter
 from swactor.distribution.request import FetchProgress, FetchRequest, FetchStarted
 from swactor.modelfile import support
@@ -46,6 +49,12 @@ SOURCE_FALLBACK_REASONS = frozenset({
 })
 
 # FetchFailed.reason values beyond fetcher's: ChecksumMismatch, ManifestMismatch, DiskFull, CacheFull, MalformedGGUF.
+
+
+def _block(tensor: str) -> int:
+    """The block of a `blk.<i>.…` tensor (-1 for a name that does not say one)."""
+    part = tensor.split(".")[1] if tensor.count(".") else ""
+    return int(part) if part.isdigit() else -1
 
 
 @dataclass
@@ -92,6 +101,9 @@ class FetchPool:
         self.stall_timeout_s = stall_timeout_s
         self.progress_interval_s = progress_interval_s
         self.client_factory = client_factory or (lambda t: fetcher.RangeClient(t, stall_timeout_s=stall_timeout_s))
+        # Connections kept from one request to the next: the manifest, the header's and the stage's spans of an
+        # acquire share `lanes` of them per origin (connections.py).
+        self.connections = Connections(self.client_factory)
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by acquire
         self._changed = asyncio.Event()
         self._received_by_ended_jobs = 0  # bytes the fetches that ended received (Job.settle adds them)
@@ -122,26 +134,56 @@ class FetchPool:
                       on_progress: Callable[[FetchProgress], None] | None = None) -> Lease:
         self.loop = asyncio.get_running_loop()
         t0 = time.monotonic()
-        entry = await self._entry(req)
+        try:
+            entry = await self._entry(req)
+        except BaseException:
+            self.loop.call_later(self.connections.keep_s + 1.0, self.connections.prune)  # what `warm` opened
+            raise
         entry.users += 1
         self.cache.touch(entry)
         origin = Origin(req, bool(req.source_url))
+        own: list[Job] = []  # the jobs this acquire started: what it fetched is what they recorded
+        held: set[Job] = set()  # the jobs this acquire waits on (one waiter each, until it ends)
         try:
             m = entry.manifest
-            fetched = await self._ensure(entry, origin, list(range(m.header_pieces)), None)
+            # The header, and with it the tensors the stage needs whatever the header says (certain_pieces): one job,
+            # so the link stays busy while the header is parsed; the rest of the stage's pieces follow on the same
+            # connections. Only once the header's pieces are in does this go on.
+            head = list(range(m.header_pieces))
+            started = time.monotonic()
+            await self._ensure(entry, origin, self._certain_pieces(entry, req), None, own, held, enough=head)
             pieces = await asyncio.to_thread(self._stage_pieces, entry, req)
             await asyncio.to_thread(self.cache.recheck, entry, pieces)
             total = entry.piece_bytes(pieces)
-            # Cached = held before this call (the header it just fetched is not).
-            cached = entry.piece_bytes([i for i in pieces if i in entry.verified]) - fetched
+            # Cached = held before this call (what its own jobs recorded since is not).
+            mine = self._recorded(own)
+            cached = entry.piece_bytes([i for i in pieces if i in entry.verified and i not in mine])
             if on_started is not None:
                 on_started(FetchStarted(total, cached))
-            fetched += await self._ensure(entry, origin, pieces, Meter(entry, pieces, total, cached, on_progress,
-                                                                        self.progress_interval_s))
+            await self._ensure(entry, origin, pieces, Meter(entry, pieces, total, cached, on_progress,
+                                                            self.progress_interval_s, started), own, held)
+            fetched = entry.piece_bytes(self._recorded(own) & entry.verified)
         except BaseException:
             self.release_entry(entry)
             raise
+        finally:
+            self._let_go(held)
+            self.loop.call_later(self.connections.keep_s + 1.0, self.connections.prune)
         return Lease(entry, str(entry.path), total, fetched, time.monotonic() - t0)
+
+    @staticmethod
+    def _recorded(jobs: list[Job]) -> set[int]:
+        return set().union(*(j.recorded for j in jobs))
+
+    @staticmethod
+    def _let_go(held: set[Job]) -> None:
+        """The acquire stops waiting on these jobs: a job nobody waits on any more is cancelled (unless all its
+        pieces are in: it is only handing its connections back)."""
+        for j in held:
+            j.waiters -= 1
+            if j.waiters <= 0 and not j.done.done() and not j.pieces <= j.entry.verified:
+                j.cancel()
+        held.clear()
 
     def release(self, lease: Lease) -> None:
         self.release_entry(lease.entry)
@@ -161,13 +203,15 @@ class FetchPool:
             return known
 
         def fetch_manifest() -> tuple[bytes, Manifest]:
-            client = self.client_factory(self._target(req, "/manifest"))
+            client: fetcher.RangeClient | None = None
             try:
+                client = self.connections.take(self._target(req, "/manifest"))
                 raw = client.get(MANIFEST_LIMIT)
             except fetcher.FetchError as e:
+                if client is not None:
+                    client.close()
                 raise FetchFailed(e.reason, f"manifest: {e.detail}") from None
-            finally:
-                client.close()
+            self.connections.give(client)  # kept for the pieces when they come from the model server too
             try:
                 m = Manifest.decode(raw, expect_digest=req.manifest_sha256)
             except ManifestError as e:
@@ -177,6 +221,10 @@ class FetchPool:
                                                       f"({m.size} bytes), the plan {req.sha256[:16]}… ({req.size} bytes)")
             return raw, m
 
+        # The pieces' connections open while the manifest is on its way (one of them carries the manifest when the
+        # pieces come from the model server): over a long round trip the handshakes then cost nothing more.
+        pieces_target = self.source_target_for(req.source_url) if req.source_url else self._target(req)
+        self.connections.warm(pieces_target, self.lanes)
         raw, manifest = await asyncio.to_thread(fetch_manifest)
         try:
             return await asyncio.to_thread(self.cache.open, raw, manifest)
@@ -184,6 +232,17 @@ class FetchPool:
             raise FetchFailed("CacheFull", str(e)) from None
         except OSError as e:
             raise FetchFailed("DiskFull" if is_disk_full(e) else "CacheIo", f"{self.cache.root}: {e.strerror or e}") from None
+
+    def _certain_pieces(self, entry: CacheEntry, req: FetchRequest) -> list[int]:
+        """The header's pieces and those of the tensors the stage reads whatever its header names: the stage's
+        tensors under every architecture support.py knows (an unknown one takes all of these and more), from the
+        manifest's tensor names alone. Nothing outside what _stage_pieces will say: no byte fetched for nothing."""
+        m = entry.manifest
+        names = set(m.tensors)
+        every = [set(support.stage_tensors(arch, names, req.layer_start, req.layer_end, req.num_layers))
+                 for arch in support.ARCHITECTURES.values()]
+        blocks = {t for t in names if t.startswith("blk.") and req.layer_start <= _block(t) < req.layer_end}
+        return m.pieces_for((set.intersection(*every) if every else blocks) & names)
 
     def _stage_pieces(self, entry: CacheEntry, req: FetchRequest) -> list[int]:
         m = entry.manifest
@@ -200,66 +259,66 @@ class FetchPool:
         arch = support.ARCHITECTURES.get(str(header.get("general.architecture", "")))
         if arch is None:  # not one we know: every tensor of the blocks and every global tensor
             wanted = [t for t in names if not t.startswith("blk.")]
-            wanted += [t for t in names if t.startswith("blk.") and req.layer_start <= int(t.split(".")[1]) < req.layer_end]
+            wanted += [t for t in names if t.startswith("blk.") and req.layer_start <= _block(t) < req.layer_end]
         else:
             wanted = support.stage_tensors(arch, names, req.layer_start, req.layer_end, req.num_layers)
         return m.pieces_for(wanted)
 
     # ---- fetching ----
 
-    async def _ensure(self, entry: CacheEntry, origin: Origin, pieces: list[int], meter: Meter | None) -> int:
-        """Until every piece is verified: start a job for the missing pieces no job holds, wait on
-        the jobs that hold the rest (a cancelled job too, until its thread is out; a job from the
-        source that failed and falls back, too: its pieces are claimed again). Returns the bytes this
-        call's own jobs fetched."""
+    async def _ensure(self, entry: CacheEntry, origin: Origin, pieces: list[int], meter: Meter | None,
+                      own: list[Job], held: set[Job], enough: list[int] | None = None) -> None:
+        """Until every piece (with `enough`: every piece of `enough`) is verified: start a job for the missing
+        pieces no job holds, wait on the jobs that hold the rest (a cancelled job too, until its thread is out; a
+        job from the source that failed and falls back, too: its pieces are claimed again). The jobs it starts go
+        to `own`; those it waits on to `held`, one waiter each, until the caller lets go of them (_let_go): with
+        `enough` they may go on fetching the other pieces after this returns."""
         req = origin.req
         await asyncio.to_thread(self.cache.recheck, entry, pieces)
-        fetched = 0
+        need = pieces if enough is None else enough
         while True:
-            missing = {i for i in pieces if i not in entry.verified}
-            if not missing:
+            # A job that failed (one waited on here, or one an earlier call left running): its pieces go to the
+            # model server (Origin.fall_back) or its failure is this call's.
+            for j in [j for j in held if j.done.done() and j.done.exception() is not None]:
+                held.discard(j)
+                j.waiters -= 1
+                error = j.done.exception()
+                if not origin.fall_back(j, error, self.log):  # type: ignore[arg-type]
+                    raise error  # type: ignore[misc]
+            if all(i in entry.verified for i in need):
                 if meter is not None:
                     meter.report(final=True)
-                return fetched
+                return
+            missing = {i for i in pieces if i not in entry.verified}
             busy = [j for j in entry.jobs if isinstance(j, Job) and j.pieces & missing]
             claimed = set().union(*(j.pieces for j in busy))
             mine = sorted(missing - claimed)
-            own: Job | None = None
             if mine:
                 try:
                     await asyncio.to_thread(self.cache.make_room, entry.piece_bytes(mine), entry.sha256)
                 except CacheFull as e:
                     raise FetchFailed("CacheFull", str(e)) from None
                 if origin.from_source:
-                    own = Job(self, entry, mine, self.source_target_for(req.source_url), from_source=True)
+                    job = Job(self, entry, mine, self.source_target_for(req.source_url), from_source=True)
                 else:
-                    own = Job(self, entry, mine, self._target(req))
-                entry.jobs.add(own)
-                own.thread.start()
-                busy.append(own)
+                    job = Job(self, entry, mine, self._target(req))
+                entry.jobs.add(job)
+                own.append(job)
+                job.thread.start()
+                busy.append(job)
                 self.log.info("weights_fetch_started", sha256=entry.sha256[:16], pieces=len(mine),
-                              bytes=entry.piece_bytes(mine), origin="source" if own.from_source else "server")
+                              bytes=entry.piece_bytes(mine), origin="source" if job.from_source else "server")
             for j in busy:
-                j.waiters += 1
-            try:
-                while not all(j.done.done() for j in busy):
-                    self._changed.clear()
-                    waiter = asyncio.ensure_future(self._changed.wait())
-                    await asyncio.wait([waiter, *(j.done for j in busy if not j.done.done())],
-                                       return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
-                    if meter is not None:
-                        meter.report()
-                if own is not None:
-                    fetched += own.total_bytes - own.remaining_bytes
-                failed = [(j, j.done.exception()) for j in busy if j.done.exception() is not None]
-                for j, error in failed:
-                    if not origin.fall_back(j, error, self.log):
-                        raise error  # type: ignore[misc]
-            finally:
-                for j in busy:
-                    j.waiters -= 1
-                    if j.waiters <= 0 and not j.done.done():
-                        j.cancel()
-
-
+                if j not in held:
+                    held.add(j)
+                    j.waiters += 1
+            while not all(j.done.done() for j in busy):
+                if enough is not None and all(i in entry.verified for i in need):
+                    break
+                self._changed.clear()
+                waiter = asyncio.ensure_future(self._changed.wait())
+                await asyncio.wait([waiter, *(j.done for j in busy if not j.done.done())],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                if meter is not None:
+                    meter.report()
