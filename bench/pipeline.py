@@ -5,6 +5,7 @@ stages (one host each), next to the single-process worker (the compute core's St
   .venv/bin/python bench/pipeline.py [--stages 1,2,3,4] [--max-tokens 24] [--device CPU] [--loopback] [--model PATH]
                                      [--prefill-chunk N] [--long-prompt 512] [--sweep 16,32,64,128]
                                      [--png bench/out/pipeline_timeline.png] [--json bench/out/pipeline.json]
+                                     [--no-step-grants]
 
 Per S, one warm-up run (loads the stage weights and compiles its graphs before the barrier, or loads
 them from the graph cache; the workers keep the weights for the next run of the same plan), one
@@ -256,6 +257,8 @@ def main() -> int:
     ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png",
                     help="timeline plot ('' for none: no matplotlib needed)")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline.json")
+    ap.add_argument("--no-step-grants", action="store_true",
+                    help="[worker].step_grants = false: every decode step waits for its ExecuteStep (for comparison)")
     a = ap.parse_args()
     stages = [int(s) for s in a.stages.split(",")]
     from swactor.localcluster import ClusterSpec, LocalCluster
@@ -282,7 +285,8 @@ def main() -> int:
     timelines = {}
     tables: dict[int, tuple[dict[str, list[float]], int]] = {}
     spec = ClusterSpec(hosts=max(stages), model=model, device=a.device, netns=False if a.loopback else None,
-                       compute_threads=a.compute_threads, orchestrator={"prefill_chunk": chunk})
+                       compute_threads=a.compute_threads, orchestrator={"prefill_chunk": chunk},
+                       workers={h: {"step_grants": False} for h in range(max(stages))} if a.no_step_grants else {})
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         for s in stages:

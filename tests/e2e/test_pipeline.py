@@ -159,6 +159,10 @@ def test_three_stages_match_llamacpp_greedy(cluster3: LocalCluster) -> None:
         assert pb.COMPILE_PROGRESS in mine and mine.index(pb.COMPILE_PROGRESS) < mine.index(pb.STAGE_READY)
     assert_edge_timings(res, stages=3)
     assert_distribution(res, cluster3, stages=3)
+    for k in range(3):  # a run alone decodes under a step grant: each stage's first decode row is its last ExecuteStep
+        rows = [e for e in res.events if e.kind == pb.EXECUTE_STEP_STARTED and e.stage_index == k
+                and e.counters["rows"] == 1]
+        assert len(rows) == n - 1 and [e.counters["granted"] for e in rows] == [0] + [1] * (n - 2), (k, rows)
     left = leases_of(cluster3, run_edges(res.finished))
     assert not any(left.values()), (f"this run's arena leases (ring_id, requester, edge_id) live after teardown: "
                                     f"{left}; teardown took {res.summary()['teardown_s']} s")

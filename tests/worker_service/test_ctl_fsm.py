@@ -229,3 +229,19 @@ def test_a_spawn_that_returns_after_its_generation_gave_up_is_killed() -> None:
     assert core.handle(Spawned(1, 41), 0.1) == [KillProcess(1)]
     core.handle(ProcessExited(1, -9), 0.2)
     assert core.state is CtlState.STOPPED
+
+
+def test_a_step_the_worker_started_under_a_grant_fails_with_the_process() -> None:
+    core = running()
+    install(core, 7)
+    g = wire.GrantSteps(9, 80, 1, 7, 0, 16, wire.OutputBinding(1, 8, 0, 0, 16))
+    assert core.handle(Send(g), 0.0) == [WriteCommand(g)]
+    (ev,) = delivered(core.handle(Send(wire.GrantSteps(9, 90, 2, 7, 0, 16, g.output)), 0.0))
+    assert ev == wire.GrantEnded(9, 2, 0, "grant 1 stands")  # one at a time, answered here
+    core.handle(FromWorker(1, wire.ObjectLoaded(7, 3, 0, 1, 0, 16, wire.DeviceHandle(1, 5), 0, 80)), 0.0)
+    assert core.step_in_flight == (9, 80) and core.handles == {5}
+    events = delivered(core.handle(ProcessExited(1, -9), 0.0))
+    assert wire.StepFailed(9, 80, pb.STEP_FAILURE_WORKER_PROCESS_EXITED, "worker process gone") in events
+    assert core.grant is None
+    (ev,) = delivered(core.handle(Send(g), 0.0))  # no process: the grant ends at once
+    assert isinstance(ev, wire.GrantEnded) and ev.grant_id == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from swactor.worker.process import wire
+from swactor.worker.stage_messages import GrantTerms
 from swactor.worker.stage_scheduler import Asked, StepScheduler
 
 
@@ -86,3 +87,60 @@ def test_rows_wait_a_little_for_the_other_decoding_runs() -> None:
     s.ask(asked(4, rows=16))  # a prompt chunk never waits
     d = s.next(now=7.0)
     assert d is not None and d.members[0].rows == 16
+
+
+# ---- step grants ----
+
+
+def terms(sequence: int = 2, start_pos: int = 5) -> GrantTerms:
+    return GrantTerms(ring_id=50, sequence=sequence, row_bytes=4, start_pos=start_pos,
+                      output=wire.OutputBinding(1, 1001, 0, 0, 4))
+
+
+def test_a_run_alone_decoding_gets_a_grant_that_continues_its_step_ids() -> None:
+    s = StepScheduler(max_batch=2)
+    s.ask(asked(1, start_pos=4))
+    d = s.next()
+    assert d is not None
+    g = s.grant_after(d, alone=True, terms=terms())
+    assert g == wire.GrantSteps(1, d.step.step_id + 1, 1, 50, 2, 4, wire.OutputBinding(1, 1001, 0, 0, 4),
+                                {"start_pos": 5, "slot": 1})
+    assert s.grant_after(d, alone=True, terms=terms()) is None  # one at a time
+    assert s.finished(d.step.step_id) is d
+    s.adopt(g.step_id, (asked(1, start_pos=5, own_step=2),), 1.0)  # the worker started the next row itself
+    assert s.in_flight is not None and s.in_flight.step.step_id == g.step_id and s.granted_steps == 1
+    assert s.finished(g.step_id) is not None and s.next() is None  # nothing else goes out while it stands
+    s.ask(asked(2))
+    assert s.to_revoke(alone=False, active=True) == wire.RevokeGrant(1, 1)
+    assert s.to_revoke(alone=False, active=True) is None  # once
+    assert s.next() is None
+    assert not s.grant_ended(7) and s.grant_ended(1)
+    d2 = s.next()
+    assert d2 is not None and d2.step.step_id > g.step_id  # ids never reused
+
+
+@pytest.mark.parametrize(("rows", "alone", "with_terms", "other_waiting"), [
+    (64, True, True, False),  # a prompt chunk
+    (1, False, True, False),  # another run is here: its rows batch with this one's
+    (1, True, False, False),  # the controller cannot say what comes next
+    (1, True, True, True),  # a step already waits
+])
+def test_no_grant_unless_a_lone_decode_row(rows: int, alone: bool, with_terms: bool, other_waiting: bool) -> None:
+    s = StepScheduler(max_batch=2)
+    s.ask(asked(1, rows=rows))
+    d = s.next()
+    assert d is not None
+    if other_waiting:
+        s.ask(asked(2))
+    assert s.grant_after(d, alone=alone, terms=terms() if with_terms else None) is None
+
+
+def test_a_grant_is_revoked_when_its_run_leaves_and_forgotten_with_the_process() -> None:
+    s = StepScheduler()
+    s.ask(asked(1))
+    d = s.next()
+    assert d is not None and s.grant_after(d, alone=True, terms=terms()) is not None
+    assert s.to_revoke(alone=True, active=True) is None
+    assert s.to_revoke(alone=True, active=False) == wire.RevokeGrant(1, 1)
+    s.reset()
+    assert s.grant is None

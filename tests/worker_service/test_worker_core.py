@@ -184,6 +184,8 @@ COMMAND_TABLE = [  # every wire command in Running, on an empty worker: what it 
     (wire.RingReadable(5), []),
     (wire.RingWritable(5), []),
     (wire.ExecuteStep(5, 1, [], []), [m.Emit]),  # StepFailed: no role
+    (wire.GrantSteps(5, 1, 1, 5, 0, 16, wire.OutputBinding(1, 6, 0, 0, 16)), [m.Emit]),  # GrantEnded: no role
+    (wire.RevokeGrant(5, 1), []),  # no grant stands: ignored
     (wire.ReleaseDeviceObject(wire.DeviceHandle(1, 3)), [m.Emit]),  # ReleaseFailed: unknown
     (wire.ShutdownWorker("Graceful"), [m.Emit, m.Exit]),  # nothing in flight: stopped at once
 ]
@@ -551,3 +553,93 @@ def test_the_device_memory_limit_reaches_the_backend() -> None:
     core = WorkerCore(ARENA)
     core.handle(wire.InitializeWorker(1, ARENA, ABI, {"device": "CPU", "memory_limit": 1 << 20}))
     assert core.handle(m.RingHelperOpened(ABI, CODEC)) == [m.OpenBackend("CPU", 1 << 20)]
+
+
+# ---- step grants (docs/worker.md "Step grants") ----
+
+
+def grant(sequence: int = 0, step_id: int = 7, grant_id: int = 1, start_pos: int = 3) -> wire.GrantSteps:
+    """Rows of 16 bytes on ingress ring 5, each written to egress ring 6."""
+    return wire.GrantSteps(9, step_id, grant_id, 5, sequence, 16, wire.OutputBinding(1, 6, 0, 0, 16),
+                           {"start_pos": start_pos, "slot": 0})
+
+
+def granted_worker() -> tuple[Worker, Any]:
+    w = Worker()
+    role = w.role()
+    w.ring(5, "Ingress")
+    w.ring(6, "Egress")
+    assert w(grant()) == []
+    return w, role
+
+
+def push(w: Worker, seq: int, payload: bytes, flags: int = 0) -> list[m.Action]:
+    from swactor.edgeend.objects import HeaderFacts
+
+    w.rings[5].push(CODEC.encode(HeaderFacts(500 + seq, seq, len(payload), flags)) + payload)
+    return w(m.Signal.WAKE)
+
+
+def test_granted_rows_run_as_they_load_each_as_the_controller_would_have_sent_it() -> None:
+    w, role = granted_worker()
+    for k in range(2):  # one step id and one position further each
+        acts = push(w, k, bytes(16))
+        (loaded,) = events(acts)
+        assert loaded == wire.ObjectLoaded(5, 15, 0, 500 + k, k, 16, loaded.device_handle, 0, 7 + k)
+        inp = w.core.handles[loaded.device_handle.id]
+        assert only(acts, m.RunStep) == [m.RunStep(7 + k, role, [inp], {"start_pos": 3 + k, "slot": 0})]
+        assert w.core.step is not None and w.core.step.cmd.outputs == [wire.OutputBinding(1, 6, 500 + k, k, 16, 0)]
+        assert events(w(m.StepRan(7 + k, [BytesSource(bytes(16))]))) == [wire.ObjectProduced(6, 16, 0, 500 + k, k, 16),
+                                            wire.DeviceObjectReleased(loaded.device_handle), wire.StepCompleted(9, 7 + k)]
+    assert w.core.handles == {} and w.core.grant is not None and w.core.grant.sequence == 2
+
+
+@pytest.mark.parametrize(("payload", "flags", "cause"), [
+    (bytes(32), 0, "is not a granted row"),  # two rows: a prompt chunk, the controller's
+    (bytes(16), 1, "is not a granted row"),  # PROMPT_CONTINUES: a prompt row
+])
+def test_an_object_the_grant_does_not_cover_ends_it_before_its_object_loaded(payload: bytes, flags: int, cause: str) -> None:
+    w, _role = granted_worker()
+    acts = push(w, 0, payload, flags)
+    ended, loaded = events(acts)
+    assert (ended.grant_id, ended.sequence) == (1, 0) and cause in ended.cause
+    assert isinstance(loaded, wire.ObjectLoaded) and loaded.granted_step == 0
+    assert not only(acts, m.RunStep) and w.core.grant is None
+
+
+def test_an_object_behind_a_step_in_flight_is_the_controllers() -> None:
+    w, _role = granted_worker()
+    assert events(push(w, 0, bytes(16)))[0].granted_step == 7  # step 7 in flight from here
+    acts = push(w, 1, bytes(16))
+    ended, loaded = events(acts)
+    assert "in flight" in ended.cause and ended.sequence == 1 and loaded.granted_step == 0
+    assert not only(acts, m.RunStep)
+
+
+def test_revoke_ends_the_grant_once_and_the_next_rows_wait_for_execute_step() -> None:
+    w, _role = granted_worker()
+    assert events(w(wire.RevokeGrant(9, 1))) == [wire.GrantEnded(9, 1, 0, "revoked")]
+    assert w(wire.RevokeGrant(9, 1)) == []  # already ended: ignored
+    acts = push(w, 0, bytes(16))
+    assert events(acts)[0].granted_step == 0 and not only(acts, m.RunStep)
+
+
+def test_a_grant_ends_with_its_rings_and_is_refused_without_role_rings_or_beside_another() -> None:
+    w, _role = granted_worker()
+    acts = w(wire.UninstallRing(6, pb.UNINSTALL_EDGE_STOPPED))
+    assert [type(e).__name__ for e in events(acts)] == ["GrantEnded", "RingQuiesced"]
+
+    w = Worker()
+    assert "not configured" in events(w(grant()))[0].cause
+    w.role()
+    assert "not installed" in events(w(grant()))[0].cause
+    w.ring(5, "Ingress")
+    w.ring(6, "Egress")
+    assert w(grant()) == []
+    assert events(w(grant(grant_id=2))) == [wire.GrantEnded(9, 2, 0, "grant 1 stands")]
+
+
+def test_shutdown_ends_the_grant_and_draining_refuses_one() -> None:
+    w, _role = granted_worker()
+    acts = w(wire.ShutdownWorker("Graceful"))
+    assert events(acts)[0] == wire.GrantEnded(9, 1, 0, "worker shutting down")

@@ -66,6 +66,10 @@ class WorkerConfig(sockets.EdgeEndSockets):
     # on the stage, so their rows go through it as one batched step (0: never wait; each row goes as soon as the
     # compute process is free).
     batch_gather_ms: float = 10.0
+    # A run alone on a stage decodes under a standing grant of its steps (docs/worker.md "Step grants"): its decode
+    # step starts as its input loads, without a round trip through the node service. false: every step waits for
+    # its ExecuteStep (for comparison).
+    step_grants: bool = True
 
     def __post_init__(self) -> None:
         if self.stage_devices < 0:

@@ -168,6 +168,7 @@ class CtlCore:
     rings: dict[int, InstalledRing] = field(default_factory=dict)
     handles: set[int] = field(default_factory=set)
     step_in_flight: tuple[int, int] | None = None  # (role_id, step_id)
+    grant: tuple[int, int] | None = None  # (role_id, grant_id) of the GrantSteps that stands: its steps start there
     deadline: float | None = None
     shutdown_mode: str = "Graceful"
     # Rings sent UninstallRing and not yet RingQuiesced. A process that does not quiesce them within
@@ -218,6 +219,7 @@ class CtlCore:
         self.handles.clear()
         self.quiescing.clear()
         self.step_in_flight = None
+        self.grant = None
         self.deadline = now + self.init_timeout_s
         self._transition(CtlState.SPAWNING)
         return [SpawnProcess(self.worker_generation)]
@@ -285,6 +287,7 @@ class CtlCore:
 
     def _synthesize_ring_ends(self, step_reason: int, ring_reason: int) -> list[Action]:
         actions: list[Action] = []
+        self.grant = None  # it went with the process; the node's scheduler forgets it with the step
         if self.step_in_flight is not None:
             role_id, step_id = self.step_in_flight
             self.step_in_flight = None
@@ -322,8 +325,12 @@ class CtlCore:
                 self.quiescing.discard(rid)
                 if not self.quiescing and self.state is CtlState.RUNNING:
                     self.deadline = None
-            case wire.ObjectLoaded(device_handle=h):
+            case wire.ObjectLoaded(device_handle=h, granted_step=granted):
                 self.handles.add(h.id)
+                if granted and self.grant is not None:
+                    self.step_in_flight = (self.grant[0], granted)
+            case wire.GrantEnded(grant_id=gid) if self.grant is not None and self.grant[1] == gid:
+                self.grant = None
             case wire.DeviceObjectReleased(device_handle=h):
                 self.handles.discard(h.id)
             case wire.StepCompleted() | wire.StepFailed():
@@ -344,6 +351,8 @@ class CtlCore:
                 return [Deliver(wire.RingQuiesced(rid))]
             case wire.ConfigureRole(role_id=role_id):
                 return [Deliver(wire.RoleFailed(role_id, pb.ROLE_FAILURE_WORKER_UNAVAILABLE, detail))]
+            case wire.GrantSteps(role_id=role_id, grant_id=gid, sequence=seq):
+                return [Deliver(wire.GrantEnded(role_id, gid, seq, detail))]
         return []
 
     def _send(self, cmd: wire.Command, now: float) -> list[Action]:
@@ -378,6 +387,10 @@ class CtlCore:
                                             f"handle {b.device_handle} is not live in generation "
                                             f"{self.worker_generation}")
                 self.step_in_flight = (role_id, step_id)
+            case wire.GrantSteps(role_id=role_id, grant_id=gid, sequence=seq):
+                if self.grant is not None:
+                    return [Deliver(wire.GrantEnded(role_id, gid, seq, f"grant {self.grant[1]} stands"))]
+                self.grant = (role_id, gid)
             case wire.ReleaseDeviceObject(device_handle=h) if h.worker_generation != self.worker_generation:
                 return [Deliver(wire.ReleaseFailed(h, pb.RELEASE_FAILURE_STALE_GENERATION))]
             case wire.ShutdownWorker(mode=mode):

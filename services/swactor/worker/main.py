@@ -107,7 +107,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
                   orchestrator_node_id=cfg.orchestrator_node_id or None,
                   weights=weights, lease_window_s=cfg.control_lease_s,
                   arena_pressure_timeout_s=cfg.arena_pressure_timeout_s, batch_gather_s=cfg.batch_gather_ms / 1000,
-                  device_index=index)
+                  device_index=index, step_grants=cfg.step_grants)
         for index, ctl in enumerate(ctls)])
     server, port, health = create_server(tcp_address=cfg.control_address, service_names=[SERVICE_NAME],
                                          server_credentials=control_tls.server_credentials(secret, node_id),

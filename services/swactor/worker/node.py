@@ -104,7 +104,7 @@ class StageNode:
                  orchestrator_node_id: int | None = None, weights: WeightsFetcher | None = None,
                  lease_window_s: float = DEFAULT_WINDOW_S, clock: Callable[[], float] = time.monotonic,
                  arena_pressure_timeout_s: float = DEFAULT_LEASE_TIMEOUT_S,
-                 batch_gather_s: float = DEFAULT_GATHER_S, device_index: int = 0) -> None:
+                 batch_gather_s: float = DEFAULT_GATHER_S, device_index: int = 0, step_grants: bool = True) -> None:
         self.node_id = node_id
         self.device_index = device_index  # which of the node's stage devices this is (worker/devices.py)
         self.ctl = ctl
@@ -117,6 +117,7 @@ class StageNode:
                                       lease_timeout_s=arena_pressure_timeout_s)
         self.runs: dict[int, RunLog] = {}  # the runs here (active ones, then a bounded history of finished ones)
         self.scheduler = StepScheduler(gather_s=batch_gather_s)
+        self.step_grants = step_grants  # [worker].step_grants: a run alone here decodes under a standing grant
         self.steps = StepTotals()  # completed compute steps per stage index (GetHostMetrics)
         self._gather_timer: asyncio.TimerHandle | None = None
         self._answering = False  # a step's runs are being answered: the next step waits until all of them were
@@ -334,6 +335,9 @@ class StageNode:
                     self.weights.cancel(log.run_id)
                 case stage_fsm.ToWorker(wire.ExecuteStep() as step):
                     self.scheduler.ask(Asked(log.run_id, log.slot, stage.step_rows, step, self._clock()))
+                case stage_fsm.StepAdopted(step, worker_step_id):
+                    now = self._clock()
+                    self.scheduler.adopt(worker_step_id, (Asked(log.run_id, log.slot, stage.step_rows, step, now),), now)
                 case stage_fsm.ToWorker(cmd):
                     self.ctl.send(cmd)
                 case stage_fsm.Report(event, cause, detail):
@@ -353,12 +357,26 @@ class StageNode:
         if self._gather_timer is not None:
             self._gather_timer.cancel()
             self._gather_timer = None
+        active = self.active_runs()
         # runs past their prompt, whose next row comes back here after their token went round
-        self.scheduler.expected = sum(1 for log in self.active_runs() if log.stage.position > 0
+        self.scheduler.expected = sum(1 for log in active if log.stage.position > 0
                                       and log.stage.state in (stage_fsm.StageState.READY, stage_fsm.StageState.EXECUTING))
+        alone = len(active) == 1
+        grant = self.scheduler.grant
+        if grant is not None:
+            log = self.runs.get(grant.run_id)
+            revoke = self.scheduler.to_revoke(alone, log is not None and log.active and not log.leaving)
+            if revoke is not None:
+                self.ctl.send(revoke)
+            return  # nothing else goes out while a grant stands; GrantEnded dispatches again
         dispatch = self.scheduler.next(self._clock())
         if dispatch is not None:
             self.ctl.send(dispatch.step)
+            log = self.runs.get(dispatch.members[0].run_id)
+            terms = log.stage.grant_terms() if self.step_grants and log is not None else None
+            grant_cmd = self.scheduler.grant_after(dispatch, alone, terms)
+            if grant_cmd is not None:
+                self.ctl.send(grant_cmd)
         elif self.scheduler.hold_until is not None:
             self._gather_timer = asyncio.get_running_loop().call_later(
                 max(0.0, self.scheduler.hold_until - self._clock()), self._dispatch)
@@ -472,7 +490,9 @@ class StageNode:
                 self._est(est.RingFault(rid, r, d))
             case wire.RingQuiesced(ring_id=rid):
                 self._est(est.RingQuiesced(rid))
-            case wire.WorkerStopped() | wire.DeviceObjectReleased() | wire.ReleaseFailed():
+            case wire.DeviceObjectReleased():
+                pass  # one per step: the ctl keeps the handle table, a log line each would cost every token
+            case wire.WorkerStopped() | wire.ReleaseFailed():
                 self._log.info("worker_event", worker_event=type(ev).__name__)
             case wire.RoleProgress() | wire.RoleConfigured() | wire.RoleFailed():
                 if isinstance(ev, wire.RoleConfigured):
@@ -480,10 +500,17 @@ class StageNode:
                 self._route(self._run_of_role.get(ev.role_id), ev)
             case wire.ObjectLoaded():
                 run_id = self._run_of_edge.get(ev.edge_id)
-                if run_id is None or not self.runs[run_id].active:  # no run's input: never executed on
-                    self.ctl.send(wire.ReleaseDeviceObject(ev.device_handle))
-                else:
+                if run_id is not None and self.runs[run_id].active:
                     self._stage_input(run_id, ev)
+                elif not ev.granted_step:  # no run's input: never executed on
+                    self.ctl.send(wire.ReleaseDeviceObject(ev.device_handle))
+                running = self.scheduler.in_flight
+                if ev.granted_step and (running is None or running.step.step_id != ev.granted_step):
+                    self.scheduler.adopt(ev.granted_step, (), self._clock())  # its run had left: nobody to answer
+            case wire.GrantEnded(grant_id=gid, sequence=seq, cause=cause):
+                if self.scheduler.grant_ended(gid):
+                    self._log.debug("step_grant_ended", grant_id=gid, sequence=seq, cause=cause)
+                    self._dispatch()
             case wire.ObjectFailed() | wire.ObjectProduced():
                 self._route(self._run_of_edge.get(ev.edge_id), ev)
             case wire.StepCompleted() | wire.StepFailed():
@@ -501,7 +528,7 @@ class StageNode:
             return
         if isinstance(ev, wire.StepCompleted):
             self._health(WorkerWorks())
-            log = self.runs.get(ended.members[0].run_id)
+            log = self.runs.get(ended.members[0].run_id) if ended.members else None
             if log is not None:
                 self.steps.completed(log.stage_index, self._clock() - ended.sent_at)
         self._answering = True  # every run answered first: those that ask again go out together

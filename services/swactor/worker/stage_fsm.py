@@ -41,11 +41,13 @@ from swactor.worker.stage_messages import (
     FetchProgress,
     FetchStarted,
     FetchWeights,
+    GrantTerms,
     Input,
     Provision,
     ProvisionEdge,
     Report,
     StagePlan,
+    StepAdopted,
     StopEdge,
     StopRun,
     ToWorker,
@@ -85,6 +87,7 @@ class StageController:
     rx: EdgeActor | None = None
     tx: EdgeActor | None = None
     out_ring_id: int | None = None
+    in_ring_id: int | None = None
     next_sequence: int = 0
     position: int = 0
     step_id: int = 0
@@ -233,6 +236,8 @@ class StageController:
                 actor.on("EdgeReady")
                 if actor is self.tx:
                     self.out_ring_id = ring_id
+                else:
+                    self.in_ring_id = ring_id
                 return [self._event(common_pb2.EDGE_READY, edge_id=edge_id, ring_id=ring_id), *self._maybe_ready()]
             case EdgeFailed(edge_id, reason, component, detail):
                 return self._faulted(reason, component, "", detail, edge_id=edge_id)
@@ -286,13 +291,14 @@ class StageController:
     def _loaded(self, ev: wire.ObjectLoaded) -> list[Action]:
         p = self.plan
         assert p is not None and self.rx is not None
-        release = [ToWorker(wire.ReleaseDeviceObject(ev.device_handle))]
+        # a granted step's input is the worker's to release when that step ends
+        release = [] if ev.granted_step else [ToWorker(wire.ReleaseDeviceObject(ev.device_handle))]
         if ev.edge_id != p.inbound.edge_id:
             return release  # not this stage's input: never execute on it
         ids = {"edge_id": ev.edge_id, "ring_id": ev.ring_id, "object_id": ev.object_id, "sequence": ev.sequence}
         loaded = self._traced(self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, **ids))
         expected = self.waiting[-1].sequence + 1 if self.waiting else self.next_sequence
-        if self.state is StageState.EXECUTING and ev.sequence == expected:
+        if self.state is StageState.EXECUTING and ev.sequence == expected and not ev.granted_step:
             self.waiting.append(ev)  # starts when the steps before it completed: still one step at a time
             return loaded
         if self.state is not StageState.READY:
@@ -307,6 +313,16 @@ class StageController:
                 f"loaded sequence {ev.sequence}, expected {self.next_sequence}", **ids)]
         self.rx.on("ObjectLoaded")
         return [*loaded, *self._execute(ev)]
+
+    def grant_terms(self) -> GrantTerms | None:
+        """What this run's next decode step will be, for a standing grant (stage_scheduler.py): None unless it
+        is executing a step of one row, the rows after it being its decode rows."""
+        p = self.plan
+        if p is None or self.state is not StageState.EXECUTING or self.step_rows != 1 or self.waiting \
+                or self.in_ring_id is None or self.out_ring_id is None:
+            return None
+        return GrantTerms(self.in_ring_id, self.next_sequence, p.in_row_bytes, self.position,
+                          wire.OutputBinding(OUTPUT_PORT, self.out_ring_id, 0, 0, p.out_row_bytes))
 
     def _execute(self, ev: wire.ObjectLoaded) -> list[Action]:
         p = self.plan
@@ -330,8 +346,9 @@ class StageController:
         self.step_rows = rows
         self.next_sequence = ev.sequence + 1
         return [*self._traced(self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
-                                          object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows})),
-                ToWorker(self.step)]
+                                          object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows,
+                                                                             "granted": int(bool(ev.granted_step))})),
+                StepAdopted(self.step, ev.granted_step) if ev.granted_step else ToWorker(self.step)]
 
     def _object_event(self, inp: wire.ObjectFailed | wire.ObjectProduced) -> list[Action]:
         match inp:

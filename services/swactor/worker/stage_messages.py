@@ -113,6 +113,25 @@ class ToWorker:
 
 
 @dataclass(frozen=True)
+class GrantTerms:
+    """What a run's StageController says its next decode step will be (StageController.grant_terms)."""
+
+    ring_id: int  # its ingress ring
+    sequence: int  # the next object's
+    row_bytes: int  # one input row's bytes
+    start_pos: int  # its position
+    output: wire.OutputBinding  # port, ring and extent of its output (object id, sequence, flags: the input's)
+
+
+@dataclass(frozen=True)
+class StepAdopted:
+    """The compute process started this step under the node's standing grant (ObjectLoaded.granted_step): the
+    controller's own ExecuteStep for it, never sent; `worker_step_id` is the id the worker gave it."""
+    step: wire.ExecuteStep
+    worker_step_id: int
+
+
+@dataclass(frozen=True)
 class Report:
     """A §40 lifecycle event of this stage (time is stamped by the shell)."""
 
@@ -121,4 +140,4 @@ class Report:
     detail: str = ""
 
 
-Action = ProvisionEdge | StopEdge | FetchWeights | CancelFetch | ToWorker | Report
+Action = ProvisionEdge | StopEdge | FetchWeights | CancelFetch | ToWorker | StepAdopted | Report

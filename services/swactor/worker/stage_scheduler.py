@@ -16,6 +16,11 @@ The scheduler stands between them (docs/runs-in-flight.md):
   are decoding here (`expected`), the rows wait up to `gather_s` from the first one's arrival for the others; once
   batched, the runs' rows come back close together and stay batched.
 
+- Step grants: a run alone on the stage, decoding, gets a standing grant of its next one-row steps (wire.GrantSteps),
+  so its decode step starts as its input loads, without a round trip through this process (docs/worker.md "Step
+  grants"). While a grant stands nothing else is sent; a step of another run (or any other step) waiting revokes it
+  first. A granted step the worker started is adopted as the one in flight.
+
 Step ids: the compute process sees the scheduler's own ids (runs' StageControllers count theirs from 1 each); a
 completion or failure is answered to each run in the step with its own step id (`Dispatch.members`).
 """
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.worker.process import wire
+from swactor.worker.stage_messages import GrantTerms
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,15 @@ class Dispatch:
 
 
 @dataclass
+class StandingGrant:
+    """A GrantSteps sent to the compute process and not yet ended (GrantEnded)."""
+
+    run_id: int
+    grant: wire.GrantSteps
+    revoking: bool = False  # RevokeGrant sent: nothing more to do but wait for GrantEnded
+
+
+@dataclass
 class StepScheduler:
     max_batch: int = 1  # the most runs' rows one step carries (the stage's KV slots)
     gather_s: float = 0.0  # how long rows wait for the other decoding runs' rows (0: never)
@@ -63,7 +78,10 @@ class StepScheduler:
     in_flight: Dispatch | None = None
     chunk_last: bool = False  # the last dispatch was a prompt chunk: rows go next if any wait
     widths: Counter[int] = field(default_factory=Counter)  # steps sent, by how many runs they carried
+    grant: StandingGrant | None = None
+    granted_steps: int = 0  # steps the compute process started under grants
     _next_step_id: int = 0
+    _next_grant_id: int = 0
 
     def ask(self, asked: Asked) -> None:
         """A run's StageController asked for a step; it goes out with a later `next`."""
@@ -84,11 +102,53 @@ class StepScheduler:
         return self.waiting.pop(run_id, None)
 
     def reset(self) -> list[Asked]:
-        """The compute process is gone: every step waiting or in flight ends with it."""
+        """The compute process is gone: every step waiting or in flight ends with it, and its grant."""
         lost = list(self.waiting.values()) + (list(self.in_flight.members) if self.in_flight else [])
         self.waiting.clear()
         self.in_flight = None
+        self.grant = None
         return lost
+
+    # ---- step grants ----
+
+    def grant_after(self, dispatch: Dispatch, alone: bool, terms: GrantTerms | None) -> wire.GrantSteps | None:
+        """The grant to send after `dispatch`, or None: a decode row of a run alone here (`alone`: no other run
+        active on the stage) whose controller can name the next step (`terms`)."""
+        if self.grant is not None or terms is None or not alone or dispatch.batched or dispatch.members[0].rows != 1 \
+                or self.waiting:
+            return None
+        asked = dispatch.members[0]
+        self._next_grant_id += 1
+        cmd = wire.GrantSteps(asked.step.role_id, dispatch.step.step_id + 1, self._next_grant_id, terms.ring_id,
+                              terms.sequence, terms.row_bytes, terms.output, {"start_pos": terms.start_pos, "slot": asked.slot})
+        self.grant = StandingGrant(asked.run_id, cmd)
+        return cmd
+
+    def to_revoke(self, alone: bool, active: bool) -> wire.RevokeGrant | None:
+        """RevokeGrant when the standing grant must end: another step waits, another run is here (`alone` False),
+        or its run is leaving (`active` False). Once per grant."""
+        g = self.grant
+        if g is None or g.revoking or (alone and active and not self.waiting):
+            return None
+        g.revoking = True
+        return wire.RevokeGrant(g.grant.role_id, g.grant.grant_id)
+
+    def grant_ended(self, grant_id: int) -> bool:
+        """GrantEnded: True when it was the standing grant (dispatch may go on)."""
+        if self.grant is None or self.grant.grant.grant_id != grant_id:
+            return False
+        self.grant = None
+        return True
+
+    def adopt(self, worker_step_id: int, members: tuple[Asked, ...], now: float = 0.0) -> None:
+        """The compute process started step `worker_step_id` under the grant (its ObjectLoaded said so): it is the
+        step in flight, answered to `members` (none: its run had left) when it ends."""
+        first = members[0].step if members else None
+        step = wire.ExecuteStep(first.role_id if first else 0, worker_step_id, first.inputs if first else [],
+                                first.outputs if first else [], first.runtime if first else {})
+        self._next_step_id = max(self._next_step_id, worker_step_id)
+        self.granted_steps += 1
+        self.in_flight = Dispatch(step, members, now)
 
     # ---- policy ----
 
@@ -96,7 +156,7 @@ class StepScheduler:
         """The step to send now (one run's, or several runs' rows as one), when the compute process is idle; None
         also while rows are gathered (`hold_until` says till when)."""
         self.hold_until = None
-        if self.in_flight is not None or not self.waiting:
+        if self.in_flight is not None or not self.waiting or self.grant is not None:
             return None
         rows = [a for a in self.waiting.values() if a.rows == 1]
         chunks = [a for a in self.waiting.values() if a.rows > 1]

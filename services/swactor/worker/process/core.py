@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.reasons import ReasonError, name
 from swactor.edgeend.objects import Broken, Closed, Failed, Loaded, OutputRejected, Produced
 from swactor.v1 import common_pb2 as pb
@@ -48,6 +49,29 @@ class Step:
         return self.ran and self.done >= set(self.outputs)
 
 
+@dataclass
+class Grant:
+    """A GrantSteps that stands, and where it is: the next object it takes, the step id and position that gets."""
+
+    cmd: wire.GrantSteps
+    sequence: int
+    step_id: int
+    start_pos: int
+
+    def covers(self, facts: Any) -> bool:
+        return (facts.sequence == self.sequence and facts.extent == self.cmd.row_bytes
+                and not facts.flags & PROMPT_CONTINUES)
+
+    def next_step(self, port_id: int, facts: Any, handle: wire.DeviceHandle) -> wire.ExecuteStep:
+        """The ExecuteStep the stage controller would have sent for this object; the grant moves past it."""
+        c, o = self.cmd, self.cmd.output
+        step = wire.ExecuteStep(c.role_id, self.step_id, [wire.InputBinding(port_id, facts.object_id, facts.sequence, handle)],
+                                [wire.OutputBinding(o.port_id, o.ring_id, facts.object_id, facts.sequence, o.extent, facts.flags)],
+                                {**c.runtime, "start_pos": self.start_pos}, True)
+        self.sequence, self.step_id, self.start_pos = self.sequence + 1, self.step_id + 1, self.start_pos + 1
+        return step
+
+
 class WorkerCore:
     """One compute process's state; `handle` is the only way it changes."""
 
@@ -63,6 +87,7 @@ class WorkerCore:
         self.rings = RingTable()
         self.handles: dict[int, Any] = {}  # handle id -> device object
         self.step: Step | None = None
+        self.grant: Grant | None = None
         self.shutdown_mode: str | None = None
         self._init: wire.InitializeWorker | None = None  # waiting for RingHelperOpened, then BackendReady
         self._opening: dict[int, wire.InstallRing] = {}  # waiting for RingOpened
@@ -78,6 +103,8 @@ class WorkerCore:
             wire.RingReadable: lambda _c: None,  # hints: every input ends in progress()
             wire.RingWritable: lambda _c: None,
             wire.ExecuteStep: self._execute_step,
+            wire.GrantSteps: self._grant_steps,
+            wire.RevokeGrant: lambda c: self._end_grant("revoked", c.grant_id),
             wire.ReleaseDeviceObject: lambda c: self._release(c.device_handle),
             wire.ShutdownWorker: self._shutdown,
         }
@@ -155,6 +182,8 @@ class WorkerCore:
                 self._refuse_install(cmd, pb.RING_FAULT_WORKER_SHUTTING_DOWN, detail)
             case wire.ExecuteStep(role_id, step_id):
                 self._emit(wire.StepFailed(role_id, step_id, pb.STEP_FAILURE_WORKER_SHUTTING_DOWN, detail))
+            case wire.GrantSteps(role_id=role_id, grant_id=grant_id, sequence=sequence):
+                self._emit(wire.GrantEnded(role_id, grant_id, sequence, detail))
 
     def _refuse_install(self, cmd: wire.InstallRing, reason: int, detail: str) -> None:
         if cmd.wake_fds:  # the announced fds must leave the socket, or the next ring gets them
@@ -208,6 +237,7 @@ class WorkerCore:
         if cmd.mode not in SHUTDOWN_MODES:
             raise _Fatal(pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE, f"ShutdownWorker.mode {cmd.mode!r}")
         self.shutdown_mode = cmd.mode
+        self._end_grant("worker shutting down")
         self.roles.shutdown(cmd.mode)
         booting = self.state is WorkerState.BOOTING
         self._transition(WorkerInput.SHUTDOWN, mode=cmd.mode)
@@ -276,6 +306,8 @@ class WorkerCore:
             self._complete_step()
 
     def _uninstall(self, ring_id: int) -> None:
+        if self.grant is not None and ring_id in (self.grant.cmd.ring_id, self.grant.cmd.output.ring_id):
+            self._end_grant(f"ring {ring_id} uninstalled")
         end = self.rings.remove(ring_id)
         if end is not None:
             self._do(m.CloseRing(end))
@@ -297,8 +329,12 @@ class WorkerCore:
             case Loaded(facts, obj):
                 hid, self._next_handle = self._next_handle, self._next_handle + 1
                 self.handles[hid] = obj
+                handle = wire.DeviceHandle(self.generation, hid)
+                granted = self._granted_step(c, facts, handle)
                 self._emit(wire.ObjectLoaded(c.ring_id, c.edge_id, c.port_id, facts.object_id, facts.sequence,
-                                             facts.extent, wire.DeviceHandle(self.generation, hid), facts.flags))
+                                             facts.extent, handle, facts.flags, granted.step_id if granted else 0))
+                if granted is not None:
+                    self._execute_step(granted)
             case Failed(reason, detail, object_id, sequence):
                 self._emit(wire.ObjectFailed(c.ring_id, c.edge_id, c.port_id, object_id, sequence, reason, detail))
             case Broken(reason, detail):
@@ -320,6 +356,43 @@ class WorkerCore:
             case Broken(reason, detail):
                 self._emit(wire.RingFault(c.ring_id, c.edge_id, c.port_id, reason, detail))
                 self._fail_step(pb.STEP_FAILURE_OUTPUT_COPY_FAILED, detail)
+
+    # ---- step grants (docs/worker.md "Step grants") ----
+
+    def _grant_steps(self, cmd: wire.GrantSteps) -> None:
+        if self.grant is not None:
+            self._emit(wire.GrantEnded(cmd.role_id, cmd.grant_id, cmd.sequence, f"grant {self.grant.cmd.grant_id} stands"))
+        elif not self.roles.ready(cmd.role_id):
+            self._emit(wire.GrantEnded(cmd.role_id, cmd.grant_id, cmd.sequence, f"role {cmd.role_id} is not configured"))
+        elif cmd.ring_id not in self.rings or cmd.output.ring_id not in self.rings:
+            self._emit(wire.GrantEnded(cmd.role_id, cmd.grant_id, cmd.sequence,
+                                       f"rings {cmd.ring_id} -> {cmd.output.ring_id} are not installed"))
+        else:
+            start_pos = cmd.runtime.get("start_pos", 0)
+            self.grant = Grant(cmd, cmd.sequence, cmd.step_id, start_pos if isinstance(start_pos, int) else 0)
+
+    def _end_grant(self, cause: str, grant_id: int | None = None) -> None:
+        """End the standing grant (only grant `grant_id`'s, when given: a revoke of one that ended is ignored)."""
+        g = self.grant
+        if g is not None and grant_id in (None, g.cmd.grant_id):
+            self.grant = None
+            self._emit(wire.GrantEnded(g.cmd.role_id, g.cmd.grant_id, g.sequence, cause))
+
+    def _granted_step(self, c: wire.InstallRing, facts: Any, handle: wire.DeviceHandle) -> wire.ExecuteStep | None:
+        """The step the grant starts on this loaded object, or None; an object on the granted ring that the grant
+        cannot take ends it first, so the controller sees GrantEnded before that object's ObjectLoaded."""
+        g = self.grant
+        if g is None or c.ring_id != g.cmd.ring_id:
+            return None
+        if not g.covers(facts):
+            self._end_grant(f"object {facts.sequence} ({facts.extent} bytes, flags {facts.flags}) is not a granted row")
+        elif self.step is not None:
+            self._end_grant(f"step {self.step.cmd.step_id} in flight when object {facts.sequence} loaded")
+        elif not self.roles.ready(g.cmd.role_id):
+            self._end_grant(f"role {g.cmd.role_id} is not configured")
+        else:
+            return g.next_step(c.port_id, facts, handle)
+        return None
 
     # ---- steps ----
 

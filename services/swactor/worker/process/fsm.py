@@ -58,7 +58,7 @@ class Admission(enum.Enum):
 
 
 _BOOT_COMMANDS = (wire.InitializeWorker, wire.ShutdownWorker)
-_NEW_WORK = (wire.ConfigureRole, wire.InstallRing, wire.ExecuteStep)
+_NEW_WORK = (wire.ConfigureRole, wire.InstallRing, wire.ExecuteStep, wire.GrantSteps)
 
 
 def admission(state: WorkerState, command: object) -> Admission:

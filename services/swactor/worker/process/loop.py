@@ -21,7 +21,6 @@ import selectors
 import socket
 import sys
 import traceback
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from swactor.common.events import configure_logging
@@ -34,12 +33,24 @@ from swactor.worker.process.shell import Shell
 _STDIN, _LOADER = "stdin", "loader"
 
 
-def _writer(out: TextIO) -> Callable[[Any], None]:
-    def emit(event: Any) -> None:
-        out.write(wire.encode(event) + "\n")
-        out.flush()
+class EventWriter:
+    """stdout's events, written together: every event one input produced (a step's ObjectProduced,
+    DeviceObjectReleased and StepCompleted) leaves in one write, so the node wakes once for them.
+    The loop flushes once per wake-up, the shell before a step runs (the node stamps a step's start
+    when its ObjectLoaded arrives)."""
 
-    return emit
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.lines: list[str] = []
+
+    def __call__(self, event: Any) -> None:
+        self.lines.append(wire.encode(event))
+
+    def flush(self) -> None:
+        if self.lines:
+            self.out.write("\n".join(self.lines) + "\n")
+            self.lines.clear()
+            self.out.flush()
 
 
 class _Rings:
@@ -79,9 +90,9 @@ class _Rings:
 def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
           fail_step: int | None = None) -> int:
     """Run the process until the core exits; the exit code. fail_step: a test hook (testhooks.py)."""
-    emit = _writer(out)
+    emit = EventWriter(out)
     core = WorkerCore(arena_bytes)
-    shell = Shell(core, emit, arena_fd, arena_bytes, fd_socket, fail_step=fail_step)
+    shell = Shell(core, emit, arena_fd, arena_bytes, fd_socket, fail_step=fail_step, flush=emit.flush)
     sel = selectors.DefaultSelector()
     os.set_blocking(stdin_fd, False)
     sel.register(stdin_fd, selectors.EVENT_READ, _STDIN)
@@ -109,10 +120,12 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
                     woke = True
             if woke and shell.exit_code is None:
                 shell.feed(m.Signal.WAKE)
+            emit.flush()
     except Exception as e:  # a bug in this process: say so on stdout (the ctl reports WorkerFatal), then exit
         shell.log.error("worker_fatal", reason="WORKER_FATAL_UNHANDLED_EXCEPTION", detail=repr(e),
                         tb=traceback.format_exc())
         emit(wire.WorkerFatal(pb.WORKER_FATAL_UNHANDLED_EXCEPTION, f"{type(e).__name__}: {e}"))
+        emit.flush()
         return 1
     assert shell.exit_code is not None
     return shell.exit_code
@@ -122,17 +135,19 @@ def main() -> None:
     configure_logging("swactor-worker-process", pid=os.getpid())
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing but events may reach the real stdout (a stray print goes to logs)
-    emit = _writer(out)
+    emit = EventWriter(out)
     try:
         arena_fd = int(os.environ["SWACTOR_ARENA_FD"])
         arena_bytes = int(os.environ["SWACTOR_ARENA_BYTES"])
     except (KeyError, ValueError) as e:
         emit(wire.WorkerFatal(pb.WORKER_FATAL_ARENA_MAP_FAILED, f"SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES missing or not integers: {e}"))
+        emit.flush()
         sys.exit(1)
     try:
         fail_step = testhooks.fail_step()
     except ValueError as e:
         emit(wire.WorkerFatal(pb.WORKER_FATAL_BACKEND_INIT_FAILED, str(e)))
+        emit.flush()
         sys.exit(1)
     fd_socket = None
     if os.environ.get("SWACTOR_FD_SOCKET"):

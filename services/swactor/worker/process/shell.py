@@ -29,9 +29,10 @@ from swactor.worker.process.role_loader import Loaders
 class Shell:
     def __init__(self, core: WorkerCore, emit: Callable[[wire.Event], None], arena_fd: int, arena_bytes: int,
                  fd_socket: socket.socket | None = None, loaders: Loaders | None = None,
-                 fail_step: int | None = None) -> None:
+                 fail_step: int | None = None, flush: Callable[[], None] = lambda: None) -> None:
         self.core = core
         self.emit = emit
+        self.flush = flush  # writes what `emit` holds (loop.EventWriter): before a step, so its start is seen
         self.arena_fd = arena_fd
         self.arena_bytes = arena_bytes
         self.fd_socket = fd_socket
@@ -172,6 +173,7 @@ class Shell:
         return m.RoleReset(role_id)
 
     def _run_step(self, step_id: int, role: Any, inputs: list[Any], runtime: dict[str, Any]) -> m.Input:
+        self.flush()
         try:
             testhooks.check_step(self.fail_step, step_id)
             outputs = role.step(inputs, runtime)

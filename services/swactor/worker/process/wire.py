@@ -161,6 +161,36 @@ class ExecuteStep(_Step):
 
 
 @dataclass(frozen=True)
+class GrantSteps(_Step):
+    """A standing grant of decode steps (adapter extension; docs/worker.md "Step grants"): the stage controller
+    authorises, ahead of time, the steps of the run's next one-row objects on ingress ring `ring_id`, so a decode
+    step starts as its input loads instead of one round trip later.
+
+    Each granted step is the ExecuteStep the controller would have sent: the input is the object of sequence
+    `sequence` (then +1 each), loaded with extent `row_bytes` and without PROMPT_CONTINUES; its step id is `step_id`
+    (then +1 each); it writes `output` with the input's object id, sequence and flags; `runtime` is the first
+    step's, whose start_pos advances by one per step; its input is released after it. The worker says which
+    step it started in that object's ObjectLoaded (`granted_step`). Any other object on the ring, a step still in
+    flight when one loads, the ring or role going, or RevokeGrant ends the grant: GrantEnded, then the object is
+    the controller's as before. One grant at a time."""
+
+    grant_id: int
+    ring_id: int
+    sequence: int
+    row_bytes: int
+    output: OutputBinding
+    runtime: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RevokeGrant:
+    """End the grant `grant_id` if it still stands (GrantEnded answers; a grant already ended is ignored)."""
+
+    role_id: int
+    grant_id: int
+
+
+@dataclass(frozen=True)
 class ReleaseDeviceObject:
     device_handle: DeviceHandle
 
@@ -180,6 +210,8 @@ Command = (
     | RingReadable
     | RingWritable
     | ExecuteStep
+    | GrantSteps
+    | RevokeGrant
     | ReleaseDeviceObject
     | ShutdownWorker
 )
@@ -248,6 +280,7 @@ class RingQuiesced(OfRing):
 class ObjectLoaded(_RingObject):
     device_handle: DeviceHandle
     flags: int = 0  # the object header's flags (swactor.common.objflags): the StageController passes them on
+    granted_step: int = 0  # the step a GrantSteps started on it (0: none, the controller decides)
 
 
 @dataclass(frozen=True)
@@ -272,6 +305,16 @@ class StepCompleted(_Step):
 class StepFailed(_Step):
     reason: StepFailure
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class GrantEnded:
+    """The grant stands no more: `sequence` is the first object it did not take (the controller's again)."""
+
+    role_id: int
+    grant_id: int
+    sequence: int
+    cause: str = ""  # why, for the log: revoked, an object it does not cover, the ring or role gone
 
 
 @dataclass(frozen=True)
@@ -300,6 +343,7 @@ Event = (
     | ObjectFailed
     | StepCompleted
     | StepFailed
+    | GrantEnded
     | DeviceObjectReleased
     | ReleaseFailed
     | RingReadable
