@@ -97,6 +97,28 @@ ORCH, NODE = 1, 2
 PORT, PLAIN_PORT = 7442, 7443
 
 
+
+def wait_ready(server: subprocess.Popen, what: str) -> dict:
+    """The '{"ready"...}' line a bench server subprocess prints once it listens."""
+    assert server.stdout is not None
+    while not (line := server.stdout.readline()).startswith('{"ready"'):
+        if not line:
+            raise SystemExit(f"bench: {what} did not start")
+    return json.loads(line)
+
+
+def server_stats(server: subprocess.Popen) -> dict:
+    """Ask a bench server subprocess for its counters (the 'stats' line on its stdin)."""
+    assert server.stdin is not None and server.stdout is not None
+    server.stdin.write("stats\n")
+    server.stdin.flush()
+    while True:
+        line = server.stdout.readline()
+        if not line:
+            raise SystemExit("bench: the server exited")
+        if line.startswith('{"sent"'):
+            return json.loads(line)
+
 def header_of(path: Path):
     with open(path, "rb") as f:
         return read_header(lambda n: (f.seek(0), f.read(n))[1])[0]
@@ -592,18 +614,10 @@ def from_source(gib: float, rounds: int, lanes: int, warm: bool) -> None:
                                   text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         assert server.stdout is not None and server.stdin is not None
         try:
-            while not (line := server.stdout.readline()).startswith('{"ready"'):
-                if not line:
-                    raise SystemExit("bench: the source server did not start")
-            where = json.loads(line)
+            where = wait_ready(server, "the source server")
 
             def stats() -> dict:
-                server.stdin.write("stats\n")
-                server.stdin.flush()
-                while True:
-                    line = server.stdout.readline()
-                    if line.startswith('{"sent"'):
-                        return json.loads(line)
+                return server_stats(server)
 
             py = [sys.executable, str(Path(__file__).resolve())]
 
@@ -759,16 +773,10 @@ def wan(delay_ms: float, rate_mbit: float, rounds: int, lanes: int, stage: int) 
             server = spawn(a, [sys.executable, str(Path(__file__).resolve()), "serve", str(SMOLLM), str(man)],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             assert server.stdout is not None and server.stdin is not None
-            while not server.stdout.readline().startswith('{"ready"'):
-                pass
+            wait_ready(server, "the model server")
 
             def stats() -> dict:
-                server.stdin.write("stats\n")
-                server.stdin.flush()
-                while True:
-                    line = server.stdout.readline()
-                    if line.startswith('{"sent"'):
-                        return json.loads(line)
+                return server_stats(server)
 
             url = f"https://{a.addr}:{PORT}/v1/files/{m.file_sha256}"
             py = [sys.executable, str(Path(__file__).resolve())]
