@@ -1,5 +1,6 @@
-"""Other model files through the whole pipeline: a 2-host local cluster serving SmolLM2 re-packed as `qwen2`
-(tests/fixtures/gguf_fixtures.py: Q/K/V biases, NeoX rotation) at S = 2, tokens equal to the float64 reference; a
+"""Other model files through the whole pipeline: local clusters serving SmolLM2 re-packed as `qwen2` at S = 2 (Q/K/V
+biases, NeoX rotation), as `qwen3` at S = 3 (per-head Q/K norms) and as `phi3` at S = 2 (fused QKV and gate-up
+matrices; tests/fixtures/gguf_fixtures.py), tokens equal to the float64 reference; a
 file the workers would refuse is refused by `swactor demo --model` / `python -m swactor.localcluster --model`
 before anything starts, naming what is missing."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -37,17 +39,19 @@ def float64_reference(path: Path, prompt: list[int], n: int) -> tuple[list[int],
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @needs_model
-def test_qwen2_file_runs_end_to_end_at_s2() -> None:
-    path = gguf_fixtures.build_qwen2()
+@pytest.mark.parametrize(("build", "stages"), [(gguf_fixtures.build_qwen2, 2), (gguf_fixtures.build_qwen3, 3),
+                                               (gguf_fixtures.build_phi3, 2)], ids=["qwen2-s2", "qwen3-s3", "phi3-s2"])
+def test_other_families_run_end_to_end(build: Callable[[], Path], stages: int) -> None:
+    path = build()
     want, gaps = float64_reference(path, PROMPT, STEPS)
     cut = next((i for i, g in enumerate(gaps) if g < 0.02), STEPS)
     assert cut >= STEPS // 2, f"reference near-tie at step {cut}"
-    cluster = LocalCluster(ClusterSpec(hosts=2, model=path), progress=lambda line: print(line, flush=True))
+    cluster = LocalCluster(ClusterSpec(hosts=stages, model=path), progress=lambda line: print(line, flush=True))
     with cluster:
         pids, root = [s.pid for s in cluster.services], cluster.root
         netns = list(cluster.netns.created) if cluster.netns else []
         with cluster.channel() as ch:
-            req = opb.SubmitRunRequest(stages=2, max_tokens=STEPS, ignore_eos=True)
+            req = opb.SubmitRunRequest(stages=stages, max_tokens=STEPS, ignore_eos=True)
             req.prompt_ids.ids.extend(PROMPT)
             res = follow(orchestrator_pb2_grpc.OrchestratorStub(ch), req, timeout_s=200)
     assert res.outcome == "completed", res.summary()

@@ -7,7 +7,7 @@ from pathlib import Path
 from swactor.modelfile.header import GgufHeader, read_header
 from swactor.modelfile.judge import check_stages, judge
 from swactor.modelfile.memory import memory_profile
-from swactor.modelfile.support import QK_NORM
+from swactor.modelfile.support import LONGROPE_FACTORS, QK_NORM
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 
@@ -49,6 +49,26 @@ def test_qwen3_needs_its_per_head_qk_norms_and_counts_them(tmp_path: Path) -> No
     assert r.startswith("UnsupportedArchitecture") and "attn_q_norm" in r
     with_norms, without = (memory_profile(header(p)) for p in (qwen3, write_gguf(tmp_path / "l.gguf", shape)))
     assert [a - b for a, b in zip(with_norms.layer_weights, without.layer_weights, strict=True)] == [2 * hd * 4] * shape.layers
+
+
+def test_phi3_needs_its_fused_matrices_and_counts_them(tmp_path: Path) -> None:
+    shape = Shape(layers=2)
+    phi3 = write_gguf(tmp_path / "p3.gguf", shape, arch="phi3", fused=True, tied=False)
+    assert judged(phi3) == []
+    for missing in ("blk.1.attn_qkv.weight", "blk.0.ffn_up.weight"):
+        [r] = judged(write_gguf(tmp_path / "m.gguf", shape, arch="phi3", fused=True, drop=(missing,)))
+        assert r == f"MissingTensor: 1 tensor(s) missing: {missing}"
+    missing, unknown = judged(write_gguf(tmp_path / "split.gguf", shape, arch="phi3"))  # phi3 with llama's block
+    assert missing.startswith("MissingTensor") and "blk.0.attn_qkv.weight" in missing
+    assert unknown.startswith("UnsupportedArchitecture") and "blk.0.attn_k.weight" in unknown
+    missing, unknown = judged(write_gguf(tmp_path / "l.gguf", shape, fused=True))  # llama has no fused matrices
+    assert missing.startswith("MissingTensor") and "blk.0.attn_q.weight" in missing
+    assert unknown.startswith("UnsupportedArchitecture") and "blk.0.attn_qkv.weight" in unknown
+    [r] = judged(write_gguf(tmp_path / "long.gguf", shape, arch="phi3", fused=True,
+                            extra=tuple((t, (32,), "F32") for t in LONGROPE_FACTORS)))
+    assert r.startswith("UnsupportedArchitecture") and all(t in r for t in LONGROPE_FACTORS) and "LongRoPE" in r
+    # the fused matrices are the bytes of their parts: the same profile as the llama block's
+    assert memory_profile(header(phi3)) == memory_profile(header(write_gguf(tmp_path / "ll.gguf", shape, tied=False)))
 
 
 def test_stage_count_against_layers(tmp_path: Path) -> None:

@@ -33,14 +33,21 @@ def test_undeclared_types_are_refused_by_the_compute_core(qtype: QT) -> None:
 
 
 def test_architectures_are_what_the_compute_core_implements() -> None:
-    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3"}
+    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3", "phi3"}
     layer = {f"{t}.weight" for t in gguf_weights.LAYER_TENSORS}
     assert {f"{t}.weight" for t in gguf_weights.QK_NORM_TENSORS} == set(support.QK_NORM)
-    for arch in support.ARCHITECTURES.values():  # the llama block, plus the per-head Q/K norms where declared
-        assert set(arch.layer_tensors) == layer | (set(support.QK_NORM) if arch.qk_norm else set())
+    fused = {f"{t}.weight" for t in gguf_weights.FUSED_TENSORS}
+    assert fused == {support.ATTN_QKV, support.FFN_GATE_UP}
+    parts = {f"{p}.weight" for ps in gguf_weights.FUSED_TENSORS.values() for p in ps}
+    assert parts <= layer
+    for arch in support.ARCHITECTURES.values():  # the llama block (its fused form where declared), plus Q/K norms
+        block = (layer - parts) | fused if arch.fused_qkv_gate_up else layer
+        assert set(arch.layer_tensors) == block | (set(support.QK_NORM) if arch.qk_norm else set())
     a = support.ARCHITECTURES
-    assert [(n, a[n].rope_neox, a[n].qk_norm, a[n].optional_layer_groups) for n in ("llama", "qwen2", "qwen3")] == [
-        ("llama", False, False, ()), ("qwen2", True, False, (support.QKV_BIAS,)), ("qwen3", True, True, ())]
+    assert [(n, a[n].rope_neox, a[n].qk_norm, a[n].fused_qkv_gate_up, a[n].optional_layer_groups)
+            for n in ("llama", "qwen2", "qwen3", "phi3")] == [
+        ("llama", False, False, False, ()), ("qwen2", True, False, False, (support.QKV_BIAS,)),
+        ("qwen3", True, True, False, ()), ("phi3", True, False, True, ())]
     assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
 
 

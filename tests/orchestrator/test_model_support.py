@@ -1,5 +1,5 @@
 """What the orchestrator accepts at SubmitRun is what the workers run (modelfile.support): qwen2 (with
-its Q/K/V biases), qwen3 (with its per-head Q/K norms) and every declared quant type are served, an unknown architecture, a type without a
+its Q/K/V biases), qwen3 (with its per-head Q/K norms), phi3 (with its fused Q/K/V and gate/up) and every declared quant type are served, an unknown architecture, a type without a
 dequantizer or half a bias group is refused naming it, from the header alone."""
 
 from __future__ import annotations
@@ -43,6 +43,16 @@ def test_qwen3_with_its_qk_norms_is_served_and_without_them_refused(tmp_path: Pa
     assert "MissingTensor" in msg and "attn_q_norm" in msg
 
 
+def test_phi3_with_its_fused_matrices_is_served_and_without_them_refused(tmp_path: Path) -> None:
+    facts = ModelRegistry({"m": write_gguf(tmp_path / "p3.gguf", SHAPE, arch="phi3", fused=True)}, "m").get("m").facts
+    assert (facts.architecture, facts.num_layers, facts.hidden_dim) == ("phi3", SHAPE.layers, SHAPE.dim)
+    msg = refusal(write_gguf(tmp_path / "no-qkv.gguf", SHAPE, arch="phi3", fused=True, drop=("blk.1.attn_qkv.weight",)))
+    assert "MissingTensor" in msg and "blk.1.attn_qkv.weight" in msg
+    msg = refusal(write_gguf(tmp_path / "long.gguf", SHAPE, arch="phi3", fused=True,
+                             extra=(("rope_factors_long.weight", (32,), "F32"), ("rope_factors_short.weight", (32,), "F32"))))
+    assert "rope_factors_long.weight" in msg and "LongRoPE" in msg
+
+
 @pytest.mark.parametrize("qtype", sorted(support.PACKED_TYPES + support.EXPANDED_TYPES))
 def test_every_declared_quant_type_is_served(tmp_path: Path, qtype: str) -> None:
     path = write_gguf(tmp_path / "m.gguf", SHAPE, qtype=qtype, sparse=True)
@@ -52,7 +62,7 @@ def test_every_declared_quant_type_is_served(tmp_path: Path, qtype: str) -> None
 def test_unknown_architecture_type_and_half_a_bias_group_are_refused_by_name(tmp_path: Path) -> None:
     msg = refusal(write_gguf(tmp_path / "a.gguf", SHAPE, arch="gemma3"))
     assert msg.startswith("RUN_FAULT_MODEL_REFUSED: model 'm': UnsupportedArchitecture: architecture 'gemma3'")
-    assert "llama, qwen2" in msg
+    assert "llama, phi3, qwen2" in msg
     msg = refusal(write_gguf(tmp_path / "k.gguf", SHAPE, qtype="Q8_K", sparse=True))
     assert "UnsupportedQuantType" in msg and "Q8_K" in msg
     msg = refusal(write_gguf(tmp_path / "b.gguf", SHAPE, arch="qwen2", extra=biases(range(1))))

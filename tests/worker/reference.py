@@ -1,12 +1,14 @@
-"""Float64 numpy llama / qwen2 / qwen3 forward: the correctness oracle for the tinygrad stage compute.
+"""Float64 numpy llama / qwen2 / qwen3 / phi3 forward: the correctness oracle for the tinygrad stage compute.
 
 Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
 dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix (or, with a KV
 cache, over the cached keys and values of it), and computes each rotation angle one pair at a time the
 way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's ramp and magnitude), rotating adjacent
-pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2 and qwen3 (NeoX). qwen3 RMS-norms
+pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2, qwen3 and phi3 (NeoX). qwen3 RMS-norms
 each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the rotation; `qk_norm=False` skips
-that (a test's check that the norms matter). Llama 3's frequency rule is written here after Hugging Face's
+that (a test's check that the norms matter). phi3's fused matrices are split here by rows: attn_qkv into Q, K, V,
+ffn_up into the gate (first half) and up (second half); `swap_gate_up=True` takes them the other way round (a
+test's check that the order matters). Llama 3's frequency rule is written here after Hugging Face's
 wavelength formulation.
 
 `Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
@@ -29,7 +31,7 @@ from gguf.quants import dequantize
 CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
 CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]  # any change here recomputes
 
-NEOX = {"llama": False, "qwen2": True, "qwen3": True}
+NEOX = {"llama": False, "qwen2": True, "qwen3": True, "phi3": True}
 
 
 def llama3_divisors(base: float, dim: int, factor: float, low: float, high: float, orig: int) -> np.ndarray:
@@ -67,7 +69,7 @@ def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | N
 
 
 class RefLlama:
-  def __init__(self, path: str, qk_norm: bool = True):
+  def __init__(self, path: str, qk_norm: bool = True, swap_gate_up: bool = False):
     r = GGUFReader(path, "r")
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
     a = self.arch = kv["general.architecture"]
@@ -89,8 +91,17 @@ class RefLlama:
     self.embd = get("token_embd.weight")
     self.out = get("output.weight") if "output.weight" in w else self.embd
     self.out_norm = get("output_norm.weight")
-    names = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+    fused = "blk.0.attn_qkv.weight" in w  # phi3: [Q; K; V] rows in attn_qkv, [gate; up] rows in ffn_up
+    names = ("attn_norm", "attn_output", "ffn_norm", "ffn_down") + (
+      ("attn_qkv", "ffn_up") if fused else ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"))
     self.layers = [{n: get(f"blk.{i}.{n}.weight") for n in names} for i in range(self.n_layers)]
+    for L in self.layers if fused else []:
+      nq, nkv = self.n_heads * self.hd, self.n_kv * self.hd
+      qkv, gate_up = L.pop("attn_qkv"), L.pop("ffn_up")
+      assert qkv.shape[0] == nq + 2 * nkv and gate_up.shape[0] % 2 == 0, (qkv.shape, gate_up.shape)
+      L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
+      half = gate_up.shape[0] // 2  # ggml's swiglu: silu(the first half) * the second half
+      L["ffn_gate"], L["ffn_up"] = (gate_up[half:], gate_up[:half]) if swap_gate_up else (gate_up[:half], gate_up[half:])
     for i, L in enumerate(self.layers):
       for n in ("attn_q", "attn_k", "attn_v"):
         L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])

@@ -1,5 +1,5 @@
-"""qwen2 (biases, NeoX rotation, YaRN), qwen3 (per-head Q/K norm, NeoX rotation) and llama RoPE variants (Llama 3
-rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
+"""qwen2 (biases, NeoX rotation, YaRN), qwen3 (per-head Q/K norm, NeoX rotation), phi3 (fused Q/K/V and gate/up,
+NeoX rotation, separate head) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
 float64 reference and llama.cpp's recorded greedy tokens (where recorded), at S = 1..3 chained stages."""
 from __future__ import annotations
 
@@ -168,3 +168,39 @@ def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
     for s in chain[:-1]:
       x = s.step(x, 0)
     np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=1e-4 * float(np.abs(want).max()))
+
+
+def fused(path: str) -> bool: return "blk.0.attn_qkv.weight" in header(path).tensor_map()
+
+
+def test_fused_file_is_the_model_it_repacks(model_file: tuple[str, str], reference: dict[str, tuple[list[int], list[float]]]) -> None:
+  """The float64 reference, splitting the fused matrices itself, picks SmolLM2's own tokens (the llama file's
+  reference) up to either's first near-tie: the fixture stacks Q/K/V and gate/up in the order the reference (and so
+  the compute, held to it above) splits them."""
+  if not fused(model_file[1]):
+    pytest.skip(f"{model_file[0]} has no fused matrices")
+  source = Reference(gguf_fixtures.SOURCE)
+  compared = 0
+  for key, prompt in REF_PROMPTS.items():
+    (want, want_gaps), (got, gaps) = source.greedy(prompt, REF_STEPS), reference[key]
+    cut = next((i for i, (a, b) in enumerate(zip(want_gaps, gaps, strict=True)) if min(a, b) < REF_NEAR_TIE), REF_STEPS)
+    assert got[:cut] == want[:cut], key
+    compared += cut
+  assert compared >= REF_STEPS
+
+
+def test_gate_up_order_matters(model_file: tuple[str, str], ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
+  """Taking ffn_up's halves the other way round (up first, then the gate) is another model: its logits are far from
+  the reference's and the compute's and its tokens differ, so a compute that split them in the wrong order would fail
+  test_greedy_equals_float64_reference."""
+  if not fused(model_file[1]):
+    pytest.skip(f"{model_file[0]} has no fused matrices")
+  prompt = REF_PROMPTS["plain_france"]
+  want, swapped = ref_model.prefill_logits(prompt), RefLlama(model_file[1], swap_gate_up=True)
+  other = swapped.logits(swapped.hidden(prompt)[-1])
+  (m,) = chains[1]
+  m.reset()
+  got = m.step_logits(np.asarray(prompt, np.int32), 0)
+  tol = 2e-3 * float(np.abs(want).max())  # test_logits_close_to_reference's
+  assert np.abs(other - want).max() > 50 * tol and np.abs(other - got).max() > 50 * tol
+  assert swapped.greedy(prompt, REF_STEPS, kv_cache=True)[0] != ref_model.greedy(prompt, REF_STEPS)[0]

@@ -14,6 +14,7 @@ from swactor.worker.compute.gguf_weights import (
   LoadProgress,
   ModelRefused,
   RawTensor,
+  fused_parts,
   load_stage,
 )
 from swactor.worker.compute.quant import UnsupportedQuant
@@ -141,6 +142,34 @@ def test_qwen3_params_and_qk_norms() -> None:
   assert "attn_q_bias" not in w.layers[0]
   for k in ("attn_q_norm", "attn_k_norm"):
     np.testing.assert_array_equal(w.layers[0][k], qk_norms(30, 64)[f"blk.3.{k}.weight"])
+
+
+def test_phi3_fused_matrices_are_split_by_rows() -> None:
+  """attn_qkv's rows are Q's, K's, V's and ffn_up's the gate's then up's: the split parts are the source's raw blocks."""
+  from tests.fixtures.gguf_fixtures import SOURCE, _neox_rows, build_phi3
+  if not SOURCE.exists():
+    pytest.skip(f"{SOURCE} missing (run `make model`)")
+  m, src = GGUFModel(build_phi3()), GGUFModel(SOURCE)
+  p = m.params
+  assert (p.arch, p.rope_neox, p.qkv_bias, p.qk_norm, p.n_layers, p.dim, p.head_dim, p.context_length) == (
+    "phi3", True, False, False, 30, 576, 64, 4096)
+  w = load_stage(m, 28, 30, keep=frozenset({QT.Q4_1, QT.Q8_0}))
+  assert w.is_last and isinstance(w.output, RawTensor) and w.output.name == "output.weight"
+  for i, L in zip((28, 29), w.layers, strict=True):
+    assert set(L) == set(LAYER_TENSORS)
+    for k in LAYER_TENSORS:
+      want = src.tensors[f"blk.{i}.{k}.weight"]
+      if k in ("attn_q", "attn_k"):
+        want = RawTensor(want.name, want.qtype, want.shape, _neox_rows(want.data, p.n_heads if k == "attn_q" else p.n_kv_heads))
+      got = L[k]
+      if isinstance(got, RawTensor):
+        assert (got.qtype, got.shape) == (want.qtype, want.shape) and np.array_equal(got.data, want.data), (i, k)
+      else:
+        np.testing.assert_array_equal(got, want.dequantize())
+  assert w.layers[0]["ffn_gate"].name == "blk.28.ffn_up.weight:ffn_gate"
+  with pytest.raises(ModelRefused) as e:
+    fused_parts(m.tensor("blk.0.ffn_up.weight"), (1536, 1535), ("ffn_gate", "ffn_up"))
+  assert e.value.reason == "MalformedGGUF" and "blk.0.ffn_up.weight" in str(e.value)
 
 
 def _writer(path: pathlib.Path, arch: str, extra: dict[str, np.ndarray]) -> str:

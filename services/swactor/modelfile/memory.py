@@ -3,7 +3,8 @@
 The weights are counted as the compute core lays them out (worker/compute/linear.py, model.py): a matrix of a packed
 type keeps the file's codes with its scales widened (DEVICE_BLOCK_BYTES per block), any other matrix and every
 vector (norms, biases) is float32. Per stage of blocks [start, end):
-  weights   its blocks' tensors; the first stage also the token embedding (kept as the file's bytes on the host,
+  weights   its blocks' tensors (phi3's fused Q/K/V and gate/up as they are: the compute splits them by rows and
+            stacks the parts again, the same bytes); the first stage also the token embedding (kept as the file's bytes on the host,
             only the rows of a step's tokens are dequantized), the last the final norm and the head (`output.weight`,
             or the embedding again, in device form, when the head is tied to it)
   kv_cache  one run slot's KV cache (`MemoryProfile.kv_slot_bytes`): K and V of every block for max_seq_len positions
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from swactor.modelfile.header import GgufHeader, TensorInfo
-from swactor.modelfile.support import ARCHITECTURES, PACKED_TYPES
+from swactor.modelfile.support import ARCHITECTURES, ATTN_QKV, FFN_GATE_UP, PACKED_TYPES
 
 # Device bytes per block of each type the compute core keeps packed (support.PACKED_TYPES; codes as in the file, d/m
 # scales as float32, K-quant sub-block scales as bytes); every other type is expanded to float32 at load.
@@ -165,11 +166,18 @@ def memory_profile(header: GgufHeader) -> MemoryProfile:
     head = need(arch.head) if arch.head in tensors else embd
     head_bytes = sum(tensor_device_bytes(need(t)) for t in arch.last_stage) + tensor_device_bytes(head)
     first = sum(need(t).nbytes for t in arch.first_stage)
-    q, k, v, up = (need(f"blk.0.{t}.weight") for t in ("attn_q", "attn_k", "attn_v", "ffn_up"))
     n_heads = _first_int(header.get(f"{arch.name}.attention.head_count"), 1)
-    rope_dim = _first_int(header.get(f"{arch.name}.rope.dimension_count"), q.dims[1] // max(1, n_heads))
+    if arch.fused_qkv_gate_up:  # phi3: [Q; K; V] and [gate; up] rows in one matrix each (split at load, same bytes)
+        qkv, gate_up = need(f"blk.0.{ATTN_QKV}"), need(f"blk.0.{FFN_GATE_UP}")
+        head_dim = _first_int(header.get(f"{arch.name}.attention.key_length"), embd.dims[0] // max(1, n_heads))
+        q_width, ffn = n_heads * head_dim, gate_up.dims[1] // 2
+        kv_width = qkv.dims[1] - q_width
+    else:
+        q, k, v, up = (need(f"blk.0.{t}.weight") for t in ("attn_q", "attn_k", "attn_v", "ffn_up"))
+        q_width, kv_width, ffn = q.dims[1], k.dims[1] + v.dims[1], up.dims[1]
+    rope_dim = _first_int(header.get(f"{arch.name}.rope.dimension_count"), q_width // max(1, n_heads))
     return MemoryProfile(
-        layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=k.dims[1] + v.dims[1],
-        hidden=embd.dims[0], q_width=q.dims[1], ffn=up.dims[1], n_heads=n_heads, rope_dim=rope_dim,
+        layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=kv_width,
+        hidden=embd.dims[0], q_width=q_width, ffn=ffn, n_heads=n_heads, rope_dim=rope_dim,
         vocab=embd.dims[1],
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from swactor.common.reasons import NamedReason
 from swactor.modelfile.header import GgufFormatError, GgufHeader, read_header
-from swactor.modelfile.support import ARCHITECTURES, QKV_BIAS, ROPE_SCALING_TYPES
+from swactor.modelfile.support import ARCHITECTURES, LONGROPE_FACTORS, QKV_BIAS, ROPE_SCALING_TYPES
 
 _REQUIRED: Any = object()
 
@@ -53,7 +53,7 @@ class LlamaParams:
     bos_token_id: int | None
     eos_token_id: int | None
     arch: str = "llama"
-    rope_neox: bool = False  # qwen2, qwen3: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
+    rope_neox: bool = False  # qwen2, qwen3, phi3: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
     qkv_bias: bool = False  # Q/K/V have biases (qwen2)
     qk_norm: bool = False  # each head's Q and K are RMS-normed before the rotation (qwen3)
 
@@ -132,6 +132,10 @@ def read_params(header: GgufHeader) -> LlamaParams:
     if n_layers <= 0 or ctx <= 0:
         raise ModelRefused("MalformedGGUF", f"{arch}.block_count and context_length must be positive")
     names = {t.name for t in header.tensors}
+    long_rope = [t for t in LONGROPE_FACTORS if t in names]
+    if long_rope:  # before the rope.scaling keys: such a file's attn_factor would be refused without saying why
+        raise ModelRefused("UnsupportedArchitecture", f"{arch} file has {', '.join(long_rope)}: LongRoPE long-context "
+                           f"factors (Phi-3 128k) are not implemented (supported: the variants without them, e.g. Phi-3 4k)")
     bad = bias_refusal(arch, names, n_layers)
     if bad is not None:
         raise bad

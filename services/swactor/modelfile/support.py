@@ -38,6 +38,9 @@ class Architecture:
     rope_neox: bool = False
     # Each head's Q and K vector is RMS-normed (QK_NORM, weights [head_dim], the file's rms eps) before the rotation.
     qk_norm: bool = False
+    # Q, K and V are one matrix (ATTN_QKV: Q's rows, then K's, then V's) and gate and up one matrix (FFN_GATE_UP:
+    # the gate's rows, then up's, as llama.cpp's swiglu halves it); the compute splits them by rows at load (phi3).
+    fused_qkv_gate_up: bool = False
 
     def known_layer_tensors(self) -> frozenset[str]:
         return frozenset(self.layer_tensors) | {t for g in self.optional_layer_groups for t in g}
@@ -55,15 +58,24 @@ QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 # Per-head Q/K RMS norm weights: every block of a qwen3 file has both.
 QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
 
+# phi3's fused matrices: [n_heads*head_dim + 2*n_kv_heads*head_dim, dim] Q/K/V rows and [2*ffn, dim] gate/up rows.
+ATTN_QKV, FFN_GATE_UP = "attn_qkv.weight", "ffn_up.weight"
+_PHI3_LAYER = ("attn_norm.weight", ATTN_QKV, "attn_output.weight", "ffn_norm.weight", FFN_GATE_UP, "ffn_down.weight")
+
 # Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
 # An architecture is the llama block plus the shared parts it declares: Q/K/V biases (qwen2), NeoX rotation
-# (qwen2, qwen3), per-head Q/K norm (qwen3); `{arch}.attention.key_length` may set a head_dim other than
-# embedding_length / head_count (qwen3's usual case).
+# (qwen2, qwen3, phi3), per-head Q/K norm (qwen3), fused Q/K/V and gate/up matrices (phi3);
+# `{arch}.attention.key_length` may set a head_dim other than embedding_length / head_count (qwen3's usual case).
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _LLAMA_LAYER),
     Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(QKV_BIAS,), rope_neox=True),
     Architecture("qwen3", _LLAMA_LAYER + QK_NORM, rope_neox=True, qk_norm=True),
+    Architecture("phi3", _PHI3_LAYER, rope_neox=True, fused_qkv_gate_up=True),
 )}
+
+# Phi-3's long-context (128k) per-frequency factors, LongRoPE ("su"/"longrope"): the long or the short set by the run's
+# context length, with an attention scale. Not implemented: a file with them is refused naming them (params.read_params).
+LONGROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 # `{arch}.rope.scaling.type` values the compute core applies (worker/compute/rope.py).
 ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "llama3")

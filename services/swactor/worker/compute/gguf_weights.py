@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as QT
 
 from swactor.modelfile.judge import unknown_tensors_refusal
 from swactor.modelfile.params import LlamaParams, ModelRefused, open_header, read_params
-from swactor.modelfile.support import ARCHITECTURES, QKV_BIAS
+from swactor.modelfile.support import ARCHITECTURES, ATTN_QKV, FFN_GATE_UP, QKV_BIAS
 
 from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 
@@ -19,6 +19,10 @@ from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 # The per-head Q/K norms it reads too when the architecture has them (support.Architecture.qk_norm, support.QK_NORM).
 QK_NORM_TENSORS = ("attn_q_norm", "attn_k_norm")
+# What a fused architecture (support.Architecture.fused_qkv_gate_up, phi3) has instead of attn_q/k/v and
+# ffn_gate/up: each is split by rows at load into the matrices above (fused_parts).
+FUSED_TENSORS = {ATTN_QKV.removesuffix(".weight"): ("attn_q", "attn_k", "attn_v"),
+                 FFN_GATE_UP.removesuffix(".weight"): ("ffn_gate", "ffn_up")}
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,18 @@ class RawTensor:
   def nbytes(self) -> int: return int(self.data.nbytes)
 
   def dequantize(self) -> np.ndarray: return dequantize(self.data, self.qtype, self.shape[-1], self.name).reshape(self.shape)
+
+  def rows(self, name: str, start: int, end: int) -> RawTensor:
+    """Rows [start, end) of a matrix, as a view: rows of a block-quantized matrix are independent."""
+    return RawTensor(name, self.qtype, (end - start, self.shape[1]), self.data[start:end])
+
+
+def fused_parts(t: RawTensor, sizes: tuple[int, ...], names: tuple[str, ...]) -> list[RawTensor]:
+  """A fused matrix (phi3's attn_qkv, ffn_up) split by rows into its parts, in order, each named `<fused>:<part>`."""
+  if len(t.shape) != 2 or t.shape[0] != sum(sizes):
+    raise ModelRefused("MalformedGGUF", f"tensor {t.name!r} has shape {t.shape}, not [{' + '.join(map(str, sizes))}, cols]")
+  bounds = np.cumsum((0, *sizes))
+  return [t.rows(f"{t.name}:{n}", int(a), int(b)) for n, a, b in zip(names, bounds[:-1], bounds[1:], strict=True)]
 
 
 @dataclass(frozen=True)
@@ -119,7 +135,16 @@ class GGUFModel:
     bias = {t.replace(".", "_"): t for t in QKV_BIAS} if self.params.qkv_bias else {}  # attn_q_bias: "attn_q.bias"
     qk_norm = {t: f"{t}.weight" for t in QK_NORM_TENSORS} if self.params.qk_norm else {}
     names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias, **qk_norm}
+    if self.arch.fused_qkv_gate_up:
+      names = {k: v for k, v in names.items() if k not in {p for parts in FUSED_TENSORS.values() for p in parts}}
     layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
+    if self.arch.fused_qkv_gate_up:
+      p = self.params
+      sizes = {"attn_qkv": (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim, p.n_kv_heads * p.head_dim),
+               "ffn_up": (p.ffn_dim, p.ffn_dim)}  # llama.cpp's swiglu: silu(the first half) * the second
+      for i, L in zip(range(layer_start, layer_end), layers, strict=True):
+        for fused, parts in FUSED_TENSORS.items():
+          L.update(zip(parts, fused_parts(self.tensor(f"blk.{i}.{fused}.weight"), sizes[fused], parts), strict=True))
     extra: dict[str, RawTensor] = {}
     if layer_start == 0:
       extra["token_embd"] = self.tensor("token_embd.weight")

@@ -1,4 +1,4 @@
-"""Llama-family forward (llama, qwen2, qwen3) for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2, qwen3, phi3) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 One copy of the stage's weights serves `slots` runs at once, each with its own KV cache slot
 (docs/runs-in-flight.md). step(rows, start_pos, slot=s) runs one run's rows at positions start_pos.. through the

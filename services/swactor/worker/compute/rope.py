@@ -58,7 +58,7 @@ def rope_tables(p: LlamaParams, rope_freqs: np.ndarray | None, n_pos: int) -> tu
 
 def rope(x: Tensor, cos: Tensor, sin: Tensor, rope_dim: int, neox: bool = False) -> Tensor:
   """x [T, heads, hd] rotated over its first rope_dim dims; cos/sin [T, 1, rope_dim/2].
-  llama.cpp's norm rotation turns adjacent pairs (x[2i], x[2i+1]); neox (qwen2, qwen3) turns (x[i], x[i + rope_dim/2])."""
+  llama.cpp's norm rotation turns adjacent pairs (x[2i], x[2i+1]); neox (qwen2, qwen3, phi3) turns (x[i], x[i + rope_dim/2])."""
   T, H, hd = x.shape
   if neox:
     a, b = x[..., :rope_dim // 2], x[..., rope_dim // 2:rope_dim]
