@@ -639,7 +639,7 @@ def test_a_grant_ends_with_its_rings_and_is_refused_without_role_rings_or_beside
     assert events(w(grant(grant_id=2))) == [wire.GrantEnded(9, 2, 0, "grant 1 stands")]
 
 
-def test_shutdown_ends_the_grant_and_draining_refuses_one() -> None:
+def test_shutdown_ends_the_grant() -> None:
     w, _role = granted_worker()
     acts = w(wire.ShutdownWorker("Graceful"))
     assert events(acts)[0] == wire.GrantEnded(9, 1, 0, "worker shutting down")
