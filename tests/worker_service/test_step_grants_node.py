@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.v1 import stage_pb2
 from swactor.worker.node import StageNode
 from swactor.worker.process import wire
@@ -110,5 +111,26 @@ def test_grants_off_every_row_waits_for_its_execute_step() -> None:
                 node._on_worker(loaded(node, 71, k, 1 + k))
                 complete(node, steps(ctl)[-1], out_edges(node, 71))
             assert len(steps(ctl)) == 3 and not sent(ctl, wire.GrantSteps)
+
+    asyncio.run(serve(body, ctl=ctl))
+
+
+def test_no_grant_while_the_prompt_comes_row_by_row() -> None:
+    ctl = FakeCtl()
+
+    async def body(port: int, node: StageNode, _membership: Any) -> None:
+        await settle()
+        ch, s = stub(port)
+        async with ch:
+            await s.ProvisionStage(run_plan(71))
+            await updates(s, 71, "ready")
+            for k, flags in enumerate((PROMPT_CONTINUES, PROMPT_CONTINUES, 0)):  # the prompt's last row has no flag
+                ev = loaded(node, 71, k, 1 + k)
+                node._on_worker(wire.ObjectLoaded(ev.ring_id, ev.edge_id, ev.port_id, ev.object_id, ev.sequence,
+                                                  ev.extent, ev.device_handle, flags))
+                assert len(sent(ctl, wire.GrantSteps)) == (1 if flags == 0 else 0), k
+                complete(node, steps(ctl)[-1], out_edges(node, 71))
+            (g,) = sent(ctl, wire.GrantSteps)
+            assert (g.sequence, g.runtime["start_pos"]) == (3, 3)  # from the first decode row on
 
     asyncio.run(serve(body, ctl=ctl))

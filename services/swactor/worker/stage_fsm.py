@@ -316,9 +316,10 @@ class StageController:
 
     def grant_terms(self) -> GrantTerms | None:
         """What this run's next decode step will be, for a standing grant (stage_scheduler.py): None unless it
-        is executing a step of one row, the rows after it being its decode rows."""
+        is executing a decode row (one row, not a prompt row sent alone), the rows after it being decode rows too."""
         p = self.plan
-        if p is None or self.state is not StageState.EXECUTING or self.step_rows != 1 or self.waiting \
+        if p is None or self.state is not StageState.EXECUTING or self.step is None or self.step_rows != 1 \
+                or self.step.outputs[0].flags & PROMPT_CONTINUES or self.waiting \
                 or self.in_ring_id is None or self.out_ring_id is None:
             return None
         return GrantTerms(self.in_ring_id, self.next_sequence, p.in_row_bytes, self.position,
