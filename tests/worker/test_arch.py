@@ -66,14 +66,32 @@ def test_greedy_equals_float64_reference(model_file: tuple[str, str], chains: di
   assert compared >= REF_STEPS, f"{model_file[0]}: only {compared} tokens before the reference's near-ties: a weak check"
 
 
+LOGITS_RTOL = 2e-3  # the compute's prefill logits within this much of the reference's largest, absolute
+
+
+def compute_prefill_logits(chains: dict[int, list[StageModel]], prompt: list[int]) -> np.ndarray:
+  """The one-stage chain's last-position logits after prefilling `prompt`."""
+  (m,) = chains[1]
+  m.reset()
+  return m.step_logits(np.asarray(prompt, np.int32), 0)
+
+
 def test_logits_close_to_reference(ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
   """The whole last-position logits row after prefill, not only its argmax (a dropped bias or a wrong rotation shows)."""
   prompt = REF_PROMPTS["plain_france"]
   want = ref_model.prefill_logits(prompt)
-  (m,) = chains[1]
-  m.reset()
-  got = m.step_logits(np.asarray(prompt, np.int32), 0)
-  np.testing.assert_allclose(got, want, atol=2e-3 * float(np.abs(want).max()))
+  np.testing.assert_allclose(compute_prefill_logits(chains, prompt), want, atol=LOGITS_RTOL * float(np.abs(want).max()))
+
+
+def assert_another_model(variant: RefLlama, ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
+  """`variant` (the reference with one part left out or changed) is another model: its logits are far from the
+  reference's and from the compute's, and it picks other tokens, so a compute that made the same mistake would fail
+  test_logits_close_to_reference and test_greedy_equals_float64_reference."""
+  prompt = REF_PROMPTS["plain_france"]
+  want, other = ref_model.prefill_logits(prompt), variant.logits(variant.hidden(prompt)[-1])
+  tol = LOGITS_RTOL * float(np.abs(want).max())
+  assert np.abs(other - want).max() > 50 * tol and np.abs(other - compute_prefill_logits(chains, prompt)).max() > 50 * tol
+  assert variant.greedy(prompt, REF_STEPS, kv_cache=True)[0] != ref_model.greedy(prompt, REF_STEPS)[0]
 
 
 @pytest.mark.parametrize("n_stages", list(SPLITS))
@@ -129,15 +147,7 @@ def test_qk_norms_matter(model_file: tuple[str, str], ref_model: Reference, chai
   so a compute that skipped or misapplied them would fail the tests above."""
   if "blk.0.attn_q_norm.weight" not in header(model_file[1]).tensor_map():
     pytest.skip(f"{model_file[0]} has no per-head Q/K norms")
-  prompt = REF_PROMPTS["plain_france"]
-  want, bare = ref_model.prefill_logits(prompt), RefLlama(model_file[1], qk_norm=False)
-  without = bare.logits(bare.hidden(prompt)[-1])
-  (m,) = chains[1]
-  m.reset()
-  got = m.step_logits(np.asarray(prompt, np.int32), 0)
-  tol = 2e-3 * float(np.abs(want).max())  # test_logits_close_to_reference's
-  assert np.abs(without - want).max() > 50 * tol and np.abs(without - got).max() > 50 * tol
-  assert bare.greedy(prompt, REF_STEPS, kv_cache=True)[0] != ref_model.greedy(prompt, REF_STEPS)[0]
+  assert_another_model(RefLlama(model_file[1], qk_norm=False), ref_model, chains)
 
 
 def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
@@ -195,12 +205,4 @@ def test_gate_up_order_matters(model_file: tuple[str, str], ref_model: Reference
   test_greedy_equals_float64_reference."""
   if not fused(model_file[1]):
     pytest.skip(f"{model_file[0]} has no fused matrices")
-  prompt = REF_PROMPTS["plain_france"]
-  want, swapped = ref_model.prefill_logits(prompt), RefLlama(model_file[1], swap_gate_up=True)
-  other = swapped.logits(swapped.hidden(prompt)[-1])
-  (m,) = chains[1]
-  m.reset()
-  got = m.step_logits(np.asarray(prompt, np.int32), 0)
-  tol = 2e-3 * float(np.abs(want).max())  # test_logits_close_to_reference's
-  assert np.abs(other - want).max() > 50 * tol and np.abs(other - got).max() > 50 * tol
-  assert swapped.greedy(prompt, REF_STEPS, kv_cache=True)[0] != ref_model.greedy(prompt, REF_STEPS)[0]
+  assert_another_model(RefLlama(model_file[1], swap_gate_up=True), ref_model, chains)
