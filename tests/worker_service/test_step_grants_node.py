@@ -5,6 +5,7 @@ fake ctl, whose events the test gives."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -27,9 +28,8 @@ def sent(ctl: FakeCtl, kind: type) -> list[Any]:
 
 
 def granted(node: StageNode, run_id: int, sequence: int, handle: int, step_id: int) -> wire.ObjectLoaded:
-    ev = loaded(node, run_id, sequence, handle)
-    return wire.ObjectLoaded(ev.ring_id, ev.edge_id, ev.port_id, ev.object_id, ev.sequence, ev.extent,
-                             ev.device_handle, ev.flags, step_id)
+    """The ObjectLoaded of a row the worker started as step `step_id` under the grant."""
+    return dataclasses.replace(loaded(node, run_id, sequence, handle), granted_step=step_id)
 
 
 def test_a_run_alone_decodes_under_a_grant_until_a_second_run_comes() -> None:
@@ -125,9 +125,7 @@ def test_no_grant_while_the_prompt_comes_row_by_row() -> None:
             await s.ProvisionStage(run_plan(71))
             await updates(s, 71, "ready")
             for k, flags in enumerate((PROMPT_CONTINUES, PROMPT_CONTINUES, 0)):  # the prompt's last row has no flag
-                ev = loaded(node, 71, k, 1 + k)
-                node._on_worker(wire.ObjectLoaded(ev.ring_id, ev.edge_id, ev.port_id, ev.object_id, ev.sequence,
-                                                  ev.extent, ev.device_handle, flags))
+                node._on_worker(dataclasses.replace(loaded(node, 71, k, 1 + k), flags=flags))
                 assert len(sent(ctl, wire.GrantSteps)) == (1 if flags == 0 else 0), k
                 complete(node, steps(ctl)[-1], out_edges(node, 71))
             (g,) = sent(ctl, wire.GrantSteps)
