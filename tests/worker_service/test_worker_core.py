@@ -635,6 +635,8 @@ def test_a_grant_ends_with_its_rings_and_is_refused_without_role_rings_or_beside
     assert "not installed" in events(w(grant()))[0].cause
     w.ring(5, "Ingress")
     w.ring(6, "Egress")
+    bad = wire.GrantSteps(9, 7, 3, 5, 0, 16, wire.OutputBinding(1, 6, 0, 0, 16), {"start_pos": "3"})
+    assert "runtime.start_pos must be a non-negative integer, got '3'" in events(w(bad))[0].cause
     assert w(grant()) == []
     assert events(w(grant(grant_id=2))) == [wire.GrantEnded(9, 2, 0, "grant 1 stands")]
 

@@ -367,9 +367,11 @@ class WorkerCore:
         elif cmd.ring_id not in self.rings or cmd.output.ring_id not in self.rings:
             self._emit(wire.GrantEnded(cmd.role_id, cmd.grant_id, cmd.sequence,
                                        f"rings {cmd.ring_id} -> {cmd.output.ring_id} are not installed"))
+        elif not isinstance(start_pos := cmd.runtime.get("start_pos"), int) or isinstance(start_pos, bool) or start_pos < 0:
+            self._emit(wire.GrantEnded(cmd.role_id, cmd.grant_id, cmd.sequence,
+                                       f"runtime.start_pos must be a non-negative integer, got {start_pos!r}"))
         else:
-            start_pos = cmd.runtime.get("start_pos", 0)
-            self.grant = Grant(cmd, cmd.sequence, cmd.step_id, start_pos if isinstance(start_pos, int) else 0)
+            self.grant = Grant(cmd, cmd.sequence, cmd.step_id, start_pos)
 
     def _end_grant(self, cause: str, grant_id: int | None = None) -> None:
         """End the standing grant (only grant `grant_id`'s, when given: a revoke of one that ended is ignored)."""

@@ -95,6 +95,11 @@ class _Step:
     step_id: int
 
 
+@dataclass(frozen=True)
+class _Grant(OfRole):
+    grant_id: int
+
+
 # ---- commands (§29) ----
 
 
@@ -183,11 +188,8 @@ class GrantSteps(_Step):
 
 
 @dataclass(frozen=True)
-class RevokeGrant:
+class RevokeGrant(_Grant):
     """End the grant `grant_id` if it still stands (GrantEnded answers; a grant already ended is ignored)."""
-
-    role_id: int
-    grant_id: int
 
 
 @dataclass(frozen=True)
@@ -308,11 +310,9 @@ class StepFailed(_Step):
 
 
 @dataclass(frozen=True)
-class GrantEnded:
+class GrantEnded(_Grant):
     """The grant stands no more: `sequence` is the first object it did not take (the controller's again)."""
 
-    role_id: int
-    grant_id: int
     sequence: int
     cause: str = ""  # why, for the log: revoked, an object it does not cover, the ring or role gone
 
