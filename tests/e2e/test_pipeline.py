@@ -189,6 +189,33 @@ def test_three_stages_match_llamacpp_greedy_from_prompt_ids_through_eos(cluster3
     print(f"{question!r} chat={chat}: {n} tokens match, {sum(t == 2 for t in res.token_ids)} of them EOS")
 
 
+@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: LocalCluster, seed: int | None) -> None:
+    """--speculate through three stages (drafts from prompt lookup, verified as one object, rejected rows rewound at
+    every stage): the same tokens as without it, greedy and with a seeded sampler, on a text that repeats itself."""
+    n, prompt = 24, "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog sat on the log."
+    sampling = opb.Sampling() if seed is None else opb.Sampling(temperature=0.8, top_k=40, seed=seed)
+    runs = {}
+    with cluster3.channel() as ch:
+        stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+        for speculate in (0, 6):
+            req = opb.SubmitRunRequest(prompt=prompt, raw=True, stages=3, max_tokens=n, ignore_eos=True,
+                                       sampling=sampling, speculate=speculate)
+            runs[speculate] = res = follow(stub, req, timeout_s=240)
+            assert res.finished is not None and res.finished.reason == "max_tokens", res.summary()
+    plain, fast = runs[0], runs[6]
+    assert fast.token_ids == plain.token_ids
+    [done] = [e for e in fast.events if e.kind == pb.RUN_COMPLETED]
+    assert 0 < done.counters["accepted"] <= done.counters["drafted"], dict(done.counters)
+    if seed is not None:  # this one also rejects a draft: its rows are rewound on every stage, its draw taken back
+        assert done.counters["accepted"] < done.counters["drafted"], dict(done.counters)
+    verified = [e for e in fast.events if e.kind == pb.TOKEN_RECEIVED and "drafted" in e.counters]
+    assert sum(e.counters["accepted"] for e in verified) == done.counters["accepted"]
+    assert not any(leases_of(cluster3, run_edges(fast.finished)).values())
+    print(f"seed {seed}: {plain.text!r}, drafted {done.counters['drafted']}, accepted {done.counters['accepted']} "
+          f"in {len(verified)} verify steps")
+
+
 def test_stop_run_mid_decode_tears_down_and_frees_every_lease(cluster3: LocalCluster) -> None:
     stopped = threading.Event()
     with cluster3.channel() as ch:

@@ -19,8 +19,10 @@ def refused(endpoint: Endpoint, body: object) -> ApiError:
 
 def test_chat_request_becomes_messages_and_sampling() -> None:
     r = parse(Endpoint.CHAT, {**CHAT, "max_completion_tokens": 7, "temperature": 0, "top_p": 0.5, "seed": -1,
-                              "stop": "x", "stream": True, "stream_options": {"include_usage": True}, "user": "u"})
+                              "stop": "x", "stream": True, "stream_options": {"include_usage": True}, "user": "u",
+                              "speculate": 5})
     s = r.submit
+    assert s.speculate == 5
     assert [(m.role, m.content) for m in s.messages.messages] == [("user", "hi")]
     assert s.max_tokens == 7 and s.sampling.temperature == 0 and s.sampling.top_p == 0.5
     assert s.sampling.seed == 2**64 - 1  # the same 64 bits
@@ -62,6 +64,7 @@ def test_completion_prompt_is_raw_and_token_ids_go_as_ids() -> None:
     (Endpoint.CHAT, {**CHAT, "presence_penalty": 0.5}, "presence_penalty"),
     (Endpoint.CHAT, {**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
     (Endpoint.CHAT, {**CHAT, "seed": 2**64}, "seed"),
+    (Endpoint.CHAT, {**CHAT, "speculate": 17}, "speculate"),
     (Endpoint.CHAT, {"messages": []}, "messages"),
     (Endpoint.CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
     (Endpoint.CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from swactor.common.objflags import MAX_DRAFT
 from swactor.orchestrator.fleet.nodes import NodeState
 from swactor.orchestrator.planning.placement import balanced_ranges
 from swactor.orchestrator.planning.planner import (
@@ -56,7 +57,7 @@ def test_three_stage_plan_edges_and_specs() -> None:
     assert a0.object_spec.max_extent == 4096 * 576 * 4
     assert a0.object_spec.row_elements == 576 and a0.object_spec.dtype_family == pb.DTYPE_FAMILY_FLOAT
     assert tin.object_spec.kind == pb.OBJECT_KIND_TOKENS and tin.object_spec.dtype_family == pb.DTYPE_FAMILY_INT
-    assert tin.object_spec.max_extent == 4096 * 4 and tout.object_spec.max_extent == 4
+    assert tin.object_spec.max_extent == 4096 * 4 and tout.object_spec.max_extent == 4 * (1 + MAX_DRAFT)
     assert a0.ring_spec(pb.RING_DIRECTION_EGRESS).direction == pb.RING_DIRECTION_EGRESS
     assert a0.ring_data_capacity == 4 << 20 and tout.ring_data_capacity == 65536
     assert plan.token_in is tin and plan.token_out is tout

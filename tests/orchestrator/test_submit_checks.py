@@ -68,6 +68,7 @@ def test_values_no_run_could_use_are_refused_by_field(tmp_path: Path) -> None:
          "max_tokens 2147483647 is more than the context holds (4096 tokens"),
         (opb.SubmitRunRequest(messages=chat, raw=True, max_tokens=5), "raw applies to prompt only"),
         (opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=[1]), raw=True, max_tokens=5), "raw applies to prompt only"),
+        (opb.SubmitRunRequest(prompt="hi", max_tokens=5, speculate=17), "speculate must be at most 16 drafted tokens"),
     ]
 
     async def main():

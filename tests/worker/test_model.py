@@ -371,3 +371,80 @@ def test_float16_kv_cache_keeps_the_float64_tokens_at_half_the_bytes(gguf_model:
   assert half.memory.slot_bytes * 2 == full.memory.slot_bytes == full.memory.cache_bytes
   with pytest.raises(ValueError, match="kv_dtype must be one of"):
     StageModel(gguf_model, 29, 30, kv_dtype="int8")
+
+
+# ---- speculative decoding's compute (docs/orchestrator.md "Speculative decoding") ----
+
+SPEC_STEPS = 14
+SPEC_POLICIES = {"greedy": SamplingPolicy(), "seeded": SamplingPolicy(temperature=0.9, top_k=40, seed=11)}
+
+
+def spec_run(chain: list[StageModel], ids: list[int], pos: int, *, every_row: bool = False, rewind: int = 0) -> list[int]:
+  """One object through the chain as the stages run it: the rewind first, then its rows at `pos`."""
+  x: np.ndarray = np.asarray(ids, np.int32)
+  for s in chain:
+    s.rewind(0, rewind)
+    x = s.step(x, pos, every_row=every_row)
+  return [int(t) for t in x]
+
+
+def decode(chain: list[StageModel], policy: SamplingPolicy, guess: list[int] | None = None) -> tuple[list[int], int]:
+  """SPEC_STEPS tokens of PROMPTS["plain_france"], one per step, or with up to 3 drafts per step taken from `guess`
+  (wrong where it is) and the rejected rows rewound; returns the tokens and the drafts accepted."""
+  prompt = PROMPTS["plain_france"]
+  for s in chain:
+    s.reset(policy)
+  out, rewind, accepted = spec_run(chain, prompt, 0), 0, 0
+  try:
+    while len(out) < SPEC_STEPS:
+      drafts = guess[len(out):len(out) + min(3, SPEC_STEPS - len(out) - 1)] if guess else []
+      sampled = spec_run(chain, [out[-1], *drafts], len(prompt) + len(out) - 1, every_row=bool(drafts), rewind=rewind)
+      assert len(sampled) == len(drafts) + 1
+      a = 0
+      while a < len(drafts) and sampled[a] == drafts[a]:
+        a += 1
+      out += sampled[:a + 1]
+      accepted += a
+      rewind = len(drafts) - a
+  finally:
+    for s in chain:
+      s.reset(SamplingPolicy())  # the module's stages are greedy for the other tests
+  return out[:SPEC_STEPS], accepted
+
+
+@pytest.mark.parametrize("policy", list(SPEC_POLICIES))
+def test_drafts_verified_and_rewound_give_the_plain_tokens(stages: dict[int, list[StageModel]], policy: str) -> None:
+  chain, p = stages[2], SPEC_POLICIES[policy]
+  want, _ = decode(chain, p)
+  right, accepted = decode(chain, p, want)
+  assert right == want and accepted > SPEC_STEPS // 2  # every draft right: most steps take several tokens
+  wrong = [t if i % 3 else (t + 1) % 1000 for i, t in enumerate(want)]  # every third draft wrong: rewinds
+  got, accepted = decode(chain, p, wrong)
+  assert got == want and 0 < accepted < SPEC_STEPS
+
+
+def test_verified_rows_compute_exactly_their_decode_steps(stages: dict[int, list[StageModel]]) -> None:
+  first, last = stages[2]
+  prompt, outs = PROMPTS["plain_france"], []
+  for every_row in (False, True):
+    for s in stages[2]:
+      s.reset()
+    tok = last.step(first.step(np.asarray(prompt, np.int32), 0), 0)
+    ids, pos = np.asarray([int(tok[0]), 42, 7], np.int32), len(prompt)
+    if every_row:
+      acts = first.step(ids, pos, every_row=True)
+      toks = last.step(acts, pos, every_row=True)
+    else:
+      acts = np.concatenate([first.step(ids[i:i + 1], pos + i) for i in range(3)])
+      toks = np.concatenate([last.step(acts[i:i + 1], pos + i) for i in range(3)])
+    outs.append((acts, toks))
+  (a0, t0), (a1, t1) = outs
+  assert np.array_equal(a0, a1) and np.array_equal(t0, t1)  # bit for bit: the same kernels at the same positions
+
+
+def test_a_rewind_past_the_run_is_refused(stages: dict[int, list[StageModel]]) -> None:
+  first = stages[2][0]
+  first.reset()
+  first.step(np.asarray(PROMPTS["once"], np.int32), 0)
+  with pytest.raises(ValueError, match="cannot rewind 5 rows in slot 0: it holds 4 positions"):
+    first.rewind(0, 5)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swactor.common.objflags import PROMPT_CONTINUES
+from swactor.common.objflags import PROMPT_CONTINUES, VERIFY, with_rewind
 from swactor.edgeend.establisher import EdgeProvision
 from swactor.v1 import common_pb2
 from swactor.worker import stage_fsm as s
@@ -244,3 +244,37 @@ def test_a_failed_fetch_faults_naming_it_and_a_stop_cancels_the_fetch() -> None:
     assert s.CancelFetch() in actions
     assert not [a for a in actions if isinstance(a, s.ToWorker)]  # no role was asked for: none to cancel
     assert c.handle(s.WeightsFetchFailed("Cancelled", "")) == [] and c.weights is s.Weights.NOT_ASKED
+
+
+def test_drafts_sample_every_row_and_the_next_object_rewinds_the_rejected_ones() -> None:
+    """objflags.VERIFY: the last stage's step samples after every row (one token per row out); the next object's rewind
+    moves the run's position back over the rejected drafts before its rows, and tells the role to drop them."""
+    c = ready(last=True)
+
+    def done(st: wire.ExecuteStep) -> None:
+        c.handle(wire.ObjectProduced(71, 11, 1, st.outputs[0].object_id, st.outputs[0].sequence, st.outputs[0].extent))
+        c.handle(wire.StepCompleted(9, st.step_id))
+
+    (st,) = steps(c.handle(loaded(0, rows=5)))
+    done(st)
+    (st,) = steps(c.handle(loaded(1, rows=4, hid=4, flags=VERIFY)))  # the last token and 3 drafts, positions 5..8
+    assert st.runtime == {"start_pos": 5, "every_row": True} and st.outputs[0].extent == 4 * 4
+    assert st.outputs[0].flags == VERIFY
+    done(st)
+    (st,) = steps(c.handle(loaded(2, rows=1, hid=5, flags=with_rewind(0, 2))))  # 1 draft kept: position 7, not 9
+    assert st.runtime == {"start_pos": 7, "rewind": 2} and st.outputs[0].extent == 4
+    done(st)
+    (st,) = steps(c.handle(loaded(3, rows=1, hid=6)))
+    assert st.runtime == {"start_pos": 8}
+
+
+def test_a_rewind_past_the_step_before_faults_the_stage() -> None:
+    c = ready()
+    (st,) = steps(c.handle(loaded(0, rows=3)))
+    c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 3 * 4 * HID))
+    c.handle(wire.StepCompleted(9, st.step_id))
+    actions = c.handle(loaded(1, rows=1, hid=4, flags=with_rewind(0, 3)))  # the step before ran 3 rows: at most 2
+    assert steps(actions) == [] and s.ToWorker(wire.ReleaseDeviceObject(wire.DeviceHandle(1, 4))) in actions
+    (report,) = [a for a in actions if isinstance(a, s.Report) and a.event.kind == common_pb2.STAGE_FAULTED]
+    assert c.state is s.StageState.FAULTED and report.event.reason == "RUN_FAULT_OBJECT_FAILED"
+    assert "object sequence 1 rewinds 3 rows; the step before ran 3" in report.event.detail

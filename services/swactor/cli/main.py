@@ -56,6 +56,7 @@ from swactor.cli.args import (
     text,
     token_ids,
 )
+from swactor.common.objflags import DEFAULT_DRAFT, MAX_DRAFT
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
 from swactor.v1 import orchestrator_pb2_grpc
@@ -117,6 +118,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true",
                    help="outlive a lost host: a run faulted by a stage host, worker or edge goes on as a new run on "
                         "the healthy nodes, from the tokens already delivered (--watch follows it)")
+    s.add_argument("--speculate", type=integer(0, MAX_DRAFT), nargs="?", const=DEFAULT_DRAFT, default=0, metavar="N",
+                   help=f"speculative decoding: verify up to N tokens drafted by prompt lookup per step (default N "
+                        f"{DEFAULT_DRAFT}); the tokens are those of the run without it, faster when the answer repeats "
+                        f"its prompt or itself")
     s.add_argument("--max-context", type=integer(1, UINT32_MAX), default=0, metavar="TOKENS",
                    help="the run's own context: prompt and generated tokens at most this many (default: the model's)")
     s.add_argument("--node", action="append", type=integer(1, UINT64_MAX), default=[], metavar="NODE_ID",
@@ -246,7 +251,7 @@ def sampling(args: argparse.Namespace) -> opb.Sampling:
 def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
     req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
                                sampling=sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos,
-                               max_context=args.max_context, resume=args.resume)
+                               max_context=args.max_context, resume=args.resume, speculate=args.speculate)
     if args.prompt_ids is not None:
         if args.raw:
             raise CliError("--raw applies to --prompt only")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from swactor.common.objflags import MAX_DRAFT
 from swactor.gateway.errors import ApiError
 from swactor.gateway.stops import MAX_STOPS
 from swactor.v1 import orchestrator_pb2 as opb
@@ -173,6 +174,8 @@ def parse(endpoint: Endpoint, body: Any) -> OpenAiRequest:
     submit.sampling.top_p = _number(body, "top_p", 0.0, 1.0, 1.0)
     if (top_k := _integer(body, "top_k", 0, INT32_MAX)) is not None:  # llama.cpp's server takes it too
         submit.sampling.top_k = top_k
+    if (speculate := _integer(body, "speculate", 0, MAX_DRAFT)) is not None:  # swactor's extension
+        submit.speculate = speculate
     if (seed := _integer(body, "seed", -(2**63), SEED_MAX)) is not None:
         submit.sampling.seed = seed % 2**64  # OpenAI's seeds are signed 64-bit; the same bits are the same seed
     stream = _flag(body, "stream")

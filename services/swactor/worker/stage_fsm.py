@@ -13,6 +13,8 @@ a time; the output object of a step carries the input's sequence and flags (§16
 are derived from the rows of each input object: a prompt arrives as one or more chunk objects (sequences
 0..P-1, each but the last flagged PROMPT_CONTINUES, docs/orchestrator.md "Prefill chunks"), then one row per
 decode step. Inputs that load while a step runs queue in sequence order (a pipelined prompt's next chunks).
+Speculative decoding (docs/orchestrator.md): a VERIFY object's rows are sampled each on the last stage (one token per
+row out), and an object's rewind field moves the position back over the step before's rejected rows first.
 The per-object events (object_loaded, execute_step_started, object_produced, step_completed) are reported
 only when the plan traces objects: without tracing a token costs the node no lifecycle event at all.
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.common.objflags import PROMPT_CONTINUES
+from swactor.common.objflags import PROMPT_CONTINUES, VERIFY, rewind_of
 from swactor.common.reasons import name
 from swactor.edgeend.establisher import EdgeFailed, EdgeReady, EdgeStopped
 from swactor.v1 import common_pb2
@@ -319,7 +321,7 @@ class StageController:
         is executing a decode row (one row, not a prompt row sent alone), the rows after it being decode rows too."""
         p = self.plan
         if p is None or self.state is not StageState.EXECUTING or self.step is None or self.step_rows != 1 \
-                or self.step.outputs[0].flags & PROMPT_CONTINUES or self.waiting \
+                or self.step.outputs[0].flags or self.waiting \
                 or self.in_ring_id is None or self.out_ring_id is None:
             return None
         return GrantTerms(self.in_ring_id, self.next_sequence, p.in_row_bytes, self.position,
@@ -329,8 +331,20 @@ class StageController:
         p = self.plan
         assert p is not None and self.rx is not None and self.tx is not None and self.out_ring_id is not None
         rows = ev.extent // p.in_row_bytes
-        out_rows = 1 if p.outbound_kind == common_pb2.EDGE_KIND_TOKEN_OUT else rows
+        rewind = rewind_of(ev.flags)
+        if rewind >= max(self.step_rows, 1):  # the first row of a step is the run's own token, never a draft
+            return [ToWorker(wire.ReleaseDeviceObject(ev.device_handle)), *self._faulted(
+                common_pb2.RUN_FAULT_OBJECT_FAILED, common_pb2.COMPONENT_STAGE_CONTROLLER, "",
+                f"object sequence {ev.sequence} rewinds {rewind} rows; the step before ran {self.step_rows}",
+                edge_id=ev.edge_id, ring_id=ev.ring_id, object_id=ev.object_id, sequence=ev.sequence)]
+        self.position -= rewind
+        last = p.outbound_kind == common_pb2.EDGE_KIND_TOKEN_OUT
+        out_rows = rows if ev.flags & VERIFY or not last else 1
         runtime: dict[str, Any] = {"start_pos": self.position}
+        if rewind:
+            runtime["rewind"] = rewind
+        if ev.flags & VERIFY:
+            runtime["every_row"] = True  # drafts: a token after every row (the last stage's concern)
         if ev.flags & PROMPT_CONTINUES:
             runtime["sample"] = False  # a prompt chunk before the last: no token from it (the last stage's concern)
         self.step_id += 1

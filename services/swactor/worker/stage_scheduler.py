@@ -5,7 +5,7 @@ time (its ExecuteStep: one input object, one output, one run's rows); the comput
 The scheduler stands between them (docs/runs-in-flight.md):
 
 - Steps of one row (a decode step, or a prompt sent row by row) of several runs go through the stage as *one*
-  batched ExecuteStep (inputs and outputs in the runs' order, runtime {"rows": [{slot, start_pos, sample}, ...]}):
+  batched ExecuteStep (inputs and outputs in the runs' order, runtime {"rows": [{slot, start_pos, sample, rewind}, ...]}):
   the stage's weights are read once for every run waiting.
 - A prompt chunk (more than one row) runs alone. When chunks and rows both wait, they alternate: a decode row waits
   at most one other run's chunk, and a new run's prompt is not stalled behind an endless stream of decode batches.
@@ -185,6 +185,8 @@ class StepScheduler:
             return wire.ExecuteStep(first.role_id, step_id, first.inputs, first.outputs,
                                     {**first.runtime, "slot": members[0].slot}, first.release_inputs_after)
         rows: list[dict[str, Any]] = [{"slot": a.slot, "start_pos": a.step.runtime["start_pos"],
-                                       "sample": a.step.runtime.get("sample", True)} for a in members]
+                                       "sample": a.step.runtime.get("sample", True)}
+                                      | ({"rewind": a.step.runtime["rewind"]} if "rewind" in a.step.runtime else {})
+                                      for a in members]
         return wire.ExecuteStep(first.role_id, step_id, [b for a in members for b in a.step.inputs],
                                 [b for a in members for b in a.step.outputs], {"rows": rows}, True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
+from swactor.common.objflags import MAX_DRAFT
 from swactor.orchestrator.api.errors import RequestError
 from swactor.v1 import orchestrator_pb2 as opb
 
@@ -114,6 +115,8 @@ def check_fields(req: opb.SubmitRunRequest) -> None:
     if req.raw and req.WhichOneof("input") != "prompt":
         raise RequestError.invalid("raw applies to prompt only (messages always use the chat template, "
                                    "prompt_ids are sent as is)")
+    if req.speculate > MAX_DRAFT:
+        raise RequestError.invalid(f"speculate must be at most {MAX_DRAFT} drafted tokens per step, got {req.speculate}")
     check_client_request_id(req.client_request_id)
 
 

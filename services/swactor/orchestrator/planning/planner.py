@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from swactor.common.ids import new_id
+from swactor.common.objflags import MAX_DRAFT
 from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.memory import DEFAULT_KV_DTYPE, StageBytes
 from swactor.orchestrator.fleet.nodes import NodeInfo
@@ -238,7 +239,7 @@ def plan_run(
 
     orch = Endpoint(orchestrator_node_id, None)
     tokens_in = token_spec(max_seq_len)
-    tokens_out = token_spec(1)
+    tokens_out = token_spec(1 + MAX_DRAFT)  # one token, or one per row of drafts (objflags.VERIFY)
     acts = activation_spec(model, max_seq_len)
     edge_ids = [id_source() for _ in range(stages + 1)]
     edges: list[EdgePlan] = []

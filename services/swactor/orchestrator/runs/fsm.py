@@ -16,7 +16,7 @@ import enum
 from collections.abc import Callable
 
 from swactor.common.ids import new_id
-from swactor.common.objflags import PROMPT_CONTINUES
+from swactor.common.objflags import PROMPT_CONTINUES, VERIFY, with_rewind
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
 from swactor.orchestrator.planning.planner import PlanError, RunPlan, Seat, StagePlan, memory_need, plan_run
 from swactor.orchestrator.planning.pool import Demand, PoolGate
@@ -27,6 +27,7 @@ from swactor.orchestrator.runs.run_messages import (  # noqa: F401
     Action,
     CloseEndpoints,
     Deliver,
+    DraftsVerified,
     Emit,
     EndpointFault,
     EndpointsClosed,
@@ -52,6 +53,7 @@ from swactor.orchestrator.runs.run_messages import (  # noqa: F401
     Timeouts,
     TokenReceived,
 )
+from swactor.orchestrator.tokens.drafts import PromptLookup
 from swactor.v1 import common_pb2 as pb
 
 K = pb.LifecycleEventKind
@@ -123,6 +125,10 @@ class RunFsm:
         self._awaiting_stop: set[int] = set()
         self._expected_seq = 0
         self._prompt_objects = 1  # the prompt's chunk objects: sequences 0..n-1, the first token comes with n-1
+        # speculative decoding: the drafter, the drafts in the object in flight, drafted / accepted so far
+        self._drafter = PromptLookup(request.prompt_ids) if request.speculate else None
+        self._drafts: tuple[int, ...] = ()
+        self.drafted = self.accepted = 0
         self.teardown_timed_out = False
         self._now = now
 
@@ -396,29 +402,13 @@ class RunFsm:
                     return
                 self._expected_seq = seq + 1  # the first-token deadline covers the whole prompt
             case TokenReceived(sequence=seq, token_id=tid):
-                if seq != self._expected_seq or seq < self._prompt_objects - 1:
-                    self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
-                                f"token-out delivered a token for sequence {seq}, expected sequence {self._expected_seq}"
-                                f"{' (a prompt chunk: no token)' if seq < self._prompt_objects - 1 else ''}")
+                if self._token_object_refused(seq, 1, now, out):
                     return
-                self.tokens.append(tid)
-                eog = tid in self.request.eog_ids
-                out.append(self._ev(K.TOKEN_RECEIVED, sequence=seq, counters={"token_id": tid}))
-                out.append(Deliver(len(self.tokens) - 1, tid, eog))  # the answer's token index, not the object's sequence
-                assert self.plan is not None
-                done = (
-                    "eos" if eog and not self.request.ignore_eos
-                    else "max_tokens" if len(self.tokens) >= self.request.max_tokens
-                    else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self._context()
-                    else None
-                )
-                if done is not None:
-                    self._finish(out, now, Outcome.COMPLETED, done, "",
-                                 self._ev(K.RUN_COMPLETED, detail=done, counters={"tokens": len(self.tokens)}))
+                self._take_tokens(seq, (tid,), now, out)
+            case DraftsVerified(sequence=seq, token_ids=ids):
+                if self._token_object_refused(seq, len(ids), now, out):
                     return
-                self._expected_seq = seq + 1
-                out.append(InjectTokens(self._expected_seq, (tid,)))
-                self._deadline = now + self.timeouts.step_s
+                self._take_tokens(seq, ids, now, out)
             case Tick():
                 if self._deadline is not None and now >= self._deadline:
                     first = self._expected_seq < self._prompt_objects
@@ -428,6 +418,70 @@ class RunFsm:
                                 f"({'first token: ' if first else ''}{limit:.1f}s)")
             case _:
                 pass
+
+    def _token_object_refused(self, seq: int, tokens: int, now: float, out: list[Action]) -> bool:
+        """Fault the run on a token-out object out of sequence or holding other than one token per row it was sent."""
+        if seq != self._expected_seq or seq < self._prompt_objects - 1:
+            self._fault(out, now, pb.RUN_FAULT_SEQUENCE_VIOLATION,
+                        f"token-out delivered a token for sequence {seq}, expected sequence {self._expected_seq}"
+                        f"{' (a prompt chunk: no token)' if seq < self._prompt_objects - 1 else ''}")
+            return True
+        if tokens != len(self._drafts) + 1:
+            self._fault(out, now, pb.RUN_FAULT_OBJECT_FAILED,
+                        f"token-out object {seq} holds {tokens} token(s); its token-in object had {len(self._drafts)} "
+                        f"draft(s), so {len(self._drafts) + 1} were due")
+            return True
+        return False
+
+    def _take_tokens(self, seq: int, sampled: tuple[int, ...], now: float, out: list[Action]) -> None:
+        """The tokens sampled after the rows of object `seq`: the longest prefix of its drafts that they confirm, then
+        the one sampled after it (a plain decode step has no drafts: its one token). Each is delivered as a run without
+        drafts would have produced it; the next object carries the last of them, new drafts, and the rejected drafts'
+        rows to drop (objflags rewind)."""
+        drafts = self._drafts
+        accepted = 0
+        while accepted < len(drafts) and sampled[accepted] == drafts[accepted]:
+            accepted += 1
+        if drafts:
+            self.drafted += len(drafts)
+            self.accepted += accepted
+            assert self._drafter is not None
+            self._drafter.verified(len(drafts), accepted)
+        for i, tid in enumerate(sampled[:accepted + 1]):
+            self.tokens.append(tid)
+            eog = tid in self.request.eog_ids
+            counters = {"token_id": tid}
+            if drafts and i == 0:
+                counters |= {"drafted": len(drafts), "accepted": accepted}
+            out.append(self._ev(K.TOKEN_RECEIVED, sequence=seq, counters=counters))
+            out.append(Deliver(len(self.tokens) - 1, tid, eog))  # the answer's token index, not the object's sequence
+            done = (
+                "eos" if eog and not self.request.ignore_eos
+                else "max_tokens" if len(self.tokens) >= self.request.max_tokens
+                else "context_full" if len(self.request.prompt_ids) + len(self.tokens) >= self._context()
+                else None
+            )
+            if done is not None:
+                counters = {"tokens": len(self.tokens)}
+                if self._drafter is not None:
+                    counters |= {"drafted": self.drafted, "accepted": self.accepted}
+                self._finish(out, now, Outcome.COMPLETED, done, "", self._ev(K.RUN_COMPLETED, detail=done, counters=counters))
+                return
+        last = sampled[accepted]
+        self._expected_seq = seq + 1
+        self._drafts = self._next_drafts(sampled[:accepted + 1])
+        flags = with_rewind(VERIFY if self._drafts else 0, len(drafts) - accepted)
+        out.append(InjectTokens(self._expected_seq, (last, *self._drafts), flags))
+        self._deadline = now + self.timeouts.step_s
+
+    def _next_drafts(self, delivered: tuple[int, ...]) -> tuple[int, ...]:
+        """Drafts for the next object: none past the run's last token or the context (their rows would be wasted)."""
+        if self._drafter is None:
+            return ()
+        self._drafter.extend(delivered)
+        room = min(self.request.max_tokens - len(self.tokens), self._context() - len(self.request.prompt_ids)
+                   - len(self.tokens)) - 1
+        return self._drafter.draft(min(self.request.speculate, room))
 
     def _on_tearing_down(self, event: Input, now: float, out: list[Action]) -> None:
         match event:

@@ -281,7 +281,8 @@ class Orchestrator:
                                max_tokens=req.max_tokens, sampling=sampling, eog_ids=model.tokenizer.eog_ids,
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
                                trace_objects=req.trace_objects, max_context=context,
-                               stop_when_unwatched=req.stop_when_unwatched, resume=req.resume)
+                               stop_when_unwatched=req.stop_when_unwatched, resume=req.resume,
+                               speculate=req.speculate)
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
                          sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context,

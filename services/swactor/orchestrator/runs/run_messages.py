@@ -68,6 +68,7 @@ class RunRequest:
     stop_when_unwatched: bool = False  # SubmitRunRequest.stop_when_unwatched: its client gone, the run is stopped
     resume: bool = False  # SubmitRunRequest.resume: a shared part's fault continues the request as a new run
     resumes: int = 0  # the runs of its request before this one (a continuation's count; manager.MAX_RESUMES)
+    speculate: int = 0  # SubmitRunRequest.speculate: drafted tokens per step at most (0: no speculative decoding)
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,14 @@ class TokenReceived:
 
 
 @dataclass(frozen=True)
+class DraftsVerified:
+    """Token-out delivered a VERIFY object's tokens (objflags): the token sampled after each of its rows."""
+
+    sequence: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PromptChunkDone:
     """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
 
@@ -183,7 +192,7 @@ class Tick:
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
+    | EndpointsClosed | EndpointFault | TokenReceived | DraftsVerified | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
     | RelayBatch | Tick
 )
 

@@ -2,7 +2,7 @@
 
 `TokenWriter` is the token-in producer: one §17 object of int32 token ids per `write(sequence, ids)`.
 `TokenReader` is the token-out consumer: it parses token objects and reports
-`TokenReceived(sequence, id)` (or an `EndpointFault`). Both reuse the edge end's I/O-free ring-object
+`TokenReceived(sequence, id)`, `DraftsVerified(sequence, ids)` for a VERIFY object (objflags), or an `EndpointFault`. Both reuse the edge end's I/O-free ring-object
 FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
 ring's eventfd through the event loop, never by polling.
 
@@ -17,7 +17,7 @@ import asyncio
 import numpy as np
 
 from swactor.common.ids import new_id
-from swactor.common.objflags import PROMPT_CONTINUES
+from swactor.common.objflags import PROMPT_CONTINUES, VERIFY
 from swactor.common.reasons import name
 from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edgeend import objects
@@ -81,6 +81,9 @@ class TokenReader:
                 match ev:
                     case objects.Loaded(facts=facts, buffer=buffer):
                         ids = np.frombuffer(bytes(buffer.data), dtype=TOKEN_DTYPE)
+                        if facts.flags & VERIFY:  # one token per row of drafts: the FSM checks how many
+                            report(F.DraftsVerified(facts.sequence, tuple(int(i) for i in ids)))
+                            continue
                         if len(ids) != 1:
                             report(F.EndpointFault(pb.RUN_FAULT_OBJECT_FAILED,
                                                    f"token-out object {facts.sequence} holds {len(ids)} ids, not 1"))

@@ -543,14 +543,31 @@ class StageModel:
       raise ValueError(f"stage [{self.layer_start}, {self.layer_end}) has no output head (not the last stage)")
     return self._run(inputs, start_pos, slot)
 
-  def step(self, inputs: np.ndarray, start_pos: int, *, sample: bool = True, slot: int = 0) -> np.ndarray:
+  def step(self, inputs: np.ndarray, start_pos: int, *, sample: bool = True, slot: int = 0,
+           every_row: bool = False) -> np.ndarray:
     """One run's rows, in its slot. sample=False on the last stage: a prompt chunk that is not the prompt's last runs
-    through the layers (filling the KV cache) without the head or the sampler, and the step returns int32 [NO_TOKEN]."""
+    through the layers (filling the KV cache) without the head or the sampler, and the step returns int32 [NO_TOKEN].
+    every_row (a VERIFY object's drafts, objflags): the rows run one by one through the decode graph, each exactly the
+    decode step it stands for (the same kernels, so the same logits as without drafts, bit for bit; on the CPU a row
+    also costs less alone than padded into a prefill chunk), and the last stage samples a token after each, in order."""
+    if every_row:
+      out = [self.step(inputs[i:i + 1], start_pos + i, slot=slot) for i in range(len(inputs))]
+      return np.concatenate(out)
     if self.head is not None and not sample:
       self._run(inputs, start_pos, slot, head=False)
       return np.array([NO_TOKEN], dtype=np.int32)
     y = self._run(inputs, start_pos, slot)
     return y if self.head is None else np.array([self.samplers[slot](y)], dtype=np.int32)
+
+  def rewind(self, slot: int, rows: int) -> None:
+    """Drop the run's last `rows` positions in `slot` (rejected drafts): the next step starts there and overwrites
+    their KV entries (no step reads past its own rows), and the last stage's sampler takes back their draws."""
+    s = self._slot(slot)
+    if not 0 <= rows <= self.next_pos[s]:
+      raise ValueError(f"cannot rewind {rows} rows in slot {slot}: it holds {self.next_pos[s]} positions")
+    self.next_pos[s] -= rows
+    if self.head is not None:
+      self.samplers[s].rewind(rows)
 
   def _run(self, inputs: np.ndarray, start_pos: int, slot: int, head: bool = True) -> np.ndarray:
     x = self._check(inputs, start_pos, slot)

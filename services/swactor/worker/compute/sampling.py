@@ -13,6 +13,12 @@ class Sampler:
     if policy.skip_draws and not policy.greedy:
       self.rng.random(policy.skip_draws)  # one uniform per sampled token, as __call__ draws them
 
+  def rewind(self, tokens: int) -> None:
+    """Take back the draws of the last `tokens` sampled tokens (rejected drafts' rows): the next token draws what it
+    would have drawn had they never been sampled."""
+    if tokens and not self.policy.greedy:
+      self.rng.bit_generator.advance(-tokens)  # PCG64 steps back; random() takes one 64-bit output per draw
+
   def __call__(self, logits: np.ndarray) -> int:
     x = np.asarray(logits, dtype=np.float64).reshape(-1)
     if not np.all(np.isfinite(x)):

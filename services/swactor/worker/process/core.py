@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from swactor.common.events import get_logger
-from swactor.common.objflags import PROMPT_CONTINUES
 from swactor.common.reasons import ReasonError, name
 from swactor.edgeend.objects import Broken, Closed, Failed, Loaded, OutputRejected, Produced
 from swactor.v1 import common_pb2 as pb
@@ -59,8 +58,8 @@ class Grant:
     start_pos: int
 
     def covers(self, facts: Any) -> bool:
-        return (facts.sequence == self.sequence and facts.extent == self.cmd.row_bytes
-                and not facts.flags & PROMPT_CONTINUES)
+        # any flag (a prompt chunk, drafts, a rewind) asks for something else than the position one on
+        return facts.sequence == self.sequence and facts.extent == self.cmd.row_bytes and not facts.flags
 
     def next_step(self, port_id: int, facts: Any, handle: wire.DeviceHandle) -> wire.ExecuteStep:
         """The ExecuteStep the stage controller would have sent for this object; the grant moves past it."""

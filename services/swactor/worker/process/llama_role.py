@@ -14,10 +14,11 @@ too: a step that compiled would stall every run for seconds); the progress callb
 abandon the load (role_loader). Compute threads and the compiled-graph cache come from
 InitializeWorker.backend.
 Inputs/outputs are flat device objects: int32 token ids [T] into the first stage, float32
-activations [T, hidden] between stages, one int32 token id out of the last stage.
-A step of one input runs one run's rows: runtime {start_pos, sample, slot}. A step of several inputs is a
-batched decode step, one row of each of several runs: runtime {"rows": [{slot, start_pos, sample}, ...]} in
-the inputs' order, one output per input.
+activations [T, hidden] between stages, one int32 token id out of the last stage (one per row with every_row).
+A step of one input runs one run's rows: runtime {start_pos, sample, slot, rewind, every_row}. A step of several
+inputs is a batched decode step, one row of each of several runs: runtime {"rows": [{slot, start_pos, sample,
+rewind}, ...]} in the inputs' order, one output per input. rewind (default 0): the run's positions dropped before
+its rows (rejected drafts, objflags); every_row (default false): the last stage samples after every row.
 """
 
 from __future__ import annotations
@@ -104,8 +105,12 @@ class LlamaStageRole:
         if len(inputs) > 1 or "rows" in runtime:
             return self._batch(inputs, runtime)
         (x,) = inputs
-        slot, start_pos, sample = _row(runtime, "runtime")
-        out = self.model.step(self._array(x), start_pos, sample=sample, slot=slot)
+        slot, start_pos, sample, rewind = _row(runtime, "runtime")
+        every_row = runtime.get("every_row", False)
+        if not isinstance(every_row, bool):
+            raise ValueError(f"runtime.every_row must be a boolean, got {every_row!r}")
+        self.model.rewind(slot, rewind)
+        out = self.model.step(self._array(x), start_pos, sample=sample, slot=slot, every_row=every_row)
         return [self._object(out)]
 
     def _batch(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
@@ -115,10 +120,13 @@ class LlamaStageRole:
         if not isinstance(rows, list) or len(rows) != len(inputs):
             raise ValueError(f"runtime.rows must list one {{slot, start_pos, sample}} per input ({len(inputs)}), "
                              f"got {rows!r}")
-        batch = []
+        batch, rewinds = [], []
         for i, (r, x) in enumerate(zip(rows, inputs, strict=True)):
-            slot, start_pos, sample = _row(r, f"runtime.rows[{i}]")
+            slot, start_pos, sample, rewind = _row(r, f"runtime.rows[{i}]")
+            rewinds.append((slot, rewind))
             batch.append(BatchRow(slot, start_pos, self._array(x), sample))
+        for slot, rewind in rewinds:
+            self.model.rewind(slot, rewind)
         return [self._object(out) for out in self.model.step_batch(batch)]
 
     def _array(self, x: DeviceAllocation) -> np.ndarray:
@@ -140,15 +148,18 @@ def _slot(config: dict[str, Any], slots: int) -> int:
     return slot
 
 
-def _row(r: Any, where: str) -> tuple[int, int, bool]:
-    """(slot, start_pos, sample) of one run's rows in a step's runtime; ValueError (a step failure) names the field."""
+def _row(r: Any, where: str) -> tuple[int, int, bool, int]:
+    """(slot, start_pos, sample, rewind) of one run's rows in a step's runtime; ValueError (a step failure) names the
+    field."""
     if not isinstance(r, dict):
         raise ValueError(f"{where} must be an object, got {r!r}")
-    slot, start_pos, sample = r.get("slot", 0), r.get("start_pos"), r.get("sample", True)
+    slot, start_pos, sample, rewind = r.get("slot", 0), r.get("start_pos"), r.get("sample", True), r.get("rewind", 0)
     if not isinstance(start_pos, int) or isinstance(start_pos, bool):
         raise ValueError(f"{where}.start_pos must be an integer, got {start_pos!r}")
     if not isinstance(slot, int) or isinstance(slot, bool):
         raise ValueError(f"{where}.slot must be an integer, got {slot!r}")
     if not isinstance(sample, bool):
         raise ValueError(f"{where}.sample must be a boolean, got {sample!r}")
-    return slot, start_pos, sample
+    if not isinstance(rewind, int) or isinstance(rewind, bool) or rewind < 0:
+        raise ValueError(f"{where}.rewind must be a non-negative integer, got {rewind!r}")
+    return slot, start_pos, sample, rewind
