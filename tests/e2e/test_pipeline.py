@@ -189,7 +189,7 @@ def test_three_stages_match_llamacpp_greedy_from_prompt_ids_through_eos(cluster3
     print(f"{question!r} chat={chat}: {n} tokens match, {sum(t == 2 for t in res.token_ids)} of them EOS")
 
 
-@pytest.mark.parametrize("seed", [None, 5], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("seed", [None, 1], ids=["greedy", "seeded"])
 def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: LocalCluster, seed: int | None) -> None:
     """--speculate through three stages (drafts from prompt lookup, verified as one object, rejected rows rewound at
     every stage): the same tokens as without it, greedy and with a seeded sampler, on a text that repeats itself."""

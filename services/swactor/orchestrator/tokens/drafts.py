@@ -5,10 +5,11 @@ output together; n from `max_ngram` down to `min_ngram`) are the guess at what c
 text, extraction and summaries repeat their context often; free text rarely, and then no draft is made at all.
 An n-gram index kept as the run grows makes a draft cost O(max_ngram), not a scan of the context.
 
-Drafts that fail cost each stage a wider step for nothing (each row costs about a decode step there), so the drafter
-follows how they fare: a step that accepts every draft lets the next draft 2 more, one that rejects some drafts 1 fewer
-(at least 1); after a step whose drafts were all rejected, the next 1, 2, 4, ... (at most MAX_PAUSE) steps go without
-drafts, and a step that accepts any resets that.
+Drafts that fail cost each stage a wider step for nothing (on the CPU each row costs about a decode step there:
+measured at S=3, 50 ms between hosts, a failed 7-token draft cost 1.4 plain steps), so the drafter follows how they
+fare: it starts at FIRST_REACH drafts, a step that accepts every draft lets the next draft 2 more, one that rejects
+some drafts 1 fewer (at least 1); after a step whose drafts were all rejected, the next 1, 2, 4, ... (at most
+MAX_PAUSE) steps go without drafts, and a step that accepts any resets that.
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ from swactor.common.objflags import MAX_DRAFT
 MIN_NGRAM = 2  # one shared token is too weak a hint: drafts that fail cost a wider step for nothing
 MAX_NGRAM = 4
 MAX_PAUSE = 16  # decode steps without drafts at most after drafts kept failing
+FIRST_REACH = 2  # drafts per step before any was verified
 
 
 class PromptLookup:
-    def __init__(self, context: Iterable[int], *, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM) -> None:
+    def __init__(self, context: Iterable[int], *, min_ngram: int = MIN_NGRAM, max_ngram: int = MAX_NGRAM,
+                 first_reach: int = FIRST_REACH) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"n-gram lengths {min_ngram}..{max_ngram} are not 1 <= min <= max")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.tokens: list[int] = []
         # n-gram -> the latest index j such that tokens[j-n:j] is that n-gram and tokens[j] is known (its follower)
         self._followers: dict[tuple[int, ...], int] = {}
-        self._reach = MAX_DRAFT  # drafts per step at most, as they fared so far
+        self._reach = first_reach  # drafts per step at most, as they fared so far
         self._failures = 0  # steps in a row whose drafts were all rejected
         self._paused = 0  # steps still to go without drafts
         self.extend(context)
