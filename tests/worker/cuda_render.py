@@ -34,7 +34,7 @@ from tests.fixtures.gguf_fixtures import (
 
 # layer 0 and 1: every packed type, and F16 / Q2_K (expanded to float32 at load) beside them
 LAYER_TYPES = [[QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1, QT.Q8_0, QT.Q4_K, QT.Q5_K],
-               [QT.Q6_K, QT.Q2_K, QT.F16, QT.Q8_0, QT.Q4_K, QT.Q6_K, QT.Q5_0]]
+               [QT.Q6_K, QT.Q2_K, QT.F16, QT.IQ4_NL, QT.IQ4_XS, QT.Q6_K, QT.Q5_0]]
 TYPES = {"token_embd": QT.Q8_0, "output": QT.Q6_K,
          **{f"blk.{i}.{m}": qt for i, types in enumerate(LAYER_TYPES) for m, qt in zip(SMALL_MATRICES, types, strict=True)}}
 

@@ -8,9 +8,11 @@ from gguf import GGMLQuantizationType as QT
 from test_quant import synthetic
 from tinygrad import Tensor
 
+from swactor.worker.compute.cpu_matvec import IQ4_POLY, iq4_value
 from swactor.worker.compute.gguf_weights import RawTensor
 from swactor.worker.compute.linear import PACKED, device_nbytes, upload
 from swactor.worker.compute.linear import apply as apply_weight
+from swactor.worker.compute.quant import BLOCK, IQ4_VALUES
 from swactor.worker.compute.replay import read
 
 # 264 rows: 8-row iterations, and slices that do not divide evenly into 4 per thread; 263: one row per iteration, no
@@ -22,7 +24,18 @@ SHAPES = {"rows264": (264, 512), "rows263": (263, 768)}
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize(("rows", "threads"), [(1, 0), (1, 2), (3, 0), (3, 3)])
 def test_block_matvec_matches_dequantized(qt: QT, shape: str, rows: int, threads: int) -> None:
-  out, cols = SHAPES[shape]
+  check_block_matvec(qt, *SHAPES[shape], rows, threads)
+
+
+@pytest.mark.parametrize("qt", [q for q in PACKED if BLOCK[q][0] == 256], ids=lambda q: q.name)
+@pytest.mark.parametrize("threads", [0, 2])
+def test_rows_of_one_256_block(qt: QT, threads: int) -> None:
+  """The K-quants' and IQ4_XS's rows of a single block (a small model's 256-wide matrices): the kernels' block loop
+  has one iteration."""
+  check_block_matvec(qt, 16, 256, 1, threads)
+
+
+def check_block_matvec(qt: QT, out: int, cols: int, rows: int, threads: int) -> None:
   rng = np.random.default_rng(int(qt) * 10 + rows + out)
   w = RawTensor("w", qt, (out, cols), synthetic(qt, out, cols, rng))
   x = rng.normal(size=(rows, cols)).astype(np.float32)
@@ -31,6 +44,13 @@ def test_block_matvec_matches_dequantized(qt: QT, shape: str, rows: int, threads
   y = read(apply_weight(kind, ts, Tensor(x, device="CPU"), threads=threads).realize())
   want = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
   np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_iq4_table_lookup_is_exact() -> None:
+  """The IQ4 kernels' table values (a rounded polynomial): every code's exactly, with room to round (< 0.5 off)."""
+  codes = np.arange(16)
+  assert np.abs(np.polyval(IQ4_POLY, codes) - IQ4_VALUES).max() < 0.4
+  np.testing.assert_array_equal(iq4_value(Tensor(codes.astype(np.uint8), device="CPU")).numpy(), np.asarray(IQ4_VALUES, np.float32))
 
 
 def test_unpacked_types_are_float32_on_device() -> None:

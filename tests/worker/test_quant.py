@@ -9,7 +9,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from swactor.worker.compute.gguf_weights import GGUFModel
 from swactor.worker.compute.quant import BLOCK, UnsupportedQuant, dequantize
 
-F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208]}
+F16_FIELDS = {QT.Q8_0: [0], QT.Q4_0: [0], QT.Q4_1: [0, 2], QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q4_K: [0, 2], QT.Q5_K: [0, 2], QT.Q6_K: [208],
+              QT.IQ4_NL: [0], QT.IQ4_XS: [0]}
 
 
 def synthetic(qt: QT, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
@@ -44,7 +45,7 @@ def test_real_tensors_match_gguf(gguf_model: GGUFModel) -> None:
   assert {m.tensor("token_embd.weight").qtype, m.tensor("blk.0.attn_q.weight").qtype, m.tensor("output_norm.weight").qtype} == {QT.Q8_0, QT.Q4_1, QT.F32}
 
 
-@pytest.mark.parametrize("qt", [QT.Q2_K, QT.Q3_K, QT.IQ4_XS, QT.IQ2_XXS, QT.TQ1_0, QT.MXFP4], ids=lambda q: q.name)
+@pytest.mark.parametrize("qt", [QT.Q2_K, QT.Q3_K, QT.IQ3_S, QT.IQ2_XXS, QT.TQ1_0, QT.MXFP4], ids=lambda q: q.name)
 def test_other_gguf_types_dequantize_through_gguf(qt: QT) -> None:
   n, nb = BLOCK[qt]
   raw = np.zeros((3, 2 * nb), np.uint8)  # zero blocks: finite whatever the layout
@@ -76,4 +77,21 @@ def test_fixture_quantizers_round_trip_through_gguf(qt: QT, levels: int) -> None
   span = np.ptp(np.concatenate([x.reshape(-1, group), np.zeros((x.size // group, 1), np.float32)], axis=1), axis=1)
   step = span / levels * (2 if qt == QT.Q6_K else 1)  # Q6_K is symmetric: 63 levels over [-max|x|, max|x|]
   assert np.all(np.abs(y - x).reshape(-1, group).max(1) <= 0.5 * step * 1.1 + 1e-6)
+  assert np.all(y[1, :256] == 0)
+
+
+@pytest.mark.parametrize("qt", [QT.IQ4_NL, QT.IQ4_XS], ids=lambda q: q.name)
+def test_fixture_iq4_quantizers_round_trip_through_gguf(qt: QT) -> None:
+  """The IQ4 quantizers of tests/fixtures/gguf_fixtures.py, read back by gguf's dequantizers. A 32-group's largest
+  magnitude a lands on the table's extreme (scale ~ a / 127): a value is within half the widest table gap (24) of a
+  table value, or past the other end (113 < 127) by at most 14 steps; IQ4_XS's 6-bit sub-block scales are within half a
+  step of the block's d (the block's largest a / (127 * 32)) of that, 71 more such steps at most. Zero blocks stay zero."""
+  from tests.fixtures.gguf_fixtures import quantize
+  x = (np.random.default_rng(3).normal(size=(6, 512)) * 0.05).astype(np.float32)
+  x[1, :256], x[2, 256:] = 0, np.abs(x[2, 256:]) + 0.2  # a zero block, a block with no negative values
+  x[3, :32] *= 1e-3  # a sub-block far smaller than the others of its 256-block
+  y = gguf_dequantize(quantize(x, qt), qt).reshape(x.shape)
+  a = np.abs(x).reshape(-1, 32).max(1)
+  bound = 14 / 127 * a + (71 / (127 * 32) * np.abs(x).reshape(-1, 256).max(1).repeat(8) if qt == QT.IQ4_XS else 0)
+  assert np.all(np.abs(y - x).reshape(-1, 32).max(1) <= bound * 1.01 + 1e-7)
   assert np.all(y[1, :256] == 0)

@@ -1,6 +1,7 @@
 """Whole models in other quant types through StageModel: SmolLM2 re-quantized to Q4_K_M, Q6_K, Q5_0 and Q8_0
-(tests/fixtures/gguf_fixtures.py) against the float64 reference and llama.cpp's recorded tokens, and a small random
-model in the types that are expanded to float32 at load."""
+(tests/fixtures/gguf_fixtures.py) against the float64 reference and llama.cpp's recorded tokens, to IQ4_XS (with IQ4_NL
+where rows are not whole 256-blocks) against the float64 reference, and a small random model in the types that are
+expanded to float32 at load."""
 from __future__ import annotations
 
 import json
@@ -15,13 +16,14 @@ from structlog.testing import capture_logs
 from test_model import generate
 
 from swactor.modelfile.header import read_header
-from swactor.modelfile.memory import memory_profile
+from swactor.modelfile.memory import MemoryProfile, memory_profile
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED, device_nbytes
 from swactor.worker.compute.quant import BLOCK
 from tests.fixtures.gguf_fixtures import (
     BUILDER_VERSION,
     MIXES,
+    REFERENCE_MIXES,
     SMALL_DIM,
     SMALL_LAYERS,
     build,
@@ -56,8 +58,36 @@ def requantized(request: pytest.FixtureRequest, model_path: str) -> Requantized:
   return Requantized(mix, GGUFModel(path), rec["cases"], reference)
 
 
+@pytest.fixture(scope="module", params=list(REFERENCE_MIXES))
+def reference_mix(request: pytest.FixtureRequest, model_path: str) -> Requantized:
+  """A mix without llama.cpp's tokens: the recorded files' first prompt and step count (one case: the float64
+  reference of the whole model costs ~17 s a case on the 2-core box), the float64 reference's tokens."""
+  path, cases = build(request.param), FIXTURE["files"][next(iter(MIXES))]["cases"][:1]
+  ref = Reference(path)
+  return Requantized(request.param, GGUFModel(path), cases, [ref.greedy(c["prompt_tokens"], len(c["greedy_tokens"])) for c in cases])
+
+
+def planner_profile(path: str | pathlib.Path) -> MemoryProfile:
+  """What the orchestrator plans a file's stages by (modelfile.memory), from its header alone."""
+  with open(path, "rb") as f:
+    return memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0])
+
+
 def first_below(gaps: list[float], tie: float) -> int:
   return next((i for i, g in enumerate(gaps) if g < tie), len(gaps))
+
+
+def greedy_equals_reference(requantized: Requantized, chain: list[StageModel]) -> list[tuple[list[int], list[np.ndarray], int]]:
+  """Each case's greedy tokens from the chain, asserted equal to the float64 reference's up to its first step whose
+  top-2 gap is below REF_TIE: (tokens, logits, steps compared) per case."""
+  runs = []
+  for case, (ref_tokens, ref_gaps) in zip(requantized.cases, requantized.reference, strict=True):
+    logits: list[np.ndarray] = []
+    ours = generate(chain, case["prompt_tokens"], len(ref_tokens), logits)
+    cut = first_below(ref_gaps, REF_TIE)
+    assert ours[:cut] == ref_tokens[:cut], f"{requantized.mix} S={len(chain)} {case['prompt']}: differs from float64 before step {cut}"
+    runs.append((ours, logits, cut))
+  return runs
 
 
 @pytest.mark.slow  # the float64 reference of 4 files + 24 stage models: 16 min at load average ~10 on the shared 2-core box
@@ -65,16 +95,26 @@ def first_below(gaps: list[float], tie: float) -> int:
 def test_greedy_equals_reference_and_llamacpp(requantized: Requantized, n_stages: int) -> None:
   chain = [StageModel(requantized.model, a, b, max_seq_len=64) for a, b in SPLITS[n_stages]]
   compared = [0, 0]  # steps compared with the reference, with llama.cpp
-  for case, (ref_tokens, ref_gaps) in zip(requantized.cases, requantized.reference, strict=True):
-    logits: list[np.ndarray] = []
-    ours = generate(chain, case["prompt_tokens"], len(ref_tokens), logits)
-    cut = first_below(ref_gaps, REF_TIE)
-    assert ours[:cut] == ref_tokens[:cut], f"{requantized.mix} S={n_stages} {case['prompt']}: differs from float64 before step {cut}"
+  for case, (ours, logits, cut) in zip(requantized.cases, greedy_equals_reference(requantized, chain), strict=True):
     ours_gaps = [float(np.diff(np.sort(lg)[-2:])[0]) for lg in logits]
     cut2 = first_below([min(a, b) for a, b in zip(case["top2_gap"], ours_gaps, strict=True)], LLAMA_TIE)
     assert ours[:cut2] == case["greedy_tokens"][:cut2], f"{requantized.mix} S={n_stages} {case['prompt']}: differs from llama.cpp before step {cut2}"
     compared = [compared[0] + cut, compared[1] + cut2]
   assert min(compared) >= 8, f"{requantized.mix}: too few steps before a near-tie to compare: {compared}"
+
+
+@pytest.mark.parametrize("n_stages", [1, 3])
+def test_reference_mix_greedy_equals_reference(reference_mix: Requantized, n_stages: int) -> None:
+  """Packed on the device (nothing expanded), the planner's estimate what each stage holds, the reference's tokens."""
+  with capture_logs() as logs:
+    chain = [StageModel(reference_mix.model, a, b, max_seq_len=64) for a, b in SPLITS[n_stages]]
+  assert not [e for e in logs if e["event"] == "compute_weights_expanded"]
+  profile = planner_profile(reference_mix.model.path)
+  for (a, b), m in zip(SPLITS[n_stages], chain, strict=True):
+    want = profile.stage(a, b, 64, rows=1)
+    assert (want.weights - (m.embd.nbytes if m.is_first else 0), want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes)
+  compared = sum(cut for _, _, cut in greedy_equals_reference(reference_mix, chain))
+  assert compared >= 8, f"{reference_mix.mix}: too few steps before a near-tie to compare: {compared}"
 
 
 def test_packed_types_stay_packed(requantized: Requantized) -> None:
@@ -88,7 +128,7 @@ def test_packed_types_stay_packed(requantized: Requantized) -> None:
   assert m.memory.file_bytes == sum(t.nbytes for t in ts)
 
 
-# --- a small random llama in the types the device does not keep packed (next to packed Q5_1): the gguf package's
+# --- a small random llama in the types the device does not keep packed (next to packed Q5_1, IQ4_NL, IQ4_XS): the gguf package's
 # dequantizers at load, float32 on the device; random block bytes with finite float16 scales, no quantizer needed
 F16_AT = {QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.IQ4_NL: [0], QT.IQ4_XS: [0], QT.TQ2_0: [64], QT.IQ2_XXS: [0], QT.Q5_1: [0, 2]}
 TYPES = {"token_embd": QT.IQ4_XS, "output": QT.Q3_K,
@@ -129,8 +169,7 @@ def test_other_types_expand_at_load_and_match_reference(tmp_path: pathlib.Path) 
   assert set(ev["types"]) == {TYPES[n].name for n in expanded} and ev["tensors"] == len(expanded)
   assert ev["float32_bytes"] == sum(4 * r * c for r, c in expanded.values())
   assert m.memory.device_bytes == sum(device_nbytes(TYPES[n], *s) for n, s in shapes.items() if n != "token_embd") + 5 * 4 * SMALL_DIM
-  with open(path, "rb") as f:  # the planner's estimate from the header alone (modelfile.memory) agrees
-    est = memory_profile(read_header(lambda n: (f.seek(0), f.read(n))[1])[0]).stage(0, 2, 32, rows=1)
+  est = planner_profile(path).stage(0, 2, 32, rows=1)  # the planner's estimate from the header alone agrees
   assert (est.weights - m.embd.nbytes, est.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes)
   prompt = [5, 17, 260, 3]
   want, gaps = Reference(path).greedy(prompt, 8)

@@ -28,8 +28,9 @@ from swactor.modelfile.header import GgufHeader, TensorInfo
 from swactor.modelfile.support import ARCHITECTURES, ATTN_QKV, FFN_GATE_UP, PACKED_TYPES
 
 # Device bytes per block of each type the compute core keeps packed (support.PACKED_TYPES; codes as in the file, d/m
-# scales as float32, K-quant sub-block scales as bytes); every other type is expanded to float32 at load.
-_BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_K": 152, "Q5_K": 184, "Q6_K": 212}
+# scales as float32, K-quant and IQ4_XS sub-block scales as bytes); every other type is expanded to float32 at load.
+_BLOCK_BYTES = {"Q8_0": 36, "Q4_0": 24, "Q4_1": 24, "Q5_0": 24, "Q5_1": 28, "Q4_K": 152, "Q5_K": 184, "Q6_K": 212,
+                "IQ4_NL": 20, "IQ4_XS": 140}
 # A packed type declared in support without its device size here fails at import.
 DEVICE_BLOCK_BYTES: dict[str, int] = {name: _BLOCK_BYTES[name] for name in PACKED_TYPES}
 FLOAT32 = 4

@@ -87,10 +87,10 @@ TOKENIZER_MODELS: frozenset[str] = frozenset({"gpt2", "llama"})
 # float types, read as float32;
 FLOAT_TYPES: tuple[str, ...] = ("F32", "F16", "BF16")
 # block types kept packed on the device and dequantized inside the matvec (worker/compute/linear.py);
-PACKED_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+PACKED_TYPES: tuple[str, ...] = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 # block types the `gguf` package dequantizes, expanded to float32 at load (4-16x their file bytes).
 EXPANDED_TYPES: tuple[str, ...] = ("Q2_K", "Q3_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S",
-                                   "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
+                                   "TQ1_0", "TQ2_0", "MXFP4", "NVFP4")
 QUANT_TYPES: frozenset[str] = frozenset(FLOAT_TYPES + PACKED_TYPES + EXPANDED_TYPES)
 
 

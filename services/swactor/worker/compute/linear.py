@@ -11,9 +11,13 @@ row (nb blocks per row), the device holds the file's codes as they are and the s
   "q4_k"  Q4_K          [q uint8 [out, nb, 128], s uint8 [out, nb, 16], dm float32 [out, nb, 2]]     152 (144)
   "q5_k"  Q5_K          [q uint8 [out, nb, 128], qh uint8 [out, nb, 32], s, dm]                      184 (176)
   "q6_k"  Q6_K          [ql uint8 [out, nb, 128], qh uint8 [out, nb, 64], sc int8 [out, nb, 16], d]  212 (210)
+  "iq4_nl" IQ4_NL       [q uint8 [out, nb, 16], d float32 [out, nb]]                          d V[q]          20 (18)
+  "iq4_xs" IQ4_XS       [q uint8 [out, nb, 128], sc int8 [out, nb, 8], d float32 [out, nb]]   d sc[j] V[q]    140 (136)
 Q4_0's m is -8 d. The K-quants' 6-bit sub-block scales and mins are unpacked to bytes s = (sc[0..7], mn[0..7]) and
 their d, dmin kept as dm: w = d sc[j] q - dmin mn[j] in sub-block j (the products stay exact in float32). Code layouts
-within a block are ggml's (cpu_matvec.py says which byte holds which element).
+within a block are ggml's (cpu_matvec.py says which byte holds which element). The IQ4 types' codes index the
+non-linear table V = quant.IQ4_VALUES (looked up in the kernel, cpu_matvec.iq4_value); IQ4_XS's 6-bit sub-block scales
+are unpacked to int8 sc = ls - 32.
 """
 from __future__ import annotations
 
@@ -27,16 +31,17 @@ from tinygrad.dtype import _from_np_dtype
 from swactor.modelfile import memory
 from swactor.modelfile.support import PACKED_TYPES
 
-from .cpu_matvec import XSUM_BLOCK, block_matvec, scale_group
+from .cpu_matvec import XSUM_BLOCK, block_matvec, iq4_value, scale_group
 from .gguf_weights import RawTensor
-from .quant import BLOCK, k_scales
+from .quant import BLOCK, iq4_xs_scales, k_scales
 
 Weight = tuple[str, list[Tensor]]
 # The device layout (kernel kind) of each packed type; which types are packed is support.PACKED_TYPES' choice (a type
 # declared there without a layout here fails at import).
-_KIND = {"Q8_0": "q8_0", "Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
+_KIND = {"Q8_0": "q8_0", "Q4_0": "q4", "Q4_1": "q4", "Q5_0": "q5_0", "Q5_1": "q5_1", "Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k",
+         "IQ4_NL": "iq4_nl", "IQ4_XS": "iq4_xs"}
 PACKED: dict[QT, str] = {QT[name]: _KIND[name] for name in PACKED_TYPES}
-N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3, "q5_0": 3, "q5_1": 4, "q4_k": 3, "q5_k": 4, "q6_k": 4}
+N_TENSORS = {"f32": 1, "q8_0": 2, "q4": 3, "q5_0": 3, "q5_1": 4, "q4_k": 3, "q5_k": 4, "q6_k": 4, "iq4_nl": 2, "iq4_xs": 3}
 
 
 def device_nbytes(qtype: QT, rows: int, cols: int) -> int:
@@ -103,6 +108,10 @@ def layout(w: RawTensor, words: bool = False) -> tuple[str, list[np.ndarray]]:
     return kind, [codes(b[..., 6:]), fifth(word(b[..., 2:6])), d]
   if w.qtype == QT.Q5_1:
     return kind, [codes(b[..., 8:]), fifth(word(b[..., 4:8])), d, _f16(b[..., 2:4])]
+  if w.qtype == QT.IQ4_NL:
+    return kind, [codes(b[..., 2:]), d]
+  if w.qtype == QT.IQ4_XS:
+    return kind, [codes(b[..., 8:]), iq4_xs_scales(b), d]
   if w.qtype == QT.Q6_K:
     return kind, [codes(b[..., :128]), codes(b[..., 128:192]), np.ascontiguousarray(b[..., 192:208]).view(np.int8), _f16(b[..., 208:210])]
   sc, mn = k_scales(b[..., 4:16].reshape(-1, 12))
@@ -181,4 +190,17 @@ def _q6_k(x: Tensor, ql: Tensor, qh: Tensor, sc: Tensor, d: Tensor) -> Tensor:
   return ((groups * sc.float().reshape(out, nb, 2, 4, 2)).sum((-1, -2, -3)) * d).sum(-1)
 
 
-EXPRESSIONS = {"q8_0": _q8_0, "q4": _q4, "q5_0": _q5, "q5_1": _q5, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k}
+def _iq4_nl(x: Tensor, q: Tensor, d: Tensor, sc: Tensor | None = None) -> Tensor:
+  out, nb = q.shape[:2]
+  sub = q.shape[2] // 16  # 32-element (sub-)blocks per block: 1, or IQ4_XS's 8
+  xb = x.reshape(x.shape[0], 1, nb, sub, 2, 16)  # element j of a sub-block pairs with low nibble j, element 16+j with high nibble j
+  q = q.reshape(out, nb, sub, 16)
+  dots = (xb[..., 0, :] * iq4_value(q & 0xF)).sum(-1) + (xb[..., 1, :] * iq4_value(q >> 4)).sum(-1)  # [T, out, nb, sub]
+  return ((dots if sc is None else dots * sc.float()).sum(-1) * d).sum(-1)
+
+
+def _iq4_xs(x: Tensor, q: Tensor, sc: Tensor, d: Tensor) -> Tensor: return _iq4_nl(x, q, d, sc)
+
+
+EXPRESSIONS = {"q8_0": _q8_0, "q4": _q4, "q5_0": _q5, "q5_1": _q5, "q4_k": _q4_k, "q5_k": _q5_k, "q6_k": _q6_k,
+               "iq4_nl": _iq4_nl, "iq4_xs": _iq4_xs}

@@ -3,7 +3,7 @@
 Each dequantiser maps raw bytes [rows, row_bytes] (uint8) to float32 [rows, cols]. The formats the device keeps packed
 (linear.py) have our own dequantisers here, written from ggml's block structs (their layouts are what the matvec kernels
 read, and the tests check them against `gguf.quants`); every other type swactor.modelfile.support declares (its
-EXPANDED_TYPES: Q2_K, Q3_K, IQ*, TQ*, MXFP4, ...) goes through `gguf.quants.dequantize` and is expanded to float32 at
+EXPANDED_TYPES: Q2_K, Q3_K, the other IQ*, TQ*, MXFP4, ...) goes through `gguf.quants.dequantize` and is expanded to float32 at
 load.
 """
 from __future__ import annotations
@@ -93,8 +93,34 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
   return (d * sc * q).reshape(-1, 256)
 
 
+# IQ4_NL / IQ4_XS: a 4-bit code is an index into this non-linear table (ggml's kvalues_iq4nl), scaled per (sub-)block
+IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_codes(qs: np.ndarray) -> np.ndarray:
+  """[..., 16] packed bytes -> [..., 32] table values (elements 0..15 from the low nibbles, 16..31 the high)."""
+  return np.asarray(IQ4_VALUES, np.float32)[_nibbles(qs)]
+
+
+def _iq4_nl(b: np.ndarray) -> np.ndarray: return _f16(b[:, :2]) * _iq4_codes(b[:, 2:])
+
+
+def iq4_xs_scales(b: np.ndarray) -> np.ndarray:
+  """IQ4_XS blocks [..., 136] -> the 8 sub-block scales ls - 32 [..., 8] (int8): ls's low 4 bits are nibble ib % 2 of
+  scales_l[ib // 2], its high 2 bits bits 2 ib, 2 ib + 1 of the little-endian word scales_h."""
+  low = _nibbles(b[..., 4:8])[..., [0, 4, 1, 5, 2, 6, 3, 7]]  # sub-block 2i: low nibble of byte i, 2i + 1: its high
+  high = (np.ascontiguousarray(b[..., 2:4]).view(np.uint16) >> np.arange(0, 16, 2, dtype=np.uint16)) & 3
+  return ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 32).astype(np.int8)
+
+
+def _iq4_xs(b: np.ndarray) -> np.ndarray:
+  dl = _f16(b[:, :2]) * iq4_xs_scales(b).astype(np.float32)  # [n, 8]: sub-block ib's scale
+  return (dl[:, :, None] * _iq4_codes(b[:, 8:].reshape(-1, 8, 16))).reshape(-1, 256)
+
+
 _BLOCKWISE: dict[QT, Callable[[np.ndarray], np.ndarray]] = {
-  QT.Q8_0: _q8_0, QT.Q4_0: _q4_0, QT.Q4_1: _q4_1, QT.Q5_0: _q5_0, QT.Q5_1: _q5_1, QT.Q4_K: _q4_k, QT.Q5_K: _q5_k, QT.Q6_K: _q6_k}
+  QT.Q8_0: _q8_0, QT.Q4_0: _q4_0, QT.Q4_1: _q4_1, QT.Q5_0: _q5_0, QT.Q5_1: _q5_1, QT.Q4_K: _q4_k, QT.Q5_K: _q5_k, QT.Q6_K: _q6_k,
+  QT.IQ4_NL: _iq4_nl, QT.IQ4_XS: _iq4_xs}
 
 
 def row_bytes(qtype: QT, cols: int, tensor: str = "?") -> int:
