@@ -14,6 +14,7 @@ import pytest
 
 from swactor.cli.main import main as cli_main
 from swactor.cli.main import parser, submit_request
+from swactor.common.objflags import DEFAULT_DRAFT
 from swactor.v1 import orchestrator_pb2 as opb
 
 from .fakes import FakeFleet
@@ -199,6 +200,9 @@ def test_submit_prompt_ids_and_ignore_eos_flags(capsys: pytest.CaptureFixture[st
     assert req.WhichOneof("input") == "prompt_ids" and list(req.prompt_ids.ids) == [2, 9690, 198]
     assert req.ignore_eos and req.max_tokens == 8
     assert not submit_request(parser().parse_args(["submit", "--prompt", "hi"])).ignore_eos
+    speculate = [submit_request(parser().parse_args(["submit", "--prompt", "hi", *flag])).speculate
+                 for flag in ([], ["--speculate"], ["--speculate", "3"])]
+    assert speculate == [0, DEFAULT_DRAFT, 3]
     for bad, needle in [("1,x", "comma-separated token ids"), ("-3", "0..2^32-1"), ("", "0..2^32-1")]:
         with pytest.raises(SystemExit):
             parser().parse_args(["submit", f"--prompt-ids={bad}"])
