@@ -12,6 +12,7 @@ import pytest
 import swactor_ring as sr
 from swactor.common import ringport
 from swactor.common.layout import Layout
+from swactor.common.objflags import MAX_DRAFT, VERIFY, with_rewind
 from swactor.orchestrator.fleet.fleet import FleetError
 from swactor.orchestrator.planning.planner import token_spec
 from swactor.orchestrator.runs import fsm as F
@@ -126,6 +127,24 @@ def test_token_out_objects_become_token_received_until_close(rings: Rings) -> No
 
     asyncio.run(main())
     assert got == [F.TokenReceived(0, 100), F.TokenReceived(1, 101), F.TokenReceived(2, 2)]
+
+
+def test_a_verify_object_reports_one_token_per_row(rings: Rings) -> None:
+    """objflags.VERIFY: the last stage's object after drafts holds a token per row; a plain object after it one."""
+    prod, cons = rings.pair(64 << 10, 5)
+    stage_side = token_rings.TokenWriter(prod, token_spec(1 + MAX_DRAFT))
+    reader = token_rings.TokenReader(cons, token_spec(1 + MAX_DRAFT))
+    got: list[F.Input] = []
+
+    async def main():
+        run = asyncio.create_task(reader.run(got.append))
+        await stage_side.write(0, [7, 8, 9], VERIFY)
+        await stage_side.write(1, [10], with_rewind(0, 1))
+        prod.close_stream()
+        await asyncio.wait_for(run, 5)
+
+    asyncio.run(main())
+    assert got == [F.DraftsVerified(0, (7, 8, 9)), F.TokenReceived(1, 10)]
 
 
 @pytest.mark.parametrize(("raw", "reason", "needle"), [

@@ -1,9 +1,9 @@
 """The ring halves of the orchestrator's token endpoints (spec §10, §16, §32, §34).
 
 `TokenWriter` is the token-in producer: one §17 object of int32 token ids per `write(sequence, ids)`.
-`TokenReader` is the token-out consumer: it parses token objects and reports
-`TokenReceived(sequence, id)`, `DraftsVerified(sequence, ids)` for a VERIFY object (objflags), or an `EndpointFault`. Both reuse the edge end's I/O-free ring-object
-FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
+`TokenReader` is the token-out consumer: it parses token objects and reports `TokenReceived(sequence, id)`,
+`DraftsVerified(sequence, ids)` for a VERIFY object (objflags), or an `EndpointFault`. Both reuse the edge end's
+I/O-free ring-object FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
 ring's eventfd through the event loop, never by polling.
 
 Not here (the integration step): leasing the two rings from the local arena-manager, the
