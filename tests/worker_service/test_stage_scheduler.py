@@ -33,6 +33,17 @@ def test_rows_of_waiting_runs_go_as_one_step_up_to_the_batch_width() -> None:
     assert d.step.runtime == {"start_pos": 3, "slot": 3} and d.step.step_id == 2
 
 
+def test_a_batched_row_keeps_its_rewind() -> None:
+    """A speculating run's row after rejected drafts (runtime rewind) batched with another run's: the rewind goes with
+    its row only."""
+    s = StepScheduler(max_batch=2)
+    s.ask(asked(1, start_pos=9, rewind=2))
+    s.ask(asked(2, start_pos=4))
+    d = s.next()
+    assert d is not None and d.step.runtime == {"rows": [{"slot": 1, "start_pos": 9, "sample": True, "rewind": 2},
+                                                         {"slot": 2, "start_pos": 4, "sample": True}]}
+
+
 def test_prompt_chunks_and_decode_rows_alternate() -> None:
     """A decode row waits at most one other run's chunk; a chunk waits at most one batch of rows."""
     s = StepScheduler(max_batch=4)
