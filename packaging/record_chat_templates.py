@@ -2,15 +2,17 @@
 
 The reference renderer for the chat-template tests (tests/orchestrator/test_tokenizer_chat.py). Runs
 offline in a scratch venv, never in CI:
-  python3.11 -m venv /tmp/tok-venv && /tmp/tok-venv/bin/pip install transformers jinja2
-  /tmp/tok-venv/bin/pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/sdist
+  python3.11 -m venv /tmp/tok-venv && /tmp/tok-venv/bin/pip install transformers jinja2 gguf
+  mkdir -p /tmp/sdist && curl -fsSL -o /tmp/sdist/llama_cpp_python-0.3.36.tar.gz \
+    https://files.pythonhosted.org/packages/source/l/llama_cpp_python/llama_cpp_python-0.3.36.tar.gz
   tar xzf /tmp/sdist/llama_cpp_python-0.3.36.tar.gz -C /tmp/sdist
+(the sdist straight from PyPI: `pip download --no-binary :all:` builds cmake from source to read its metadata)
   /tmp/tok-venv/bin/python packaging/record_chat_templates.py /tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp
 Template strings are data, taken from: llama.cpp's models/templates/*.jinja (copies of the models'
-tokenizer_config.json chat_template), llama.cpp's tests/test-chat-template.cpp (Mistral's v3 template,
-as in Mistral-7B-Instruct-v0.3, and a plain ChatML one), the default model's GGUF (SmolLM2), and
-swactor's own built-in fallbacks. Each render uses a fixed clock (what strftime_now reads) and the special tokens
-recorded beside it, so the test can hand ours exactly the same inputs.
+tokenizer_config.json chat_template: Llama 3.1/3.2, Qwen2.5, Qwen3, Phi-3.5, Gemma 2), llama.cpp's
+tests/test-chat-template.cpp (Mistral's v3 template, as in Mistral-7B-Instruct-v0.3, and a plain ChatML
+one), the default model's GGUF (SmolLM2, read with `gguf`), and swactor's own built-in fallbacks. Each render uses a
+fixed clock (what strftime_now reads) and the special tokens recorded beside it, so the test can hand ours exactly the same inputs.
 """
 from __future__ import annotations
 
@@ -42,6 +44,13 @@ CONVERSATIONS: dict[str, tuple[list[dict], bool]] = {
                    {"role": "tool", "content": "{\"temp_c\": 21}"},
                    {"role": "user", "content": "Thanks"}], True),
   "not_alternating": ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], True),
+  "multi_turn": ([{"role": "user", "content": "Name a colour."},
+                  {"role": "assistant", "content": "Blue."},
+                  {"role": "user", "content": "Another?"}], True),  # no system message: Gemma refuses one
+  "reasoning_in_replies": ([{"role": "user", "content": "Name a colour."},
+                            {"role": "assistant", "content": "<think>\nEasy.\n</think>\n\nBlue."},
+                            {"role": "user", "content": "Another?"},
+                            {"role": "assistant", "content": "<think>\nNot blue.\n\n</think>\nRed."}], False),
 }
 
 
@@ -79,6 +88,9 @@ def templates(llama_cpp: pathlib.Path) -> dict[str, tuple[str, dict[str, str]]]:
     "llama-3.1": ((jinja / "meta-llama-Llama-3.1-8B-Instruct.jinja").read_text(), llama3),
     "llama-3.2": ((jinja / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text(), llama3),
     "qwen2.5": ((jinja / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), {"eos_token": "<|im_end|>"}),
+    "qwen3": ((jinja / "Qwen-Qwen3-0.6B.jinja").read_text(), {"eos_token": "<|im_end|>"}),
+    "phi-3.5": ((jinja / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(), {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
+    "gemma-2": ((jinja / "google-gemma-2-2b-it.jinja").read_text(), {"bos_token": "<bos>", "eos_token": "<eos>"}),
     "mistral-v3": (cpp_test_template(cpp, "(mistralai 'v3' template"), {"bos_token": "<s>", "eos_token": "</s>"}),
     "smollm2": smollm2(),
     "chatml": (cpp_test_template(cpp, "teknium/OpenHermes-2.5-Mistral-7B"), {}),

@@ -1,7 +1,7 @@
 """Chat templates rendered with Jinja in a sandbox, byte-equal to Hugging Face's apply_chat_template
 (tests/fixtures/chat_templates.json, recorded by packaging/record_chat_templates.py) for Llama 3.1/3.2,
-Qwen2.5, Mistral v3, SmolLM2 and ChatML templates and the built-in fallbacks; plus the variables and
-functions templates use, the sandbox, and every way a template can fail."""
+Qwen2.5, Qwen3, Phi-3.5, Gemma 2, Mistral v3, SmolLM2 and ChatML templates and the built-in fallbacks;
+plus the variables and functions templates use, the sandbox, and every way a template can fail."""
 
 from __future__ import annotations
 
@@ -34,8 +34,11 @@ def messages_of(conversation: str) -> list[Message]:
 
 def test_the_recorded_set_covers_the_families() -> None:
     rendered = {c["template"] for c in CASES if "text" in c}
-    assert {"llama-3.1", "llama-3.2", "qwen2.5", "mistral-v3", "smollm2", "chatml", "builtin-chatml", "builtin-llama3"} <= rendered
+    assert {"llama-3.1", "llama-3.2", "qwen2.5", "qwen3", "phi-3.5", "gemma-2", "mistral-v3", "smollm2", "chatml",
+            "builtin-chatml", "builtin-llama3"} <= rendered
     assert all(sum(c["template"] == name and "text" in c for c in CASES) >= 4 for name in rendered)
+    refused = {(c["template"], c["conversation"]) for c in CASES if "error" in c}
+    assert {("gemma-2", "system_multi_turn"), ("gemma-2", "not_alternating")} <= refused
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['template']}-{c['conversation']}")
@@ -58,6 +61,12 @@ def test_default_system_prompts_and_dates_are_the_templates_own() -> None:
     assert "Today Date: 26 Jul 2024" in by["llama-3.1", "user_only"]  # its default date_string
     assert "Today Date: 05 Sep 2024" in by["llama-3.2", "user_only"]  # strftime_now on the pinned clock
     assert "named SmolLM" in by["smollm2", "user_only"]
+    # Qwen3 wraps the last assistant turn after the last user turn in an empty <think> block
+    assert "<|im_start|>assistant\n<think>\n\n</think>\n\nHello there." in by["qwen3", "no_generation_prompt"]
+    # ... and drops the reasoning of earlier replies (str.split / strip / lstrip / rstrip in the sandbox)
+    assert "<|im_start|>assistant\nBlue.<|im_end|>" in by["qwen3", "reasoning_in_replies"]
+    assert by["qwen3", "reasoning_in_replies"].endswith("<think>\nNot blue.\n</think>\n\nRed.<|im_end|>\n")
+    assert by["phi-3.5", "no_generation_prompt"].endswith("<|end|>\n<|endoftext|>")  # eos_token closes it
 
 
 def render(template: str, messages: list[Message] | None = None, **kw) -> str:
