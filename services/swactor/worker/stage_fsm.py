@@ -344,7 +344,7 @@ class StageController:
         if rewind:
             runtime["rewind"] = rewind
         if ev.flags & VERIFY:
-            runtime["every_row"] = True  # drafts: a token after every row (the last stage's concern)
+            runtime["every_row"] = True  # drafts: each row run as its decode step, a token after every one on the last stage
         if ev.flags & PROMPT_CONTINUES:
             runtime["sample"] = False  # a prompt chunk before the last: no token from it (the last stage's concern)
         self.step_id += 1
