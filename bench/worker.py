@@ -11,7 +11,7 @@ load average, which is printed too. --json adds one JSON line with every figure 
 run (bench/gpu_check.sh compares devices with it).
 
 --quant adds, per quant type: decode tok/s and weight GB/s (file bytes x tok/s) of SmolLM2 re-quantized to Q4_K_M,
-Q6_K, Q5_0, Q8_0 (tests/fixtures/gguf_fixtures.py builds them, cached) beside the shipped Q4_1 with device / file
+Q6_K, Q5_0, Q8_0 and IQ4_XS (tests/fixtures/gguf_fixtures.py builds them, cached) beside the shipped Q4_1 with device / file
 bytes (aim: <= 1.15x for Q4_K_M), and one matvec of a Llama-3-8B FFN shape per packed type (SmolLM2's 576-wide
 matrices cannot be K-quants, so the whole-model files hold few): GB/s of weights, and per weight byte / Q4_1's
 (aim: Q4_K >= 0.8).
@@ -110,7 +110,8 @@ def decode_rate(model: str, device: str | None, threads: int) -> tuple[float, fl
 
 
 MATVEC_SHAPE = (14336, 4096)  # Llama 3 8B's gate/up: 33 MB in Q4_K, more than this box's caches
-F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+F16_AT = {"Q8_0": [0], "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
+          "IQ4_NL": [0], "IQ4_XS": [0]}
 
 
 def bench_matvec(threads: int, repeats: int = 5) -> dict[str, dict[str, float]]:
@@ -153,8 +154,8 @@ def bench_matvec(threads: int, repeats: int = 5) -> dict[str, dict[str, float]]:
 
 def print_quant(model: str, device: str | None, threads: int) -> dict[str, object]:
   sys.path.insert(0, str(ROOT))
-  from tests.fixtures.gguf_fixtures import MIXES, build
-  files = {"Q4_1 (shipped)": model, **{mix: str(build(mix)) for mix in MIXES}}
+  from tests.fixtures.gguf_fixtures import MIXES, REFERENCE_MIXES, build
+  files = {"Q4_1 (shipped)": model, **{mix: str(build(mix)) for mix in (*MIXES, *REFERENCE_MIXES)}}
   rates = {name: decode_rate(path, device, threads) for name, path in files.items()}
   print(f"SmolLM2 re-quantized, one stage, {DECODE} decode steps, threads {threads}")
   print(f"{'file':<16}{'decode tok/s':>14}{'weights GB/s':>14}{'file MB':>10}{'device MB':>11}{'device/file':>13}")

@@ -75,13 +75,14 @@ def test_the_kv_dtype_reaches_each_stage_s_role_config() -> None:
 class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
     """One node that accepts, loads, reports ready and stops when told (or refuses, if `reject`)."""
 
-    def __init__(self, node_id: int, reject: bool, log: list, tearing_down: int = 0) -> None:
+    def __init__(self, node_id: int, reject: bool, log: list, tearing_down: int = 0, stop_answer_s: float = 0.0) -> None:
         self.node_id = node_id
         self.reject = reject
         self.log = log
         self.tearing_down = tearing_down  # ABORTED answers first: a stage still tearing an earlier run down
         self.request: stage_pb2.ProvisionStageRequest | None = None
         self.stopped = asyncio.Event()
+        self.stop_answer_s = stop_answer_s  # StopRun answers this long after the watch reported StageStopped
 
     async def ProvisionStage(self, request, context):
         self.log.append(("provision", self.node_id, control_tls.peer_orchestrator(context.auth_context())))
@@ -97,6 +98,9 @@ class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
     async def StopRun(self, request, context):
         self.log.append(("stop", self.node_id, control_tls.peer_orchestrator(context.auth_context())))
         self.stopped.set()
+        if self.stop_answer_s:
+            await asyncio.sleep(self.stop_answer_s)
+            self.log.append(("stop answered", self.node_id, None))  # not reached if the caller cancelled the call
         return stage_pb2.StopStageRunResponse(known=True)
 
     async def WatchStage(self, request, context):
@@ -108,11 +112,13 @@ class ScriptedStageControl(stage_pb2_grpc.StageControlServicer):
         yield stage_pb2.StageUpdate(stopped=stage_pb2.StageStopped(), **base)
 
 
-async def _with_nodes(tmp_path: Path, reject: set[int], tokens: list[int], tearing_down: dict[int, int] | None = None):
+async def _with_nodes(tmp_path: Path, reject: set[int], tokens: list[int], tearing_down: dict[int, int] | None = None,
+                      stop_answer_s: float = 0.0):
     log: list = []
     servers, members, requests = [], [], []
     for node_id in (1, 2):
-        servicer = ScriptedStageControl(node_id, node_id in reject, log, (tearing_down or {}).get(node_id, 0))
+        servicer = ScriptedStageControl(node_id, node_id in reject, log, (tearing_down or {}).get(node_id, 0),
+                                        stop_answer_s)
         server = grpc.aio.server()
         stage_pb2_grpc.add_StageControlServicer_to_server(servicer, server)
         port = server.add_secure_port("127.0.0.1:0", control_tls.server_credentials(SECRET, node_id))
@@ -153,6 +159,14 @@ def test_a_run_over_mtls_stage_control(tmp_path: Path) -> None:
     assert kinds.count("STAGE_STOPPED") == 2 and kinds[-1] == "RUN_TORN_DOWN"
     relayed = [u.event for u in updates if u.HasField("event") and u.event.kind == pb.WEIGHTS_LOADED]
     assert {(e.node_id, e.stage_index, e.counters["layers"]) for e in relayed} == {(1, 0, 2), (2, 1, 2)}
+
+
+def test_a_stop_answered_after_the_stage_stopped_is_not_cut_off(tmp_path: Path) -> None:
+    """The watch ends on StageStopped, which a node may send before its StopRun answer: closing the watch's channel
+    then must not cancel the StopRun still in flight on it."""
+    log, _, updates = asyncio.run(asyncio.wait_for(_with_nodes(tmp_path, set(), [5, 2], stop_answer_s=0.3), 30))
+    assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED
+    assert sorted(e for e in log if e[0] == "stop answered") == [("stop answered", 1, None), ("stop answered", 2, None)]
 
 
 def test_a_refusing_node_faults_the_run_by_name(tmp_path: Path) -> None:

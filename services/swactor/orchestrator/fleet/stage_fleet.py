@@ -231,7 +231,9 @@ class StageControlFleet:
         finally:
             channel = self._open.pop((plan.run_id, stage.stage_index), None)
             if channel is not None:
-                await channel.close()
+                # A node may report StageStopped before its StopRun answer: let a StopRun in flight on this
+                # channel finish (close() without grace cancels it) rather than fail a stop that succeeded.
+                await channel.close(grace=self._timeout)
 
     async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
         """StopRun to the stage. The call belongs to the fleet, not to the run: it outlives a teardown
