@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+import pytest
+from gguf import GGUFValueType
 
 from swactor.modelfile.header import GgufHeader, read_header
 from swactor.modelfile.judge import check_stages, judge
 from swactor.modelfile.memory import memory_profile
-from swactor.modelfile.support import LONGROPE_FACTORS, QK_NORM
+from swactor.modelfile.params import LlamaParams, ModelRefused, read_params
+from swactor.modelfile.support import LONGROPE_FACTORS, POST_NORMS, QK_NORM
+from tests.fixtures.gguf_fixtures import Field, small_fields, write_raw
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 
@@ -25,8 +31,8 @@ def test_a_supported_model_passes(tmp_path: Path) -> None:
 
 
 def test_architecture_tokenizer_quant_and_tensors_are_named(tmp_path: Path) -> None:
-    [r] = judged(write_gguf(tmp_path / "a.gguf", arch="gemma3"))
-    assert r.startswith("UnsupportedArchitecture: architecture 'gemma3'")
+    [r] = judged(write_gguf(tmp_path / "a.gguf", arch="mamba"))
+    assert r.startswith("UnsupportedArchitecture: architecture 'mamba'")
     [r] = judged(write_gguf(tmp_path / "t.gguf", tokenizer_model="bert"))
     assert r.startswith("UnsupportedTokenizer") and "'bert'" in r
     [r] = judged(write_gguf(tmp_path / "q.gguf", qtype="Q8_K"))  # no dequantizer: not declared
@@ -49,6 +55,55 @@ def test_qwen3_needs_its_per_head_qk_norms_and_counts_them(tmp_path: Path) -> No
     assert r.startswith("UnsupportedArchitecture") and "attn_q_norm" in r
     with_norms, without = (memory_profile(header(p)) for p in (qwen3, write_gguf(tmp_path / "l.gguf", shape)))
     assert [a - b for a, b in zip(with_norms.layer_weights, without.layer_weights, strict=True)] == [2 * hd * 4] * shape.layers
+
+
+def test_gemma3_needs_its_norms_and_counts_them(tmp_path: Path) -> None:
+    shape = Shape(layers=2)
+    hd = shape.dim // shape.heads
+    qk = tuple((f"blk.{i}.{t}", (hd,), "F32") for i in range(shape.layers) for t in QK_NORM)
+    post = tuple((f"blk.{i}.{t}", (shape.dim,), "F32") for i in range(shape.layers) for t in POST_NORMS)
+    gemma3 = write_gguf(tmp_path / "g3.gguf", shape, arch="gemma3", tokenizer_model="llama", extra=qk + post)
+    assert judged(gemma3) == []
+    [r] = judged(write_gguf(tmp_path / "bare.gguf", shape, arch="gemma3", tokenizer_model="llama", extra=qk))
+    assert r.startswith("MissingTensor: 4 tensor(s) missing") and "blk.0.post_attention_norm.weight" in r
+    [r] = judged(write_gguf(tmp_path / "l.gguf", shape, extra=post))  # the llama block has no such part
+    assert r.startswith("UnsupportedArchitecture") and "post_ffw_norm" in r
+    [r] = judged(write_gguf(tmp_path / "g2.gguf", shape, arch="gemma2", tokenizer_model="llama", extra=post, tied=False))
+    assert r.startswith("UnsupportedArchitecture") and "output.weight" in r  # llama.cpp's gemma2 reads the embedding
+    with_norms, without = (memory_profile(header(p)) for p in (gemma3, write_gguf(tmp_path / "plain.gguf", shape)))
+    per_layer = 2 * hd * 4 + 2 * shape.dim * 4
+    assert [a - b for a, b in zip(with_norms.layer_weights, without.layer_weights, strict=True)] == [per_layer] * shape.layers
+
+
+def test_gemma_hyper_parameters_as_llama_cpp_reads_them(tmp_path: Path) -> None:
+    """Sliding window, its layers and RoPE, soft-caps and the 27B attention scale from the keys llama.cpp reads
+    (src/models/gemma3.cpp, gemma2.cpp), with its defaults where a key is absent."""
+    def params(arch: str, *keys: tuple[str, object, GGUFValueType], layers: int = 12) -> LlamaParams:
+        fields = [f for f in small_fields(arch) if not f.key.endswith(".block_count")]
+        fields += [Field(f"{arch}.block_count", layers, GGUFValueType.UINT32), *(Field(f"{arch}.{k}", v, t) for k, v, t in keys)]
+        path = tmp_path / f"{arch}-{len(list(tmp_path.iterdir()))}.gguf"
+        write_raw(path, arch, fields, {})
+        return read_params(header(path))
+
+    u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+    p = params("gemma3", ("attention.sliding_window", 512, u32), ("rope.freq_base", 1e6, f32))
+    assert p.swa_window == 512 and [i for i, s in enumerate(p.swa_layers) if not s] == [5, 11]
+    assert (p.rope_base, p.rope_base_swa, p.embed_scale, p.attn_softcap, p.final_softcap) == (1e6, 10000.0, 16.0, 0.0, 0.0)
+    assert p.post_norms and p.gelu and p.qk_norm and p.rope_neox and p.attn_scale == 1 / 8  # head_dim 64
+    p = params("gemma3", ("attention.sliding_window", 512, u32), ("attention.sliding_window_pattern", 4, u32),
+               ("rope.freq_base_swa", 5e4, f32), ("rope.scaling.type", "linear", GGUFValueType.STRING),
+               ("rope.scaling.factor", 8.0, f32))
+    assert [i for i, s in enumerate(p.swa_layers) if not s] == [3, 7, 11] and p.rope_base_swa == 5e4
+    assert p.rope_scaling.factor == 8.0 and p.rope_scaling_swa.kind == "none"  # only the global layers are scaled
+    assert not any(params("gemma3").swa_layers)  # no window key: every layer global
+    head_dim_32 = (("attention.key_length", 32, u32), ("attention.value_length", 32, u32))
+    assert params("gemma3", *head_dim_32).attn_scale == 1 / math.sqrt(32)
+    assert params("gemma3", *head_dim_32, layers=62).attn_scale == 1 / 8  # the 27B's: 1/sqrt(256 / 4 heads)
+    p = params("gemma2")
+    assert (p.swa_window, p.attn_softcap, p.final_softcap) == (4096, 50.0, 30.0) and p.swa_layers[:4] == (True, False, True, False)
+    assert p.rope_base_swa == p.rope_base and p.rope_scaling_swa == p.rope_scaling and not p.qk_norm
+    with pytest.raises(ModelRefused, match="sliding_window_pattern"):
+        params("gemma3", ("attention.sliding_window", 512, u32), ("attention.sliding_window_pattern", [True, False], GGUFValueType.ARRAY))
 
 
 def test_phi3_needs_its_fused_matrices_and_counts_them(tmp_path: Path) -> None:

@@ -33,21 +33,28 @@ def test_undeclared_types_are_refused_by_the_compute_core(qtype: QT) -> None:
 
 
 def test_architectures_are_what_the_compute_core_implements() -> None:
-    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3", "phi3"}
+    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
     layer = {f"{t}.weight" for t in gguf_weights.LAYER_TENSORS}
     assert {f"{t}.weight" for t in gguf_weights.QK_NORM_TENSORS} == set(support.QK_NORM)
+    assert {f"{t}.weight" for t in gguf_weights.POST_NORM_TENSORS} == set(support.POST_NORMS)
     fused = {f"{t}.weight" for t in gguf_weights.FUSED_TENSORS}
     assert fused == {support.ATTN_QKV, support.FFN_GATE_UP}
     parts = {f"{p}.weight" for ps in gguf_weights.FUSED_TENSORS.values() for p in ps}
     assert parts <= layer
-    for arch in support.ARCHITECTURES.values():  # the llama block (its fused form where declared), plus Q/K norms
+    for arch in support.ARCHITECTURES.values():  # the llama block (its fused form where declared), Q/K and post norms
         block = (layer - parts) | fused if arch.fused_qkv_gate_up else layer
-        assert set(arch.layer_tensors) == block | (set(support.QK_NORM) if arch.qk_norm else set())
+        assert set(arch.layer_tensors) == block | (set(support.QK_NORM) if arch.qk_norm else set()) | (
+            set(support.POST_NORMS) if arch.post_norms else set())
     a = support.ARCHITECTURES
     assert [(n, a[n].rope_neox, a[n].qk_norm, a[n].fused_qkv_gate_up, a[n].optional_layer_groups)
             for n in ("llama", "qwen2", "qwen3", "phi3")] == [
         ("llama", False, False, False, ()), ("qwen2", True, False, False, (support.QKV_BIAS,)),
         ("qwen3", True, True, False, ()), ("phi3", True, False, True, ())]
+    gemma = [(n, a[n].rope_neox, a[n].qk_norm, a[n].embed_scale, a[n].post_norms, a[n].gelu, a[n].swa_period,
+              a[n].swa_rope_base, a[n].attn_softcap, a[n].final_softcap) for n in ("gemma2", "gemma3")]
+    assert gemma == [("gemma2", True, False, True, True, True, 2, None, 50.0, 30.0),
+                     ("gemma3", True, True, True, True, True, 6, 10000.0, None, 0.0)]
+    assert not any(a[n].embed_scale or a[n].post_norms or a[n].gelu or a[n].swa_period for n in ("llama", "qwen2", "qwen3", "phi3"))
     assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
 
 

@@ -1,5 +1,6 @@
 """What the orchestrator accepts at SubmitRun is what the workers run (modelfile.support): qwen2 (with
-its Q/K/V biases), qwen3 (with its per-head Q/K norms), phi3 (with its fused Q/K/V and gate/up) and every declared quant type are served, an unknown architecture, a type without a
+its Q/K/V biases), qwen3 (with its per-head Q/K norms), phi3 (with its fused Q/K/V and gate/up), gemma3 (with its Q/K and
+post norms) and every declared quant type are served, an unknown architecture, a type without a
 dequantizer or half a bias group is refused naming it, from the header alone."""
 
 from __future__ import annotations
@@ -53,6 +54,17 @@ def test_phi3_with_its_fused_matrices_is_served_and_without_them_refused(tmp_pat
     assert "rope_factors_long.weight" in msg and "LongRoPE" in msg
 
 
+def test_gemma3_with_its_norms_is_served_and_without_them_refused(tmp_path: Path) -> None:
+    hd = SHAPE.dim // SHAPE.heads
+    norms = tuple((f"blk.{i}.{t}", (hd,), "F32") for i in range(SHAPE.layers) for t in support.QK_NORM)
+    norms += tuple((f"blk.{i}.{t}", (SHAPE.dim,), "F32") for i in range(SHAPE.layers) for t in support.POST_NORMS)
+    path = write_gguf(tmp_path / "g3.gguf", SHAPE, arch="gemma3", extra=norms)
+    facts = ModelRegistry({"m": path}, "m").get("m").facts
+    assert (facts.architecture, facts.num_layers, facts.hidden_dim) == ("gemma3", SHAPE.layers, SHAPE.dim)
+    msg = refusal(write_gguf(tmp_path / "bare.gguf", SHAPE, arch="gemma3", extra=norms[:-1]))
+    assert "MissingTensor" in msg and "post_ffw_norm" in msg
+
+
 @pytest.mark.parametrize("qtype", sorted(support.PACKED_TYPES + support.EXPANDED_TYPES))
 def test_every_declared_quant_type_is_served(tmp_path: Path, qtype: str) -> None:
     path = write_gguf(tmp_path / "m.gguf", SHAPE, qtype=qtype, sparse=True)
@@ -60,9 +72,9 @@ def test_every_declared_quant_type_is_served(tmp_path: Path, qtype: str) -> None
 
 
 def test_unknown_architecture_type_and_half_a_bias_group_are_refused_by_name(tmp_path: Path) -> None:
-    msg = refusal(write_gguf(tmp_path / "a.gguf", SHAPE, arch="gemma3"))
-    assert msg.startswith("RUN_FAULT_MODEL_REFUSED: model 'm': UnsupportedArchitecture: architecture 'gemma3'")
-    assert "llama, phi3, qwen2" in msg
+    msg = refusal(write_gguf(tmp_path / "a.gguf", SHAPE, arch="mamba"))
+    assert msg.startswith("RUN_FAULT_MODEL_REFUSED: model 'm': UnsupportedArchitecture: architecture 'mamba'")
+    assert "gemma2, gemma3, llama, phi3, qwen2" in msg
     msg = refusal(write_gguf(tmp_path / "k.gguf", SHAPE, qtype="Q8_K", sparse=True))
     assert "UnsupportedQuantType" in msg and "Q8_K" in msg
     msg = refusal(write_gguf(tmp_path / "b.gguf", SHAPE, arch="qwen2", extra=biases(range(1))))

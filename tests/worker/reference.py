@@ -1,4 +1,4 @@
-"""Float64 numpy llama / qwen2 / qwen3 / phi3 forward: the correctness oracle for the tinygrad stage compute.
+"""Float64 numpy llama / qwen2 / qwen3 / phi3 / gemma2 / gemma3 forward: the correctness oracle for the tinygrad stage compute.
 
 Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
 dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix (or, with a KV
@@ -9,7 +9,13 @@ each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the ro
 that (a test's check that the norms matter). phi3's fused matrices are split here by rows: attn_qkv into Q, K, V,
 ffn_up into the gate (first half) and up (second half); `swap_gate_up=True` takes them the other way round (a
 test's check that the order matters). Llama 3's frequency rule is written here after Hugging Face's
-wavelength formulation.
+wavelength formulation. Gemma (gemma2, gemma3), as llama.cpp's graphs run it: the embedding rows times
+sqrt(dim); the attention output and the FFN output each RMS-normed by their own weights (post_attention_norm,
+post_ffw_norm) before they are added to the residual; gelu (tanh form) of the gate; scores scaled by
+1/sqrt(head_dim) (1/sqrt(dim/heads) for the 27B block counts); layer i attends to the last `sliding_window`
+positions only unless i % period == period - 1 (period 6, gemma2 2, or the file's sliding_window_pattern), those
+local layers turning Q/K with base 10000 unscaled (gemma3; gemma2 the file's base and scaling); gemma2 soft-caps
+the scores (50) and the logits (30), c * tanh(s / c), unless the file names other caps.
 
 `Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
 and kept under .cache/reference/, keyed by the file's sha256 and this module's source, so a test suite
@@ -31,7 +37,9 @@ from gguf.quants import dequantize
 CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
 CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]  # any change here recomputes
 
-NEOX = {"llama": False, "qwen2": True, "qwen3": True, "phi3": True}
+NEOX = {"llama": False, "qwen2": True, "qwen3": True, "phi3": True, "gemma2": True, "gemma3": True}
+GEMMA_PERIOD = {"gemma2": 2, "gemma3": 6}  # every period-th layer attends to every position
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def llama3_divisors(base: float, dim: int, factor: float, low: float, high: float, orig: int) -> np.ndarray:
@@ -82,6 +90,18 @@ class RefLlama:
     self.factor = kv.get(f"{a}.rope.scaling.factor", 1.0)
     self.scaling = kv.get(f"{a}.rope.scaling.type", "linear" if self.factor != 1.0 else "none")
     self.orig_ctx = kv.get(f"{a}.rope.scaling.original_context_length", kv[f"{a}.context_length"])
+    gemma = a in GEMMA_PERIOD
+    self.embed_scale = math.sqrt(self.dim) if gemma else 1.0
+    period = int(kv.get(f"{a}.attention.sliding_window_pattern", GEMMA_PERIOD.get(a, 0)))
+    self.window = int(kv.get(f"{a}.attention.sliding_window", 4096 if a == "gemma2" else 0)) if gemma else 0
+    self.local = [self.window > 0 and (i + 1) % period != 0 for i in range(self.n_layers)]
+    self.local_base = kv.get(f"{a}.rope.freq_base_swa", 10000.0 if a == "gemma3" else self.base)
+    self.local_scaled = a != "gemma3"  # gemma3's sliding-window layers take none of the file's rope scaling
+    self.gelu = gemma
+    scale_dim = self.dim // self.n_heads if GEMMA_27B_LAYERS.get(a) == self.n_layers else self.hd
+    self.attn_scale = 1 / math.sqrt(scale_dim)
+    self.attn_cap = float(kv.get(f"{a}.attn_logit_softcapping", 50.0)) if a == "gemma2" else 0.0
+    self.final_cap = float(kv.get(f"{a}.final_logit_softcapping", 30.0 if a == "gemma2" else 0.0)) if gemma else 0.0
     w = {t.name: t for t in r.tensors}
     get = lambda n: dequantize(w[n].data, w[n].tensor_type).astype(np.float64).reshape([int(s) for s in reversed(w[n].shape)])  # noqa: E731
     self.divisors = get("rope_freqs.weight") if "rope_freqs.weight" in w else None
@@ -107,11 +127,17 @@ class RefLlama:
         L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])
       for n in ("attn_q_norm", "attn_k_norm"):  # qwen3's per-head norms (None: the file has none, or qk_norm=False)
         L[n] = get(f"blk.{i}.{n}.weight") if qk_norm and f"blk.{i}.{n}.weight" in w else None
+      for n in ("post_attention_norm", "post_ffw_norm"):  # Gemma's
+        L[n] = get(f"blk.{i}.{n}.weight") if f"blk.{i}.{n}.weight" in w else None
 
   def norm(self, x: np.ndarray, w: np.ndarray) -> np.ndarray: return x / np.sqrt((x * x).mean(-1, keepdims=True) + self.eps) * w
 
-  def rope(self, x: np.ndarray, pos: np.ndarray) -> np.ndarray:  # x [T, heads, hd]
-    ang, mscale = rope_angles(pos, self.rope_dim, self.base, self.divisors, self.scaling, self.factor, self.orig_ctx)
+  def rope(self, x: np.ndarray, pos: np.ndarray, local: bool = False) -> np.ndarray:  # x [T, heads, hd]
+    base = self.local_base if local else self.base
+    if local and not self.local_scaled:
+      ang, mscale = rope_angles(pos, self.rope_dim, base)
+    else:
+      ang, mscale = rope_angles(pos, self.rope_dim, base, self.divisors, self.scaling, self.factor, self.orig_ctx)
     c, s = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
     y, d = x.copy(), self.rope_dim
     ia, ib = (np.arange(d // 2), np.arange(d // 2, d)) if self.neox else (np.arange(0, d, 2), np.arange(1, d, 2))
@@ -124,10 +150,12 @@ class RefLlama:
     """Full-prefix forward over `layers` (all by default); returns hidden rows [T, dim]. With `cache` (layer -> keys,
     values of the positions before these rows, grown here) the rows continue that prefix instead."""
     T = len(tokens) if x is None else x.shape[0]
-    x = self.embd[tokens] if x is None else x.astype(np.float64)
+    x = self.embd[tokens] * self.embed_scale if x is None else x.astype(np.float64)
     start = next(iter(cache.values()))[0].shape[0] if cache else 0
     pos = np.arange(start, start + T, dtype=np.float64)
     mask = np.triu(np.full((T, start + T), -np.inf), start + 1)
+    too_old = pos[:, None] - np.arange(start + T)[None, :] >= self.window  # [T, keys]: outside a sliding window
+    local_mask = np.where(too_old, -np.inf, mask)
     g = self.n_heads // self.n_kv
     for i in layers if layers is not None else range(self.n_layers):
       L = self.layers[i]
@@ -136,7 +164,8 @@ class RefLlama:
       k = (h @ L["attn_k"].T + L["attn_k.bias"]).reshape(T, self.n_kv, self.hd)
       if L["attn_q_norm"] is not None:  # over each head's vector (the last axis)
         q, k = self.norm(q, L["attn_q_norm"]), self.norm(k, L["attn_k_norm"])
-      q, k = self.rope(q, pos), self.rope(k, pos)
+      local = self.local[i]
+      q, k = self.rope(q, pos, local), self.rope(k, pos, local)
       v = (h @ L["attn_v"].T + L["attn_v.bias"]).reshape(T, self.n_kv, self.hd)
       if cache is not None:
         if i in cache:
@@ -144,16 +173,27 @@ class RefLlama:
         cache[i] = (k, v)
       att = np.empty((T, self.n_heads, self.hd))
       for hh in range(self.n_heads):
-        s = q[:, hh] @ k[:, hh // g].T / np.sqrt(self.hd) + mask
+        s = q[:, hh] @ k[:, hh // g].T * self.attn_scale
+        if self.attn_cap:
+          s = self.attn_cap * np.tanh(s / self.attn_cap)
+        s = s + (local_mask if local else mask)
         p = np.exp(s - s.max(-1, keepdims=True))
         att[:, hh] = (p / p.sum(-1, keepdims=True)) @ v[:, hh // g]
-      x = x + att.reshape(T, -1) @ L["attn_output"].T
+      o = att.reshape(T, -1) @ L["attn_output"].T
+      x = x + (o if L["post_attention_norm"] is None else self.norm(o, L["post_attention_norm"]))
       h = self.norm(x, L["ffn_norm"])
       gate, up = h @ L["ffn_gate"].T, h @ L["ffn_up"].T
-      x = x + (gate / (1 + np.exp(-gate)) * up) @ L["ffn_down"].T
+      if self.gelu:  # tanh approximation
+        act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+      else:
+        act = gate / (1 + np.exp(-gate))
+      f = (act * up) @ L["ffn_down"].T
+      x = x + (f if L["post_ffw_norm"] is None else self.norm(f, L["post_ffw_norm"]))
     return x
 
-  def logits(self, h_last: np.ndarray) -> np.ndarray: return self.norm(h_last, self.out_norm) @ self.out.T
+  def logits(self, h_last: np.ndarray) -> np.ndarray:
+    out = self.norm(h_last, self.out_norm) @ self.out.T
+    return self.final_cap * np.tanh(out / self.final_cap) if self.final_cap else out
 
   def greedy(self, prompt: list[int], n: int, kv_cache: bool = False) -> tuple[list[int], list[float]]:
     """n greedy tokens (no EOS stop) and the top-2 logit gap at each step. Each step recomputes the whole prefix, unless

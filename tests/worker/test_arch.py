@@ -3,6 +3,7 @@ NeoX rotation, separate head) and llama RoPE variants (Llama 3 rope_freqs, linea
 float64 reference and llama.cpp's recorded greedy tokens (where recorded), at S = 1..3 chained stages."""
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
 
@@ -24,6 +25,7 @@ FILES = {**gguf_fixtures.ARCH_FILES, **gguf_fixtures.REFERENCE_FILES}
 SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12
+GEMMA = ("gemma2", "gemma3")
 REF_NEAR_TIE, LLAMACPP_NEAR_TIE = 0.02, 0.2  # top-2 logit gaps below which a pick may flip
 
 
@@ -141,13 +143,23 @@ def test_planner_memory_estimate_equals_the_loaded_stages(model_file: tuple[str,
       assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (model_file[0], a, b)
 
 
+def variant(model: RefLlama, drop: tuple[str, ...] = (), **attrs: object) -> RefLlama:
+  """`model` with the per-layer tensors `drop` left out of every block (None: not applied) and `attrs` replaced."""
+  v = copy.copy(model)
+  v.layers = [{**L, **dict.fromkeys(drop)} for L in model.layers]
+  vars(v).update(attrs)
+  return v
+
+
 def test_qk_norms_matter(model_file: tuple[str, str], ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
   """The fixture's per-head Q/K norms change the model: the reference without them is far from the reference with them
   (and from the compute's logits, which test_logits_close_to_reference holds near the latter) and picks other tokens,
   so a compute that skipped or misapplied them would fail the tests above."""
   if "blk.0.attn_q_norm.weight" not in header(model_file[1]).tensor_map():
     pytest.skip(f"{model_file[0]} has no per-head Q/K norms")
-  assert_another_model(RefLlama(model_file[1], qk_norm=False), ref_model, chains)
+  if header(model_file[1]).get("general.architecture") in GEMMA:
+    pytest.skip("test_gemma_parts_on_a_small_file checks a Gemma file's Q/K norms with its other parts")
+  assert_another_model(variant(ref_model.model, ("attn_q_norm", "attn_k_norm")), ref_model, chains)
 
 
 def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
@@ -178,6 +190,56 @@ def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
     for s in chain[:-1]:
       x = s.step(x, 0)
     np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=1e-4 * float(np.abs(want).max()))
+
+
+@pytest.mark.parametrize("arch", GEMMA)
+def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
+  """Gemma's parts on a small random float32 file of two blocks, the first with a sliding window of 3 positions, the
+  second global (sliding_window_pattern 2), the head tied: the compute's prefill logits at 1 stage (row by row) and 2
+  stages (chunks of 4 rows, whose rows' windows differ) equal the float64 reference's, and the reference without any one
+  part (or with the llama block's choice instead) is another model, so a compute that skipped or misapplied it would
+  fail. gemma3: the embedding scale, post-attention and post-FFN norms, GELU, per-head Q/K norms, the window, the
+  sliding layer's base 10000 unscaled against the file's 100000 with linear scaling 2 that only the global layer takes;
+  gemma2: those but Q/K norms and its own RoPE, plus the soft-caps of the scores and logits (small enough to bite)."""
+  g = gguf_fixtures
+  dim, ffn, heads, kv_heads, vocab = g.SMALL_DIM, g.SMALL_FFN, g.SMALL_HEADS, g.SMALL_KV_HEADS, g.SMALL_VOCAB
+  hd, rng = dim // heads, np.random.default_rng(11)
+  mat = lambda rows, cols: (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)  # noqa: E731
+  vec = lambda n: rng.uniform(0.5, 1.5, n).astype(np.float32)  # noqa: E731
+  tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": vec(dim)}
+  for i in range(g.SMALL_LAYERS):
+    tensors |= {f"blk.{i}.{k}.weight": a for k, a in {
+      "attn_norm": vec(dim), "attn_q": mat(heads * hd, dim) * 3, "attn_k": mat(kv_heads * hd, dim) * 3,
+      "attn_v": mat(kv_heads * hd, dim), "attn_output": mat(dim, heads * hd), "post_attention_norm": vec(dim),
+      "ffn_norm": vec(dim), "ffn_gate": mat(ffn, dim), "ffn_up": mat(ffn, dim), "ffn_down": mat(dim, ffn),
+      "post_ffw_norm": vec(dim), **({"attn_q_norm": vec(hd), "attn_k_norm": vec(hd)} if arch == "gemma3" else {})}.items()}
+  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+  own = {"gemma2": [g.Field("gemma2.attn_logit_softcapping", 1.5, f32), g.Field("gemma2.final_logit_softcapping", 2.0, f32)],
+         "gemma3": [g.Field("gemma3.rope.freq_base", 1e5, f32), g.Field("gemma3.rope.scaling.type", "linear", GGUFValueType.STRING),
+                    g.Field("gemma3.rope.scaling.factor", 2.0, f32)]}[arch]
+  fields = [*(f for f in g.small_fields(arch) if not f.key.endswith(".rope.freq_base") or arch == "gemma2"), *own,
+            g.Field(f"{arch}.attention.sliding_window", 3, u32), g.Field(f"{arch}.attention.sliding_window_pattern", 2, u32)]
+  path = tmp_path / f"{arch}-small.gguf"
+  g.write_raw(path, arch, fields, {n: (a, QT.F32) for n, a in tensors.items()})
+  ref = RefLlama(str(path))
+  assert ref.local == [True, False] and ref.window == 3
+  prompt = [5, 17, 300, 42, 9, 77, 128]
+  want = ref.logits(ref.hidden(prompt)[-1])
+  tol = 1e-4 * float(np.abs(want).max())
+  for ranges, chunk in (([(0, g.SMALL_LAYERS)], 1), ([(0, 1), (1, g.SMALL_LAYERS)], 4)):
+    chain = [StageModel(path, a, b, max_seq_len=16, prefill_chunk=chunk) for a, b in ranges]
+    assert chain[0].params.swa_layers == (True, False)
+    x = np.asarray(prompt, np.int32)
+    for s in chain[:-1]:
+      x = s.step(x, 0)
+    np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=tol)
+  variants = {"embedding scale": variant(ref, embed_scale=1.0), "post norms": variant(ref, ("post_attention_norm", "post_ffw_norm")),
+              "gelu": variant(ref, gelu=False), "window": variant(ref, window=10**9)}
+  variants |= {"q/k norms": variant(ref, ("attn_q_norm", "attn_k_norm")), "local rope base": variant(ref, local_base=ref.base),
+               "local rope unscaled": variant(ref, local_scaled=True), "global rope scaling": variant(ref, scaling="none")} \
+    if arch == "gemma3" else {"attention cap": variant(ref, attn_cap=0.0), "final cap": variant(ref, final_cap=0.0)}
+  for name, v in variants.items():
+    assert np.abs(v.logits(v.hidden(prompt)[-1]) - want).max() > 50 * tol, name
 
 
 def fused(path: str) -> bool: return "blk.0.attn_qkv.weight" in header(path).tensor_map()

@@ -11,7 +11,7 @@ vector (norms, biases) is float32. Per stage of blocks [start, end):
             plus one prefill chunk of padding room, in the KV dtype ([orchestrator].kv_dtype: float32, or float16 at
             half); a stage holds one per run it decodes at once
   scratch   the jitted graphs' buffers for a decode row and a prefill chunk (residual stream, QKV, attention scores,
-            FFN), the RoPE tables and the last stage's logits row
+            FFN), the RoPE tables (gemma3's sliding-window layers have their own) and the last stage's logits row
   runtime   a fixed allowance for the compute process's own runtime (a CUDA context; tinygrad and Python on CPU)
 Nothing here imports the worker or the orchestrator: both use it (the worker's `device_nbytes`, the planner).
 """
@@ -95,6 +95,7 @@ class MemoryProfile:
     n_heads: int
     rope_dim: int
     vocab: int
+    rope_tables: int = 1  # 2: the sliding-window layers turn by tables of their own (gemma3)
 
     @property
     def num_layers(self) -> int:
@@ -116,7 +117,8 @@ class MemoryProfile:
         weights += self.embedding if start == 0 else 0
         weights += self.head if end == self.num_layers else 0
         kv = self.kv_slot_bytes(start, end, max_seq_len, rows, kv_bytes)
-        scratch = sum(self._graph_scratch(t, positions) for t in {1, rows}) + positions * self.rope_dim * FLOAT32
+        scratch = sum(self._graph_scratch(t, positions) for t in {1, rows}) + \
+            self.rope_tables * positions * self.rope_dim * FLOAT32
         scratch += self.vocab * FLOAT32 if end == self.num_layers else 0
         return StageBytes(weights, kv, scratch, RUNTIME_BYTES)
 
@@ -180,5 +182,5 @@ def memory_profile(header: GgufHeader) -> MemoryProfile:
     return MemoryProfile(
         layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=kv_width,
         hidden=embd.dims[0], q_width=q_width, ffn=ffn, n_heads=n_heads, rope_dim=rope_dim,
-        vocab=embd.dims[1],
+        vocab=embd.dims[1], rope_tables=2 if arch.swa_rope_base is not None else 1,
     )

@@ -10,6 +10,7 @@ adds MissingTensor, InvalidLayerRange, UnsupportedQuantType) and a detail naming
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,7 +56,18 @@ class LlamaParams:
     arch: str = "llama"
     rope_neox: bool = False  # qwen2, qwen3, phi3: rotate (x[i], x[i + rope_dim/2]) instead of (x[2i], x[2i+1])
     qkv_bias: bool = False  # Q/K/V have biases (qwen2)
-    qk_norm: bool = False  # each head's Q and K are RMS-normed before the rotation (qwen3)
+    qk_norm: bool = False  # each head's Q and K are RMS-normed before the rotation (qwen3, gemma3)
+    attn_scale: float = 0.0  # the attention scores' factor (1/sqrt(head_dim) but for Gemma 27B); 0: 1/sqrt(head_dim)
+    # gemma2, gemma3 (support.Architecture says what each means)
+    embed_scale: float = 1.0  # the first stage's factor of the embedding rows
+    post_norms: bool = False
+    gelu: bool = False
+    swa_window: int = 0  # 0: no sliding window
+    swa_layers: tuple[bool, ...] = ()  # per layer of the model: sliding-window (True) or global attention
+    rope_base_swa: float = 0.0  # the sliding-window layers' RoPE
+    rope_scaling_swa: RopeScaling = RopeScaling()
+    attn_softcap: float = 0.0  # 0: none
+    final_softcap: float = 0.0
 
 
 def open_header(path: str | os.PathLike[str]) -> GgufHeader:
@@ -139,15 +151,28 @@ def read_params(header: GgufHeader) -> LlamaParams:
     bad = bias_refusal(arch, names, n_layers)
     if bad is not None:
         raise bad
+    a = ARCHITECTURES[arch]
+    rope_base, rope_scaling = float(k("rope.freq_base", 10000.0)), read_rope_scaling(k, ctx)
+    window = int(k("attention.sliding_window", a.swa_window)) if a.swa_period else 0
+    period = k("attention.sliding_window_pattern", a.swa_period)
+    if window and (isinstance(period, list) or int(period) <= 0):
+        raise ModelRefused("UnsupportedArchitecture", f"{arch}.attention.sliding_window_pattern {period!r} is not "
+                                                      f"supported (supported: one period > 0)")
+    scale_dim = dim // n_heads if n_layers == a.dim_scaled_attention_layers else head_dim
     return LlamaParams(
         n_layers=n_layers, dim=dim, ffn_dim=int(k("feed_forward_length")), n_heads=n_heads,
         n_kv_heads=int(k("attention.head_count_kv", n_heads)), head_dim=head_dim,
-        rope_base=float(k("rope.freq_base", 10000.0)), rope_dim=int(k("rope.dimension_count", head_dim)),
-        rope_scaling=read_rope_scaling(k, ctx),
+        rope_base=rope_base, rope_dim=int(k("rope.dimension_count", head_dim)), rope_scaling=rope_scaling,
         norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=ctx,
         vocab_size=int(k("vocab_size", len(field(header, "tokenizer.ggml.tokens", ())))),
         bos_token_id=field(header, "tokenizer.ggml.bos_token_id", None),
         eos_token_id=field(header, "tokenizer.ggml.eos_token_id", None),
         arch=arch, rope_neox=ARCHITECTURES[arch].rope_neox,
         qkv_bias=QKV_BIAS in ARCHITECTURES[arch].optional_layer_groups and all(f"blk.0.{t}" in names for t in QKV_BIAS),
-        qk_norm=ARCHITECTURES[arch].qk_norm)
+        qk_norm=a.qk_norm, attn_scale=1.0 / math.sqrt(scale_dim),
+        embed_scale=math.sqrt(dim) if a.embed_scale else 1.0, post_norms=a.post_norms, gelu=a.gelu, swa_window=window,
+        swa_layers=tuple(window > 0 and i % int(period) != int(period) - 1 for i in range(n_layers)),
+        rope_base_swa=float(k("rope.freq_base_swa", rope_base if a.swa_rope_base is None else a.swa_rope_base)),
+        rope_scaling_swa=rope_scaling if a.swa_rope_base is None else RopeScaling(),
+        attn_softcap=0.0 if a.attn_softcap is None else float(k("attn_logit_softcapping", a.attn_softcap)),
+        final_softcap=0.0 if a.final_softcap is None else float(k("final_logit_softcapping", a.final_softcap)))

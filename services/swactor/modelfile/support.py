@@ -41,6 +41,28 @@ class Architecture:
     # Q, K and V are one matrix (ATTN_QKV: Q's rows, then K's, then V's) and gate and up one matrix (FFN_GATE_UP:
     # the gate's rows, then up's, as llama.cpp's swiglu halves it); the compute splits them by rows at load (phi3).
     fused_qkv_gate_up: bool = False
+    # Gemma's block: the first stage scales the embedding rows by sqrt(embedding_length); the attention and the FFN
+    # outputs are RMS-normed (POST_NORMS) before each residual add; the gate goes through GELU (tanh approximation),
+    # not SiLU. GGUF norm weights already hold Gemma's 1 + w (the converter adds it), so every norm is the plain x*rms*w.
+    embed_scale: bool = False
+    post_norms: bool = False
+    gelu: bool = False
+    # Sliding-window attention as llama.cpp sets it per layer: with a window W (`{arch}.attention.sliding_window`, else
+    # `swa_window`; 0: none) a query at position p sees keys p-W+1..p on every layer but each period-th (layer i is
+    # global when i % period == period - 1; the period is `{arch}.attention.sliding_window_pattern`, else `swa_period`).
+    swa_period: int = 0
+    swa_window: int = 0
+    # The sliding-window layers' RoPE base when the file has no `{arch}.rope.freq_base_swa`, and they take no rope
+    # scaling (gemma3: 10000, the global layers keep the file's base and scaling); None: the global layers' base and
+    # scaling (gemma2).
+    swa_rope_base: float | None = None
+    # Soft-caps, tanh(s / c) * c, of the attention scores and of the final logits: None, not applied; else c's default
+    # when the file has no `{arch}.attn_logit_softcapping` / `{arch}.final_logit_softcapping` (0: off).
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    # Files of this block count scale the attention scores by 1/sqrt(embedding_length / head_count) instead of
+    # 1/sqrt(head_dim): Gemma's 27B query_pre_attn_scalar, which the GGUF does not carry (llama.cpp infers it so).
+    dim_scaled_attention_layers: int = 0
 
     def known_layer_tensors(self) -> frozenset[str]:
         return frozenset(self.layer_tensors) | {t for g in self.optional_layer_groups for t in g}
@@ -58,19 +80,30 @@ QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
 # Per-head Q/K RMS norm weights: every block of a qwen3 file has both.
 QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
 
+# Gemma's norms of the attention output and of the FFN output, [embedding_length] each, before the residual adds.
+POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
+
 # phi3's fused matrices: [n_heads*head_dim + 2*n_kv_heads*head_dim, dim] Q/K/V rows and [2*ffn, dim] gate/up rows.
 ATTN_QKV, FFN_GATE_UP = "attn_qkv.weight", "ffn_up.weight"
 _PHI3_LAYER = ("attn_norm.weight", ATTN_QKV, "attn_output.weight", "ffn_norm.weight", FFN_GATE_UP, "ffn_down.weight")
 
 # Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
 # An architecture is the llama block plus the shared parts it declares: Q/K/V biases (qwen2), NeoX rotation
-# (qwen2, qwen3, phi3), per-head Q/K norm (qwen3), fused Q/K/V and gate/up matrices (phi3);
+# (qwen2, qwen3, phi3, gemma2, gemma3), per-head Q/K norm (qwen3, gemma3), fused Q/K/V and gate/up matrices (phi3), Gemma's
+# scaled embedding, post-norms, GELU gate, sliding windows and soft-caps (gemma2, gemma3);
 # `{arch}.attention.key_length` may set a head_dim other than embedding_length / head_count (qwen3's usual case).
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("llama", _LLAMA_LAYER),
     Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(QKV_BIAS,), rope_neox=True),
     Architecture("qwen3", _LLAMA_LAYER + QK_NORM, rope_neox=True, qk_norm=True),
     Architecture("phi3", _PHI3_LAYER, rope_neox=True, fused_qkv_gate_up=True),
+    # llama.cpp's gemma2 reads its head from the embedding only (an output.weight would go unread: refused)
+    Architecture("gemma2", _LLAMA_LAYER + POST_NORMS, head="token_embd.weight", every_stage_optional=(), rope_neox=True,
+                 embed_scale=True, post_norms=True, gelu=True, swa_period=2, swa_window=4096, attn_softcap=50.0,
+                 final_softcap=30.0, dim_scaled_attention_layers=46),
+    Architecture("gemma3", _LLAMA_LAYER + QK_NORM + POST_NORMS, every_stage_optional=(), rope_neox=True, qk_norm=True,
+                 embed_scale=True, post_norms=True, gelu=True, swa_period=6, swa_rope_base=10000.0, final_softcap=0.0,
+                 dim_scaled_attention_layers=62),
 )}
 
 # Phi-3's long-context (128k) per-frequency factors, LongRoPE ("su"/"longrope"): the long or the short set by the run's

@@ -19,6 +19,8 @@ from .quant import BLOCK, UnsupportedQuant, dequantize, row_bytes
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 # The per-head Q/K norms it reads too when the architecture has them (support.Architecture.qk_norm, support.QK_NORM).
 QK_NORM_TENSORS = ("attn_q_norm", "attn_k_norm")
+# Gemma's norms of the attention and FFN outputs (support.Architecture.post_norms, support.POST_NORMS).
+POST_NORM_TENSORS = ("post_attention_norm", "post_ffw_norm")
 # What a fused architecture (support.Architecture.fused_qkv_gate_up, phi3) has instead of attn_q/k/v and
 # ffn_gate/up: each is split by rows at load into the matrices above (fused_parts).
 FUSED_TENSORS = {ATTN_QKV.removesuffix(".weight"): ("attn_q", "attn_k", "attn_v"),
@@ -134,7 +136,8 @@ class GGUFModel:
       raise ModelRefused("InvalidLayerRange", f"layer range [{layer_start}, {layer_end}) is not within 0 <= start < end <= {n}")
     bias = {t.replace(".", "_"): t for t in QKV_BIAS} if self.params.qkv_bias else {}  # attn_q_bias: "attn_q.bias"
     qk_norm = {t: f"{t}.weight" for t in QK_NORM_TENSORS} if self.params.qk_norm else {}
-    names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias, **qk_norm}
+    post_norms = {t: f"{t}.weight" for t in POST_NORM_TENSORS} if self.params.post_norms else {}
+    names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias, **qk_norm, **post_norms}
     if self.arch.fused_qkv_gate_up:
       names = {k: v for k, v in names.items() if k not in {p for parts in FUSED_TENSORS.values() for p in parts}}
     layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
@@ -150,7 +153,7 @@ class GGUFModel:
       extra["token_embd"] = self.tensor("token_embd.weight")
     if layer_end == n:
       extra["output_norm"] = self.tensor("output_norm.weight")
-      extra["output"] = self.tensor("output.weight") if "output.weight" in self.tensors else self.tensor("token_embd.weight")
+      extra["output"] = self.tensor(self.arch.head if self.arch.head in self.tensors else self.arch.tied_head)
     if "rope_freqs.weight" in self.tensors:
       extra["rope_freqs"] = self.tensor("rope_freqs.weight")
     return layers, extra

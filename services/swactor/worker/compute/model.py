@@ -1,4 +1,4 @@
-"""Llama-family forward (llama, qwen2, qwen3, phi3) for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2, qwen3, phi3, gemma2, gemma3) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 One copy of the stage's weights serves `slots` runs at once, each with its own KV cache slot
 (docs/runs-in-flight.md). step(rows, start_pos, slot=s) runs one run's rows at positions start_pos.. through the
@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from tinygrad import Context, Device, Tensor, TinyJit, UOp
@@ -65,6 +65,7 @@ class StageMemory:
 
 
 Shape = tuple[int, ...]  # rows per segment of a graph, one segment per run
+LayerKey = tuple[Shape, tuple[tuple[str, ...], ...], int, bool]  # a layer graph's: shape, matrix kinds, parity, sliding window
 # The KV cache's storage types: float16 halves what a run slot costs (docs/runs-in-flight.md "KV in float16")
 KV_DTYPES: dict[str, type] = {name: np.dtype(name).type for name in KV_DTYPE_BYTES}  # the planner counts them
 
@@ -106,9 +107,11 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | 
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
-  p.qkv_bias), (q_norm, k_norm if p.qk_norm), *qkv, *attn_output, *gate_up, *ffn_down]."""
+  p.qkv_bias), (q_norm, k_norm if p.qk_norm), (post_attention_norm, post_ffw_norm if p.post_norms), *qkv,
+  *attn_output, *gate_up, *ffn_down]. `swa`: its attention sees the last p.swa_window positions only."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
-               words: bool, kv_dtype: type = np.float32):
+               words: bool, kv_dtype: type = np.float32, swa: bool = False):
+    self.swa = swa
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
               fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
@@ -120,7 +123,9 @@ class Layer:
       if p.qkv_bias else []
     qk_norm = [to_device(np.asarray(w[k], np.float32).reshape(p.head_dim), device) for k in ("attn_q_norm", "attn_k_norm")] \
       if p.qk_norm else []
-    self.tensors: list[Tensor] = norms + cache + bias + qk_norm + [t for g in mats for _, ts in g for t in ts]
+    post = [to_device(np.asarray(w[k], np.float32), device) for k in ("post_attention_norm", "post_ffw_norm")] \
+      if p.post_norms else []
+    self.tensors: list[Tensor] = norms + cache + bias + qk_norm + post + [t for g in mats for _, ts in g for t in ts]
     self.weight_bytes = sum(t.nbytes() for t in self.tensors) - sum(t.nbytes() for t in cache)
 
   @property
@@ -131,13 +136,15 @@ Segment = tuple[UOp | int, UOp | int, int]  # (slot, start position, rows) of on
 
 
 def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor, segments: list[Segment], cos: Tensor,
-                  sin: Tensor, ts: list[Tensor], threads: int = 0) -> Tensor:
+                  sin: Tensor, ts: list[Tensor], threads: int = 0, swa: bool = False) -> Tensor:
   """One block over the rows of every segment: the matrix products see all rows at once (one read of the weights for
-  the batch), attention each segment alone, against its own slot of the KV cache."""
+  the batch), attention each segment alone, against its own slot of the KV cache (with `swa`, its last p.swa_window
+  positions only: the cache keeps every position, the older ones are masked)."""
   W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None
   q_norm, k_norm = (next(it), next(it)) if p.qk_norm else (None, None)
+  post_attn, post_ffn = (next(it), next(it)) if p.post_norms else (None, None)
   def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
     fs = [functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in group]
     return fs[0] if len(fs) == 1 else lambda h: Tensor.cat(*(f(h) for f in fs), dim=-1)
@@ -159,18 +166,23 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
     qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
     # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions
     # and modulos in the inner loop (3x slower)
-    s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (1.0 / math.sqrt(p.head_dim))
+    s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (p.attn_scale or 1.0 / math.sqrt(p.head_dim))
+    if p.attn_softcap:
+      s = (s * (1.0 / p.attn_softcap)).tanh() * p.attn_softcap
     if T > 1:
       s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
+    if swa:  # row i is position sp + i: key j is out of its window when sp + i - j >= swa_window
+      s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).tril(sp - p.swa_window)
     # contiguous: else the concatenation below fuses every segment's attention into one kernel whose each output row
     # runs every segment's reduction (8 segments: 8x the attention work)
     outs.append((s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim).contiguous())
     r0 += T
   a = outs[0] if len(outs) == 1 else Tensor.cat(*outs, dim=0)
-  x = x + o_(a)
+  x = x + (o_(a) if post_attn is None else rms_norm(o_(a), post_attn, p.norm_eps))
   gu = gate_up_(rms_norm(x, ffn_norm, p.norm_eps))
-  act = (gu[:, :p.ffn_dim].silu() * gu[:, p.ffn_dim:]).contiguous()  # else silu is recomputed inside the down matvec
-  return (x + down_(act)).contiguous()
+  gate = gu[:, :p.ffn_dim].gelu() if p.gelu else gu[:, :p.ffn_dim].silu()
+  act = (gate * gu[:, p.ffn_dim:]).contiguous()  # else the activation is recomputed inside the down matvec
+  return (x + (down_(act) if post_ffn is None else rms_norm(down_(act), post_ffn, p.norm_eps))).contiguous()
 
 
 def batch_widths(slots: int) -> tuple[int, ...]:
@@ -220,8 +232,8 @@ class StageModel:
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
-    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0, KV_DTYPES[kv_dtype])
-                   for L in w.layers]
+    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0, KV_DTYPES[kv_dtype],
+                         swa=bool(p.swa_layers) and p.swa_layers[layer_start + j]) for j, L in enumerate(w.layers)]
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
@@ -237,9 +249,15 @@ class StageModel:
                         layer_start=layer_start, layer_end=layer_end)
     cos, sin = rope_tables(p, w.rope_freqs, max_seq_len + prefill_chunk)
     self.cos, self.sin = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
-    # one jitted graph per (shape, matrix kinds, parity): it is replayed over every layer's tensors; alternating two
-    # graphs keeps a layer's input buffer distinct from the output buffer it writes
-    self._layer_jits: dict[tuple[Shape, tuple[str, ...], int], TinyJit] = {}
+    # the sliding-window layers' rotation: their own base and scaling (gemma3's 10000, unscaled), else the same tables
+    self.cos_swa, self.sin_swa = self.cos, self.sin
+    swa_rope = replace(p, rope_base=p.rope_base_swa, rope_scaling=p.rope_scaling_swa)
+    if any(L.swa for L in self.layers) and (swa_rope.rope_base, swa_rope.rope_scaling) != (p.rope_base, p.rope_scaling):
+      cos, sin = rope_tables(swa_rope, w.rope_freqs, max_seq_len + prefill_chunk)
+      self.cos_swa, self.sin_swa = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
+    # one jitted graph per (shape, matrix kinds, parity, sliding window): it is replayed over every layer's tensors;
+    # alternating two graphs keeps a layer's input buffer distinct from the output buffer it writes
+    self._layer_jits: dict[LayerKey, TinyJit] = {}
     self._head_jits: dict[Shape, TinyJit] = {}
     self._inputs: dict[Shape, Tensor] = {}
     self._plans: dict[Shape, Plan | None] = {}       # per shape: the layers' kernels as a direct-replay plan (None: can't)
@@ -279,15 +297,26 @@ class StageModel:
   def _var_vals(segments: list[tuple[int, int]]) -> dict[str, int]:
     return {k: v for i, (slot, sp) in enumerate(segments) for k, v in ((f"slot{i}", slot), (f"sp{i}", sp))}
 
-  def _layer_jit(self, shape: Shape, kinds: tuple[str, ...], parity: int) -> TinyJit:
-    key = (shape, kinds, parity)
+  def _layer_key(self, shape: Shape, i: int) -> LayerKey:
+    L = self.layers[i]
+    return (shape, L.kinds, i % 2, L.swa)
+
+  def _layer_keys(self, shape: Shape) -> list[LayerKey]:
+    return [self._layer_key(shape, i) for i in range(len(self.layers))]
+
+  def _rope(self, swa: bool) -> tuple[Tensor, Tensor]:
+    return (self.cos_swa, self.sin_swa) if swa else (self.cos, self.sin)
+
+  def _layer_jit(self, key: LayerKey) -> TinyJit:
+    shape, kinds, _, swa = key
     if key not in self._layer_jits:
       def f(x: Tensor, ts: list[Tensor], **bound: UOp) -> Tensor:
         segs = [(bound[f"slot{i}"], bound[f"sp{i}"], T) for i, T in enumerate(shape)]
-        cos = [self.cos[sp:sp + T] for _, sp, T in segs]
-        sin = [self.sin[sp:sp + T] for _, sp, T in segs]
+        table_cos, table_sin = self._rope(swa)
+        cos = [table_cos[sp:sp + T] for _, sp, T in segs]
+        sin = [table_sin[sp:sp + T] for _, sp, T in segs]
         cat = lambda parts: parts[0] if len(parts) == 1 else Tensor.cat(*parts, dim=0)  # noqa: E731
-        return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads)
+        return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads, swa)
       self._layer_jits[key] = TinyJit(f)
     return self._layer_jits[key]
 
@@ -296,16 +325,19 @@ class StageModel:
     if shape not in self._head_jits:
       assert self.head is not None
       norm, (kind, ts) = self.head
+      cap = self.params.final_softcap
+      capped = (lambda y: (y * (1.0 / cap)).tanh() * cap) if cap else (lambda y: y)
       if len(shape) == 1:
-        fn = lambda x, row: apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps), self.mv_threads).reshape(-1)  # noqa: E731
+        fn = lambda x, row: capped(apply(kind, ts, rms_norm(x[row:row + 1], norm, self.params.norm_eps), self.mv_threads)).reshape(-1)  # noqa: E731
       else:
-        fn = lambda x: apply(kind, ts, rms_norm(x, norm, self.params.norm_eps), self.mv_threads)  # noqa: E731
+        fn = lambda x: capped(apply(kind, ts, rms_norm(x, norm, self.params.norm_eps), self.mv_threads))  # noqa: E731
       self._head_jits[shape] = TinyJit(fn)
     return self._head_jits[shape]
 
   def _embed(self, ids: np.ndarray) -> np.ndarray:
     assert self.embd is not None
-    return dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
+    rows = dequantize(self.embd.data[ids], self.embd.qtype, self.params.dim, self.embd.name)
+    return rows if self.params.embed_scale == 1.0 else rows * np.float32(self.params.embed_scale)
 
   def _check(self, inputs: np.ndarray, start_pos: int, slot: int, rows: int | None = None) -> np.ndarray:
     x = np.asarray(inputs)
@@ -344,7 +376,7 @@ class StageModel:
     bound = {f"{name}{i}": v.bind(val) for i, ((vs, vp), (slot, sp)) in enumerate(zip(self._variables(shape), segments, strict=True))
              for name, v, val in (("slot", vs, slot), ("sp", vp, sp))}
     for i, L in enumerate(self.layers):
-      jit = self._layer_jit(shape, L.kinds, i % 2)
+      jit = self._layer_jit(self._layer_key(shape, i))
       if jit.captured is None:
         with self._capture_context():
           x = jit(x, L.tensors, **bound)
@@ -357,7 +389,7 @@ class StageModel:
   def _plan_layers(self, shape: Shape) -> None:
     """Once every layer graph of `shape` is captured, run them without TinyJit from now on (replay.py): layer 0 reads
     the shape's input buffer, layer i layer i-1's output. Not planned (None): TinyJit's own replay keeps running them."""
-    caps = [self._layer_jit(shape, L.kinds, i % 2).captured for i, L in enumerate(self.layers)]
+    caps = [self._layer_jit(key).captured for key in self._layer_keys(shape)]
     if any(c is None for c in caps):
       return
     p = Plan(out=caps[-1].ret, threads=self.threads)
@@ -403,10 +435,10 @@ class StageModel:
               "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None), "kv_dtype": self.kv_dtype}
     shapes = lambda ts: [(t.shape, str(t.dtype)) for t in ts]  # noqa: E731
     out: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]] = []
-    rope = {"cos": self.cos.uop.base.buffer, "sin": self.sin.uop.base.buffer}
-    for key in dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)):
+    for key in dict.fromkeys(self._layer_keys(shape)):
       L = next(L for L in self.layers if L.kinds == key[1])
-      out.append((f"layer {key}", self._layer_jit(*key), rope, {**common, "inputs": shapes(L.tensors)}))
+      rope = {name: t.uop.base.buffer for name, t in zip(("cos", "sin"), self._rope(key[3]), strict=True)}
+      out.append((f"layer {key}", self._layer_jit(key), rope, {**common, "inputs": shapes(L.tensors)}))
     if self.head is not None:
       norm, (kind, ts) = self.head
       ext = {"head_norm": norm.uop.base.buffer, **{f"head_{j}": t.uop.base.buffer for j, t in enumerate(ts)}}
@@ -467,7 +499,7 @@ class StageModel:
     return hashlib.sha256("\n".join(str(k) for k in keys[:self._n_layer_graphs(shape)]).encode()).hexdigest()[:40]
 
   def _n_layer_graphs(self, shape: Shape) -> int:
-    return len(dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)))
+    return len(dict.fromkeys(self._layer_keys(shape)))
 
   def _prepare_shape(self, shape: Shape, graphs: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]],
                      keys: list[str | None], tick: Callable[[], None]) -> int:
@@ -517,8 +549,8 @@ class StageModel:
 
   def _plan_loaded(self, shape: Shape, graphs: list[LoadedGraph]) -> bool:
     """Plans of `shape` from graphs the cache held (in _graphs' order: the layer graphs, then the head's if held)."""
-    by_key = dict(zip(dict.fromkeys((shape, L.kinds, i % 2) for i, L in enumerate(self.layers)), graphs, strict=False))
-    layers = [by_key[(shape, L.kinds, i % 2)] for i, L in enumerate(self.layers)]
+    by_key = dict(zip(dict.fromkeys(self._layer_keys(shape)), graphs, strict=False))
+    layers = [by_key[key] for key in self._layer_keys(shape)]
     if shape not in self._inputs:
       self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
     p = Plan(out=layers[-1].ret, threads=self.threads)
