@@ -224,6 +224,11 @@ def _write_atomic(path: pathlib.Path, data: bytes) -> None:
   os.replace(tmp, path)
 
 
+# The float64 model last built, by its cache directory: tests make a Reference per call, and building one dequantizes
+# the whole file again (seconds); one is kept (SmolLM2's is ~1 GB), so a run of misses on one file builds it once.
+_last_model: tuple[pathlib.Path, RefLlama] | None = None
+
+
 class Reference:
   """RefLlama's results for one file, cached on disk; the float64 model is built only on a cache miss."""
 
@@ -231,13 +236,14 @@ class Reference:
     self.path = str(path)
     st = os.stat(self.path)
     self.dir = CACHE / f"{_file_sha256(self.path, st.st_size, st.st_mtime_ns)}-{CODE_VERSION}"
-    self._model: RefLlama | None = None
 
   @property
   def model(self) -> RefLlama:
-    if self._model is None:
-      self._model = RefLlama(self.path)
-    return self._model
+    global _last_model
+    if _last_model is None or _last_model[0] != self.dir:
+      _last_model = None  # the old one's memory goes before the new one is built
+      _last_model = (self.dir, RefLlama(self.path))
+    return _last_model[1]
 
   @staticmethod
   def _key(prompt: list[int]) -> str: return hashlib.sha256(json.dumps(list(map(int, prompt))).encode()).hexdigest()[:16]
