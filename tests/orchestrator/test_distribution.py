@@ -49,12 +49,12 @@ def http(model: Path) -> Iterator[HttpSource]:
 
 
 def test_an_unusable_model_stops_the_orchestrator_at_start_with_the_reason(tmp_path: Path) -> None:
-    bad = write_gguf(tmp_path / "gemma.gguf", arch="gemma3")
+    bad = write_gguf(tmp_path / "mamba.gguf", arch="mamba")
     base = [sys.executable, "-m", "swactor.orchestrator.main", "--socket", str(tmp_path / "o.sock"), "--tcp", "",
             "--state-dir", str(tmp_path / "state")]
     r = subprocess.run([*base, "--model", str(bad)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "RUN_FAULT_MODEL_REFUSED" in r.stderr and "UnsupportedArchitecture: architecture 'gemma3'" in r.stderr
+    assert "RUN_FAULT_MODEL_REFUSED" in r.stderr and "UnsupportedArchitecture: architecture 'mamba'" in r.stderr
     cfg = tmp_path / "swactor.toml"
     cfg.write_text('[orchestrator]\nmodel_source = "http://127.0.0.1:9/m.gguf"\n')
     r = subprocess.run([*base, "--config", str(cfg)], capture_output=True, text=True, timeout=60)
