@@ -164,7 +164,7 @@ def test_a_run_over_mtls_stage_control(tmp_path: Path) -> None:
 def test_a_stop_answered_after_the_stage_stopped_is_not_cut_off(tmp_path: Path) -> None:
     """The watch ends on StageStopped, which a node may send before its StopRun answer: closing the watch's channel
     then must not cancel the StopRun still in flight on it."""
-    log, _, updates = asyncio.run(asyncio.wait_for(_with_nodes(tmp_path, set(), [5, 2], stop_answer_s=0.3), 30))
+    log, _, updates = asyncio.run(asyncio.wait_for(_with_nodes(tmp_path, set(), [5, 2], stop_answer_s=0.1), 30))
     assert updates[-1].finished.outcome == opb.RUN_OUTCOME_COMPLETED
     assert sorted(e for e in log if e[0] == "stop answered") == [("stop answered", 1, None), ("stop answered", 2, None)]
 
