@@ -173,9 +173,7 @@ class StageControlFleet:
         except BaseException as e:
             # No watch will close the channel: close it here, or it lives on, reconnecting to the node
             # when it comes back and holding that connection for good (seen with a host killed).
-            channel = self._open.pop((plan.run_id, stage.stage_index), None)
-            if channel is not None:
-                await channel.close()
+            await self._close_channel(plan, stage)
             if not isinstance(e, grpc.aio.AioRpcError):
                 raise
             reason = pb.RUN_FAULT_PROVISIONING_REJECTED if e.code() in _REJECTED else pb.RUN_FAULT_NODE_UNAVAILABLE
@@ -229,11 +227,15 @@ class StageControlFleet:
             report(F.StageFault(stage.stage_index, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ORCHESTRATOR,
                                 f"WatchStage on node {stage.node_id} failed: {e.code().name}: {e.details()}"))
         finally:
-            channel = self._open.pop((plan.run_id, stage.stage_index), None)
-            if channel is not None:
-                # A node may report StageStopped before its StopRun answer: let a StopRun in flight on this
-                # channel finish (close() without grace cancels it) rather than fail a stop that succeeded.
-                await channel.close(grace=self._timeout)
+            await self._close_channel(plan, stage)
+
+    async def _close_channel(self, plan: RunPlan, stage: StagePlan) -> None:
+        """Close the stage's channel once its watch or its provisioning is over. With grace: a StopRun may be in
+        flight on it (a node may report StageStopped before it answers StopRun, a teardown may stop a stage still
+        provisioning), and close() without grace cancels that call, failing a stop that succeeded."""
+        channel = self._open.pop((plan.run_id, stage.stage_index), None)
+        if channel is not None:
+            await channel.close(grace=self._timeout)
 
     async def stop_stage(self, plan: RunPlan, stage: StagePlan) -> None:
         """StopRun to the stage. The call belongs to the fleet, not to the run: it outlives a teardown
