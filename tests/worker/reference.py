@@ -5,8 +5,7 @@ dequantizes with gguf.quants.dequantize, recomputes attention over the whole pre
 cache, over the cached keys and values of it), and computes each rotation angle one pair at a time the
 way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's ramp and magnitude), rotating adjacent
 pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2, qwen3 and phi3 (NeoX). qwen3 RMS-norms
-each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the rotation; `qk_norm=False` skips
-that (a test's check that the norms matter). phi3's fused matrices are split here by rows: attn_qkv into Q, K, V,
+each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the rotation. phi3's fused matrices are split here by rows: attn_qkv into Q, K, V,
 ffn_up into the gate (first half) and up (second half); `swap_gate_up=True` takes them the other way round (a
 test's check that the order matters). Llama 3's frequency rule is written here after Hugging Face's
 wavelength formulation. Gemma (gemma2, gemma3), as llama.cpp's graphs run it: the embedding rows times
@@ -77,7 +76,7 @@ def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | N
 
 
 class RefLlama:
-  def __init__(self, path: str, qk_norm: bool = True, swap_gate_up: bool = False):
+  def __init__(self, path: str, swap_gate_up: bool = False):
     r = GGUFReader(path, "r")
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
     a = self.arch = kv["general.architecture"]
@@ -125,8 +124,8 @@ class RefLlama:
     for i, L in enumerate(self.layers):
       for n in ("attn_q", "attn_k", "attn_v"):
         L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])
-      for n in ("attn_q_norm", "attn_k_norm"):  # qwen3's per-head norms (None: the file has none, or qk_norm=False)
-        L[n] = get(f"blk.{i}.{n}.weight") if qk_norm and f"blk.{i}.{n}.weight" in w else None
+      for n in ("attn_q_norm", "attn_k_norm"):  # qwen3's and gemma3's per-head norms (None: the file has none)
+        L[n] = get(f"blk.{i}.{n}.weight") if f"blk.{i}.{n}.weight" in w else None
       for n in ("post_attention_norm", "post_ffw_norm"):  # Gemma's
         L[n] = get(f"blk.{i}.{n}.weight") if f"blk.{i}.{n}.weight" in w else None
 
