@@ -23,7 +23,7 @@ from tests.harness.flood import Flood, RssSampler, admission, edge_pid, rss_kib,
 from .conftest import assert_torn_down, needs_model
 
 pytestmark = [
-    pytest.mark.slow, pytest.mark.timeout(600), needs_model,
+    pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(600), needs_model,  # serial: the flood is a CPU hog
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and ip (namespaces)"),
 ]
 

@@ -23,7 +23,7 @@ from swactor.localcluster.netns import PREFIX, Netns, namespaces
 
 from .conftest import needs_model, processes_mentioning
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), needs_model]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(120), needs_model]  # serial: CLEAN_WITHIN_S
 
 CLEAN_WITHIN_S = 5.0
 LOCALCLUSTER = [sys.executable, "-m", "swactor.localcluster", "--hosts", "1", "--no-openai"]

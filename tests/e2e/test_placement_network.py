@@ -24,7 +24,8 @@ from .conftest import assert_torn_down, needs_model
 from .test_pipeline import fixture_case
 
 WHY = Netns.available() or unavailable()
-pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.timeout(300), needs_model,
+# serial: it compares measured RTTs, which a busy neighbour would move
+pytestmark = [pytest.mark.slow, pytest.mark.netns, pytest.mark.serial, pytest.mark.timeout(300), needs_model,
               pytest.mark.skipif(WHY is not None, reason=str(WHY))]
 FAR_RTT_MS = 60
 

@@ -2,8 +2,8 @@
 tens of seconds on the 2-core box): a real 3-host local cluster in network namespaces. After every
 test the pool is healed (what the test left stopped, dead or held is restarted or released, then a
 probe run must complete), so a test that breaks the pool, e.g. an expected failure, does not break
-the next one. The fault table (tests/faults/checks.py) is printed at the end and written to
-bench/out/faults.json."""
+the next one. The fault table (tests/faults/checks.py) is written to bench/out/faults.json and
+printed at the end (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -58,10 +58,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
                 row.result = result
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write the table where the session ran the faults (under xdist, a worker: tests/conftest.py prints it)."""
     rows = [r for r in checks.REPORT if r.result]
-    if not rows:
-        return
-    checks.write_report(rows)
-    terminalreporter.write_sep("=", "fault table (tests/faults)")
-    terminalreporter.write_line(checks.table(rows))
+    if rows:
+        checks.write_report(rows)

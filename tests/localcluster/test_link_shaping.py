@@ -25,7 +25,9 @@ from tests.harness.procs import pid_alive, poll
 REPO = Path(__file__).resolve().parents[2]
 PORT = 9300
 WHY = Netns.available() or unavailable()
-pytestmark = [pytest.mark.netns, pytest.mark.skipif(WHY is not None, reason=str(WHY)), pytest.mark.timeout(60)]
+# serial: it measures the shaped links' delay and rate, which a busy neighbour would move
+pytestmark = [pytest.mark.netns, pytest.mark.serial, pytest.mark.skipif(WHY is not None, reason=str(WHY)),
+              pytest.mark.timeout(60)]
 
 
 class Pair:

@@ -20,7 +20,7 @@ import pytest
 from swactor.v1 import membership_pb2 as pb
 from tests.membership.cluster import MembershipCluster, Node, wait_until
 
-pytestmark = pytest.mark.netns
+pytestmark = [pytest.mark.netns, pytest.mark.serial]  # suspicion timeouts under a CPU hog: alone on the box
 
 CONVERGE_S = 15.0
 DEAD_S = 20.0
