@@ -94,13 +94,14 @@ def _fsm(joins: tuple[Seat, ...], max_context: int = 0) -> F.RunFsm:
     return fsm
 
 
-def test_a_joining_run_placed_elsewhere_than_the_group_faults_instead_of_loading_other_weights() -> None:
-    fsm = _fsm((Seat(1, 0, 16, 8), Seat(2, 16, 30, 8)))  # the group's split, not the one these nodes give now
+def test_a_joining_run_takes_the_group_s_blocks_and_faults_when_its_slots_would_differ() -> None:
+    # the group's split, not the one these nodes give now (it was placed by speeds, or memory, as measured then)
+    joined = _fsm((Seat(1, 0, 16, 8), Seat(2, 16, 30, 8)))
+    assert joined.state is F.RunState.WAITING_READY and joined.plan.seats() == joined.request.joins
+    fsm = _fsm((Seat(1, 0, 15, 4), Seat(2, 15, 30, 4)))  # placed with 4 slots a stage; these nodes give 8 now
     assert fsm.state is F.RunState.DONE and fsm.outcome is F.Outcome.FAULTED
     assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and "would not share their weights" in fsm.detail
-    assert "node 1 blocks 0..16 (8 slots)" in fsm.detail and "node 1 blocks 0..15 (8 slots)" in fsm.detail
-    placed = _fsm((Seat(1, 0, 15, 8), Seat(2, 15, 30, 8)))
-    assert placed.state is F.RunState.WAITING_READY and placed.plan.seats() == placed.request.joins
+    assert "node 1 blocks 0..15 (4 slots)" in fsm.detail and "node 1 blocks 0..15 (8 slots)" in fsm.detail
 
 
 def test_a_run_s_max_context_ends_it_context_full_within_the_model_s() -> None:

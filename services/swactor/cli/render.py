@@ -88,8 +88,10 @@ def node_line(n: opb.Node) -> str:
         each = f"{gib(n.stage_memory_bytes)} each" if n.stage_memory_bytes else "memory not advertised"
         memory = f"{n.stage_devices} stage devices, {each}"
     slots = f" slots {n.slots_in_use}/{n.run_slots} in use" if n.run_slots else ""  # runs in flight on it
+    # placement gives a slower host fewer layers by this; a host measures itself on the first run placed on it
+    speed = f"{n.ms_per_layer:.3f} ms/layer" if n.ms_per_layer else "speed not measured"
     return (f"{n.node_id:<20} {state:<10}{reason} {mark:<6} edge={n.edge_endpoint or '-'} control={n.control_endpoint or '-'} "
-            f"[{gpus}] {memory}{slots}")
+            f"[{gpus}] {memory}, {speed}{slots}")
 
 
 def slots_line(nodes: list[opb.Node]) -> str | None:
@@ -99,7 +101,17 @@ def slots_line(nodes: list[opb.Node]) -> str | None:
 
 
 SPLITS = {"memory": "blocks in proportion to the nodes' memory", "fitted": "blocks fitted to the nodes' memory",
-          "balanced": "blocks balanced"}
+          "balanced": "blocks balanced", "speed": "blocks in inverse proportion to the nodes' measured ms per layer",
+          "joined": "the blocks of the runs in flight it joins"}
+
+
+def compute_part(s: opb.PlannedStage) -> str:
+    """A stage's measured speed and the decode step it predicts there (ms per layer x its work in layers)."""
+    if not s.ms_per_layer:
+        return "speed not measured"
+    if not s.HasField("compute_ms"):
+        return f"{s.ms_per_layer:.3f} ms/layer"
+    return f"{s.ms_per_layer:.3f} ms/layer x {s.compute_layers:.1f} layers = {s.compute_ms:.1f} ms a decode step"
 
 
 def run_slots(p: opb.PlanResponse, s: opb.PlannedStage) -> str:
@@ -120,17 +132,24 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     fitted = " (the fewest whose memory fits)" if p.stages_fitted else ""
     lines = [f"model {p.model}: {p.stages} stage(s){fitted}, {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
+    measured = any(s.ms_per_layer for s in p.placement)  # no host measured yet: the speeds are left out
+
+    def speed(s: opb.PlannedStage) -> str:
+        return f"; {compute_part(s)}" if measured else ""
+
     for s, where in zip(p.placement, stage_wheres([(s.node_id, s.device_index) for s in p.placement]), strict=True):
         offer = gib(s.node_memory_bytes) if s.node_memory_bytes else "memory not advertised"
         need = (f"needs {gib(s.total_bytes)} with one run slot (weights {gib(s.weights_bytes)}, KV cache "
                 f"{gib(s.kv_cache_bytes)} per run slot, scratch {gib(s.scratch_bytes)}, runtime {gib(s.runtime_bytes)})"
                 if p.memory_known else "needs ?")
         lines.append(f"  stage {s.stage_index}: {where} blocks {s.layer_start}..{s.layer_end_exclusive} "
-                     f"{need} of {offer}; {run_slots(p, s)}{'' if s.fits else '  DOES NOT FIT'}")
+                     f"{need} of {offer}; {run_slots(p, s)}{speed(s)}{'' if s.fits else '  DOES NOT FIT'}")
     if p.placement_detail:
         lines.append(f"  no placement: {p.placement_detail}")
     elif p.hop_rtt_ms:
         lines.append(ring_line(p))
+    if p.HasField("compute_ms_per_token"):  # beside the ring's hops: what a token costs, in its two parts
+        lines.append(f"  compute: the stages add {p.compute_ms_per_token:.1f} ms to each token (one after another)")
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
     lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it"
                  + (f"; the run {p.admission}" if p.admission else ""))

@@ -90,6 +90,7 @@ def encode_tags(md: pb.NodeMetadata) -> dict[str, str]:
         "wg": str(md.worker_generation) if md.worker_generation else "",
         "mem": str(md.stage_memory_bytes) if md.stage_memory_bytes else "",
         "dev": str(md.stage_devices) if md.stage_devices > 1 else "",
+        "spl": str(md.step_us_per_layer) if md.step_us_per_layer else "",
     }
     tags.update({k: v for k, v in optional.items() if v})
     size = sum(len(k.encode()) + len(v.encode()) + 4 for k, v in tags.items())
@@ -120,4 +121,6 @@ def decode_tags(tags: dict[str, str] | None, fallback_node_id: int = 0) -> pb.No
         md.stage_memory_bytes = max(0, min(int(tags.get("mem", 0)), 2**64 - 1))
     with contextlib.suppress(ValueError):
         md.stage_devices = max(0, min(int(tags.get("dev", 0)), MAX_STAGE_DEVICES))
+    with contextlib.suppress(ValueError):
+        md.step_us_per_layer = max(0, min(int(tags.get("spl", 0)), 2**32 - 1))
     return md

@@ -50,6 +50,7 @@ _LOCAL_FIELDS: dict[str, Callable[[Any], Any]] = {
     "worker_generation": int,
     "stage_memory_bytes": int,
     "stage_devices": check_stage_devices,
+    "step_us_per_layer": int,
 }
 
 

@@ -22,6 +22,7 @@ from swactor.worker.membership import MembershipPort
 from swactor.worker.node import StageNode
 from swactor.worker.provisioning import ProvisionError
 from swactor.worker.stage_memory import HOST_KINDS, NVIDIA_KINDS
+from swactor.worker.step_speed import StepSpeed
 
 
 def stage_device_names(device: str, count: int, gpus: int) -> list[str]:
@@ -50,13 +51,17 @@ class StageDevices:
 
     nodes: Sequence[StageNode]
     steps: StepTotals = field(init=False)  # every device's completed steps (GetHostMetrics): the first device's counts
+    # The host's one speed figure (gossiped per node, not per device): every device's decode steps feed the first's.
+    speed: StepSpeed = field(init=False)
 
     def __post_init__(self) -> None:
         if not self.nodes:
             raise ValueError("a node has at least one stage device")
         self.steps = self.nodes[0].steps
+        self.speed = self.nodes[0].speed
         for node in self.nodes[1:]:
             node.steps = self.steps
+            node.speed = self.speed
 
     @property
     def node_id(self) -> int:

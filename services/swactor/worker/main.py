@@ -116,6 +116,7 @@ async def _serve(cfg: WorkerConfig, secret: bytes, node_id: int, local: contextl
     stage_pb2_grpc.add_StageControlServicer_to_server(StageControlServicer(stage_devices, host), server)
     await server.start()
     for node in stage_devices.nodes:
+        node.publish_speed = membership.set_step_speed  # gossiped: the orchestrator places layers by it
         await node.start()
     # the arena-manager died: fault the runs, tear down, retire (exit, restarted)
     hold.on_end(stage_devices.arena_lost)

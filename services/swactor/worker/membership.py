@@ -43,6 +43,7 @@ class MembershipClientPort(MembershipClient):
         self._wanted: membership_pb2.SetLocalStateRequest | None = None
         self._control_endpoint: str | None = None
         self._memory: int | None = None  # the stage memory last measured (said again with every state)
+        self._speed: int | None = None  # µs per layer of a decode step last measured (step_speed.py); None: not yet
 
     async def set_available(self, control_endpoint: str, worker_generation: int) -> None:
         self._control_endpoint = control_endpoint
@@ -53,6 +54,14 @@ class MembershipClientPort(MembershipClient):
         await self._publish(membership_pb2.NODE_STATE_FAULTED, common_pb2.RunFaultReason.Name(reason),
                             worker_generation=worker_generation)
 
+    async def set_step_speed(self, us_per_layer: int) -> None:
+        """Gossip a new measured compute speed (NodeMetadata.step_us_per_layer) with the state last said; before any
+        state was said it waits for that one."""
+        self._speed = us_per_layer
+        if self._wanted is not None:
+            self._wanted.step_us_per_layer = us_per_layer
+            await self._stub.SetLocalState(self._wanted, timeout=self._timeout)
+
     async def _publish(self, state: membership_pb2.NodeState.ValueType, reason: str = "", *,
                        worker_generation: int) -> None:
         """Say the state (kept, to say it again after a membership restart)."""
@@ -60,7 +69,8 @@ class MembershipClientPort(MembershipClient):
                                                            control_endpoint=self._control_endpoint,
                                                            worker_generation=worker_generation,
                                                            stage_memory_bytes=self._memory,
-                                                           stage_devices=self._stage_devices)
+                                                           stage_devices=self._stage_devices,
+                                                           step_us_per_layer=self._speed)
         await self._stub.SetLocalState(self._wanted, timeout=self._timeout)
 
     def _forgotten(self, md: membership_pb2.NodeMetadata) -> bool:

@@ -56,6 +56,7 @@ from swactor.worker.process import wire
 from swactor.worker.provisioning import ProvisionError, WeightsIdentity, check_caller, free_slot
 from swactor.worker.stage_lease import DEFAULT_WINDOW_S, StageLease
 from swactor.worker.stage_scheduler import Asked, StepScheduler
+from swactor.worker.step_speed import StepSpeed
 from swactor.worker.tracebatch import PER_OBJECT_KINDS, SequenceBatches
 from swactor.worker.weights import WeightsFetcher, WeightsShell
 
@@ -81,6 +82,9 @@ class RunLog:
     traced: SequenceBatches = field(default_factory=SequenceBatches)  # per-object events (trace_objects runs)
     warm_weights: bool = False
     timing_relay: asyncio.Future[Any] | None = None
+    # Its decode work in layers (ProvisionStage's runtime.compute_layers, else its block count): a decode step's time
+    # over it is this host's time per layer (step_speed.py).
+    compute_layers: float = 1.0
 
     @property
     def active(self) -> bool:
@@ -119,6 +123,9 @@ class StageNode:
         self.scheduler = StepScheduler(gather_s=batch_gather_s)
         self.step_grants = step_grants  # [worker].step_grants: a run alone here decodes under a standing grant
         self.steps = StepTotals()  # completed compute steps per stage index (GetHostMetrics)
+        self.speed = StepSpeed()  # this host's time per layer of a decode step (gossiped: NodeMetadata)
+        # Says a new figure of `speed` (the worker's MembershipClientPort.set_step_speed); None: measured, not said.
+        self.publish_speed: Callable[[int], Awaitable[None]] | None = None
         self._gather_timer: asyncio.TimerHandle | None = None
         self._answering = False  # a step's runs are being answered: the next step waits until all of them were
         self._run_of_edge: dict[int, int] = {}  # an active run's edge id -> run_id
@@ -241,7 +248,8 @@ class StageNode:
             del self.runs[old]  # bounded history: WatchStage replays only recent finished runs
         plan.role_config["slot"] = slot
         log = RunLog(plan.run_id, plan.stage_index, caller_orchestrator, stage_fsm.StageController(self.node_id),
-                     slot, identity, StageLease.grant(plan.run_id, self.lease_window_s, self._clock()))
+                     slot, identity, StageLease.grant(plan.run_id, self.lease_window_s, self._clock()),
+                     compute_layers=req.runtime.compute_layers or req.layer_end_exclusive - req.layer_start)
         self.runs[plan.run_id] = log
         for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
             self._run_of_edge[eid] = plan.run_id
@@ -516,6 +524,15 @@ class StageNode:
             case wire.StepCompleted() | wire.StepFailed():
                 self._step_ended(ev)
 
+    def _measured(self, log: RunLog, seconds: float) -> None:
+        us = self.speed.decode_step(seconds, log.compute_layers)
+        if us is None:
+            return
+        self._log.info("step_speed_measured", run_id=log.run_id, stage_index=log.stage_index, us_per_layer=us,
+                       compute_layers=log.compute_layers, samples=len(self.speed.samples))
+        if self.publish_speed is not None:
+            self._spawn(self.publish_speed(us))
+
     def _route(self, run_id: int | None, ev: Any) -> None:
         if run_id is not None:
             self._stage_input(run_id, ev)
@@ -530,7 +547,10 @@ class StageNode:
             self._health(WorkerWorks())
             log = self.runs.get(ended.members[0].run_id) if ended.members else None
             if log is not None:
-                self.steps.completed(log.stage_index, self._clock() - ended.sent_at)
+                seconds = self._clock() - ended.sent_at
+                self.steps.completed(log.stage_index, seconds)
+                if len(ended.members) == 1 and ended.members[0].rows == 1:  # one decode row: the host's speed
+                    self._measured(log, seconds)
         self._answering = True  # every run answered first: those that ask again go out together
         try:
             for asked in ended.members:

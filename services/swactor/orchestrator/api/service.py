@@ -32,6 +32,7 @@ def node_proto(n: NodeInfo, slots: tuple[int, int] = (0, 0)) -> opb.Node:
         node_id=n.node_id, readiness=_READINESS[n.state], provisionable=n.provisionable,
         edge_endpoint=n.edge_endpoint, control_endpoint=n.control_endpoint, hostname=n.hostname, reason=n.reason,
         stage_memory_bytes=n.memory_bytes, stage_devices=n.devices, slots_in_use=slots[0], run_slots=slots[1],
+        ms_per_layer=n.ms_per_layer,
         gpus=[opb.NodeGpu(index=g.index, kind=g.kind, name=g.name, memory_bytes=g.memory_bytes) for g in n.gpus],
     )
 

@@ -40,7 +40,7 @@ def node_info(member: mpb.Member) -> NodeInfo:
         edge_cert_fingerprint=md.edge_cert_fingerprint, hostname=host, reason=md.state_reason,
         epoch=member.epoch, worker_generation=md.worker_generation,
         gpus=tuple(GpuInfo(i, g.kind, g.name, g.memory_bytes) for i, g in enumerate(md.gpus)),
-        memory_bytes=md.stage_memory_bytes, devices=md.stage_devices or 1,
+        memory_bytes=md.stage_memory_bytes, devices=md.stage_devices or 1, ms_per_layer=md.step_us_per_layer / 1000,
     )
 
 

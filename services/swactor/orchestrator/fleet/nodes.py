@@ -42,6 +42,9 @@ class NodeInfo:
     # Stage devices its worker runs (one stage controller and compute process each): the node can carry that many
     # stages of one run (NodeMetadata.stage_devices; not advertised = 1).
     devices: int = 1
+    # Its measured compute speed: ms per layer of a one-row decode step (NodeMetadata.step_us_per_layer); 0 = not
+    # measured yet. Placement gives a slower host fewer layers by it.
+    ms_per_layer: float = 0.0
     # Which of them this NodeInfo stands for when it is a placement unit (`units`): a stage's device on its node.
     device: int = 0
     # Why the orchestrator's host does not (yet) reach an endpoint it advertises ("" = it does; fleet/reach.py).

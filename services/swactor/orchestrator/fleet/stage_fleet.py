@@ -75,7 +75,7 @@ def provision_request(plan: RunPlan, stage: StagePlan, source: Source) -> stage_
             max_seq_len=plan.max_seq_len),
         runtime=stage_pb2.StageRuntimeFacts(role_id=stage.role_id, prefill_chunk=plan.prefill_chunk,
                                             trace_objects=plan.trace_objects, kv_dtype=plan.kv_dtype,
-                                            run_slots=plan.slots(stage)),
+                                            run_slots=plan.slots(stage), compute_layers=stage.compute_layers),
     )
     if last:
         s = plan.sampling

@@ -21,7 +21,7 @@ from swactor.v1 import orchestrator_pb2 as opb
 
 
 def _place(members: Sequence[NodeInfo], demand: Demand, network: Network | None) -> Placement:
-    return place(members, demand.stages, demand.num_layers, demand.node_ids, demand.memory, network)
+    return place(members, demand.stages, demand.num_layers, demand.node_ids, demand.memory, network, demand.ranges)
 
 
 def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network | None = None) -> str:
@@ -73,10 +73,17 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
         out.placement_detail = str(e)
         return out
     out.split = placement.split
+    if (per_token := placement.compute_ms_per_token()) is not None:
+        out.compute_ms_per_token = per_token
     over = set(placement.over())
     for k, (node, (lo, hi)) in enumerate(zip(placement.nodes, placement.ranges, strict=True)):
         stage = opb.PlannedStage(stage_index=k, node_id=node.node_id, device_index=node.device, layer_start=lo,
-                                 layer_end_exclusive=hi, node_memory_bytes=node.memory_bytes, fits=k not in over)
+                                 layer_end_exclusive=hi, node_memory_bytes=node.memory_bytes, fits=k not in over,
+                                 ms_per_layer=node.ms_per_layer)
+        if placement.needs:  # the work is counted from the model's weights only when its memory is known
+            stage.compute_layers = placement.work[k]
+        if (compute := placement.compute_ms(k)) is not None:
+            stage.compute_ms = compute
         if placement.needs:
             need = placement.needs[k]
             stage.weights_bytes, stage.kv_cache_bytes = need.weights, need.kv_cache

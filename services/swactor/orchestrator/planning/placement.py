@@ -13,9 +13,14 @@ interchangeable, and a plan takes them in device order (the first of its stages 
   network), then the most memory; when that choice does not fit, the units with the most memory in their best
   order. Without a Network: the provisionable units with the most advertised memory when the model's memory is
   known (node-id order otherwise), stages then in node-id and device order;
-- blocks: every stage at least one, the rest in proportion to each unit's advertised memory (largest remainder,
-  ties to earlier stages: equal memory gives the balanced split, 30 / 4 = 8, 8, 7, 7); balanced when a node did
-  not advertise memory or the model's is unknown;
+- blocks: when the chosen nodes' measured compute speeds (NodeInfo.ms_per_layer) differ (SPEED_SPREAD), in inverse
+  proportion to them: a host twice as slow per layer gets about half the blocks, so the stages take about as long
+  (the slowest stage bounds the tokens of runs in flight, and a run alone spends less on the slow host); a node not
+  measured yet takes the balanced share and the measured ones split the rest; a stage whose share does not fit its
+  device's memory keeps what fits and the others take the rest (memory wins over speed). Else every stage at least
+  one, the rest in proportion to
+  each unit's advertised memory (largest remainder, ties to earlier stages: equal memory gives the balanced split,
+  30 / 4 = 8, 8, 7, 7); balanced when a node did not advertise memory or the model's is unknown;
 - fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its device's memory.
   When the proportional split does not fit, the split that minimises the largest share of a device's memory used is
   tried; when that does not fit either, `Shortfall` names every stage over its device's memory;
@@ -64,6 +69,9 @@ MAX_ORDERS_TRIED = 5040
 # The last run's ring stays while no other is cheaper by more than this share of its RTT plus WARM_MARGIN_MS: its nodes
 # hold those layers' weights (and compiled graphs) already, and a few ms of measured RTT is not worth reloading them.
 WARM_MARGIN_SHARE = 0.1
+# Blocks follow measured speed only when the slowest measured host is this much slower per layer than the fastest: a
+# split that moves costs each moved stage a reload of its weights, and hosts of one kind measure apart by noise.
+SPEED_SPREAD = 1.25
 WARM_MARGIN_MS = 2.0
 
 
@@ -189,6 +197,17 @@ class MemoryNeed:
     def stage(self, start: int, end: int) -> StageBytes:
         return self.profile.stage(start, end, self.max_seq_len, kv_bytes=KV_DTYPE_BYTES[self.kv_dtype])
 
+    def compute_layers(self, start: int, end: int) -> float:
+        """A stage's decode work in layers: its blocks' weight bytes, plus the head's on the last stage, over a mean
+        block's. A one-row decode step reads each weight once, so its time goes with them; the token embedding is a
+        lookup of one row, not counted. (A Mixture-of-Experts block reads only the experts a token routes to, but
+        its bytes count every expert: every block is overstated alike, so only the head counts for less than it
+        costs there, and the last stage's host measures a little slower than it is.)"""
+        weights = self.profile.layer_weights
+        mean = sum(weights) / len(weights)
+        head = self.profile.head if end == len(weights) else 0
+        return (sum(weights[start:end]) + head) / mean
+
 
 def run_slots(need: StageBytes, memory_bytes: int, max_slots: int) -> int | None:
     """The run slots (one KV cache each) that fit in a node's memory beside what the stage holds once, at most
@@ -203,12 +222,29 @@ class Placement:
     nodes: tuple[NodeInfo, ...]
     ranges: tuple[tuple[int, int], ...]  # () when only the nodes were chosen (no model to split)
     needs: tuple[StageBytes, ...] = ()  # per stage, when the model's memory is known
-    split: str = "balanced"  # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised)
+    # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised) | "speed" (inverse to ms per layer)
+    # | "joined" (the blocks of the runs in flight it joins)
+    split: str = "balanced"
     slots: tuple[int | None, ...] = ()  # per stage with `needs`: run_slots (None: its node's memory is unknown)
     # The token ring's round trip over these nodes (Network.ring_ms: unmeasured hops as the mean of the measured
     # ones); 0 when placed without a network or with no RTT measured. The run's step and first-token timeouts grow
     # with it (run_messages.Timeouts.for_ring).
     ring_ms: float = 0.0
+    # Per stage with `ranges`: its decode work in layers (MemoryNeed.compute_layers; its block count when the model's
+    # memory is unknown). The worker divides its steps' time by it (ProvisionStage runtime.compute_layers).
+    work: tuple[float, ...] = ()
+
+    def compute_ms(self, k: int) -> float | None:
+        """What a one-row decode step is predicted to take on stage k: its node's measured ms per layer x its work;
+        None when its node has not measured its speed."""
+        ms = self.nodes[k].ms_per_layer
+        return ms * self.work[k] if ms and self.work else None
+
+    def compute_ms_per_token(self) -> float | None:
+        """What the stages' compute adds to a token of a run alone (they compute one after another); None unless
+        every stage's node was measured."""
+        each = [self.compute_ms(k) for k in range(len(self.ranges))]
+        return None if not each or any(c is None for c in each) else sum(c for c in each if c is not None)
 
     def over(self) -> list[int]:
         """The stages whose node cannot hold even one run slot beside what the stage holds once."""
@@ -256,11 +292,89 @@ def proportional_ranges(num_layers: int, weights: Sequence[int]) -> list[tuple[i
     by_remainder = sorted(range(stages), key=lambda k: (-(quotas[k] % total), k))
     for k in by_remainder[:num_layers - sum(counts)]:
         counts[k] += 1
+    return _ranges(counts)
+
+
+def speed_counts(num_layers: int, ms_per_layer: Sequence[float], fixed: Mapping[int, int] | None = None) -> list[int]:
+    """Blocks per stage in inverse proportion to its host's measured ms per layer (largest remainder, at least one
+    each). A stage whose host is not measured (0) takes its balanced share; one in `fixed` (stage -> blocks: what fits
+    its memory) takes that; the measured ones split the rest."""
+    stages = len(ms_per_layer)
+    if any(ms < 0 or not math.isfinite(ms) for ms in ms_per_layer):
+        raise ValueError(f"ms_per_layer must be finite and >= 0 (0: not measured), got {list(ms_per_layer)}")
+    balanced = [hi - lo for lo, hi in balanced_ranges(num_layers, stages)]
+    fixed = dict(fixed or {})
+    for k, ms in enumerate(ms_per_layer):
+        if not ms and k not in fixed:
+            fixed[k] = balanced[k]
+    free = [k for k in range(stages) if k not in fixed]
+    counts = [fixed.get(k, 0) for k in range(stages)]
+    rest = num_layers - sum(counts)
+    if free and rest >= len(free):
+        # integer weights so that equal speeds tie exactly: 1e9 / µs per layer
+        weights = [max(1, round(1e9 / (ms_per_layer[k] * 1000))) for k in free]
+        for k, c in zip(free, _apportion(rest, weights), strict=True):
+            counts[k] = c
+    elif free:  # what is fixed leaves less than a block each for the others: one each, the fixed ones give way
+        for k in free:
+            counts[k] = 1
+    return counts
+
+
+def _apportion(total: int, weights: Sequence[int]) -> list[int]:
+    """`total` in proportion to `weights` (largest remainder, ties to the earlier), at least one each (taken from the
+    largest). Unlike proportional_ranges, the whole total is in proportion: one block each first would give a host 4x
+    as slow noticeably more than a quarter of a small model."""
+    whole = sum(weights)
+    quotas = [total * w for w in weights]
+    counts = [q // whole for q in quotas]
+    for k in sorted(range(len(weights)), key=lambda k: (-(quotas[k] % whole), k))[:total - sum(counts)]:
+        counts[k] += 1
+    for k, c in enumerate(counts):
+        if c == 0:
+            counts[k] = 1
+            counts[max(range(len(counts)), key=lambda j: (counts[j], -j))] -= 1
+    return counts
+
+
+def _ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
     out, start = [], 0
     for c in counts:
         out.append((start, start + c))
         start += c
     return out
+
+
+def speeds_differ(nodes: Sequence[NodeInfo]) -> bool:
+    """Whether the measured speeds spread by SPEED_SPREAD or more (two measured nodes at least)."""
+    measured = [n.ms_per_layer for n in nodes if n.ms_per_layer]
+    return len(measured) >= 2 and max(measured) >= SPEED_SPREAD * min(measured)
+
+
+def speed_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None) -> list[tuple[int, int]]:
+    """`speed_counts` over the nodes' measured ms per layer, within their memory: a stage whose share does not fit
+    keeps the most blocks that fit at its start and the others split the rest by speed, until every stage fits or no
+    stage gives way (the caller then tries the memory-fitted split)."""
+    speeds = [n.ms_per_layer for n in nodes]
+    fixed: dict[int, int] = {}
+    while True:
+        counts = speed_counts(num_layers, speeds, fixed)
+        if sum(counts) != num_layers:  # the stages held to their memory leave too few blocks for the others
+            return balanced_ranges(num_layers, len(nodes))
+        ranges = _ranges(counts)
+        if memory is None:
+            return ranges
+        grown = False
+        for k, (lo, hi) in enumerate(ranges):
+            if k in fixed or not nodes[k].memory_bytes or memory.stage(lo, hi).total <= nodes[k].memory_bytes:
+                continue
+            fits = max(lo + 1, hi - 1)  # at least one block: a stage whose one block does not fit stays over
+            while fits > lo + 1 and memory.stage(lo, fits).total > nodes[k].memory_bytes:
+                fits -= 1
+            fixed[k] = fits - lo
+            grown = True
+        if not grown:
+            return ranges
 
 
 def fitted_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed) -> list[tuple[int, int]]:
@@ -342,10 +456,17 @@ def choose_nodes(pool: Sequence[NodeInfo], stages: int, node_ids: Sequence[int] 
 
 
 def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequence[int] = (),
-          memory: MemoryNeed | None = None, network: Network | None = None) -> Placement:
-    """Nodes and block ranges for a run; PlanError (Shortfall when it is memory) names why there are none."""
+          memory: MemoryNeed | None = None, network: Network | None = None,
+          ranges: Sequence[tuple[int, int]] = ()) -> Placement:
+    """Nodes and block ranges for a run; PlanError (Shortfall when it is memory) names why there are none. `ranges`
+    (with `node_ids`): the blocks of the runs in flight it joins, taken as they are (split "joined")."""
     if num_layers:
         balanced_ranges(num_layers, stages)  # refuses a stage count the model cannot take, first
+    if ranges:
+        if not node_ids or len(ranges) != stages:
+            raise PlanError(f"joining runs in flight needs their nodes pinned and one block range per stage; got "
+                            f"{len(node_ids)} pin(s) and {len(ranges)} range(s) for {stages} stage(s)")
+        return _with_ring(_joined(pinned_units(pool, node_ids), ranges, memory), network)
     if network is not None and not node_ids and memory is not None:
         try:  # the cheapest ring first; the nodes with the most memory when it does not fit
             return _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory), network)
@@ -377,15 +498,32 @@ def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed 
     return most
 
 
+def _joined(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed | None) -> Placement:
+    """The runs in flight's blocks on their nodes: speeds measured since they were placed do not move them (the run
+    shares their resident weights); memory is still checked (a node may advertise less now)."""
+    if memory is None:
+        return Placement(nodes, tuple(ranges), split="joined", work=tuple(float(hi - lo) for lo, hi in ranges))
+    placement = _sized(nodes, ranges, memory, "joined")
+    if placement.over():
+        raise Shortfall(placement)
+    return placement
+
+
 def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None) -> Placement:
     if not num_layers:
         return Placement(nodes, ())
     balanced = balanced_ranges(num_layers, len(nodes))
+    by_speed = speeds_differ(nodes)
     if memory is None:
-        return Placement(nodes, tuple(balanced))
+        ranges = speed_ranges(nodes, num_layers, None) if by_speed else balanced
+        return Placement(nodes, tuple(ranges), split="speed" if by_speed else "balanced",
+                         work=tuple(float(hi - lo) for lo, hi in ranges))
     known = all(n.memory_bytes for n in nodes)
-    ranges = proportional_ranges(num_layers, [n.memory_bytes for n in nodes]) if known else balanced
-    placement = _sized(nodes, ranges, memory, "memory" if known else "balanced")
+    if by_speed:
+        placement = _sized(nodes, speed_ranges(nodes, num_layers, memory), memory, "speed")
+    else:
+        ranges = proportional_ranges(num_layers, [n.memory_bytes for n in nodes]) if known else balanced
+        placement = _sized(nodes, ranges, memory, "memory" if known else "balanced")
     if placement.over() and known:
         placement = _sized(nodes, fitted_ranges(nodes, num_layers, memory), memory, "fitted")
     if placement.over():
@@ -396,4 +534,5 @@ def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed |
 def _sized(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed, split: str) -> Placement:
     needs = tuple(memory.stage(lo, hi) for lo, hi in ranges)
     slots = tuple(run_slots(need, n.memory_bytes, memory.max_slots) for n, need in zip(nodes, needs, strict=True))
-    return Placement(nodes, tuple(ranges), needs, split, slots)
+    work = tuple(memory.compute_layers(lo, hi) for lo, hi in ranges)
+    return Placement(nodes, tuple(ranges), needs, split, slots, work=work)

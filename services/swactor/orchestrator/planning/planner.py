@@ -70,6 +70,9 @@ class StagePlan:
     memory: StageBytes | None = None  # the estimate the placement checked (None: the model's memory is unknown)
     # Runs whose KV caches fit on the node at once (placement.run_slots; None: unknown, see RunPlan.slots).
     run_slots: int | None = None
+    # Its decode work in layers (Placement.work; 0.0: not known, the worker counts its blocks): the worker measures
+    # its host's time per layer of a decode step against it (ProvisionStage runtime.compute_layers).
+    compute_layers: float = 0.0
 
     @property
     def node_id(self) -> int:
@@ -88,6 +91,10 @@ class StagePlan:
             out["device"] = self.device
         if self.memory is not None:
             out |= {"memory_bytes": self.memory.total, "node_memory_bytes": self.node.memory_bytes}
+        if self.node.ms_per_layer:  # the speed the split was chosen by, and the decode step it predicts here
+            out["step_us_per_layer"] = round(self.node.ms_per_layer * 1000)
+            if self.compute_layers:
+                out["compute_us"] = round(self.node.ms_per_layer * 1000 * self.compute_layers)
         return out
 
 
@@ -254,7 +261,8 @@ def plan_run(
         edges.append(EdgePlan(edge_ids[k], kind, prod, cons, spec, ring_capacity(spec, ring_ceiling_bytes)))
     stage_plans = tuple(
         StagePlan(k, stages, chosen[k], lo, hi, edge_ids[k], edge_ids[k + 1], id_source(),
-                  placement.needs[k] if placement.needs else None, placement.slots[k] if placement.slots else None)
+                  placement.needs[k] if placement.needs else None, placement.slots[k] if placement.slots else None,
+                  placement.work[k] if placement.work else 0.0)
         for k, (lo, hi) in enumerate(ranges)
     )
     plan = RunPlan(

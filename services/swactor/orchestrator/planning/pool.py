@@ -27,6 +27,9 @@ class Demand:
     node_ids: tuple[int, ...] = ()
     num_layers: int = 0  # 0: choose the nodes only (no model to split: ListNodes' gate)
     memory: MemoryNeed | None = None
+    # The block ranges of the runs in flight it joins (pinned to their nodes): it takes exactly those, whatever the
+    # nodes' speeds measured since, so its stages share their resident weights. () = placed by `place`'s rules.
+    ranges: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class PoolStatus:
 
 
 def _key(m: NodeInfo) -> tuple:
+    # Not ms_per_layer: a new speed figure moves blocks between the nodes, it does not make one less ready.
     return (m.state, m.edge_endpoint, m.control_endpoint, m.edge_cert_fingerprint, m.memory_bytes, m.devices)
 
 
@@ -89,7 +93,7 @@ class PoolGate:
                 return _closed(f"pinned node {node_id} to be Available (it is {what})", f"pinned node {node_id} is {what}")
         try:
             placement = place(self.members, demand.stages, demand.num_layers, demand.node_ids, demand.memory,
-                              self.network)
+                              self.network, demand.ranges)
         except PlanError as e:
             return _closed(f"a placement: {e}{self._outside(())}", f"{e}{self._outside(())}")
         since = max(self._since[n.node_id][1] for n in placement.nodes)

@@ -4,9 +4,9 @@ The active runs form one group: they decode through the same stages at once, eac
 the stages' one copy of the weights. The lobby's head (first in, first out: only the head is ever considered)
 starts when no run is active (placed on its own), or when it can join the group: the same model and stage count,
 no pins or the group's nodes exactly, the group's nodes all still Available with the memory and stage devices they
-were placed with, and a free slot (`Group.slots`). A joining run is pinned to the group's nodes, which gives it the group's
-blocks and slots (placement is a function of the pinned nodes and their memory), so its stages share the resident
-weights. A head that cannot join waits until the group drains, and every run behind it waits too: nothing
+were placed with, and a free slot (`Group.slots`). A joining run is pinned to the group's nodes and takes the group's
+blocks (Demand.ranges: not a split by host speeds measured since), and its slots follow from its nodes' memory, so its
+stages share the resident weights. A head that cannot join waits until the group drains, and every run behind it waits too: nothing
 overtakes it, so no run starves.
 """
 

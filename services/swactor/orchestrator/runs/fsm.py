@@ -109,7 +109,9 @@ class RunFsm:
         self._gate = pool_view.snapshot() if pool_view is not None else PoolGate(config.pool_window_s)
         self._demand = Demand(request.stages, request.node_ids, request.model.num_layers,
                               memory_need(request.model, config.max_seq_len_cap, config.max_slots_per_stage,
-                                          config.kv_dtype))
+                                          config.kv_dtype),
+                              # joining the runs in flight: their blocks, not a split by speeds measured since
+                              tuple((s.layer_start, s.layer_end_exclusive) for s in request.joins))
         self._pool_ready_at: float | None = None  # when the gate's chosen nodes will have been stable
         self._waiting_for = ""  # what the closed gate waits for, as last recorded (POOL_WAITING)
         self._pool_deadline = now + config.timeouts.pool_s

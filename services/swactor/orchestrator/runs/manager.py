@@ -214,15 +214,16 @@ class Orchestrator:
         return memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage,
                            self.fsm_config.kv_dtype)
 
-    def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int]) -> Demand:
-        return Demand(stages, tuple(node_ids), model.facts.num_layers, self._memory(model))
+    def _demand(self, model: LoadedModel, stages: int, node_ids: Sequence[int], joins: Group | None = None) -> Demand:
+        ranges = tuple((s.layer_start, s.layer_end_exclusive) for s in joins.seats) if joins is not None else ()
+        return Demand(stages, tuple(node_ids), model.facts.num_layers, self._memory(model), ranges)
 
     async def plan(self, req: opb.SubmitRunRequest) -> opb.PlanResponse:
         """SubmitRun's checks and the placement it would get now, with per-stage bytes; nothing starts."""
         self._check_open()
         model, prompt_ids, stages, _ = await self._admit(req)
         admission, joins = self._would_admit(model.name, stages, tuple(req.node_ids))
-        demand = self._demand(model, stages, joins.node_ids if joins is not None else req.node_ids)
+        demand = self._demand(model, stages, joins.node_ids if joins is not None else req.node_ids, joins)
         out = dry_run.plan_response(model.name, self.members, demand, self._gate.check(self.clock(), demand),
                                     prompt_tokens=len(prompt_ids),
                                     max_seq_len=run_max_seq_len(model.facts, self.fsm_config.max_seq_len_cap),
@@ -364,8 +365,8 @@ class Orchestrator:
                joins: Group | None = None) -> RunHandle:
         request = prepared.request
         if joins is not None:
-            # Pinned to the group's nodes in their order, which places it on the group's blocks and slots (the FSM
-            # checks that it did): its stages then share the resident weights.
+            # Pinned to the group's nodes in their order, on the group's blocks (the seats' ranges: speeds measured
+            # since do not move them) and so its slots (the FSM checks that it did): its stages share the weights.
             request = dataclasses.replace(request, node_ids=joins.node_ids, joins=joins.seats)
         fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)
         record.state = opb.RUN_STATE_WAITING_POOL
