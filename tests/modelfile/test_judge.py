@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as QT
 from gguf import GGUFValueType
 
 from swactor.modelfile.header import GgufHeader, read_header
@@ -13,7 +15,15 @@ from swactor.modelfile.judge import check_stages, judge
 from swactor.modelfile.memory import memory_profile
 from swactor.modelfile.params import LlamaParams, ModelRefused, read_params
 from swactor.modelfile.support import LONGROPE_FACTORS, POST_NORMS, QK_NORM
-from tests.fixtures.gguf_fixtures import Field, small_fields, write_raw
+from swactor.worker.compute import GGUFModel
+from tests.fixtures.gguf_fixtures import (
+    SMALL_EXPERT_FFN,
+    SMALL_EXPERTS,
+    Field,
+    small_fields,
+    small_moe,
+    write_raw,
+)
 from tests.fixtures.synth_gguf import Shape, write_gguf
 
 
@@ -133,3 +143,47 @@ def test_stage_count_against_layers(tmp_path: Path) -> None:
     assert check_stages(h, 4) is None
     r = check_stages(h, 5)
     assert r is not None and r.reason == "TooManyStages" and "4 blocks" in r.detail
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "llama"])
+def test_experts_are_needed_named_and_counted(tmp_path: Path, arch: str) -> None:
+    """A Mixture-of-Experts file (qwen3moe; Mixtral-style llama) runs with its router and every expert's stacked
+    matrices; a missing one, a router the compute does not implement or a dense FFN beside the experts is refused by
+    name; the memory estimate counts every expert (a stage holds them all, though a token reads 2 of 4)."""
+    u32 = GGUFValueType.UINT32
+
+    def write(name: str, drop: tuple[str, ...] = (), keys: tuple[Field, ...] = (),
+              extra: dict[str, tuple[np.ndarray, QT]] | None = None) -> Path:
+        fields, tensors = small_moe(arch, drop=drop, keys=keys)
+        write_raw(tmp_path / name, arch, fields, {**tensors, **(extra or {})})
+        return tmp_path / name
+
+    ok = write("ok.gguf")
+    assert judged(ok) == []
+    p = read_params(header(ok))
+    assert (p.n_experts, p.n_experts_used, p.ffn_dim, p.expert_weights_norm) == (4, 2, SMALL_EXPERT_FFN, True)
+    [r] = judged(write("m.gguf", drop=("blk.1.ffn_down_exps.weight",)))
+    assert r == "MissingTensor: 1 tensor(s) missing: blk.1.ffn_down_exps.weight"
+    with pytest.raises(ModelRefused, match=r"MissingTensor: tensor 'blk.0.ffn_gate_inp.weight'"):
+        GGUFModel(write("r.gguf", drop=("blk.0.ffn_gate_inp.weight",))).stage_tensors(0, 1)
+    [r] = judged(write("g.gguf", keys=(Field(f"{arch}.expert_gating_func", 2, u32),)))
+    assert r.startswith("UnsupportedArchitecture") and f"{arch}.expert_gating_func 2" in r and "softmax" in r
+    [r] = judged(write("k.gguf", keys=(Field(f"{arch}.expert_used_count", 5, u32),)))
+    assert r.startswith("MalformedGGUF") and "expert_used_count 5" in r
+    dense = {"blk.0.ffn_gate.weight": (np.zeros((SMALL_EXPERT_FFN, 256), np.float32), QT.F32)}
+    [r] = judged(write("d.gguf", extra=dense))  # a dense FFN beside the experts: nothing would read it
+    assert r.startswith("UnsupportedArchitecture") and "blk.0.ffn_gate.weight" in r
+    shared = {"blk.0.ffn_up_shexp.weight": (np.zeros((SMALL_EXPERT_FFN, 256), np.float32), QT.F32)}
+    [r] = judged(write("s.gguf", extra=shared))  # neither family has a shared expert in llama.cpp
+    assert r.startswith("UnsupportedArchitecture") and "blk.0.ffn_up_shexp.weight" in r
+    experts = 3 * SMALL_EXPERTS * SMALL_EXPERT_FFN * 256 * 4 + SMALL_EXPERTS * 256 * 4  # float32 experts and router
+    norms = 2 * 256 * 4 + (2 * 64 * 4 if arch == "qwen3moe" else 0)
+    attn = (256 * 256 * 2 + 128 * 256 * 2) * 4
+    assert memory_profile(header(ok)).layer_weights == (experts + norms + attn,) * 2
+
+
+def test_qwen3moe_without_expert_count_is_refused(tmp_path: Path) -> None:
+    fields, tensors = small_moe("qwen3moe")
+    write_raw(tmp_path / "q.gguf", "qwen3moe", [f for f in fields if f.key != "qwen3moe.expert_count"], tensors)
+    [r] = judged(tmp_path / "q.gguf")
+    assert r.startswith("MissingMetadata") and "qwen3moe.expert_count" in r

@@ -33,7 +33,7 @@ def test_undeclared_types_are_refused_by_the_compute_core(qtype: QT) -> None:
 
 
 def test_architectures_are_what_the_compute_core_implements() -> None:
-    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"}
+    assert set(support.ARCHITECTURES) == {"llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"}
     layer = {f"{t}.weight" for t in gguf_weights.LAYER_TENSORS}
     assert {f"{t}.weight" for t in gguf_weights.QK_NORM_TENSORS} == set(support.QK_NORM)
     assert {f"{t}.weight" for t in gguf_weights.POST_NORM_TENSORS} == set(support.POST_NORMS)
@@ -41,8 +41,17 @@ def test_architectures_are_what_the_compute_core_implements() -> None:
     assert fused == {support.ATTN_QKV, support.FFN_GATE_UP}
     parts = {f"{p}.weight" for ps in gguf_weights.FUSED_TENSORS.values() for p in ps}
     assert parts <= layer
+    experts = {f"{t}.weight" for t in gguf_weights.EXPERT_TENSORS}
+    assert experts == set(support.EXPERT_FFN) and set(support.DENSE_FFN) <= layer
     for arch in support.ARCHITECTURES.values():  # the llama block (its fused form where declared), Q/K and post norms
         block = (layer - parts) | fused if arch.fused_qkv_gate_up else layer
+        if arch.moe == "always":  # the experts in place of the dense FFN
+            block = (block - set(support.DENSE_FFN)) | experts
+        if arch.moe != "never":  # a file with experts: its blocks are the dense block's with the experts' FFN
+            assert set(arch.block_tensors(True)) == (block - set(support.DENSE_FFN)) | experts | (
+                set(support.QK_NORM) if arch.qk_norm else set())
+        else:
+            assert arch.block_tensors(True) == arch.layer_tensors
         assert set(arch.layer_tensors) == block | (set(support.QK_NORM) if arch.qk_norm else set()) | (
             set(support.POST_NORMS) if arch.post_norms else set())
     a = support.ARCHITECTURES
@@ -56,6 +65,8 @@ def test_architectures_are_what_the_compute_core_implements() -> None:
                      ("gemma3", True, True, True, True, True, 6, 10000.0, None, 0.0)]
     assert not any(a[n].embed_scale or a[n].post_norms or a[n].gelu or a[n].swa_period for n in ("llama", "qwen2", "qwen3", "phi3"))
     assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
+    assert {n: x.moe for n, x in a.items() if x.moe != "never"} == {"llama": "optional", "qwen3moe": "always"}
+    assert (a["qwen3moe"].rope_neox, a["qwen3moe"].qk_norm) == (True, True)
 
 
 @pytest.mark.parametrize("model", sorted(support.TOKENIZER_MODELS))

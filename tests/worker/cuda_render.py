@@ -6,7 +6,8 @@ with its CUDA renderer and compiles it with NVRTC to a cubin, as a rented CUDA h
 
 What is compiled: StageModel.prepare() of MODEL as one stage (its layer graphs are every stage's, and its head) (decode rows, 8-row prefill
 chunks and batched rows of 2 runs in flight, the head), and of a small llama, a small qwen2 (biases, NeoX rotation) and
-a small qwen3 (per-head Q/K norms, NeoX rotation) whose layers hold every packed type and two types expanded to float32. The weights of the small files are zeros:
+a small qwen3 (per-head Q/K norms, NeoX rotation) whose layers hold every packed type and two types expanded to float32,
+and a small qwen3moe (a router, experts in Q4_K, Q4_1 and Q8_0 gathered by the routed ids). The weights of the small files are zeros:
 nothing runs, only the kernels' code matters."""
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tests.fixtures.gguf_fixtures import (
   SMALL_LAYERS,
   SMALL_MATRICES,
   small_fields,
+  small_moe,
   small_shapes,
   write_raw,
 )
@@ -65,6 +67,22 @@ def small_model(path: Path, arch: str) -> Path:
   return path
 
 
+# a small qwen3moe's experts: packed kinds kept packed (the down matrices' rows are 64 wide: no 256-blocks)
+EXPERT_TYPES = {"ffn_gate_exps": QT.Q4_K, "ffn_up_exps": QT.Q4_1, "ffn_down_exps": QT.Q8_0}
+
+
+def small_moe_model(path: Path) -> Path:
+  """gguf_fixtures' small qwen3moe, its experts in EXPERT_TYPES, all zero, its router float32."""
+  fields, tensors = small_moe("qwen3moe")
+  for name, (a, _) in list(tensors.items()):
+    kind = name.split(".")[-2]
+    if kind in EXPERT_TYPES:
+      n, nb = BLOCK[EXPERT_TYPES[kind]]
+      tensors[name] = (np.zeros((*a.shape[:-1], a.shape[-1] // n * nb), np.uint8), EXPERT_TYPES[kind])
+  write_raw(path, "qwen3moe", fields, tensors)
+  return path
+
+
 def compiled_programs() -> list[Any]:
   """The programs tinygrad lowered and compiled in this process (its compile cache is off: each one was compiled)."""
   from tinygrad.engine.realize import to_program_cache
@@ -98,6 +116,7 @@ def main(model: str, small_dir: str) -> None:
   for arch in ("llama", "qwen2", "qwen3"):
     small = small_model(Path(small_dir) / f"{arch}.gguf", arch)
     stages.append(stage_report(f"small {arch}", small, 0, SMALL_LAYERS))
+  stages.append(stage_report("small qwen3moe", small_moe_model(Path(small_dir) / "qwen3moe.gguf"), 0, SMALL_LAYERS))
   programs = compiled_programs()
   print(json.dumps({
       "renderer": type(dev.renderer).__name__, "arch": dev.renderer.target.arch,

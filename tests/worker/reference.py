@@ -14,7 +14,10 @@ post_ffw_norm) before they are added to the residual; gelu (tanh form) of the ga
 1/sqrt(head_dim) (1/sqrt(dim/heads) for the 27B block counts); layer i attends to the last `sliding_window`
 positions only unless i % period == period - 1 (period 6, gemma2 2, or the file's sliding_window_pattern), those
 local layers turning Q/K with base 10000 unscaled (gemma3; gemma2 the file's base and scaling); gemma2 soft-caps
-the scores (50) and the logits (30), c * tanh(s / c), unless the file names other caps.
+the scores (50) and the logits (30), c * tanh(s / c), unless the file names other caps. Mixture of Experts (qwen3moe,
+llama with `ffn_gate_inp` / `ffn_*_exps`: Mixtral), as llama.cpp's build_moe_ffn runs both: per row, the softmax of
+the router's logits, the `expert_used_count` most probable experts (ties: the lower id), their probabilities
+renormalised to sum 1 (unless `expert_weights_norm` is false), the sum of those experts' SwiGLU outputs by them.
 
 `Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
 and kept under .cache/reference/, keyed by the file's sha256 and this module's source, so a test suite
@@ -36,7 +39,7 @@ from gguf.quants import dequantize
 CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
 CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:16]  # any change here recomputes
 
-NEOX = {"llama": False, "qwen2": True, "qwen3": True, "phi3": True, "gemma2": True, "gemma3": True}
+NEOX = {"llama": False, "qwen2": True, "qwen3": True, "qwen3moe": True, "phi3": True, "gemma2": True, "gemma3": True}
 GEMMA_PERIOD = {"gemma2": 2, "gemma3": 6}  # every period-th layer attends to every position
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -111,8 +114,12 @@ class RefLlama:
     self.out = get("output.weight") if "output.weight" in w else self.embd
     self.out_norm = get("output_norm.weight")
     fused = "blk.0.attn_qkv.weight" in w  # phi3: [Q; K; V] rows in attn_qkv, [gate; up] rows in ffn_up
-    names = ("attn_norm", "attn_output", "ffn_norm", "ffn_down") + (
-      ("attn_qkv", "ffn_up") if fused else ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"))
+    self.moe = "blk.0.ffn_gate_inp.weight" in w  # experts: [n, rows, cols] each, the router [n, dim]
+    self.n_used = int(kv.get(f"{a}.expert_used_count", 0))
+    self.experts_norm = bool(kv.get(f"{a}.expert_weights_norm", True))
+    ffn = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if self.moe else ("ffn_gate", "ffn_up", "ffn_down")
+    names = ("attn_norm", "attn_output", "ffn_norm") + (
+      ("attn_qkv", "ffn_up", "ffn_down") if fused else ("attn_q", "attn_k", "attn_v", *ffn))
     self.layers = [{n: get(f"blk.{i}.{n}.weight") for n in names} for i in range(self.n_layers)]
     for L in self.layers if fused else []:
       nq, nkv = self.n_heads * self.hd, self.n_kv * self.hd
@@ -181,14 +188,33 @@ class RefLlama:
       o = att.reshape(T, -1) @ L["attn_output"].T
       x = x + (o if L["post_attention_norm"] is None else self.norm(o, L["post_attention_norm"]))
       h = self.norm(x, L["ffn_norm"])
-      gate, up = h @ L["ffn_gate"].T, h @ L["ffn_up"].T
-      if self.gelu:  # tanh approximation
-        act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
-      else:
-        act = gate / (1 + np.exp(-gate))
-      f = (act * up) @ L["ffn_down"].T
+      f = self.experts(h, L) if self.moe else self.ffn(h, L["ffn_gate"], L["ffn_up"], L["ffn_down"])
       x = x + (f if L["post_ffw_norm"] is None else self.norm(f, L["post_ffw_norm"]))
     return x
+
+  def ffn(self, h: np.ndarray, gate_w: np.ndarray, up_w: np.ndarray, down_w: np.ndarray) -> np.ndarray:
+    gate, up = h @ gate_w.T, h @ up_w.T
+    if self.gelu:  # tanh approximation
+      act = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) * (gate + 0.044715 * gate ** 3)))
+    else:
+      act = gate / (1 + np.exp(-gate))
+    return (act * up) @ down_w.T
+
+  def route(self, logits: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """One row's experts (most probable first, ties to the lower id) and their weights."""
+    p = np.exp(logits - logits.max())
+    p /= p.sum()
+    chosen = list(np.argsort(-p, kind="stable")[:self.n_used])
+    w = p[chosen]
+    return chosen, (w / w.sum() if self.experts_norm else w)
+
+  def experts(self, h: np.ndarray, L: dict[str, np.ndarray]) -> np.ndarray:
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+      ids, w = self.route(h[t] @ L["ffn_gate_inp"].T)
+      for e, we in zip(ids, w, strict=True):
+        out[t] += we * self.ffn(h[t:t + 1], L["ffn_gate_exps"][e], L["ffn_up_exps"][e], L["ffn_down_exps"][e])[0]
+    return out
 
   def logits(self, h_last: np.ndarray) -> np.ndarray:
     out = self.norm(h_last, self.out_norm) @ self.out.T

@@ -1,5 +1,5 @@
 """qwen2 (biases, NeoX rotation, YaRN), qwen3 (per-head Q/K norm, NeoX rotation), phi3 (fused Q/K/V and gate/up,
-NeoX rotation, separate head) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
+NeoX rotation, separate head), Mixture of Experts (qwen3moe, Mixtral-style llama) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
 float64 reference and llama.cpp's recorded greedy tokens (where recorded), at S = 1..3 chained stages."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from test_model import generate
 from swactor.modelfile.header import GgufHeader, read_header
 from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import StageModel
+from swactor.worker.compute.linear import copy_in
 from tests.fixtures import gguf_fixtures
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
@@ -268,3 +269,59 @@ def test_gate_up_order_matters(model_file: tuple[str, str], ref_model: Reference
   if not fused(model_file[1]):
     pytest.skip(f"{model_file[0]} has no fused matrices")
   assert_another_model(RefLlama(model_file[1], swap_gate_up=True), ref_model, chains)
+
+
+def moe(path: str) -> bool: return "blk.0.ffn_gate_inp.weight" in header(path).tensor_map()
+
+
+def test_routing_matters(model_file: tuple[str, str], ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
+  """The router's choice and its renormalisation change the model: the reference running every expert (each by its
+  softmax probability) or the top 2 without renormalising is another model, far from the reference and the compute,
+  so a compute that computed every expert, picked the wrong ones or skipped the renormalisation would fail above."""
+  if not moe(model_file[1]):
+    pytest.skip(f"{model_file[0]} has no experts")
+  m = ref_model.model
+  assert_another_model(variant(m, n_used=len(m.layers[0]["ffn_gate_exps"]), experts_norm=False), ref_model, chains)
+  assert_another_model(variant(m, experts_norm=False), ref_model, chains)
+
+
+def test_only_routed_experts_are_read() -> None:
+  """A decode row reads only the experts it routes to: with every other expert's scales set to NaN on the device (in
+  every block), the Mixtral-style file's logits for one token still equal the float64 reference's; a one-hot sum over
+  every expert would be NaN (0 * NaN). Poisoning one expert the token routes to makes them NaN: the check can fail."""
+  if not gguf_fixtures.SOURCE.exists():
+    pytest.skip(f"{gguf_fixtures.SOURCE} missing (run `make model`)")
+  path = str(gguf_fixtures.build_mixtral())
+  ref = Reference(path).model
+  routes: list[list[int]] = []
+
+  def record(logits: np.ndarray) -> tuple[list[int], np.ndarray]:
+    chosen, w = RefLlama.route(ref, logits)
+    p = np.sort(logits)[::-1]
+    assert p[ref.n_used - 1] - p[ref.n_used] > 1e-3, "a near-tie in the routing: pick another token"
+    routes.append([int(e) for e in chosen])
+    return chosen, w
+
+  token = [1780]
+  want = variant(ref, route=record).logits(variant(ref, route=record).hidden(token)[-1])
+  assert len(routes) == len(ref.layers) and len({tuple(sorted(r)) for r in routes}) > 1  # routes differ by block
+  m = StageModel(path, 0, len(ref.layers), max_seq_len=8)
+  tol = LOGITS_RTOL * float(np.abs(want).max())
+
+  def poison(layer: int, experts: list[int]) -> None:
+    for kind, t in zip(m.layers[layer].kinds[3:], (m.layers[layer].tensors[-9:][i:i + 3] for i in (0, 3, 6)), strict=True):
+      assert kind == ("q4",)  # [codes, d, m] of every expert stacked: n_out rows each
+      d = t[1].numpy()
+      n_out = d.shape[0] // len(ref.layers[layer]["ffn_gate_exps"])
+      for e in experts:
+        d[e * n_out:(e + 1) * n_out] = np.nan
+      copy_in(t[1], d)
+
+  n_experts = len(ref.layers[0]["ffn_gate_exps"])
+  for i, chosen in enumerate(routes):
+    poison(i, [e for e in range(n_experts) if e not in chosen])
+  got = m.step_logits(np.asarray(token, np.int32), 0)
+  np.testing.assert_allclose(got, want, atol=tol)
+  poison(0, routes[0][:1])
+  m.reset()
+  assert np.isnan(m.step_logits(np.asarray(token, np.int32), 0)).any()

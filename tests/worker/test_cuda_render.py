@@ -65,8 +65,9 @@ def test_every_kernel_of_a_stage_compiles_for_sm90(model_path: str, tmp_path: Pa
   assert out["programs"] > 100 and out["cubins"] == out["programs"], out  # each one an sm_90 ELF from NVRTC
   for stage in out["stages"]:
     assert stage["widths"] == [1, 8, 2] and stage["compiled_by_steps"] == 0, stage
-  whole, *small = out["stages"]
+  whole, *small, moe = out["stages"]
   assert whole["new_programs"] > 0 and whole["graphs"] == 9, whole
   assert all(set(s["kinds"]) == {*PACKED.values(), "f32"} for s in small), small  # every packed kind, one expanded
+  assert moe["new_programs"] > 0 and {"q4_k", "q4", "q8_0", "f32"} <= set(moe["kinds"]), moe  # experts gathered by id
   assert small[1]["new_programs"] > 0, small  # qwen2's biases and NeoX rotation are kernels of their own
   assert small[2]["new_programs"] > 0, small  # so are qwen3's per-head Q/K norms

@@ -39,9 +39,10 @@ def architecture(header: GgufHeader) -> Architecture | None:
     return ARCHITECTURES.get(str(header.get("general.architecture", "")))
 
 
-def unknown_tensors(arch: Architecture, names: Iterable[str], n_layers: int) -> list[str]:
-    """Tensors of the file nothing reads: a variant of the architecture the compute does not implement."""
-    layer_known, global_known = arch.known_layer_tensors(), arch.known_global_tensors()
+def unknown_tensors(arch: Architecture, names: Iterable[str], n_layers: int, experts: bool = False) -> list[str]:
+    """Tensors of the file nothing reads: a variant of the architecture the compute does not implement (with
+    `experts`, a Mixture-of-Experts file: a dense FFN tensor, or a shared expert, is one)."""
+    layer_known, global_known = arch.known_layer_tensors(experts), arch.known_global_tensors()
     unknown = []
     for name in sorted(names):
         if name.startswith("blk."):
@@ -53,8 +54,9 @@ def unknown_tensors(arch: Architecture, names: Iterable[str], n_layers: int) -> 
     return unknown
 
 
-def unknown_tensors_refusal(arch: Architecture, names: Iterable[str], n_layers: int) -> Refusal | None:
-    unknown = unknown_tensors(arch, names, n_layers)
+def unknown_tensors_refusal(arch: Architecture, names: Iterable[str], n_layers: int,
+                            experts: bool = False) -> Refusal | None:
+    unknown = unknown_tensors(arch, names, n_layers, experts)
     if not unknown:
         return None
     return Refusal("UnsupportedArchitecture",
@@ -88,20 +90,20 @@ def judge(header: GgufHeader, file_size: int | None = None) -> list[Refusal]:
         if beyond:
             out.append(Refusal("MalformedGGUF", f"tensor(s) {_listed(beyond)} end beyond the file's {file_size} bytes"))
     if params is not None:
-        out += _judge_layout(header, ARCHITECTURES[params.arch], params.n_layers)
+        out += _judge_layout(header, ARCHITECTURES[params.arch], params.n_layers, params.moe)
     return out
 
 
-def _judge_layout(header: GgufHeader, arch: Architecture, n: int) -> list[Refusal]:
+def _judge_layout(header: GgufHeader, arch: Architecture, n: int, experts: bool = False) -> list[Refusal]:
     out: list[Refusal] = []
     names = {t.name for t in header.tensors}
-    missing = [f"blk.{i}.{t}" for i in range(n) for t in arch.layer_tensors if f"blk.{i}.{t}" not in names]
+    missing = [f"blk.{i}.{t}" for i in range(n) for t in arch.block_tensors(experts) if f"blk.{i}.{t}" not in names]
     missing += [t for t in (*arch.first_stage, *arch.last_stage) if t not in names]
     if arch.head not in names and arch.tied_head not in names:
         missing.append(arch.head)
     if missing:
         out.append(Refusal("MissingTensor", f"{len(missing)} tensor(s) missing: {_listed(missing)}"))
-    unknown = unknown_tensors_refusal(arch, names, n)
+    unknown = unknown_tensors_refusal(arch, names, n, experts)
     if unknown is not None:
         out.append(unknown)
     return out

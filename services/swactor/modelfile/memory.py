@@ -4,7 +4,8 @@ The weights are counted as the compute core lays them out (worker/compute/linear
 type keeps the file's codes with its scales widened (DEVICE_BLOCK_BYTES per block), any other matrix and every
 vector (norms, biases) is float32. Per stage of blocks [start, end):
   weights   its blocks' tensors (phi3's fused Q/K/V and gate/up as they are: the compute splits them by rows and
-            stacks the parts again, the same bytes); the first stage also the token embedding (kept as the file's bytes on the host,
+            stacks the parts again, the same bytes; a Mixture-of-Experts block's every expert, though a token reads
+            only the k it routes to: all of them are on the device); the first stage also the token embedding (kept as the file's bytes on the host,
             only the rows of a step's tokens are dequantized), the last the final norm and the head (`output.weight`,
             or the embedding again, in device form, when the head is tied to it)
   kv_cache  one run slot's KV cache (`MemoryProfile.kv_slot_bytes`): K and V of every block for max_seq_len positions
@@ -96,6 +97,7 @@ class MemoryProfile:
     rope_dim: int
     vocab: int
     rope_tables: int = 1  # 2: the sliding-window layers turn by tables of their own (gemma3)
+    expert_rows: int = 0  # a Mixture-of-Experts block's extra values per row: router logits, routing, the k down outputs
 
     @property
     def num_layers(self) -> int:
@@ -135,7 +137,7 @@ class MemoryProfile:
     def _graph_scratch(self, t: int, positions: int) -> int:
         """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the
         attention scores and their softmax over every position, the attention output, gate/up and the activation."""
-        rows = 3 * self.hidden + self.q_width + self.kv_width + self.q_width + 3 * self.ffn
+        rows = 3 * self.hidden + self.q_width + self.kv_width + self.q_width + 3 * self.ffn + self.expert_rows
         return (t * rows + 2 * self.n_heads * t * positions) * FLOAT32
 
 
@@ -176,11 +178,19 @@ def memory_profile(header: GgufHeader) -> MemoryProfile:
         q_width, ffn = n_heads * head_dim, gate_up.dims[1] // 2
         kv_width = qkv.dims[1] - q_width
     else:
-        q, k, v, up = (need(f"blk.0.{t}.weight") for t in ("attn_q", "attn_k", "attn_v", "ffn_up"))
-        q_width, kv_width, ffn = q.dims[1], k.dims[1] + v.dims[1], up.dims[1]
+        q, k, v = (need(f"blk.0.{t}.weight") for t in ("attn_q", "attn_k", "attn_v"))
+        q_width, kv_width = q.dims[1], k.dims[1] + v.dims[1]
+    expert_rows = 0
+    if "blk.0.ffn_up_exps.weight" in tensors:  # experts [n, ffn, dim] (GGUF dims: dim, ffn, n): a row runs k of them
+        up_exps = need("blk.0.ffn_up_exps.weight")
+        used = _first_int(header.get(f"{arch.name}.expert_used_count"), 1)
+        ffn = used * up_exps.dims[1]
+        expert_rows = 3 * up_exps.dims[2] + used * embd.dims[0]
+    elif not arch.fused_qkv_gate_up:
+        ffn = need("blk.0.ffn_up.weight").dims[1]
     rope_dim = _first_int(header.get(f"{arch.name}.rope.dimension_count"), q_width // max(1, n_heads))
     return MemoryProfile(
         layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=kv_width,
         hidden=embd.dims[0], q_width=q_width, ffn=ffn, n_heads=n_heads, rope_dim=rope_dim,
-        vocab=embd.dims[1], rope_tables=2 if arch.swa_rope_base is not None else 1,
+        vocab=embd.dims[1], rope_tables=2 if arch.swa_rope_base is not None else 1, expert_rows=expert_rows,
     )

@@ -19,7 +19,13 @@ from typing import Any
 
 from swactor.common.reasons import NamedReason
 from swactor.modelfile.header import GgufFormatError, GgufHeader, read_header
-from swactor.modelfile.support import ARCHITECTURES, LONGROPE_FACTORS, QKV_BIAS, ROPE_SCALING_TYPES
+from swactor.modelfile.support import (
+    ARCHITECTURES,
+    EXPERT_GATING_SOFTMAX,
+    LONGROPE_FACTORS,
+    QKV_BIAS,
+    ROPE_SCALING_TYPES,
+)
 
 _REQUIRED: Any = object()
 
@@ -68,6 +74,13 @@ class LlamaParams:
     rope_scaling_swa: RopeScaling = RopeScaling()
     attn_softcap: float = 0.0  # 0: none
     final_softcap: float = 0.0
+    # Mixture of Experts (qwen3moe, llama with experts; 0 experts: a dense FFN). ffn_dim is then one expert's width.
+    n_experts: int = 0
+    n_experts_used: int = 0  # the top k each token routes to
+    expert_weights_norm: bool = True  # the k routing weights renormalised to sum to 1
+
+    @property
+    def moe(self) -> bool: return self.n_experts > 0
 
 
 def open_header(path: str | os.PathLike[str]) -> GgufHeader:
@@ -124,6 +137,28 @@ def bias_refusal(arch: str, tensor_names: Iterable[str], n_layers: int) -> Model
     return None
 
 
+def read_experts(arch: str, k: Callable[..., Any]) -> tuple[int, int, bool]:
+    """(experts, experts used per token, renormalise their weights) of a Mixture-of-Experts file ((0, 0, True) for a
+    dense one), refusing a router the compute does not implement by name."""
+    a = ARCHITECTURES[arch]
+    n = int(k("expert_count", 0)) if a.moe != "never" else 0
+    if a.moe == "always" and n <= 0:
+        raise ModelRefused("MissingMetadata", f"{arch}.expert_count is missing or 0 (a {arch} block has experts)")
+    if n <= 0:
+        return 0, 0, True
+    used = int(k("expert_used_count"))
+    if not 0 < used <= n:
+        raise ModelRefused("MalformedGGUF", f"{arch}.expert_used_count {used} is not within 1..expert_count {n}")
+    gating = int(k("expert_gating_func", EXPERT_GATING_SOFTMAX))
+    if gating != EXPERT_GATING_SOFTMAX:
+        raise ModelRefused("UnsupportedArchitecture", f"{arch}.expert_gating_func {gating} is not supported "
+                                                      f"(supported: {EXPERT_GATING_SOFTMAX}, softmax)")
+    scale = float(k("expert_weights_scale", 0.0))
+    if scale not in (0.0, 1.0):  # llama.cpp's qwen3moe and llama graphs do not scale the routing weights
+        raise ModelRefused("UnsupportedArchitecture", f"{arch}.expert_weights_scale {scale} is not supported (only 1)")
+    return n, used, bool(k("expert_weights_norm", True))
+
+
 def read_params(header: GgufHeader) -> LlamaParams:
     """The hyper-parameters of a llama-family file (support.ARCHITECTURES)."""
     arch = field(header, "general.architecture")
@@ -159,8 +194,12 @@ def read_params(header: GgufHeader) -> LlamaParams:
         raise ModelRefused("UnsupportedArchitecture", f"{arch}.attention.sliding_window_pattern {period!r} is not "
                                                       f"supported (supported: one period > 0)")
     scale_dim = dim // n_heads if n_layers == a.dim_scaled_attention_layers else head_dim
+    n_experts, n_used, weights_norm = read_experts(arch, k)
+    # an expert's width: qwen3moe's own key (its feed_forward_length, if any, is a dense layer's); Mixtral's experts are
+    # feed_forward_length wide
+    ffn = int(k("expert_feed_forward_length")) if a.moe == "always" else int(k("feed_forward_length"))
     return LlamaParams(
-        n_layers=n_layers, dim=dim, ffn_dim=int(k("feed_forward_length")), n_heads=n_heads,
+        n_layers=n_layers, dim=dim, ffn_dim=ffn, n_heads=n_heads,
         n_kv_heads=int(k("attention.head_count_kv", n_heads)), head_dim=head_dim,
         rope_base=rope_base, rope_dim=int(k("rope.dimension_count", head_dim)), rope_scaling=rope_scaling,
         norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=ctx,
@@ -175,4 +214,5 @@ def read_params(header: GgufHeader) -> LlamaParams:
         rope_base_swa=float(k("rope.freq_base_swa", rope_base if a.swa_rope_base is None else a.swa_rope_base)),
         rope_scaling_swa=rope_scaling if a.swa_rope_base is None else RopeScaling(),
         attn_softcap=0.0 if a.attn_softcap is None else float(k("attn_logit_softcapping", a.attn_softcap)),
-        final_softcap=0.0 if a.final_softcap is None else float(k("final_logit_softcapping", a.final_softcap)))
+        final_softcap=0.0 if a.final_softcap is None else float(k("final_logit_softcapping", a.final_softcap)),
+        n_experts=n_experts, n_experts_used=n_used, expert_weights_norm=weights_norm)

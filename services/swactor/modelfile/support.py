@@ -63,9 +63,21 @@ class Architecture:
     # Files of this block count scale the attention scores by 1/sqrt(embedding_length / head_count) instead of
     # 1/sqrt(head_dim): Gemma's 27B query_pre_attn_scalar, which the GGUF does not carry (llama.cpp infers it so).
     dim_scaled_attention_layers: int = 0
+    # Mixture of Experts (EXPERT_FFN: a router and every expert's gate/up/down stacked in one tensor each, in place of
+    # the dense DENSE_FFN): "never"; "always" (qwen3moe, whose `layer_tensors` name the experts); "optional" (llama:
+    # Mixtral-style files are `llama` with experts, told apart by `{arch}.expert_count` > 0; their blocks all have
+    # experts). The router softmaxes its logits, takes the top `{arch}.expert_used_count` and renormalises their
+    # weights unless `{arch}.expert_weights_norm` is false (llama.cpp's build_moe_ffn for both families).
+    moe: str = "never"
 
-    def known_layer_tensors(self) -> frozenset[str]:
-        return frozenset(self.layer_tensors) | {t for g in self.optional_layer_groups for t in g}
+    def block_tensors(self, experts: bool) -> tuple[str, ...]:
+        """Every block's tensors; a file with experts has EXPERT_FFN where the dense block has DENSE_FFN."""
+        if not experts or self.moe != "optional":
+            return self.layer_tensors
+        return tuple(t for t in self.layer_tensors if t not in DENSE_FFN) + EXPERT_FFN
+
+    def known_layer_tensors(self, experts: bool = False) -> frozenset[str]:
+        return frozenset(self.block_tensors(experts)) | {t for g in self.optional_layer_groups for t in g}
 
     def known_global_tensors(self) -> frozenset[str]:
         return frozenset((*self.first_stage, *self.last_stage, self.head, self.tied_head, *self.every_stage_optional))
@@ -73,6 +85,12 @@ class Architecture:
 
 _LLAMA_LAYER = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                 "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+DENSE_FFN = ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+# A Mixture-of-Experts FFN: the router [n_experts, embedding_length] and the experts' matrices stacked,
+# [n_experts, expert_ffn, embedding_length] (gate, up) and [n_experts, embedding_length, expert_ffn] (down).
+EXPERT_FFN = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+# `{arch}.expert_gating_func` values the router implements (llama.cpp's enum: 1 softmax, 2 sigmoid, 3 softmax_weight).
+EXPERT_GATING_SOFTMAX = 1
 
 # Q/K/V biases: a qwen2 file has all three in every block (or, for the compute, none at all).
 QKV_BIAS = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
@@ -89,13 +107,17 @@ _PHI3_LAYER = ("attn_norm.weight", ATTN_QKV, "attn_output.weight", "ffn_norm.wei
 
 # Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
 # An architecture is the llama block plus the shared parts it declares: Q/K/V biases (qwen2), NeoX rotation
-# (qwen2, qwen3, phi3, gemma2, gemma3), per-head Q/K norm (qwen3, gemma3), fused Q/K/V and gate/up matrices (phi3), Gemma's
+# (qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3), per-head Q/K norm (qwen3, qwen3moe, gemma3), experts (qwen3moe; llama
+# files with expert tensors: Mixtral), fused Q/K/V and gate/up matrices (phi3), Gemma's
 # scaled embedding, post-norms, GELU gate, sliding windows and soft-caps (gemma2, gemma3);
 # `{arch}.attention.key_length` may set a head_dim other than embedding_length / head_count (qwen3's usual case).
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
-    Architecture("llama", _LLAMA_LAYER),
+    Architecture("llama", _LLAMA_LAYER, moe="optional"),
     Architecture("qwen2", _LLAMA_LAYER, optional_layer_groups=(QKV_BIAS,), rope_neox=True),
     Architecture("qwen3", _LLAMA_LAYER + QK_NORM, rope_neox=True, qk_norm=True),
+    # Qwen3-MoE: qwen3's attention, every block's FFN a Mixture of Experts (no shared expert, as in llama.cpp)
+    Architecture("qwen3moe", tuple(t for t in _LLAMA_LAYER if t not in DENSE_FFN) + QK_NORM + EXPERT_FFN,
+                 rope_neox=True, qk_norm=True, moe="always"),
     Architecture("phi3", _PHI3_LAYER, rope_neox=True, fused_qkv_gate_up=True),
     # llama.cpp's gemma2 reads its head from the embedding only (an output.weight would go unread: refused)
     Architecture("gemma2", _LLAMA_LAYER + POST_NORMS, head="token_embd.weight", every_stage_optional=(), rope_neox=True,

@@ -21,6 +21,9 @@ LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_
 QK_NORM_TENSORS = ("attn_q_norm", "attn_k_norm")
 # Gemma's norms of the attention and FFN outputs (support.Architecture.post_norms, support.POST_NORMS).
 POST_NORM_TENSORS = ("post_attention_norm", "post_ffw_norm")
+# What a Mixture-of-Experts block (LlamaParams.moe; support.EXPERT_FFN) has instead of ffn_gate/up/down: the router
+# [n_experts, dim] and every expert's matrices stacked [n_experts, rows, cols] (loaded as they are, all experts).
+EXPERT_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # What a fused architecture (support.Architecture.fused_qkv_gate_up, phi3) has instead of attn_q/k/v and
 # ffn_gate/up: each is split by rows at load into the matrices above (fused_parts).
 FUSED_TENSORS = {ATTN_QKV.removesuffix(".weight"): ("attn_q", "attn_k", "attn_v"),
@@ -103,7 +106,7 @@ class GGUFModel:
     header = open_header(path)
     self.path, self.params = str(path), read_params(header)
     self.arch = ARCHITECTURES[self.params.arch]
-    unknown = unknown_tensors_refusal(self.arch, (t.name for t in header.tensors), self.params.n_layers)
+    unknown = unknown_tensors_refusal(self.arch, (t.name for t in header.tensors), self.params.n_layers, self.params.moe)
     if unknown is not None:
       raise ModelRefused(unknown.reason, unknown.detail)
     for t in header.tensors:
@@ -138,11 +141,21 @@ class GGUFModel:
     qk_norm = {t: f"{t}.weight" for t in QK_NORM_TENSORS} if self.params.qk_norm else {}
     post_norms = {t: f"{t}.weight" for t in POST_NORM_TENSORS} if self.params.post_norms else {}
     names = {**{t: f"{t}.weight" for t in LAYER_TENSORS}, **bias, **qk_norm, **post_norms}
+    if self.params.moe:
+      names = {k: v for k, v in names.items() if k not in ("ffn_gate", "ffn_up", "ffn_down")} | \
+          {t: f"{t}.weight" for t in EXPERT_TENSORS}
     if self.arch.fused_qkv_gate_up:
       names = {k: v for k, v in names.items() if k not in {p for parts in FUSED_TENSORS.values() for p in parts}}
     layers = [{k: self.tensor(f"blk.{i}.{v}") for k, v in names.items()} for i in range(layer_start, layer_end)]
+    p = self.params
+    for L in layers if p.moe else []:
+      want = {"ffn_gate_inp": (p.n_experts, p.dim), "ffn_gate_exps": (p.n_experts, p.ffn_dim, p.dim),
+              "ffn_up_exps": (p.n_experts, p.ffn_dim, p.dim), "ffn_down_exps": (p.n_experts, p.dim, p.ffn_dim)}
+      for k, shape in want.items():
+        if L[k].shape != shape:
+          raise ModelRefused("MalformedGGUF", f"tensor {L[k].name!r} has shape {L[k].shape}, not {shape} "
+                                              f"(expert_count {p.n_experts}, expert width {p.ffn_dim})")
     if self.arch.fused_qkv_gate_up:
-      p = self.params
       sizes = {"attn_qkv": (p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim, p.n_kv_heads * p.head_dim),
                "ffn_up": (p.ffn_dim, p.ffn_dim)}  # llama.cpp's swiglu: silu(the first half) * the second
       for i, L in zip(range(layer_start, layer_end), layers, strict=True):
@@ -176,7 +189,7 @@ def load_stage(model: GGUFModel | str | os.PathLike[str], layer_start: int, laye
   def get(t: RawTensor) -> np.ndarray | RawTensor:
     count(t)
     if t.name not in cache:
-      if t.qtype in keep and len(t.shape) == 2:
+      if t.qtype in keep and len(t.shape) >= 2:  # a matrix, or experts' matrices stacked
         cache[t.name] = t
       else:
         cache[t.name] = t.dequantize()

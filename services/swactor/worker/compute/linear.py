@@ -25,13 +25,13 @@ import functools
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
-from tinygrad import Tensor, dtypes
+from tinygrad import Tensor, UOp, dtypes
 from tinygrad.dtype import _from_np_dtype
 
 from swactor.modelfile import memory
 from swactor.modelfile.support import PACKED_TYPES
 
-from .cpu_matvec import XSUM_BLOCK, block_matvec, iq4_value, scale_group
+from .cpu_matvec import XSUM_BLOCK, block_matvec, expert_matvec, iq4_value, scale_group
 from .gguf_weights import RawTensor
 from .quant import BLOCK, iq4_xs_scales, k_scales
 
@@ -85,10 +85,10 @@ def transpose_q5_bits(h: np.ndarray) -> np.ndarray:
   return out
 
 
-def layout(w: RawTensor, words: bool = False) -> tuple[str, list[np.ndarray]]:
+def layout(w: RawTensor, words: bool = False, group_of: int | None = None) -> tuple[str, list[np.ndarray]]:
   """The host arrays of a packed matrix's device tensors (table above). words: the CPU kernels' layout (cpu_matvec.py):
-  codes as uint32 [out, nb, bytes / 4] (the same bytes), q8_0's scales group-major [out / g, nb, g], Q5's 5th bits
-  transposed (transpose_q5_bits)."""
+  codes as uint32 [out, nb, bytes / 4] (the same bytes), q8_0's scales group-major [out / g, nb, g] with g =
+  scale_group(group_of or out) (stacked experts: of one expert's rows), Q5's 5th bits transposed (transpose_q5_bits)."""
   out, cols = w.shape
   kind, b = PACKED[w.qtype], np.asarray(w.data).reshape(out, cols // BLOCK[w.qtype][0], -1)
   codes = lambda a: np.ascontiguousarray(a).view(np.uint32) if words else np.ascontiguousarray(a)  # noqa: E731
@@ -97,7 +97,7 @@ def layout(w: RawTensor, words: bool = False) -> tuple[str, list[np.ndarray]]:
   fifth = lambda h: transpose_q5_bits(h) if words else h  # noqa: E731
   if w.qtype == QT.Q8_0:
     if words:  # [out / g, nb, g]: group-major (block_matvec)
-      g = scale_group(out)
+      g = scale_group(group_of or out)
       d = np.ascontiguousarray(d.reshape(out // g, g, -1).transpose(0, 2, 1))
     return kind, [codes(b[..., 2:].view(np.int8)), d]
   if w.qtype == QT.Q4_0:
@@ -128,6 +128,41 @@ def upload(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weigh
     return "f32", [to_device(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32), device)]
   kind, arrays = layout(w, words)
   return kind, [to_device(a, device) for a in arrays]
+
+
+def upload_experts(w: np.ndarray | RawTensor, device: str, words: bool = False) -> Weight:
+  """Experts' matrices stacked [n_experts, out, in] on the device as one matrix of n_experts * out rows (every expert:
+  rows of a block type are independent, so the raw blocks are the file's as they are); apply_experts reads them."""
+  n, out, cols = w.shape
+  if not isinstance(w, RawTensor) or w.qtype not in PACKED:
+    return upload(np.asarray(w.dequantize() if isinstance(w, RawTensor) else w, np.float32).reshape(n * out, cols), device)
+  kind, arrays = layout(RawTensor(w.name, w.qtype, (n * out, cols), w.data), words, group_of=out)
+  return kind, [to_device(a, device) for a in arrays]
+
+
+def apply_experts(kind: str, ts: list[Tensor], x: Tensor, ids: Tensor, n_out: int, share: int, threads: int = 0) -> Tensor:
+  """y[r] = x[r // share] @ W[ids[r]].T for each routed row r: ids int32 [R] (experts), x [R / share, in], ts one
+  upload_experts() weight of n_out rows per expert; [R, n_out]. Only the experts in ids are read, on every path: the
+  CPU kernel offsets its row index by the loaded id (cpu_matvec.expert_matvec); elsewhere tinygrad folds W[ids] (an
+  index by a tensor) into a load at the id, not a one-hot sum over every expert (checked: its kernel reads
+  W[ids[r] * n_out * in + ...])."""
+  R = ids.shape[0]
+  if threads > 0 and kind != "f32":
+    srcs = [x.contiguous(), *([x.reshape(x.shape[0], -1, XSUM_BLOCK[kind]).sum(-1)] if kind in XSUM_BLOCK else []), *ts]
+    out = Tensor.empty(R, n_out, dtype=dtypes.float32, device=x.device)
+    fxn = functools.partial(_expert_kernel, kind, threads, share, ts[0].shape[0] // n_out)
+    return out.custom_kernel(ids, *srcs, fxn=fxn)[0]
+  xr = x if share == 1 else x.unsqueeze(1).expand(x.shape[0], share, x.shape[1]).reshape(R, x.shape[1])
+  stacked = [t.reshape(t.shape[0] // n_out, n_out, *t.shape[1:]) for t in ts]
+  if kind == "f32":
+    return (stacked[0][ids] * xr.unsqueeze(1)).sum(-1)
+  # the packed expressions take one matrix: one per routed row, each gathered at its id
+  rows = [EXPRESSIONS[kind](xr[r:r + 1], *(t[ids[r:r + 1]].reshape(t.shape[1:]) for t in stacked)) for r in range(R)]
+  return rows[0] if R == 1 else Tensor.cat(*rows, dim=0)
+
+
+def _expert_kernel(kind: str, threads: int, share: int, n_experts: int, out: UOp, ids: UOp, x: UOp, *w: UOp) -> UOp:
+  return expert_matvec(kind, threads, share, n_experts, out, x, ids, *w)
 
 
 def apply(kind: str, ts: list[Tensor], x: Tensor, threads: int = 0) -> Tensor:

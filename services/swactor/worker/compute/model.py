@@ -1,4 +1,4 @@
-"""Llama-family forward (llama, qwen2, qwen3, phi3, gemma2, gemma3) for one contiguous layer range, in tinygrad (spec §10, §16).
+"""Llama-family forward (llama, qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3) for one contiguous layer range, in tinygrad (spec §10, §16).
 
 One copy of the stage's weights serves `slots` runs at once, each with its own KV cache slot
 (docs/runs-in-flight.md). step(rows, start_pos, slot=s) runs one run's rows at positions start_pos.. through the
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
-from tinygrad import Context, Device, Tensor, TinyJit, UOp
+from tinygrad import Context, Device, Tensor, TinyJit, UOp, dtypes
 from tinygrad.device import Buffer
 from tinygrad.engine.jit import CapturedJit
 from tinygrad.helpers import NUM_CPU_THREADS
@@ -34,7 +34,18 @@ from swactor.modelfile.memory import KV_DTYPE_BYTES
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .graphcache import GraphCache
-from .linear import N_TENSORS, PACKED, Weight, apply, copy_in, device_empty, to_device, upload
+from .linear import (
+  N_TENSORS,
+  PACKED,
+  Weight,
+  apply,
+  apply_experts,
+  copy_in,
+  device_empty,
+  to_device,
+  upload,
+  upload_experts,
+)
 from .quant import dequantize
 from .replay import LoadedGraph, Plan, plan, plan_graph, read
 from .rope import rope, rope_tables
@@ -108,13 +119,17 @@ class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
   p.qkv_bias), (q_norm, k_norm if p.qk_norm), (post_attention_norm, post_ffw_norm if p.post_norms), *qkv,
-  *attn_output, *gate_up, *ffn_down]. `swa`: its attention sees the last p.swa_window positions only."""
+  *attn_output, *gate_up, *ffn_down]. A Mixture-of-Experts block (p.moe) has six: qkv, attn_output, the router, and
+  each of gate, up, down as every expert's matrices stacked (upload_experts). `swa`: its attention sees the last
+  p.swa_window positions only."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
                words: bool, kv_dtype: type = np.float32, swa: bool = False):
     self.swa = swa
-    groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]],
-              fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
+    groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]]]
+    groups += [[w["ffn_gate_inp"]]] if p.moe else [fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
+    if p.moe:
+      mats += [[upload_experts(w[k], device, words)] for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
     # never read before a run wrote it (attention reads a slot's positions up to the step's own): left unwritten
@@ -148,7 +163,9 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   def product(group: tuple[str, ...]) -> Callable[[Tensor], Tensor]:
     fs = [functools.partial(apply, kind, [next(it) for _ in range(N_TENSORS[kind])], threads=threads) for kind in group]
     return fs[0] if len(fs) == 1 else lambda h: Tensor.cat(*(f(h) for f in fs), dim=-1)
-  qkv_, o_, gate_up_, down_ = (product(g) for g in kinds)
+  qkv_, o_, ffn_ = product(kinds[0]), product(kinds[1]), product(kinds[2])
+  down_ = None if p.moe else product(kinds[3])
+  experts = [(kind, [next(it) for _ in range(N_TENSORS[kind])]) for (kind,) in kinds[3:]] if p.moe else []
   qkv = qkv_(rms_norm(x, attn_norm, p.norm_eps))
   if bias is not None:
     qkv = qkv + bias
@@ -179,10 +196,49 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
     r0 += T
   a = outs[0] if len(outs) == 1 else Tensor.cat(*outs, dim=0)
   x = x + (o_(a) if post_attn is None else rms_norm(o_(a), post_attn, p.norm_eps))
-  gu = gate_up_(rms_norm(x, ffn_norm, p.norm_eps))
-  gate = gu[:, :p.ffn_dim].gelu() if p.gelu else gu[:, :p.ffn_dim].silu()
-  act = (gate * gu[:, p.ffn_dim:]).contiguous()  # else the activation is recomputed inside the down matvec
-  return (x + (down_(act) if post_ffn is None else rms_norm(down_(act), post_ffn, p.norm_eps))).contiguous()
+  h = rms_norm(x, ffn_norm, p.norm_eps)
+  if down_ is None:
+    f = moe_ffn(p, h, ffn_(h), experts, threads)
+  else:
+    gu = ffn_(h)
+    gate = gu[:, :p.ffn_dim].gelu() if p.gelu else gu[:, :p.ffn_dim].silu()
+    act = (gate * gu[:, p.ffn_dim:]).contiguous()  # else the activation is recomputed inside the down matvec
+    f = down_(act)
+  return (x + (f if post_ffn is None else rms_norm(f, post_ffn, p.norm_eps))).contiguous()
+
+
+def route(p: LlamaParams, logits: Tensor) -> tuple[Tensor, Tensor]:
+  """The router's choice per row, as llama.cpp's build_moe_ffn makes it for qwen3moe and Mixtral: softmax over every
+  expert's logit, the p.n_experts_used most probable (ties: the lower id), their probabilities renormalised to sum 1
+  unless p.expert_weights_norm is false. Returns (ids int32 [rows, k], weights [rows, k]). The top k by k argmax
+  passes: k is small (2-8) and each pass one short reduce over the experts, no sort."""
+  probs = logits.softmax(-1)
+  arange = Tensor.arange(p.n_experts).reshape(1, -1)
+  ids, wts, rest = [], [], probs
+  for _ in range(p.n_experts_used):
+    i = rest.argmax(-1, keepdim=True)
+    ids.append(i)
+    wts.append((probs * (arange == i)).sum(-1, keepdim=True))
+    rest = (arange == i).where(-1.0, rest)  # probabilities are >= 0: a taken expert is never the max again
+  w = Tensor.cat(*wts, dim=1) if len(wts) > 1 else wts[0]
+  if p.expert_weights_norm:
+    w = w / w.sum(-1, keepdim=True)
+  return (Tensor.cat(*ids, dim=1) if len(ids) > 1 else ids[0]).cast(dtypes.int32), w
+
+
+def moe_ffn(p: LlamaParams, h: Tensor, logits: Tensor, experts: list[tuple[str, list[Tensor]]], threads: int) -> Tensor:
+  """A Mixture-of-Experts FFN over rows h [W, dim]: each row through the k experts it routes to (SwiGLU, as llama's
+  FFN), their outputs summed by the routing weights. Only those experts' rows are read (linear.apply_experts): a
+  decode row reads k experts' matrices of the block's n_experts."""
+  W, k = h.shape[0], p.n_experts_used
+  ids, w = route(p, logits)
+  flat = ids.reshape(W * k).contiguous()  # the experts' kernels load their ids from a buffer
+  (gk, gts), (uk, uts), (dk, dts) = experts
+  gate = apply_experts(gk, gts, h, flat, p.ffn_dim, k, threads)
+  up = apply_experts(uk, uts, h, flat, p.ffn_dim, k, threads)
+  act = ((gate.gelu() if p.gelu else gate.silu()) * up).contiguous()
+  down = apply_experts(dk, dts, act, flat, p.dim, 1, threads)  # [W * k, dim]
+  return (down.reshape(W, k, p.dim) * w.unsqueeze(-1)).sum(1)
 
 
 def batch_widths(slots: int) -> tuple[int, ...]:
