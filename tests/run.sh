@@ -12,7 +12,7 @@ echo "== cargo test"
 echo "== loom model of the launcher's dispatch protocol (ring-rs/src/launch/model.rs)"
 (cd ring-rs && RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -q --release --lib launch::model 2>&1)
 # Two pytest-xdist workers (SWACTOR_TEST_WORKERS, 1: one process): most tests wait on subprocesses and sockets, so two
-# share the cores; tests/conftest.py keeps each module on one worker and every pool-building test in one group. The
+# share the cores; tests/conftest.py keeps each module on one worker and every pool-building test in one group (its scheduler). The
 # tests marked `serial` time things a busy neighbour would distort: they run after, alone.
 workers="${SWACTOR_TEST_WORKERS:-2}"
 if [ "$workers" -le 1 ]; then
@@ -21,7 +21,7 @@ if [ "$workers" -le 1 ]; then
 fi
 echo "== pytest, $workers workers (all but the serial tests)"
 first=0
-.venv/bin/python -m pytest -q -ra -n "$workers" --dist loadgroup -m "not serial" "$@" || first=$?
+.venv/bin/python -m pytest -q -ra -n "$workers" -m "not serial" "$@" || first=$?
 echo "== pytest, the serial tests alone"
 second=0
 .venv/bin/python -m pytest -q -ra -m serial "$@" || second=$?
