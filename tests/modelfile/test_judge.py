@@ -129,11 +129,33 @@ def test_phi3_needs_its_fused_matrices_and_counts_them(tmp_path: Path) -> None:
     missing, unknown = judged(write_gguf(tmp_path / "l.gguf", shape, fused=True))  # llama has no fused matrices
     assert missing.startswith("MissingTensor") and "blk.0.attn_q.weight" in missing
     assert unknown.startswith("UnsupportedArchitecture") and "blk.0.attn_qkv.weight" in unknown
-    [r] = judged(write_gguf(tmp_path / "long.gguf", shape, arch="phi3", fused=True,
-                            extra=tuple((t, (32,), "F32") for t in LONGROPE_FACTORS)))
-    assert r.startswith("UnsupportedArchitecture") and all(t in r for t in LONGROPE_FACTORS) and "LongRoPE" in r
     # the fused matrices are the bytes of their parts: the same profile as the llama block's
     assert memory_profile(header(phi3)) == memory_profile(header(write_gguf(tmp_path / "ll.gguf", shape, tied=False)))
+
+
+def test_longrope_factors_are_read_and_malformed_ones_refused_by_name(tmp_path: Path) -> None:
+    """A phi3 file with both LongRoPE sets of [rope_dim/2] (head_dim 64: 32) is served, as longrope scaling whose original
+    context defaults to the file's context_length, its planner memory that of the file without them (host-side: only
+    the RoPE tables, counted already, reach the device); a set of another length, half the pair, the sets in an
+    architecture that does not declare them, or beside rope_freqs, are refused naming the tensor."""
+    shape = Shape(layers=2)
+    sets = tuple((t, (32,), "F32") for t in LONGROPE_FACTORS)
+    long = write_gguf(tmp_path / "long.gguf", shape, arch="phi3", fused=True, extra=sets)
+    assert judged(long) == []
+    s = read_params(header(long)).rope_scaling
+    assert (s.kind, s.original_context, s.attn_factor) == ("longrope", 2048, 1.0)
+    plain = write_gguf(tmp_path / "plain.gguf", shape, arch="phi3", fused=True)
+    assert memory_profile(header(long)) == memory_profile(header(plain))
+    [r] = judged(write_gguf(tmp_path / "len.gguf", shape, arch="phi3", fused=True,
+                            extra=(sets[0], (LONGROPE_FACTORS[1], (64,), "F32"))))
+    assert r.startswith("MalformedGGUF") and f"{LONGROPE_FACTORS[1]!r} has shape [64], not [32]" in r
+    for present, missing in (LONGROPE_FACTORS, LONGROPE_FACTORS[::-1]):
+        [r] = judged(write_gguf(tmp_path / "half.gguf", shape, arch="phi3", fused=True, extra=((present, (32,), "F32"),)))
+        assert r.startswith("MissingTensor") and present in r and missing in r
+    [r] = judged(write_gguf(tmp_path / "llama.gguf", shape, extra=sets))
+    assert r.startswith("UnsupportedArchitecture") and LONGROPE_FACTORS[0] in r and "phi3" in r
+    [r] = judged(write_gguf(tmp_path / "both.gguf", shape, arch="phi3", fused=True, extra=(*sets, ("rope_freqs.weight", (32,), "F32"))))
+    assert r.startswith("UnsupportedRopeScaling") and "rope_freqs.weight" in r
 
 
 def test_stage_count_against_layers(tmp_path: Path) -> None:

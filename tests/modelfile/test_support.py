@@ -64,7 +64,7 @@ def test_architectures_are_what_the_compute_core_implements() -> None:
     assert gemma == [("gemma2", True, False, True, True, True, 2, None, 50.0, 30.0),
                      ("gemma3", True, True, True, True, True, 6, 10000.0, None, 0.0)]
     assert not any(a[n].embed_scale or a[n].post_norms or a[n].gelu or a[n].swa_period for n in ("llama", "qwen2", "qwen3", "phi3"))
-    assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3")
+    assert support.ROPE_SCALING_TYPES == ("none", "linear", "yarn", "llama3", "longrope")
     assert {n: x.moe for n, x in a.items() if x.moe != "never"} == {"llama": "optional", "qwen3moe": "always"}
     assert (a["qwen3moe"].rope_neox, a["qwen3moe"].qk_norm) == (True, True)
 

@@ -1,5 +1,6 @@
 """What the orchestrator accepts at SubmitRun is what the workers run (modelfile.support): qwen2 (with
-its Q/K/V biases), qwen3 (with its per-head Q/K norms), phi3 (with its fused Q/K/V and gate/up), gemma3 (with its Q/K and
+its Q/K/V biases), qwen3 (with its per-head Q/K norms), phi3 (with its fused Q/K/V and gate/up, and LongRoPE's
+factor sets where it has them), gemma3 (with its Q/K and
 post norms) and every declared quant type are served, an unknown architecture, a type without a
 dequantizer or half a bias group is refused naming it, from the header alone."""
 
@@ -49,9 +50,11 @@ def test_phi3_with_its_fused_matrices_is_served_and_without_them_refused(tmp_pat
     assert (facts.architecture, facts.num_layers, facts.hidden_dim) == ("phi3", SHAPE.layers, SHAPE.dim)
     msg = refusal(write_gguf(tmp_path / "no-qkv.gguf", SHAPE, arch="phi3", fused=True, drop=("blk.1.attn_qkv.weight",)))
     assert "MissingTensor" in msg and "blk.1.attn_qkv.weight" in msg
-    msg = refusal(write_gguf(tmp_path / "long.gguf", SHAPE, arch="phi3", fused=True,
-                             extra=(("rope_factors_long.weight", (32,), "F32"), ("rope_factors_short.weight", (32,), "F32"))))
-    assert "rope_factors_long.weight" in msg and "LongRoPE" in msg
+    long = (("rope_factors_long.weight", (32,), "F32"), ("rope_factors_short.weight", (32,), "F32"))  # LongRoPE: served
+    facts = ModelRegistry({"m": write_gguf(tmp_path / "long.gguf", SHAPE, arch="phi3", fused=True, extra=long)}, "m").get("m").facts
+    assert facts.architecture == "phi3"
+    msg = refusal(write_gguf(tmp_path / "half.gguf", SHAPE, arch="phi3", fused=True, extra=long[:1]))
+    assert "MissingTensor" in msg and "rope_factors_short.weight" in msg
 
 
 def test_gemma3_with_its_norms_is_served_and_without_them_refused(tmp_path: Path) -> None:

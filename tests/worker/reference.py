@@ -18,9 +18,13 @@ the scores (50) and the logits (30), c * tanh(s / c), unless the file names othe
 llama with `ffn_gate_inp` / `ffn_*_exps`: Mixtral), as llama.cpp's build_moe_ffn runs both: per row, the softmax of
 the router's logits, the `expert_used_count` most probable experts (ties: the lower id), their probabilities
 renormalised to sum 1 (unless `expert_weights_norm` is false), the sum of those experts' SwiGLU outputs by them.
+LongRoPE (phi3 files with `rope_factors_long` / `rope_factors_short`), as llama.cpp runs it: the long set divides each
+pair's frequency when the context the model is run with (`n_ctx`; the file's context_length if not given, llama.cpp's
+default) exceeds `rope.scaling.original_context_length`, else the short set; cos and sin are multiplied by
+`rope.scaling.attn_factor` (llama.cpp multiplies it into every rotation's magnitude, whatever the file).
 
-`Reference(path)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
-and kept under .cache/reference/, keyed by the file's sha256 and this module's source, so a test suite
+`Reference(path, n_ctx=None)` is what tests use: the greedy tokens (KV-cached) and logits of a file, computed once
+and kept under .cache/reference/, keyed by the file's sha256, n_ctx and this module's source, so a test suite
 computes each (file, prompt) once whatever the stage count, and later runs not at all.
 """
 from __future__ import annotations
@@ -79,7 +83,7 @@ def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | N
 
 
 class RefLlama:
-  def __init__(self, path: str, swap_gate_up: bool = False):
+  def __init__(self, path: str, swap_gate_up: bool = False, n_ctx: int | None = None):
     r = GGUFReader(path, "r")
     kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
     a = self.arch = kv["general.architecture"]
@@ -92,6 +96,8 @@ class RefLlama:
     self.factor = kv.get(f"{a}.rope.scaling.factor", 1.0)
     self.scaling = kv.get(f"{a}.rope.scaling.type", "linear" if self.factor != 1.0 else "none")
     self.orig_ctx = kv.get(f"{a}.rope.scaling.original_context_length", kv[f"{a}.context_length"])
+    self.n_ctx = n_ctx if n_ctx is not None else kv[f"{a}.context_length"]
+    self.attn_factor = float(kv.get(f"{a}.rope.scaling.attn_factor", 1.0))
     gemma = a in GEMMA_PERIOD
     self.embed_scale = math.sqrt(self.dim) if gemma else 1.0
     period = int(kv.get(f"{a}.attention.sliding_window_pattern", GEMMA_PERIOD.get(a, 0)))
@@ -107,6 +113,10 @@ class RefLlama:
     w = {t.name: t for t in r.tensors}
     get = lambda n: dequantize(w[n].data, w[n].tensor_type).astype(np.float64).reshape([int(s) for s in reversed(w[n].shape)])  # noqa: E731
     self.divisors = get("rope_freqs.weight") if "rope_freqs.weight" in w else None
+    self.long_factors = get("rope_factors_long.weight") if "rope_factors_long.weight" in w else None
+    self.short_factors = get("rope_factors_short.weight") if "rope_factors_short.weight" in w else None
+    if self.long_factors is not None and self.short_factors is not None:
+      self.divisors = self.long_factors if self.n_ctx > self.orig_ctx else self.short_factors
     if self.scaling == "llama3" and self.divisors is None:
       self.divisors = llama3_divisors(self.base, self.rope_dim, self.factor, kv.get(f"{a}.rope.scaling.low_freq_factor", 1.0),
                                       kv.get(f"{a}.rope.scaling.high_freq_factor", 4.0), self.orig_ctx)
@@ -144,6 +154,7 @@ class RefLlama:
       ang, mscale = rope_angles(pos, self.rope_dim, base)
     else:
       ang, mscale = rope_angles(pos, self.rope_dim, base, self.divisors, self.scaling, self.factor, self.orig_ctx)
+    mscale *= self.attn_factor
     c, s = np.cos(ang)[:, None, :] * mscale, np.sin(ang)[:, None, :] * mscale
     y, d = x.copy(), self.rope_dim
     ia, ib = (np.arange(d // 2), np.arange(d // 2, d)) if self.neox else (np.arange(0, d, 2), np.arange(1, d, 2))
@@ -257,17 +268,18 @@ _last_model: tuple[pathlib.Path, RefLlama] | None = None
 class Reference:
   """RefLlama's results for one file, cached on disk; the float64 model is built only on a cache miss."""
 
-  def __init__(self, path: str | os.PathLike[str]):
-    self.path = str(path)
+  def __init__(self, path: str | os.PathLike[str], n_ctx: int | None = None):
+    self.path, self.n_ctx = str(path), n_ctx
     st = os.stat(self.path)
-    self.dir = CACHE / f"{_file_sha256(self.path, st.st_size, st.st_mtime_ns)}-{CODE_VERSION}"
+    ctx = "" if n_ctx is None else f"-ctx{n_ctx}"
+    self.dir = CACHE / f"{_file_sha256(self.path, st.st_size, st.st_mtime_ns)}-{CODE_VERSION}{ctx}"
 
   @property
   def model(self) -> RefLlama:
     global _last_model
     if _last_model is None or _last_model[0] != self.dir:
       _last_model = None  # the old one's memory goes before the new one is built
-      _last_model = (self.dir, RefLlama(self.path))
+      _last_model = (self.dir, RefLlama(self.path, n_ctx=self.n_ctx))
     return _last_model[1]
 
   @staticmethod

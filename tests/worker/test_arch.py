@@ -1,5 +1,5 @@
 """qwen2 (biases, NeoX rotation, YaRN), qwen3 (per-head Q/K norm, NeoX rotation), phi3 (fused Q/K/V and gate/up,
-NeoX rotation, separate head), Mixture of Experts (qwen3moe, Mixtral-style llama) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
+NeoX rotation, separate head; LongRoPE), Mixture of Experts (qwen3moe, Mixtral-style llama) and llama RoPE variants (Llama 3 rope_freqs, linear scaling): the stage compute on SmolLM2 re-packed (tests/fixtures/gguf_fixtures.py) against the
 float64 reference and llama.cpp's recorded greedy tokens (where recorded), at S = 1..3 chained stages."""
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_
 LLAMACPP = json.loads(FIXTURE.read_text())
 FILES = {**gguf_fixtures.ARCH_FILES, **gguf_fixtures.REFERENCE_FILES}
 SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
+MAX_SEQ = 128  # the chains' max_seq_len, and so the context the reference runs with (it picks LongRoPE's set)
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12
 GEMMA = ("gemma2", "gemma3")
@@ -39,7 +40,8 @@ def model_file(request: pytest.FixtureRequest) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def ref_model(model_file: tuple[str, str]) -> Reference:
-  return Reference(model_file[1])  # KV-cached float64 results, once per (file, prompt), kept under .cache/reference/
+  # KV-cached float64 results, once per (file, prompt), kept under .cache/reference/
+  return Reference(model_file[1], n_ctx=MAX_SEQ)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,7 @@ def reference(ref_model: Reference) -> dict[str, tuple[list[int], list[float]]]:
 
 @pytest.fixture(scope="module")
 def chains(model_file: tuple[str, str]) -> dict[int, list[StageModel]]:
-  return {s: [StageModel(model_file[1], a, b, max_seq_len=128) for a, b in rng] for s, rng in SPLITS.items()}
+  return {s: [StageModel(model_file[1], a, b, max_seq_len=MAX_SEQ) for a, b in rng] for s, rng in SPLITS.items()}
 
 
 def top2_gaps(logits: list[np.ndarray]) -> list[float]:
@@ -139,7 +141,7 @@ def test_planner_memory_estimate_equals_the_loaded_stages(model_file: tuple[str,
   profile = memory_profile(header(model_file[1]))
   for n_stages, ranges in SPLITS.items():
     for (a, b), m in zip(ranges, chains[n_stages], strict=True):
-      want = profile.stage(a, b, 128, rows=1)
+      want = profile.stage(a, b, MAX_SEQ, rows=1)
       host = m.embd.nbytes if m.is_first else 0
       assert (want.weights - host, want.kv_cache) == (m.memory.device_bytes, m.memory.cache_bytes), (model_file[0], a, b)
 
@@ -246,12 +248,83 @@ def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
 def fused(path: str) -> bool: return "blk.0.attn_qkv.weight" in header(path).tensor_map()
 
 
+def longrope(path: str) -> bool: return "rope_factors_long.weight" in header(path).tensor_map()
+
+
+def test_longrope_sets_matter(model_file: tuple[str, str], ref_model: Reference, chains: dict[int, list[StageModel]]) -> None:
+  """The fixture's LongRoPE parts change the model: the reference turning by the long set instead of the short one its
+  chains' context (MAX_SEQ <= original context) picks, or without the attention factor, is far from the reference (and
+  so from the compute's logits, which test_logits_close_to_reference holds within LOGITS_RTOL of it): a compute that
+  picked the wrong set or dropped the factor would fail that test. (SmolLM2's greedy tokens survive both, and its
+  short set, near 1 where short prompts turn, moves the logits by ~2 tolerances only: test_longrope_on_a_small_file
+  shows each part, the short set too, moving a random model's logits by far more.)"""
+  if not longrope(model_file[1]):
+    pytest.skip(f"{model_file[0]} has no LongRoPE factors")
+  m = ref_model.model
+  assert m.orig_ctx >= MAX_SEQ and m.divisors is m.short_factors and m.attn_factor > 1
+  (stage,) = chains[1]
+  assert stage.params.rope_scaling.kind == "longrope"
+  prompt = REF_PROMPTS["plain_france"]
+  want = ref_model.prefill_logits(prompt)
+  tol = LOGITS_RTOL * float(np.abs(want).max())
+  got = compute_prefill_logits(chains, prompt)
+  for name, v in {"long set": variant(m, divisors=m.long_factors), "no attn_factor": variant(m, attn_factor=1.0)}.items():
+    other = v.logits(v.hidden(prompt)[-1])
+    assert np.abs(other - want).max() > 10 * tol and np.abs(other - got).max() > 9 * tol, name
+
+
+def test_longrope_on_a_small_file(tmp_path: pathlib.Path) -> None:
+  """LongRoPE on a small random phi3 file (fused Q/K/V and gate/up, the head tied, original context 16, attn_factor
+  1.3, seeded sets): a stage of max_seq_len 16 turns by the short set, one of 17 (above the original context) by the
+  long set; at 1 and 2 stages the compute's prefill logits equal the float64 reference's run with that context, and
+  the two contexts' logits differ, as do those without the attention factor or without the context's set."""
+  g = gguf_fixtures
+  dim, ffn, heads, kv_heads, vocab = g.SMALL_DIM, g.SMALL_FFN, g.SMALL_HEADS, g.SMALL_KV_HEADS, g.SMALL_VOCAB
+  hd, rng = dim // heads, np.random.default_rng(13)
+  mat = lambda rows, cols: (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)  # noqa: E731
+  vec = lambda n: rng.uniform(0.5, 1.5, n).astype(np.float32)  # noqa: E731
+  tensors = {"token_embd.weight": mat(vocab, dim), "output_norm.weight": vec(dim),
+             "rope_factors_long.weight": rng.uniform(2.0, 8.0, hd // 2).astype(np.float32),
+             "rope_factors_short.weight": rng.uniform(1.0, 2.0, hd // 2).astype(np.float32)}
+  for i in range(g.SMALL_LAYERS):
+    tensors |= {f"blk.{i}.{k}.weight": a for k, a in {
+      # Q's and K's rows scaled up so that the rotation matters
+      "attn_norm": vec(dim), "attn_qkv": np.concatenate([mat(heads * hd, dim) * 3, mat(kv_heads * hd, dim) * 3,
+                                                         mat(kv_heads * hd, dim)]),
+      "attn_output": mat(dim, heads * hd), "ffn_norm": vec(dim), "ffn_up": mat(2 * ffn, dim),
+      "ffn_down": mat(dim, ffn)}.items()}
+  u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
+  fields = [*g.small_fields("phi3"), g.Field("phi3.rope.scaling.original_context_length", 16, u32),
+            g.Field("phi3.rope.scaling.attn_factor", 1.3, f32)]
+  path = tmp_path / "phi3-longrope-small.gguf"
+  g.write_raw(path, "phi3", fields, {n: (a, QT.F32) for n, a in tensors.items()})
+  prompt = [5, 17, 300, 42, 9, 77, 128]
+  refs = {ctx: RefLlama(str(path), n_ctx=ctx) for ctx in (16, 17)}
+  assert refs[16].divisors is refs[16].short_factors and refs[17].divisors is refs[17].long_factors
+  wants = {ctx: r.logits(r.hidden(prompt)[-1]) for ctx, r in refs.items()}
+  tol = 1e-4 * float(np.abs(wants[16]).max())
+  for ctx, want in wants.items():
+    for ranges in ([(0, g.SMALL_LAYERS)], [(0, 1), (1, g.SMALL_LAYERS)]):
+      chain = [StageModel(path, a, b, max_seq_len=ctx) for a, b in ranges]
+      assert chain[0].params.rope_scaling.kind == "longrope" and chain[0].params.rope_scaling.original_context == 16
+      x = np.asarray(prompt, np.int32)
+      for s in chain[:-1]:
+        x = s.step(x, 0)
+      np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=tol)
+  assert np.abs(wants[16] - wants[17]).max() > 50 * tol  # the set a context picks matters
+  for r in refs.values():  # so do the attention factor and the set itself
+    for v in (variant(r, attn_factor=1.0), variant(r, divisors=None)):
+      assert np.abs(v.logits(v.hidden(prompt)[-1]) - wants[r.n_ctx]).max() > 50 * tol
+
+
 def test_fused_file_is_the_model_it_repacks(model_file: tuple[str, str], reference: dict[str, tuple[list[int], list[float]]]) -> None:
   """The float64 reference, splitting the fused matrices itself, picks SmolLM2's own tokens (the llama file's
   reference) up to either's first near-tie: the fixture stacks Q/K/V and gate/up in the order the reference (and so
   the compute, held to it above) splits them."""
   if not fused(model_file[1]):
     pytest.skip(f"{model_file[0]} has no fused matrices")
+  if longrope(model_file[1]):  # built like phi3 (which checks the order), but LongRoPE turns Q/K otherwise
+    pytest.skip(f"{model_file[0]} rotates by LongRoPE's factors: another model than SmolLM2")
   source = Reference(gguf_fixtures.SOURCE)
   compared = 0
   for key, prompt in REF_PROMPTS.items():
@@ -268,7 +341,7 @@ def test_gate_up_order_matters(model_file: tuple[str, str], ref_model: Reference
   test_greedy_equals_float64_reference."""
   if not fused(model_file[1]):
     pytest.skip(f"{model_file[0]} has no fused matrices")
-  assert_another_model(RefLlama(model_file[1], swap_gate_up=True), ref_model, chains)
+  assert_another_model(RefLlama(model_file[1], swap_gate_up=True, n_ctx=MAX_SEQ), ref_model, chains)
 
 
 def moe(path: str) -> bool: return "blk.0.ffn_gate_inp.weight" in header(path).tensor_map()

@@ -1,5 +1,6 @@
 """RoPE: the tinygrad rotations (llama.cpp's adjacent pairs, NeoX halves) and the frequency rules (none, linear, YaRN,
-Llama 3 from the tensor or from metadata) against the float64 reference's independent implementation."""
+Llama 3 from the tensor or from metadata, LongRoPE's two sets and attention factor) against the float64 reference's
+independent implementation."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,15 @@ from reference import RefLlama, llama3_divisors, rope_angles
 from tinygrad import Tensor
 
 from swactor.modelfile.params import LlamaParams, ModelRefused, RopeScaling, read_rope_scaling
-from swactor.worker.compute.rope import freq_factors, llama3_factors, rope, rope_tables
+from swactor.worker.compute.gguf_weights import StageWeights
+from swactor.worker.compute.rope import (
+  freq_factors,
+  llama3_factors,
+  rope,
+  rope_tables,
+  stage_divisors,
+  uses_long_factors,
+)
 
 BASE = LlamaParams(n_layers=1, dim=64, ffn_dim=1, n_heads=1, n_kv_heads=1, head_dim=64, rope_base=100000.0, rope_dim=64,
                    rope_scaling=RopeScaling(), norm_eps=1e-5, context_length=8192, vocab_size=1, bos_token_id=None, eos_token_id=None)
@@ -20,6 +29,7 @@ BASE = LlamaParams(n_layers=1, dim=64, ffn_dim=1, n_heads=1, n_kv_heads=1, head_
 def ref_rotation(neox: bool, rope_dim: int = 64) -> RefLlama:
   ref = RefLlama.__new__(RefLlama)  # only the rotation: no weights needed
   ref.rope_dim, ref.base, ref.neox, ref.divisors, ref.scaling, ref.factor, ref.orig_ctx = rope_dim, 100000.0, neox, None, "none", 1.0, 0
+  ref.attn_factor = 1.0
   return ref
 
 
@@ -90,6 +100,29 @@ def test_rope_freqs_tensor_wins_over_metadata_rule() -> None:
   np.testing.assert_allclose(cos_t, cos_m)
 
 
+def test_longrope_tables_and_choice_of_set() -> None:
+  """A LongRoPE stage turns pair i by p * base^(-2i/d) / f_i with f the long set when its context exceeds the original
+  context (the short set up to it, inclusive), its cos/sin times attn_factor: the reference's angles exactly."""
+  rng = np.random.default_rng(5)
+  long, short = rng.uniform(1.0, 30.0, 32), rng.uniform(1.0, 2.0, 32)
+  p = dataclasses.replace(BASE, rope_scaling=RopeScaling("longrope", 1.0, 4096, attn_factor=1.19))
+  w = StageWeights(p, 0, 1, rope_long=long, rope_short=short)
+  assert not uses_long_factors(p, 4096) and uses_long_factors(p, 4097)
+  assert stage_divisors(p, w, 4096) is short and stage_divisors(p, w, 4097) is long
+  assert stage_divisors(BASE, StageWeights(BASE, 0, 1, rope_freqs=long), 10**6) is long  # not LongRoPE: rope_freqs
+  pos = np.arange(300, dtype=np.float64)
+  for f in (long, short):
+    ang, mscale = rope_angles(pos, 64, 100000.0, f)
+    cos, sin = rope_tables(p, f, len(pos))
+    np.testing.assert_allclose(cos, np.cos(ang) * mscale * 1.19, atol=1e-12)
+    np.testing.assert_allclose(sin, np.sin(ang) * mscale * 1.19, atol=1e-12)
+  assert not np.allclose(rope_tables(p, long, 300)[0], rope_tables(p, short, 300)[0], atol=1e-3)
+  with pytest.raises(ValueError, match="LongRoPE"):  # never turned unscaled for want of a set
+    rope_tables(p, None, 4)
+  with pytest.raises(ValueError, match="LongRoPE"):
+    stage_divisors(p, StageWeights(p, 0, 1), 16)
+
+
 def keys(meta: dict[str, object]) -> Callable[..., object]:
   """A stand-in for the GGUF key lookup read_rope_scaling takes (a missing key without default raises)."""
   def k(key: str, default: object = ...) -> object:
@@ -113,9 +146,31 @@ def test_metadata_keys(meta: dict[str, object], want: RopeScaling) -> None:
   assert read_rope_scaling(keys(meta), 4096) == want
 
 
+@pytest.mark.parametrize(("meta", "want"), [
+  # as llama.cpp's converter writes Phi-3 128k: no type, the original context and the attention factor
+  ({"rope.scaling.original_context_length": 4096, "rope.scaling.attn_factor": 1.19},
+   RopeScaling("longrope", 1.0, 4096, attn_factor=1.19)),
+  ({"rope.scaling.type": "longrope"}, RopeScaling("longrope", 1.0, 131072)),  # no original context: the file's
+])
+def test_longrope_metadata_keys(meta: dict[str, object], want: RopeScaling) -> None:
+  assert read_rope_scaling(keys(meta), 131072, longrope=True) == want
+
+
 @pytest.mark.parametrize(("meta", "named"), [
-  ({"rope.scaling.type": "longrope", "rope.scaling.factor": 2.0}, "'longrope'"),
+  ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}, "'yarn'"),  # llama.cpp would apply both: not run
+  ({"rope.scaling.factor": 2.0}, "factor 2.0"),
+  ({"rope.scaling.attn_factor": 0.0}, "attn_factor"),
+])
+def test_longrope_with_other_scaling_refused_by_name(meta: dict[str, object], named: str) -> None:
+  with pytest.raises(ModelRefused) as e:
+    read_rope_scaling(keys(meta), 131072, longrope=True)
+  assert e.value.reason == "UnsupportedRopeScaling" and named in str(e.value)
+
+
+@pytest.mark.parametrize(("meta", "named"), [
+  ({"rope.scaling.type": "longrope", "rope.scaling.factor": 2.0}, "rope_factors_long.weight"),  # without its tensors
   ({"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.attn_factor": 0.8}, "attn_factor"),
+  ({"rope.scaling.attn_factor": 1.2}, "attn_factor"),  # only LongRoPE applies it: elsewhere it would be dropped
   ({"rope.scaling.type": "linear", "rope.scaling.factor": -1.0}, "factor"),
 ])
 def test_unsupported_scaling_refused_by_name(meta: dict[str, object], named: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from swactor.common.reasons import NamedReason
-from swactor.modelfile.header import GgufFormatError, GgufHeader, read_header
+from swactor.modelfile.header import GgufFormatError, GgufHeader, TensorInfo, read_header
 from swactor.modelfile.support import (
     ARCHITECTURES,
     EXPERT_GATING_SOFTMAX,
@@ -38,9 +38,12 @@ class ModelRefused(NamedReason, ValueError):
 class RopeScaling:
     kind: str = "none"  # one of support.ROPE_SCALING_TYPES (worker/compute/rope.py applies them)
     factor: float = 1.0
-    original_context: int = 0  # yarn, llama3: the context the model was trained on before scaling
+    # yarn, llama3: the context the model was trained on before scaling; longrope: a stage of a longer context turns by
+    # the long factors, of this one or shorter by the short ones
+    original_context: int = 0
     low_freq_factor: float = 1.0  # llama3
     high_freq_factor: float = 4.0  # llama3
+    attn_factor: float = 1.0  # longrope: cos and sin are multiplied by it (q.k by its square)
 
 
 @dataclass(frozen=True)
@@ -103,18 +106,32 @@ def field(header: GgufHeader, key: str, default: Any = _REQUIRED) -> Any:
     return header.metadata[key]
 
 
-def read_rope_scaling(k: Callable[..., Any], context_length: int) -> RopeScaling:
+def read_rope_scaling(k: Callable[..., Any], context_length: int, longrope: bool = False) -> RopeScaling:
     """`{arch}.rope.scaling.*` as llama.cpp reads them (`k(key[, default])` looks one up): no type but
     a factor means linear; `llama3` (the rule that computes rope_freqs, for files that carry its
-    parameters instead of the tensor) takes HF's parameter names."""
+    parameters instead of the tensor) takes HF's parameter names. `longrope`: the file has LongRoPE's factor tensors
+    (read_longrope), which llama.cpp's converter writes with `original_context_length` and `attn_factor` and no type."""
     factor = float(k("rope.scaling.factor", k("rope.scale_linear", 0.0)) or 1.0)
     kind = str(k("rope.scaling.type", "linear" if factor != 1.0 else "none"))
     if kind not in ROPE_SCALING_TYPES:
         raise ModelRefused("UnsupportedRopeScaling",
                            f"rope scaling type {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})")
-    if float(k("rope.scaling.attn_factor", 1.0)) != 1.0:
-        raise ModelRefused("UnsupportedRopeScaling",
-                           f"rope.scaling.attn_factor {k('rope.scaling.attn_factor')} is not supported (only 1.0)")
+    attn_factor = float(k("rope.scaling.attn_factor", 1.0))
+    if longrope:
+        # llama.cpp would also apply a linear factor or YaRN's ramp on top of the factors; no known file asks for that
+        if kind not in ("none", "longrope") or factor != 1.0:
+            raise ModelRefused("UnsupportedRopeScaling", f"LongRoPE factors with rope scaling type {kind!r}, factor "
+                                                         f"{factor} are not supported (supported: LongRoPE alone)")
+        if not attn_factor > 0:
+            raise ModelRefused("UnsupportedRopeScaling", f"rope.scaling.attn_factor {attn_factor} must be > 0")
+        return RopeScaling("longrope", 1.0, int(k("rope.scaling.original_context_length", context_length)),
+                           attn_factor=attn_factor)
+    if kind == "longrope":
+        raise ModelRefused("UnsupportedRopeScaling", f"rope scaling type 'longrope' needs the tensors "
+                                                     f"{', '.join(LONGROPE_FACTORS)}, which the file lacks")
+    if attn_factor != 1.0:  # the compute applies it only with LongRoPE: elsewhere it would be silently dropped
+        raise ModelRefused("UnsupportedRopeScaling", f"rope.scaling.attn_factor {attn_factor} is not supported with "
+                                                     f"rope scaling type {kind!r} (only 1.0; any with LongRoPE factors)")
     if kind == "none":
         return RopeScaling()
     if factor <= 0:
@@ -124,6 +141,30 @@ def read_rope_scaling(k: Callable[..., Any], context_length: int) -> RopeScaling
         return RopeScaling(kind, factor, orig, float(k("rope.scaling.low_freq_factor", 1.0)),
                            float(k("rope.scaling.high_freq_factor", 4.0)))
     return RopeScaling(kind, factor, orig)
+
+
+def read_longrope(arch: str, tensors: dict[str, TensorInfo], rope_dim: int) -> bool:
+    """Whether the file has LongRoPE's factor sets, refusing by name a file with half of them, a set that is not
+    [rope_dim/2] (one divisor per rotated pair), an architecture that does not declare them, or `rope_freqs.weight`
+    beside them (llama.cpp would turn by rope_freqs and ignore the sets)."""
+    present = [t for t in LONGROPE_FACTORS if t in tensors]
+    if not present:
+        return False
+    if not set(LONGROPE_FACTORS) <= set(ARCHITECTURES[arch].every_stage_optional):
+        declaring = [n for n, a in ARCHITECTURES.items() if set(LONGROPE_FACTORS) <= set(a.every_stage_optional)]
+        raise ModelRefused("UnsupportedArchitecture", f"{arch} file has {', '.join(present)}: LongRoPE factors are "
+                                                      f"supported in {', '.join(declaring)} files only")
+    missing = [t for t in LONGROPE_FACTORS if t not in tensors]
+    if missing:
+        raise ModelRefused("MissingTensor", f"{arch} file has {present[0]} but not {missing[0]}: LongRoPE needs both sets")
+    if "rope_freqs.weight" in tensors:
+        raise ModelRefused("UnsupportedRopeScaling", f"{arch} file has both rope_freqs.weight and {', '.join(present)} "
+                                                     f"(supported: one kind of RoPE divisors)")
+    for t in LONGROPE_FACTORS:
+        if math.prod(tensors[t].dims) != rope_dim // 2 or len(tensors[t].dims) != 1:
+            raise ModelRefused("MalformedGGUF", f"tensor {t!r} has shape {list(tensors[t].dims)}, not [{rope_dim // 2}] "
+                                                f"(rope.dimension_count {rope_dim} / 2)")
+    return True
 
 
 def bias_refusal(arch: str, tensor_names: Iterable[str], n_layers: int) -> ModelRefused | None:
@@ -179,15 +220,13 @@ def read_params(header: GgufHeader) -> LlamaParams:
     if n_layers <= 0 or ctx <= 0:
         raise ModelRefused("MalformedGGUF", f"{arch}.block_count and context_length must be positive")
     names = {t.name for t in header.tensors}
-    long_rope = [t for t in LONGROPE_FACTORS if t in names]
-    if long_rope:  # before the rope.scaling keys: such a file's attn_factor would be refused without saying why
-        raise ModelRefused("UnsupportedArchitecture", f"{arch} file has {', '.join(long_rope)}: LongRoPE long-context "
-                           f"factors (Phi-3 128k) are not implemented (supported: the variants without them, e.g. Phi-3 4k)")
+    rope_dim = int(k("rope.dimension_count", head_dim))
+    longrope = read_longrope(arch, header.tensor_map(), rope_dim)
     bad = bias_refusal(arch, names, n_layers)
     if bad is not None:
         raise bad
     a = ARCHITECTURES[arch]
-    rope_base, rope_scaling = float(k("rope.freq_base", 10000.0)), read_rope_scaling(k, ctx)
+    rope_base, rope_scaling = float(k("rope.freq_base", 10000.0)), read_rope_scaling(k, ctx, longrope)
     window = int(k("attention.sliding_window", a.swa_window)) if a.swa_period else 0
     period = k("attention.sliding_window_pattern", a.swa_period)
     if window and (isinstance(period, list) or int(period) <= 0):
@@ -201,7 +240,7 @@ def read_params(header: GgufHeader) -> LlamaParams:
     return LlamaParams(
         n_layers=n_layers, dim=dim, ffn_dim=ffn, n_heads=n_heads,
         n_kv_heads=int(k("attention.head_count_kv", n_heads)), head_dim=head_dim,
-        rope_base=rope_base, rope_dim=int(k("rope.dimension_count", head_dim)), rope_scaling=rope_scaling,
+        rope_base=rope_base, rope_dim=rope_dim, rope_scaling=rope_scaling,
         norm_eps=float(k("attention.layer_norm_rms_epsilon")), context_length=ctx,
         vocab_size=int(k("vocab_size", len(field(header, "tokenizer.ggml.tokens", ())))),
         bos_token_id=field(header, "tokenizer.ggml.bos_token_id", None),

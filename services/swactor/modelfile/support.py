@@ -105,6 +105,13 @@ POST_NORMS = ("post_attention_norm.weight", "post_ffw_norm.weight")
 ATTN_QKV, FFN_GATE_UP = "attn_qkv.weight", "ffn_up.weight"
 _PHI3_LAYER = ("attn_norm.weight", ATTN_QKV, "attn_output.weight", "ffn_norm.weight", FFN_GATE_UP, "ffn_down.weight")
 
+# LongRoPE ("su"/"longrope": Phi-3 128k, Phi-3.5, Phi-4-mini): two sets of per-frequency divisors, [rope_dim/2] each,
+# one file-wide tensor per set. A stage turns by the long set when its context (max_seq_len) exceeds
+# `{arch}.rope.scaling.original_context_length`, else by the short one, and scales cos/sin by
+# `{arch}.rope.scaling.attn_factor` (params.read_params checks them; worker/compute/rope.py applies them). Only phi3
+# declares them (llama.cpp loads them for no other architecture we run).
+LONGROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+
 # Hyper-parameters are read from keys prefixed by the architecture's name. Mistral files are `llama`.
 # An architecture is the llama block plus the shared parts it declares: Q/K/V biases (qwen2), NeoX rotation
 # (qwen2, qwen3, qwen3moe, phi3, gemma2, gemma3), per-head Q/K norm (qwen3, qwen3moe, gemma3), experts (qwen3moe; llama
@@ -118,7 +125,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     # Qwen3-MoE: qwen3's attention, every block's FFN a Mixture of Experts (no shared expert, as in llama.cpp)
     Architecture("qwen3moe", tuple(t for t in _LLAMA_LAYER if t not in DENSE_FFN) + QK_NORM + EXPERT_FFN,
                  rope_neox=True, qk_norm=True, moe="always"),
-    Architecture("phi3", _PHI3_LAYER, rope_neox=True, fused_qkv_gate_up=True),
+    # Phi-3 / Phi-3.5 / Phi-4-mini long-context files add LongRoPE's two factor sets (every stage builds its tables)
+    Architecture("phi3", _PHI3_LAYER, every_stage_optional=("rope_freqs.weight", *LONGROPE_FACTORS), rope_neox=True,
+                 fused_qkv_gate_up=True),
     # llama.cpp's gemma2 reads its head from the embedding only (an output.weight would go unread: refused)
     Architecture("gemma2", _LLAMA_LAYER + POST_NORMS, head="token_embd.weight", every_stage_optional=(), rope_neox=True,
                  embed_scale=True, post_norms=True, gelu=True, swa_period=2, swa_window=4096, attn_softcap=50.0,
@@ -128,12 +137,9 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  dim_scaled_attention_layers=62),
 )}
 
-# Phi-3's long-context (128k) per-frequency factors, LongRoPE ("su"/"longrope"): the long or the short set by the run's
-# context length, with an attention scale. Not implemented: a file with them is refused naming them (params.read_params).
-LONGROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
-
-# `{arch}.rope.scaling.type` values the compute core applies (worker/compute/rope.py).
-ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "llama3")
+# `{arch}.rope.scaling.type` values the compute core applies (worker/compute/rope.py). "longrope" is what a file with
+# LONGROPE_FACTORS runs as, whether it names the type or (as llama.cpp's converter writes Phi-3) names none.
+ROPE_SCALING_TYPES: tuple[str, ...] = ("none", "linear", "yarn", "llama3", "longrope")
 
 # `tokenizer.ggml.model` values the orchestrator's tokenizer implements: byte-level BPE, SentencePiece.
 TOKENIZER_MODELS: frozenset[str] = frozenset({"gpt2", "llama"})

@@ -87,6 +87,9 @@ class StageWeights:
   output_norm: np.ndarray | None = None
   output: np.ndarray | RawTensor | None = None
   rope_freqs: np.ndarray | None = None  # optional per-frequency divisors (llama3-style)
+  # LongRoPE's two sets of per-frequency divisors (phi3 long-context files); the stage turns by one (rope.py)
+  rope_long: np.ndarray | None = None
+  rope_short: np.ndarray | None = None
   device_file_bytes: int = 0            # the file's bytes of the tensors above that go to the device (all but the embedding)
   expanded: list[Expanded] = field(default_factory=list)  # the non-float32 tensors dequantized to float32
 
@@ -167,8 +170,9 @@ class GGUFModel:
     if layer_end == n:
       extra["output_norm"] = self.tensor("output_norm.weight")
       extra["output"] = self.tensor(self.arch.head if self.arch.head in self.tensors else self.arch.tied_head)
-    if "rope_freqs.weight" in self.tensors:
-      extra["rope_freqs"] = self.tensor("rope_freqs.weight")
+    for name in ("rope_freqs", "rope_factors_long", "rope_factors_short"):  # params.read_params checked their shapes
+      if f"{name}.weight" in self.tensors:
+        extra[name] = self.tensor(f"{name}.weight")
     return layers, extra
 
 
@@ -204,6 +208,9 @@ def load_stage(model: GGUFModel | str | os.PathLike[str], layer_start: int, laye
     count(w.token_embd)
   if "rope_freqs" in extra:
     w.rope_freqs = np.asarray(get(extra["rope_freqs"])).reshape(-1)
+  if "rope_factors_long" in extra:
+    w.rope_long = np.asarray(get(extra["rope_factors_long"])).reshape(-1)
+    w.rope_short = np.asarray(get(extra["rope_factors_short"])).reshape(-1)
   for i, L in enumerate(layers):
     w.layers.append({k: get(t) for k, t in L.items()})
     report(i + 1)

@@ -48,7 +48,7 @@ from .linear import (
 )
 from .quant import dequantize
 from .replay import LoadedGraph, Plan, plan, plan_graph, read
-from .rope import rope, rope_tables
+from .rope import rope, rope_tables, stage_divisors
 from .sampling import Sampler
 
 
@@ -303,13 +303,14 @@ class StageModel:
       get_logger().info("compute_weights_expanded", tensors=len(w.expanded), types=sorted({e.qtype.name for e in w.expanded}),
                         file_bytes=sum(e.file_bytes for e in w.expanded), float32_bytes=sum(e.float32_bytes for e in w.expanded),
                         layer_start=layer_start, layer_end=layer_end)
-    cos, sin = rope_tables(p, w.rope_freqs, max_seq_len + prefill_chunk)
+    divisors = stage_divisors(p, w, max_seq_len)  # LongRoPE: the set for this stage's context, decided once
+    cos, sin = rope_tables(p, divisors, max_seq_len + prefill_chunk)
     self.cos, self.sin = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
     # the sliding-window layers' rotation: their own base and scaling (gemma3's 10000, unscaled), else the same tables
     self.cos_swa, self.sin_swa = self.cos, self.sin
     swa_rope = replace(p, rope_base=p.rope_base_swa, rope_scaling=p.rope_scaling_swa)
     if any(L.swa for L in self.layers) and (swa_rope.rope_base, swa_rope.rope_scaling) != (p.rope_base, p.rope_scaling):
-      cos, sin = rope_tables(swa_rope, w.rope_freqs, max_seq_len + prefill_chunk)
+      cos, sin = rope_tables(swa_rope, divisors, max_seq_len + prefill_chunk)
       self.cos_swa, self.sin_swa = (to_device(t.astype(np.float32)[:, None, :], self.device) for t in (cos, sin))
     # one jitted graph per (shape, matrix kinds, parity, sliding window): it is replayed over every layer's tensors;
     # alternating two graphs keeps a layer's input buffer distinct from the output buffer it writes
