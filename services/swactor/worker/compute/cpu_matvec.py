@@ -184,6 +184,30 @@ KERNELS: dict[str, Callable[..., tuple[UOp, Unrolls]]] = {
 
 def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   """out[t, o] = x[t] . row o of the packed weight; w = [xs (kinds in XSUM_BLOCK)] + the weight's device tensors."""
+  return _scheduled(kind, threads, out, x, w, f"{kind}_matvec_{out.shape[1]}", lambda t, og, groups: og, lambda t: t)
+
+
+def expert_matvec(kind: str, threads: int, share: int, n_experts: int, out: UOp, x: UOp, ids: UOp, *w: UOp) -> UOp:
+  """A Mixture-of-Experts product: out[r, o] = x[r // share] . row o of expert ids[r], the experts' packed matrices
+  stacked ([n_experts * n_out, ...], as upload lays out one matrix of n_experts * n_out rows); w = [xs (kinds in
+  XSUM_BLOCK)] + those device tensors. Only the routed experts' rows are read: the expert id, loaded from `ids`, offsets
+  the row index, so the kernel reads ids[r]'s matrix and no other (a one-hot sum over every expert would read all).
+  Scheduled as block_matvec; rows upcast together read their own experts' words."""
+  def expert_row(r: UOp, og: UOp, groups: int) -> UOp:
+    # an id outside the experts would read another tensor's memory: taken modulo n_experts (the router's ids are
+    # < n_experts, so this changes none). tinygrad wraps an address that depends on a loaded value modulo its buffer,
+    # word by word, and so does not fold a block's code words into vector loads as block_matvec's: ~2.5x its time per
+    # weight (q4, 384x576)
+    e = (ids[r].load().cast(dtypes.uint32) % n_experts).cast(dtypes.int32)
+    return e * groups + og
+  return _scheduled(kind, threads, out, x, w, f"{kind}_experts_{out.shape[1]}", expert_row,
+                    lambda r: r // share if share > 1 else r)
+
+
+def _scheduled(kind: str, threads: int, out: UOp, x: UOp, w: tuple[UOp, ...], name: str,
+               weight_row: Callable[[UOp, UOp, int], UOp], x_row: Callable[[UOp], UOp]) -> UOp:
+  """The block kernel of `kind` over out's rows t and weight row groups og, reading weight row group
+  weight_row(t, og, groups) and x row x_row(t), scheduled for the CPU."""
   (T, n_out), cols = out.shape, x.shape[1]
   g = scale_group(n_out) if kind == "q8_0" else 1
   # Rows of x per iteration: each weight block is read and dequantized once for all of them (a batched decode step's
@@ -195,7 +219,8 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
     up //= 2
   t, og = UOp.range(T, 0), UOp.range(n_out // g, 1)
   oi = UOp.range(g, 2) if g > 1 else None
-  acc, unrolls = KERNELS[kind](t, og if oi is None else og * g + oi, og, oi, x, *w)
+  row = weight_row(t, og, n_out // g)
+  acc, unrolls = KERNELS[kind](x_row(t), row if oi is None else row * g + oi, row, oi, x, *w)
   # the row (group) axis: a size-1 range is dropped before opts are applied, and x's rows upcast whole leave the loops
   ax = 0 if tb == T else 1
   # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
@@ -205,35 +230,4 @@ def block_matvec(kind: str, threads: int, out: UOp, x: UOp, *w: UOp) -> UOp:
   opts = ((Opt(OptOps.UPCAST, 0, tb),) if tb > 1 else ()) + ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls \
       + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   o = og if oi is None else og * g + oi
-  return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=f"{kind}_matvec_{n_out}", opts_to_apply=opts))
-
-
-def expert_matvec(kind: str, threads: int, share: int, n_experts: int, out: UOp, x: UOp, ids: UOp, *w: UOp) -> UOp:
-  """A Mixture-of-Experts product: out[r, o] = x[r // share] . row o of expert ids[r], the experts' packed matrices
-  stacked ([n_experts * n_out, ...], as upload lays out one matrix of n_experts * n_out rows); w = [xs (kinds in
-  XSUM_BLOCK)] + those device tensors. Only the routed experts' rows are read: the expert id, loaded from `ids`, offsets
-  the row index, so the kernel reads ids[r]'s matrix and no other (a one-hot sum over every expert would read all).
-  Scheduled as block_matvec (up to 4 rows r per iteration, 8 weight rows, the block unrolled, core_id slices); rows
-  upcast together read their own experts' words."""
-  (R, n_out), cols = out.shape, x.shape[1]
-  g = scale_group(n_out) if kind == "q8_0" else 1
-  tb = next(u for u in (4, 2, 1) if R % u == 0)
-  up = rows_per_iteration(n_out // g)
-  while up > 1 and up * tb > 16:
-    up //= 2
-  r, og = UOp.range(R, 0), UOp.range(n_out // g, 1)
-  oi = UOp.range(g, 2) if g > 1 else None
-  # an id outside the experts would read another tensor's memory: taken modulo n_experts (the router's ids are < n_experts,
-  # so this changes none). tinygrad wraps an address that depends on a loaded value modulo its buffer, word by word, and
-  # so does not fold a block's code words into vector loads as block_matvec's: ~2.5x its time per weight (q4, 384x576)
-  e = (ids[r].load().cast(dtypes.uint32) % n_experts).cast(dtypes.int32)
-  row = e * (n_out // g) + og  # the expert's row (group) in the stacked tensors
-  acc, unrolls = KERNELS[kind](r // share if share > 1 else r, row if oi is None else row * g + oi, row, oi, x, *w)
-  ax = 0 if tb == R else 1  # a size-1 range is dropped before opts are applied, and rows upcast whole leave the loops
-  most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * cols >> 15))
-  th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
-  opts = ((Opt(OptOps.UPCAST, 0, tb),) if tb > 1 else ()) + ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls \
-      + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
-  o = og if oi is None else og * g + oi
-  return out[r, o].store(acc).end(*(u for u in (r, og, oi) if u is not None)).sink(
-    arg=KernelInfo(name=f"{kind}_experts_{n_out}", opts_to_apply=opts))
+  return out[t, o].store(acc).end(*(u for u in (t, og, oi) if u is not None)).sink(arg=KernelInfo(name=name, opts_to_apply=opts))
