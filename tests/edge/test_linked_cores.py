@@ -317,7 +317,7 @@ def test_recv_ring_fault_resets_the_stream_and_late_bytes_are_dropped() -> None:
     p.rx.fault()
     p.link.run()  # the recv pump faults on its wake; bytes in flight still arrive, then the reset
     assert events(p.b) == [("ready", 7, ""), ("fault", 7, "STREAM_FAULT_RING_FAULT")]
-    assert events(p.a) == [("ready", 7, ""), ("fault", 7, "STREAM_FAULT_STREAM_RESET")]
+    assert events(p.a) == [("ready", 7, ""), ("fault", 7, "STREAM_FAULT_PEER_STOPPED")]
     assert p.link.streams[p.send.pump.stream_id].gone  # type: ignore[index, union-attr]
 
 
@@ -327,7 +327,7 @@ def test_send_ring_fault_resets_the_stream() -> None:
     p.tx.fault()
     p.link.run()
     assert events(p.a)[-1] == ("fault", 7, "STREAM_FAULT_RING_FAULT")
-    assert events(p.b)[-1] == ("fault", 7, "STREAM_FAULT_STREAM_RESET")
+    assert events(p.b)[-1] == ("fault", 7, "STREAM_FAULT_PEER_STOPPED")
 
 
 def test_stop_edge_on_either_side() -> None:
@@ -336,7 +336,7 @@ def test_stop_edge_on_either_side() -> None:
     assert [r.role for r in p.b.stop_edge(7)] == [RECV]  # STOP_SENDING: the sender faults
     p.link.run()
     assert events(p.b)[-1] == ("pump_stopped", 7, "")
-    assert events(p.a)[-1] == ("fault", 7, "STREAM_FAULT_STREAM_RESET")
+    assert events(p.a)[-1] == ("fault", 7, "STREAM_FAULT_PEER_STOPPED")
     q = Pair()
     q.move(b"before")
     assert [r.role for r in q.a.stop_edge(7)] == [SEND]  # FIN after what QUIC holds

@@ -151,7 +151,7 @@ def test_stopping_the_receiving_end_faults_the_sender_and_leaves_nothing(tmp_pat
             assert driver.stop_edge(2, ingress.ring_id)
             await _event(watcher, "pump_stopped", 2)
             fault = (await _event(watcher, "fault", 2)).fault
-            assert (fault.ring_id, fault.reason) == (egress.ring_id, common_pb2.STREAM_FAULT_STREAM_RESET)
+            assert (fault.ring_id, fault.reason) == (egress.ring_id, common_pb2.STREAM_FAULT_PEER_STOPPED)
             assert driver.stop_edge(2, egress.ring_id)
             await _event(watcher, "pump_stopped", 2)
             for end in (driver.local.sender, driver.local.receiver):

@@ -138,7 +138,7 @@ def test_ring_fault_on_recv_side(tmp_path: Path) -> None:
             ev = await next_event(b, "fault", 3)
             assert ev.fault.reason == common_pb2.STREAM_FAULT_RING_FAULT
             ev = await next_event(a, "fault", 3)
-            assert ev.fault.reason == common_pb2.STREAM_FAULT_STREAM_RESET
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_PEER_STOPPED
             assert b.driver.stop_edge(3) and a.driver.stop_edge(3)
             await next_event(b, "pump_stopped", 3)
         finally:
@@ -224,7 +224,7 @@ def test_stop_edge_send_side_closes_stream_and_recv_side_faults_sender(tmp_path:
             await next_event(b, "closed", 1)
             assert b.driver.stop_edge(2)
             ev = await next_event(a, "fault", 2)
-            assert ev.fault.reason == common_pb2.STREAM_FAULT_STREAM_RESET
+            assert ev.fault.reason == common_pb2.STREAM_FAULT_PEER_STOPPED
             assert not a.driver.stop_edge(99)
         finally:
             await stop_nodes([a, b])

@@ -93,8 +93,8 @@ def test_ring_fault_while_waiting_for_worker_ring() -> None:
 def test_driver_stream_fault_in_ready_runs_the_teardown() -> None:
     est = ready()
     actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_CONNECTION_LOST, "peer gone"))
-    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
-                                    "STREAM_FAULT_CONNECTION_LOST: peer gone"),
+    assert actions == [e.EdgeFailed(5, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER, "peer gone",
+                                    "STREAM_FAULT_CONNECTION_LOST"),
                        e.StopPump(5, 70)]
     assert est.handle(e.PumpStopped(5, 70)) == [e.UninstallRing(70, pb.UNINSTALL_RING_FAULTED)]
 
@@ -141,14 +141,14 @@ def test_stream_fault_before_driver_ready_is_an_establishment_failure() -> None:
     est.handle(e.RingInstalled(70))
     actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_PEER_UNREACHABLE, "no handshake"))
     assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED, pb.COMPONENT_EDGE_DRIVER,
-                                      "STREAM_FAULT_PEER_UNREACHABLE: no handshake")
+                                      "no handshake", "STREAM_FAULT_PEER_UNREACHABLE")
 
 
 def test_pump_ring_fault_is_a_ring_fault() -> None:
     est = ready()
     actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_RING_FAULT, "RingStateInvalid"))
     assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_RING_FAULT, pb.COMPONENT_EDGE_DRIVER,
-                                      "STREAM_FAULT_RING_FAULT: RingStateInvalid")
+                                      "RingStateInvalid", "STREAM_FAULT_RING_FAULT")
 
 
 def test_the_other_owners_end_of_the_same_edge_is_not_ours() -> None:

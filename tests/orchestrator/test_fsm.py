@@ -140,6 +140,55 @@ def test_fault_while_running_stops_decode() -> None:
     assert fsm.reason == "RUN_FAULT_STREAM_FAULT"
 
 
+def echo(stage: int, now_detail: str = "peer stopped the stream (code 0x1)") -> F.StageFault:
+    return F.StageFault(stage, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
+                        f"STREAM_FAULT_PEER_STOPPED: {now_detail}", "STREAM_FAULT_PEER_STOPPED")
+
+
+def test_a_peer_s_echo_waits_for_the_cause_that_stage_reports() -> None:
+    """Stage 1's arena died: its stage reports the cause, and its peer (stage 0) reports the echo of its stop. The
+    echo reached the orchestrator first: the outcome is still the cause, and the echo is on record as an event."""
+    fsm = make(max_tokens=10)
+    to_ready(fsm)
+    fsm.handle(F.TokenReceived(0, 42), 4.0)
+    acts = fsm.handle(echo(0), 5.0)
+    assert kinds(acts) == ["STAGE_FAULTED"] and fsm.state is F.RunState.RUNNING and fsm.outcome is None
+    assert fsm.deadline() == pytest.approx(5.0 + F.ECHO_GRACE_S)
+    assert fsm.handle(echo(1), 5.1) and fsm.outcome is None  # another echo: still none
+    acts = fsm.handle(F.StageFault(1, pb.RUN_FAULT_NODE_UNAVAILABLE, pb.COMPONENT_ARENA,
+                                   "ArenaManager.Gone: hand-out ended", "ArenaManager.Gone"), 5.2)
+    assert kinds(acts)[:2] == ["STAGE_FAULTED", "RUN_FAULTED"] and fsm.state is F.RunState.TEARING_DOWN
+    assert fsm.reason == "RUN_FAULT_NODE_UNAVAILABLE" and fsm.detail.startswith("stage 1: ArenaManager.Gone")
+    assert fsm.handle(F.Tick(), 6.5) == []  # the echo's time is past: nothing more
+
+
+def test_an_echo_with_no_cause_becomes_the_outcome_after_the_grace() -> None:
+    """The peer stage died with its node: no cause comes, so the echo is what the run ends with."""
+    fsm = make(max_tokens=10)
+    to_ready(fsm)
+    fsm.handle(echo(0), 5.0)
+    assert fsm.handle(F.Tick(), 5.0 + F.ECHO_GRACE_S / 2) == [] and fsm.outcome is None
+    acts = fsm.handle(F.Tick(), fsm.deadline())
+    assert "RUN_FAULTED" in kinds(acts) and fsm.reason == "RUN_FAULT_STREAM_FAULT"
+    assert fsm.detail == "stage 0: STREAM_FAULT_PEER_STOPPED: peer stopped the stream (code 0x1)"
+    assert kinds(acts).count("STAGE_FAULTED") == 0  # recorded when it came
+
+
+def test_an_echo_does_not_hold_back_the_step_timeout_or_an_operator_stop() -> None:
+    fsm = make(max_tokens=10, timeouts=F.Timeouts(step_s=0.5))
+    to_ready(fsm)
+    fsm.handle(F.TokenReceived(0, 42), 4.0)
+    fsm.handle(echo(0), 4.1)
+    assert fsm.deadline() == pytest.approx(4.5)  # the step timeout comes first
+    fsm.handle(F.Tick(), 4.5)
+    assert fsm.reason == "RUN_FAULT_STEP_TIMEOUT"
+    stopped = make(max_tokens=10)
+    to_ready(stopped)
+    stopped.handle(echo(0), 4.0)
+    stopped.handle(F.OperatorStop("enough"), 4.2)
+    assert stopped.outcome is F.Outcome.STOPPED
+
+
 def test_operator_stop_mid_decode() -> None:
     fsm = make(max_tokens=10)
     to_ready(fsm)

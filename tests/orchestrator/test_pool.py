@@ -90,3 +90,19 @@ def test_a_refused_shortfall_names_the_pinned_nodes_that_are_not_available() -> 
     assert said.startswith("3 stage(s) need 3 stage device(s); the pool has 2 on 2 Available node(s) (of 3 known)")
     assert said.endswith("; pinned node(s) not Available: 2 (booting)")
     assert "pinned" not in pool_refusal(members, Demand(3, (), 30))  # nothing pinned: nothing to name
+
+
+def test_a_suspected_member_the_run_needs_is_waited_for_not_refused() -> None:
+    """On a lossy WAN path SWIM suspects a healthy member for a few seconds: SubmitRun takes a run that needs it and
+    the gate waits for it (pool_timeout_s); a run that needs more than the suspected ones could give is refused."""
+    from swactor.orchestrator.planning.dry_run import pool_refusal
+
+    members = (node(1), dataclasses.replace(node(2), state=NodeState.SUSPECT), node(3))
+    assert pool_refusal(members, Demand(3, (), 30)) == ""
+    gate = PoolGate(window_s=0.0)
+    gate.observe(members, 0.0)
+    assert not gate.check(1.0, Demand(3, (), 30)).ready
+    gate.observe((node(1), node(2), node(3)), 2.0)
+    assert gate.check(3.0, Demand(3, (), 30)).ready
+    four = pool_refusal(members, Demand(4, (), 30))
+    assert four.startswith("4 stage(s) need 4 stage device(s); the pool has 2 on 2 Available node(s) (of 3 known)")

@@ -64,6 +64,20 @@ def test_prefill_then_decode_positions_and_sequences() -> None:
     assert st.runtime == {"start_pos": 5} and st.outputs[0].sequence == 1 and st.outputs[0].extent == 4 * HID
 
 
+def test_loaded_and_produced_events_carry_the_compute_process_s_stamps() -> None:
+    """The controller hears of a load after the fact (a granted step may have produced the output by then): the
+    events take the time the compute process stamped, so a trace stays in order along the pipeline."""
+    c = ready()
+    ev = wire.ObjectLoaded(70, 10, 0, 500, 0, 5 * 4 * HID, wire.DeviceHandle(1, 3), at_us=1_000_123)
+    actions = c.handle(ev)
+    assert ev == loaded(0, rows=5)  # a stamp is not part of what the message says
+    rep = next(a for a in actions if isinstance(a, s.Report) and a.event.kind == common_pb2.OBJECT_LOADED)
+    assert rep.event.time_us == 1_000_123
+    [rep] = c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 160, at_us=1_000_456))
+    assert rep.event.time_us == 1_000_456
+    assert wire.decode_event(wire.encode(ev)).at_us == 1_000_123
+
+
 def test_untraced_steps_report_no_per_object_events() -> None:
     c = ready(trace=False)
     actions = c.handle(loaded(0, rows=5))

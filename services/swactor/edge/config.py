@@ -8,6 +8,7 @@ from pathlib import Path
 from swactor.common import sockets
 from swactor.common.config import DEFAULT_STATE_DIR
 from swactor.edge.admission import AdmissionLimits
+from swactor.edge.congestion import ALGORITHMS, CONGESTION_CONTROL
 
 ALPN = "swactor/edge/1"
 
@@ -53,7 +54,9 @@ class EdgeConfig(AdmissionLimits):
     connect_timeout: float = 5.0
     # A stream that carries no locally established edge for this long is stopped with a fault.
     rendezvous_timeout: float = 30.0
-    congestion_control: str = "reno"
+    # "loss_tolerant" (congestion.py: a loss that comes without queueing does not cut the window; Reno's halving when
+    # it does), or aioquic's "reno" or "cubic" (docs/edge.md "Congestion control").
+    congestion_control: str = CONGESTION_CONTROL
     # An accepted connection whose handshake is not done by then is dropped.
     handshake_timeout: float = 5.0
     # Refusals are logged as one `edge.admission_refused` summary per interval (with counts).
@@ -62,3 +65,9 @@ class EdgeConfig(AdmissionLimits):
     object_timing: bool = True
     object_timing_flush_s: float = 0.02
     use_uvloop: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.congestion_control not in ALGORITHMS:
+            raise ValueError(f"congestion_control must be one of {', '.join(ALGORITHMS)}, "
+                             f"got {self.congestion_control!r}")

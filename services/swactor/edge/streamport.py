@@ -80,6 +80,11 @@ _REMOTE_REASONS = {
     AppError.MALFORMED_PREAMBLE: common_pb2.STREAM_FAULT_MALFORMED_PREAMBLE,
     AppError.DUPLICATE_STREAM: common_pb2.STREAM_FAULT_UNKNOWN_EDGE,
     AppError.WRONG_PRODUCER: common_pb2.STREAM_FAULT_WRONG_PRODUCER,
+    # the peer's own end (its owner stopped the edge, its ring faulted, its driver is stopping): what faulted the peer
+    # is the peer stage's to report, so the orchestrator waits briefly for that report (runs/fsm.py ECHO_GRACE_S)
+    AppError.EDGE_STOPPED: common_pb2.STREAM_FAULT_PEER_STOPPED,
+    AppError.RING_FAULT: common_pb2.STREAM_FAULT_PEER_STOPPED,
+    AppError.DRIVER_STOPPING: common_pb2.STREAM_FAULT_PEER_STOPPED,
 }
 
 

@@ -225,6 +225,7 @@ class EdgeFailed(OfEdge):
     reason: int  # RunFaultReason
     component: int  # Component of the detector
     detail: str
+    cause: str = ""  # the §37 cause's name when the detector gave one apart (a StreamFaultReason's)
 
 
 @dataclass(frozen=True)
@@ -308,8 +309,8 @@ class EdgeEstablisher:
                 return []
             case StreamFault(_, _, reason, detail):
                 run = stream_fault_run_reason(reason, established=rec.state is not EdgeState.WAITING_FOR_DRIVER)
-                return self._stop(rec, EdgeFailed(rec.edge.edge_id, run, pb.COMPONENT_EDGE_DRIVER,
-                                                  f"{name(pb.StreamFaultReason, reason)}: {detail}"))
+                return self._stop(rec, EdgeFailed(rec.edge.edge_id, run, pb.COMPONENT_EDGE_DRIVER, detail,
+                                                  name(pb.StreamFaultReason, reason)))
             case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED,
                                                   pb.COMPONENT_EDGE_DRIVER, f"wake eventfds unavailable: {detail}"))

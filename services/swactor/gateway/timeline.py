@@ -65,8 +65,9 @@ def traced_rows(events: Iterable[pb.LifecycleEvent], stages: int) -> list[TokenR
     """Per token after the first, its gap split at every checkpoint its objects passed: TOKEN_RECEIVED(n-1) ->
     token-in committed (orchestrator) -> per hop h: sent (send h) -> its last byte arrived (quic h) -> loaded by the
     consumer (recv h) -> per stage: step started (dispatch) -> output produced (compute) -> ... -> TOKEN_RECEIVED(n).
-    OBJECT_PRODUCED / OBJECT_LOADED are stamped after the fact by the stage node: a stamp later than the next
-    checkpoint is clamped back to it, so the segments add up to the gap. Tokens with an event missing are left out."""
+    OBJECT_PRODUCED / OBJECT_LOADED carry the stage's compute process's stamps (wire.ObjectLoaded.at_us), read from
+    the same wall clock as the edge drivers'; a stamp later than the next checkpoint is still clamped back to it, so
+    the segments add up to the gap. Tokens with an event missing are left out."""
     at: dict[tuple[int, int | None, int], pb.LifecycleEvent] = {}
     for e in events:
         at.setdefault((e.kind, _stage(e), e.sequence), e)

@@ -74,6 +74,10 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # slot costs half, so a node holds about twice the slots; the measured greedy tokens still equal the float64
     # reference (docs/orchestrator.md "Run slots").
     kv_dtype: str = DEFAULT_KV_DTYPE
+    # Whether a slower host gets fewer blocks: the split follows the hosts' measured time per layer when that shortens
+    # the slowest stage by a fifth or more (docs/orchestrator.md "Placement"). false: the memory split always, for a
+    # pool of hosts of one kind that should never reload weights over a measured difference.
+    split_by_speed: bool = True
     pool_window_s: float = 2.0
     # The run FSM's timeouts; their defaults are Timeouts' own.
     pool_timeout_s: float = Timeouts.pool_s

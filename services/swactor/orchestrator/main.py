@@ -199,7 +199,8 @@ def fsm_config(cfg: OrchestratorConfig, node_id: int) -> F.FsmConfig:
     return F.FsmConfig(
         orchestrator_node_id=node_id, pool_window_s=cfg.pool_window_s, max_seq_len_cap=cfg.max_seq_len,
         ring_ceiling_bytes=cfg.ring_ceiling_bytes, prefill_chunk=cfg.prefill_chunk,
-        max_slots_per_stage=cfg.max_slots_per_stage, kv_dtype=cfg.kv_dtype, timeouts=cfg.timeouts(),
+        max_slots_per_stage=cfg.max_slots_per_stage, kv_dtype=cfg.kv_dtype, split_by_speed=cfg.split_by_speed,
+        timeouts=cfg.timeouts(),
     )
 
 

@@ -417,7 +417,7 @@ class StageNode:
             self._stage_input(run_id, stage_fsm.StopRun())
 
     def _report(self, ev: common_pb2.LifecycleEvent, cause: str = "", detail: str = "") -> None:
-        ev.time_us = wall_us()
+        ev.time_us = ev.time_us or wall_us()  # a stamp the compute process took stands (wire.ObjectLoaded.at_us)
         ev.worker_generation = self.ctl.worker_generation  # §40: the generation this stage's worker runs
         log = self.runs.get(ev.run_id)
         if ev.kind in PER_OBJECT_KINDS:  # a traced run's: batched per sequence, not logged (several per token)

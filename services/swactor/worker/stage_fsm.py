@@ -241,8 +241,8 @@ class StageController:
                 else:
                     self.in_ring_id = ring_id
                 return [self._event(common_pb2.EDGE_READY, edge_id=edge_id, ring_id=ring_id), *self._maybe_ready()]
-            case EdgeFailed(edge_id, reason, component, detail):
-                return self._faulted(reason, component, "", detail, edge_id=edge_id)
+            case EdgeFailed(edge_id, reason, component, detail, cause):
+                return self._faulted(reason, component, cause, detail, edge_id=edge_id)
             case EdgeStopped(edge_id):
                 actor = self._actor(edge_id)
                 if actor is not None:
@@ -298,7 +298,8 @@ class StageController:
         if ev.edge_id != p.inbound.edge_id:
             return release  # not this stage's input: never execute on it
         ids = {"edge_id": ev.edge_id, "ring_id": ev.ring_id, "object_id": ev.object_id, "sequence": ev.sequence}
-        loaded = self._traced(self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, **ids))
+        loaded = self._traced(self._event(common_pb2.OBJECT_LOADED, counters={"extent": ev.extent}, time_us=ev.at_us,
+                                          **ids))
         expected = self.waiting[-1].sequence + 1 if self.waiting else self.next_sequence
         if self.state is StageState.EXECUTING and ev.sequence == expected and not ev.granted_step:
             self.waiting.append(ev)  # starts when the steps before it completed: still one step at a time
@@ -374,11 +375,13 @@ class StageController:
                 if seq is not None:
                     ids["sequence"] = seq
                 return self._faulted(run_reason, common_pb2.COMPONENT_WORKER, name(common_pb2.ObjectFailure, r), d, **ids)
-            case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent):
+            case wire.ObjectProduced(ring_id=ring_id, edge_id=edge_id, object_id=oid, sequence=seq, extent=extent,
+                                     at_us=at_us):
                 if self.tx is not None and edge_id == self.tx.edge_id and self.state is StageState.EXECUTING:
                     self.tx.on("ObjectProduced")
                 return self._traced(self._event(common_pb2.OBJECT_PRODUCED, edge_id=edge_id, ring_id=ring_id,
-                                                object_id=oid, sequence=seq, counters={"extent": extent}))
+                                                object_id=oid, sequence=seq, counters={"extent": extent},
+                                                time_us=at_us))
         return []
 
     def _step_failed(self, failed: wire.StepFailed) -> list[Action]:

@@ -103,7 +103,7 @@ def stage_input(stage: StagePlan, update: stage_pb2.StageUpdate) -> F.Input | No
     if which == "fault":
         f = update.fault
         detail = f"{f.cause}: {f.detail}" if f.cause and f.detail else f.cause or f.detail
-        return F.StageFault(stage.stage_index, f.reason, f.component or pb.COMPONENT_STAGE_CONTROLLER, detail)
+        return F.StageFault(stage.stage_index, f.reason, f.component or pb.COMPONENT_STAGE_CONTROLLER, detail, f.cause)
     if which == "stopped":
         return F.StageStopped(stage.stage_index)
     if which == "events":  # a traced run's per-object events of one sequence

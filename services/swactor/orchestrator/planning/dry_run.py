@@ -26,9 +26,14 @@ def _place(members: Sequence[NodeInfo], demand: Demand, network: Network | None)
 
 def pool_refusal(members: Sequence[NodeInfo], demand: Demand, network: Network | None = None) -> str:
     """Why SubmitRun refuses the run on this pool (FAILED_PRECONDITION), or "" when it takes it. A pinned node
-    that is a member but not Available yet is waited for by the PoolReady gate, not refused here."""
+    that is a member but not Available yet is waited for by the PoolReady gate, not refused here; so is a suspected
+    member whose devices the run needs (SWIM suspects a healthy member when a few packets in a row are lost on a WAN
+    path, and it refutes that within seconds: the gate waits up to pool_timeout_s for it)."""
     provisionable = [m for m in members if m.provisionable]
     devices = len(pool_units(provisionable))
+    suspected = sum(m.devices for m in members if m.state is NodeState.SUSPECT)
+    if devices < demand.stages <= devices + suspected:
+        return ""
     if demand.stages > devices:
         pinned = {m.node_id: m for m in members if m.node_id in demand.node_ids and not m.provisionable}
         which = "; pinned node(s) not Available: " + ", ".join(

@@ -13,12 +13,13 @@ interchangeable, and a plan takes them in device order (the first of its stages 
   network), then the most memory; when that choice does not fit, the units with the most memory in their best
   order. Without a Network: the provisionable units with the most advertised memory when the model's memory is
   known (node-id order otherwise), stages then in node-id and device order;
-- blocks: when the chosen nodes' measured compute speeds (NodeInfo.ms_per_layer) differ (SPEED_SPREAD), in inverse
-  proportion to them: a host twice as slow per layer gets about half the blocks, so the stages take about as long
-  (the slowest stage bounds the tokens of runs in flight, and a run alone spends less on the slow host); a node not
-  measured yet takes the balanced share and the measured ones split the rest; a stage whose share does not fit its
-  device's memory keeps what fits and the others take the rest (memory wins over speed). Else every stage at least
-  one, the rest in proportion to
+- blocks: in inverse proportion to the chosen nodes' measured compute speeds (NodeInfo.ms_per_layer) when that
+  shortens the slowest stage by SPEED_GAIN against the memory split (and against the last run's blocks on these
+  units, which otherwise stay: split "kept"), unless [orchestrator].split_by_speed is off. A host twice as slow per
+  layer gets about half the blocks, so the stages take about as long (the slowest stage bounds the tokens of runs in
+  flight, and a run alone spends less on the slow host); a node not measured yet takes the balanced share and the
+  measured ones split the rest; a stage whose share does not fit its device's memory keeps what fits and the others
+  take the rest (memory wins over speed). Else every stage at least one, the rest in proportion to
   each unit's advertised memory (largest remainder, ties to earlier stages: equal memory gives the balanced split,
   30 / 4 = 8, 8, 7, 7); balanced when a node did not advertise memory or the model's is unknown;
 - fit: each stage's estimated bytes (weights, KV cache for max_seq_len, scratch, runtime) within its device's memory.
@@ -69,9 +70,11 @@ MAX_ORDERS_TRIED = 5040
 # The last run's ring stays while no other is cheaper by more than this share of its RTT plus WARM_MARGIN_MS: its nodes
 # hold those layers' weights (and compiled graphs) already, and a few ms of measured RTT is not worth reloading them.
 WARM_MARGIN_SHARE = 0.1
-# Blocks follow measured speed only when the slowest measured host is this much slower per layer than the fastest: a
-# split that moves costs each moved stage a reload of its weights, and hosts of one kind measure apart by noise.
-SPEED_SPREAD = 1.25
+# Blocks follow measured speed only when that shortens the slowest stage's predicted decode step by this share, against
+# the split memory gives and against the last run's split on the same units (Network.warm_blocks): a split that moves
+# costs each moved stage a reload of its weights, and hosts of one kind measure apart by noise (one host here measured
+# 0.87 and 1.76 ms/layer in two runs of a busy 2-core box), so a small predicted gain is not worth a move.
+SPEED_GAIN = 0.2
 WARM_MARGIN_MS = 2.0
 
 
@@ -85,6 +88,10 @@ class Network:
     # stage count -> the units ((node id, device): NodeInfo.unit) the last run with that many stages was placed on,
     # in stage order (its weights are warm there)
     warm: Mapping[int, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # those units -> the blocks that run took on them, in stage order: a new split must beat it by SPEED_GAIN
+    warm_blocks: Mapping[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]] = field(default_factory=dict)
+    # [orchestrator].split_by_speed: False keeps the memory split whatever the hosts measured
+    by_speed: bool = True
 
     def hop_ms(self, a: int, b: int) -> float | None:
         """One hop's RTT: 0 on one node, the mean of what either end measured, None when neither has."""
@@ -223,7 +230,7 @@ class Placement:
     ranges: tuple[tuple[int, int], ...]  # () when only the nodes were chosen (no model to split)
     needs: tuple[StageBytes, ...] = ()  # per stage, when the model's memory is known
     # "balanced" | "memory" (in proportion) | "fitted" (largest share minimised) | "speed" (inverse to ms per layer)
-    # | "joined" (the blocks of the runs in flight it joins)
+    # | "kept" (the last run's blocks on these units) | "joined" (the blocks of the runs in flight it joins)
     split: str = "balanced"
     slots: tuple[int | None, ...] = ()  # per stage with `needs`: run_slots (None: its node's memory is unknown)
     # The token ring's round trip over these nodes (Network.ring_ms: unmeasured hops as the mean of the measured
@@ -345,10 +352,21 @@ def _ranges(counts: Sequence[int]) -> list[tuple[int, int]]:
     return out
 
 
-def speeds_differ(nodes: Sequence[NodeInfo]) -> bool:
-    """Whether the measured speeds spread by SPEED_SPREAD or more (two measured nodes at least)."""
-    measured = [n.ms_per_layer for n in nodes if n.ms_per_layer]
-    return len(measured) >= 2 and max(measured) >= SPEED_SPREAD * min(measured)
+def slowest_blocks_ms(placement: Placement) -> float | None:
+    """The slowest stage's blocks' predicted time: its node's ms per layer x its block count (what the speed split
+    balances; the last stage's head is not split), a node not measured counted as the mean of the measured ones. None
+    with fewer than two nodes measured: nothing to compare a host with."""
+    measured = [n.ms_per_layer for n in placement.nodes if n.ms_per_layer]
+    if len(measured) < 2:
+        return None
+    mean = sum(measured) / len(measured)
+    return max((n.ms_per_layer or mean) * (hi - lo) for n, (lo, hi) in zip(placement.nodes, placement.ranges, strict=True))
+
+
+def faster(candidate: Placement, than: Placement) -> bool:
+    """Whether `candidate` fits and its slowest stage's blocks are predicted at least SPEED_GAIN faster than `than`'s."""
+    new, old = slowest_blocks_ms(candidate), slowest_blocks_ms(than)
+    return not candidate.over() and new is not None and old is not None and new <= (1 - SPEED_GAIN) * old
 
 
 def speed_ranges(nodes: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None) -> list[tuple[int, int]]:
@@ -469,11 +487,12 @@ def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequ
         return _with_ring(_joined(pinned_units(pool, node_ids), ranges, memory), network)
     if network is not None and not node_ids and memory is not None:
         try:  # the cheapest ring first; the nodes with the most memory when it does not fit
-            return _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory), network)
+            return _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory, network),
+                              network)
         except Shortfall:
             pass
     return _with_ring(_place_on(choose_nodes(pool, stages, node_ids, by_memory=memory is not None, network=network),
-                                num_layers, memory), network)
+                                num_layers, memory, network), network)
 
 
 def _with_ring(placement: Placement, network: Network | None) -> Placement:
@@ -501,34 +520,49 @@ def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed 
 def _joined(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed | None) -> Placement:
     """The runs in flight's blocks on their nodes: speeds measured since they were placed do not move them (the run
     shares their resident weights); memory is still checked (a node may advertise less now)."""
-    if memory is None:
-        return Placement(nodes, tuple(ranges), split="joined", work=tuple(float(hi - lo) for lo, hi in ranges))
-    placement = _sized(nodes, ranges, memory, "joined")
+    placement = _split(nodes, ranges, memory, "joined")
     if placement.over():
         raise Shortfall(placement)
     return placement
 
 
-def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None) -> Placement:
+def _place_on(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None,
+              network: Network | None) -> Placement:
     if not num_layers:
         return Placement(nodes, ())
-    balanced = balanced_ranges(num_layers, len(nodes))
-    by_speed = speeds_differ(nodes)
-    if memory is None:
-        ranges = speed_ranges(nodes, num_layers, None) if by_speed else balanced
-        return Placement(nodes, tuple(ranges), split="speed" if by_speed else "balanced",
-                         work=tuple(float(hi - lo) for lo, hi in ranges))
-    known = all(n.memory_bytes for n in nodes)
-    if by_speed:
-        placement = _sized(nodes, speed_ranges(nodes, num_layers, memory), memory, "speed")
-    else:
-        ranges = proportional_ranges(num_layers, [n.memory_bytes for n in nodes]) if known else balanced
-        placement = _sized(nodes, ranges, memory, "memory" if known else "balanced")
-    if placement.over() and known:
-        placement = _sized(nodes, fitted_ranges(nodes, num_layers, memory), memory, "fitted")
+    placement = _by_memory(nodes, num_layers, memory)
+    if network is not None and not network.by_speed:
+        return placement
+    speed = _split(nodes, speed_ranges(nodes, num_layers, memory), memory, "speed")
+    if faster(speed, than=placement):
+        placement = speed
+    kept = network.warm_blocks.get(tuple(n.unit for n in nodes)) if network is not None else None
+    if kept and kept != placement.ranges and slowest_blocks_ms(placement) is not None:
+        last = _split(nodes, kept, memory, "kept")
+        if not last.over() and not faster(placement, than=last):
+            placement = last
+    return placement
+
+
+def _by_memory(nodes: tuple[NodeInfo, ...], num_layers: int, memory: MemoryNeed | None) -> Placement:
+    """The split without speed: in proportion to memory (balanced when a node's is unknown), else the memory-fitted
+    one; Shortfall when neither fits."""
+    known = memory is not None and all(n.memory_bytes for n in nodes)
+    ranges = proportional_ranges(num_layers, [n.memory_bytes for n in nodes]) if known else \
+        balanced_ranges(num_layers, len(nodes))
+    placement = _split(nodes, ranges, memory, "memory" if known else "balanced")
+    if placement.over() and memory is not None and known:
+        placement = _split(nodes, fitted_ranges(nodes, num_layers, memory), memory, "fitted")
     if placement.over():
         raise Shortfall(placement)
     return placement
+
+
+def _split(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed | None,
+           split: str) -> Placement:
+    if memory is None:
+        return Placement(nodes, tuple(ranges), split=split, work=tuple(float(hi - lo) for lo, hi in ranges))
+    return _sized(nodes, ranges, memory, split)
 
 
 def _sized(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed, split: str) -> Placement:

@@ -3,7 +3,8 @@
 An I/O-free core: `RunFsm.handle(input, now)` takes one input and the current monotonic time and
 returns the actions the adapter must perform (provision, inject tokens, stop stages, emit lifecycle
 events). `deadline()` says when the adapter must deliver a `Tick`. Every state change goes through
-`_set_state`; the outcome is set once, by `_finish`, with the first fault reason.
+`_set_state`; the outcome is set once, by `_finish`, with the first fault reason (a peer's echo of a stage's fault,
+STREAM_FAULT_PEER_STOPPED, waits ECHO_GRACE_S for that stage's own report first).
 
 States (RunState) follow §13; Completed / Faulted / Operator-stopped are the run's Outcome, recorded
 on the way into TEARING_DOWN.
@@ -75,6 +76,12 @@ class Outcome(enum.Enum):
 
 
 _LOST = (NodeState.FAULTED, NodeState.LEFT)
+# A stage whose peer stopped or reset their stream with the peer driver's own code (STREAM_FAULT_PEER_STOPPED) reports
+# an echo: the peer stage faulted or stopped, and reports that itself, with the cause. Both reports race to the
+# orchestrator (under a busy 2-core box's load the echo won in a fault-suite run: "SIGKILL arena-manager" ended "peer
+# stopped the stream" instead of the arena), so an echo becomes the outcome only when no cause came within this long.
+ECHO_GRACE_S = 1.0
+ECHO_CAUSE = pb.StreamFaultReason.Name(pb.STREAM_FAULT_PEER_STOPPED)
 
 
 def _seats(seats: tuple[Seat, ...]) -> str:
@@ -133,6 +140,7 @@ class RunFsm:
         self.drafted = self.accepted = 0
         self.teardown_timed_out = False
         self._now = now
+        self._echo: tuple[StageFault, float] | None = None  # the first echo held for its cause, and until when
 
     # ---- public ----
 
@@ -147,6 +155,8 @@ class RunFsm:
             if stable is None or stable <= self._now:  # no placement yet, or its window passed: only the pool timeout
                 return self._pool_deadline
             return min(self._pool_deadline, stable)
+        if self._echo is not None and self.outcome is None:
+            return self._echo[1] if self._deadline is None else min(self._deadline, self._echo[1])
         return self._deadline
 
     def handle(self, event: Input, now: float) -> list[Action]:
@@ -211,6 +221,11 @@ class RunFsm:
         out.append(event)
         self._start_teardown(out, now)
 
+    def _stage_fault(self, fault: StageFault, now: float, out: list[Action]) -> None:
+        i, d = fault.stage_index, fault.detail
+        self._fault(out, now, fault.reason, f"stage {i}: {d}" if d else f"stage {i} faulted", fault.component,
+                    self._stage(i))
+
     def _start_teardown(self, out: list[Action], now: float) -> None:
         self._set_state(RunState.TEARING_DOWN)
         for index in sorted(self._provisioned - self._failed):
@@ -258,16 +273,23 @@ class RunFsm:
 
     def _common(self, event: Input, now: float, out: list[Action]) -> bool:
         """Inputs every active (provisioned) state treats alike; True when handled."""
+        if isinstance(event, Tick) and self._echo is not None and now >= self._echo[1]:
+            self._stage_fault(self._echo[0], now, out)  # no cause came: the echo is all that is known
+            return True
         match event:
             case OperatorStop(detail=detail):
                 self._finish(out, now, Outcome.STOPPED, "operator_stop", detail,
                              self._ev(K.RUN_STOPPED, component=pb.COMPONENT_ORCHESTRATOR, detail=detail))
-            case StageFault(stage_index=i, reason=r, component=c, detail=d):
+            case StageFault(stage_index=i, reason=r, component=c, detail=d, cause=cause):
                 stage = self._stage(i)
                 if stage is None:
                     return True
                 out.append(self._stage_ev(K.STAGE_FAULTED, stage, reason=reason_name(r), component=c, detail=d))
-                self._fault(out, now, r, f"stage {i}: {d}" if d else f"stage {i} faulted", c, stage)
+                if cause == ECHO_CAUSE:
+                    if self._echo is None:
+                        self._echo = (event, now + ECHO_GRACE_S)
+                    return True
+                self._stage_fault(event, now, out)
             case ProvisionFailed(stage_index=i, reason=r, detail=d):
                 stage = self._stage(i)
                 if stage is None:

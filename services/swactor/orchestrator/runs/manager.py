@@ -101,7 +101,8 @@ class Orchestrator:
         self.clock = clock
         self.members: tuple[NodeInfo, ...] = ()
         self._gate = PoolGate(fsm_config.pool_window_s)
-        self._gate.network = Network(fsm_config.orchestrator_node_id)  # RTTs come with set_rtts
+        # RTTs come with set_rtts
+        self._gate.network = Network(fsm_config.orchestrator_node_id, by_speed=fsm_config.split_by_speed)
         self._prompts = PromptPreparer(models, fsm_config.max_seq_len_cap)
         self._lobby = RunLobby(limits.queue_depth, store, clock)
         self._retention = RetentionSchedule(limits.retention, clock())
@@ -384,9 +385,12 @@ class Orchestrator:
         """A run is placed: the first of a group sets what the others share; the queue's head may now join."""
         if self._group is None and handle.run_id in self._active:
             self._group = Group.of(handle.record.model, plan)
-        # its stages now hold these weights: the next run of as many stages keeps this ring while it is near enough
-        warm = {**self.network.warm, len(plan.stages): tuple(s.node.unit for s in plan.stages)}
-        self._gate.network = dataclasses.replace(self.network, warm=warm)
+        # its stages now hold these weights: the next run of as many stages keeps this ring while it is near enough,
+        # and these blocks on it while no other split is faster by SPEED_GAIN
+        units = tuple(s.node.unit for s in plan.stages)
+        blocks = tuple((s.layer_start, s.layer_end_exclusive) for s in plan.stages)
+        self._gate.network = dataclasses.replace(self.network, warm={**self.network.warm, len(units): units},
+                                                 warm_blocks={**self.network.warm_blocks, units: blocks})
         self._admit_waiting()
 
     # ---- resumed requests (SubmitRunRequest.resume) ----

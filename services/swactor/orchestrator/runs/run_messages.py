@@ -81,6 +81,7 @@ class FsmConfig:
     prefill_chunk: int = 0  # prompt tokens per chunk object (docs/orchestrator.md "Prefill chunks"); 0: one object
     max_slots_per_stage: int = DEFAULT_MAX_SLOTS_PER_STAGE  # the most run slots placement gives a stage
     kv_dtype: str = DEFAULT_KV_DTYPE  # the stages' KV cache dtype: placement counts a run slot in it, stages keep it
+    split_by_speed: bool = True  # blocks may follow the hosts' measured speed (placement.SPEED_GAIN)
 
 
 # ---- inputs ----
@@ -114,6 +115,7 @@ class StageFault(_Stage):
     reason: int  # RunFaultReason
     component: int  # Component
     detail: str = ""
+    cause: str = ""  # the §37 cause's name (StageFault.cause), also at the start of `detail`
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.common.reasons import ReasonError, name
 from swactor.edgeend.objects import Broken, Closed, Failed, Loaded, OutputRejected, Produced
@@ -331,7 +332,8 @@ class WorkerCore:
                 handle = wire.DeviceHandle(self.generation, hid)
                 granted = self._granted_step(c, facts, handle)
                 self._emit(wire.ObjectLoaded(c.ring_id, c.edge_id, c.port_id, facts.object_id, facts.sequence,
-                                             facts.extent, handle, facts.flags, granted.step_id if granted else 0))
+                                             facts.extent, handle, facts.flags, granted.step_id if granted else 0,
+                                             at_us=wall_us()))
                 if granted is not None:
                     self._execute_step(granted)
             case Failed(reason, detail, object_id, sequence):
@@ -348,7 +350,7 @@ class WorkerCore:
         match ev:
             case Produced(facts):
                 self._emit(wire.ObjectProduced(c.ring_id, c.edge_id, c.port_id, facts.object_id, facts.sequence,
-                                               facts.extent))
+                                               facts.extent, at_us=wall_us()))
                 step.done.add(c.ring_id)
                 if step.finished():
                     self._complete_step()

@@ -283,11 +283,16 @@ class ObjectLoaded(_RingObject):
     device_handle: DeviceHandle
     flags: int = 0  # the object header's flags (swactor.common.objflags): the StageController passes them on
     granted_step: int = 0  # the step a GrantSteps started on it (0: none, the controller decides)
+    # When this process took it from the ring (wall clock, µs): its OBJECT_LOADED event's time. The controller reads
+    # this line later, after a granted step may already have produced the output, so its own clock would be late.
+    at_us: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
 class ObjectProduced(_RingObject):
     """The object's last byte is committed to the egress ring."""
+
+    at_us: int = field(default=0, compare=False)  # when (wall clock, µs): its OBJECT_PRODUCED event's time
 
 
 @dataclass(frozen=True)
