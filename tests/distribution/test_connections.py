@@ -71,7 +71,8 @@ def test_a_fetch_makes_one_connection_per_lane_for_the_manifest_and_every_span(
 def test_a_kept_connection_the_server_closed_costs_one_fresh_try(model: Path, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The model server ends idle connections (server.IDLE_TIMEOUT_S); a fetch that takes a kept connection the
-    server has closed since goes on over a fresh one: no failure, no byte asked twice."""
+    server has closed since goes on over a fresh one: no failure, no byte asked twice. (Both of the first fetch's
+    connections are kept the moment it is done: a job hands them back before it says so.)"""
     # long enough that a stalled client thread does not see them closed before they are counted kept
     monkeypatch.setattr(server, "IDLE_TIMEOUT_S", 2.0)
     s = serve(model, piece_bytes=64 << 10)

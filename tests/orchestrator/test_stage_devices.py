@@ -278,21 +278,23 @@ def test_runs_in_flight_on_a_nodes_two_devices_count_once_there_and_warm_by_unit
         a = await orch.submit(submit(0, stages=2, node_ids=[A, A]))
         b = await orch.submit(submit(1, stages=2))  # joins a: pinned to A's two devices
         await until(lambda: {a.run_id, b.run_id} <= fleet.decoding, "a and b decoding")
-        slots, warm = orch.node_slots(), dict(orch.network.warm)
+        slots, warm, blocks = orch.node_slots(), dict(orch.network.warm), dict(orch.network.warm_blocks)
         for r in (a, b):
             fleet.finish(r.run_id)
         await until(lambda: not orch.live_run_ids(), "every run finished")
         placed = [(p.node_id, p.device_index) for p in orch.get(b.run_id).placement]
         await orch.shutdown()
-        return (a, b), slots, warm, placed
+        return (a, b), slots, warm, blocks, placed
 
-    (a, b), slots, warm, placed = asyncio.run(asyncio.wait_for(main(), 30))
+    (a, b), slots, warm, blocks, placed = asyncio.run(asyncio.wait_for(main(), 30))
     assert placed == [(A, 0), (A, 1)]  # the run record keeps each stage's device
     plans = fleet.plans
     assert [s.node.unit for s in plans[a.run_id].stages] == [s.node.unit for s in plans[b.run_id].stages] == \
         [(A, 0), (A, 1)]
     assert slots == {A: (2, 8)}  # two runs on A (each on both its devices), not four
     assert warm == {2: ((A, 0), (A, 1))}
+    # and the blocks they hold there: the next split must beat them by SPEED_GAIN (placement.Network.warm_blocks)
+    assert blocks == {((A, 0), (A, 1)): tuple((s.layer_start, s.layer_end_exclusive) for s in plans[a.run_id].stages)}
 
 
 # ---- StopRun and WatchStage name the stage: its node may hold another stage of the run ----

@@ -152,7 +152,11 @@ class Job:
             for t in lanes:
                 t.join()
             recorder.close(check=False)
-            self._finish(self._outcome(errors[0] if errors else recorder.error))
+            outcome = self._outcome(errors[0] if errors else recorder.error)
+            # the connections go back before the fetch is said done: a fetch its waiter starts next finds them kept
+            # (handed back after, it opened new ones: a TLS handshake and a slow start each over a WAN)
+            self._hand_back()
+            self._finish(outcome)
         finally:
             self._hand_back()
             recorder.close(check=False)
