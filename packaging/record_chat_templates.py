@@ -9,7 +9,7 @@ offline in a scratch venv, never in CI:
 (the sdist straight from PyPI: `pip download --no-binary :all:` builds cmake from source to read its metadata)
   /tmp/tok-venv/bin/python packaging/record_chat_templates.py /tmp/sdist/llama_cpp_python-0.3.36/vendor/llama.cpp
 Template strings are data, taken from: llama.cpp's models/templates/*.jinja (copies of the models'
-tokenizer_config.json chat_template: Llama 3.1/3.2, Qwen2.5, Qwen3, Phi-3.5, Gemma 2), llama.cpp's
+tokenizer_config.json chat_template: Llama 3.1/3.2, Qwen2.5, Qwen3, Phi-3.5, Gemma 2), Gemma 3's (GEMMA3_IT), llama.cpp's
 tests/test-chat-template.cpp (Mistral's v3 template, as in Mistral-7B-Instruct-v0.3, and a plain ChatML
 one), the default model's GGUF (SmolLM2, read with `gguf`), and swactor's own built-in fallbacks. Each render uses a
 fixed clock (what strftime_now reads) and the special tokens recorded beside it, so the test can hand ours exactly the same inputs.
@@ -54,6 +54,52 @@ CONVERSATIONS: dict[str, tuple[list[dict], bool]] = {
 }
 
 
+# Gemma 3 instruct (google/gemma-3-*-it, tokenizer_config.json's chat_template, which their GGUF files carry as
+# tokenizer.chat_template): llama.cpp's models/templates has none. A system turn is folded into the first user turn.
+GEMMA3_IT = (
+  "{{ bos_token }}\n"
+  "{%- if messages[0]['role'] == 'system' -%}\n"
+  "    {%- if messages[0]['content'] is string -%}\n"
+  "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+  "    {%- else -%}\n"
+  "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+  "    {%- endif -%}\n"
+  "    {%- set loop_messages = messages[1:] -%}\n"
+  "{%- else -%}\n"
+  "    {%- set first_user_prefix = \"\" -%}\n"
+  "    {%- set loop_messages = messages -%}\n"
+  "{%- endif -%}\n"
+  "{%- for message in loop_messages -%}\n"
+  "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+  "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+  "    {%- endif -%}\n"
+  "    {%- if (message['role'] == 'assistant') -%}\n"
+  "        {%- set role = \"model\" -%}\n"
+  "    {%- else -%}\n"
+  "        {%- set role = message['role'] -%}\n"
+  "    {%- endif -%}\n"
+  "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+  "    {%- if message['content'] is string -%}\n"
+  "        {{ message['content'] | trim }}\n"
+  "    {%- elif message['content'] is iterable -%}\n"
+  "        {%- for item in message['content'] -%}\n"
+  "            {%- if item['type'] == 'image' -%}\n"
+  "                {{ '<start_of_image>' }}\n"
+  "            {%- elif item['type'] == 'text' -%}\n"
+  "                {{ item['text'] | trim }}\n"
+  "            {%- endif -%}\n"
+  "        {%- endfor -%}\n"
+  "    {%- else -%}\n"
+  "        {{ raise_exception(\"Invalid content type\") }}\n"
+  "    {%- endif -%}\n"
+  "    {{ '<end_of_turn>\n' }}\n"
+  "{%- endfor -%}\n"
+  "{%- if add_generation_prompt -%}\n"
+  "    {{'<start_of_turn>model\n'}}\n"
+  "{%- endif -%}\n"
+)
+
+
 def cpp_test_template(source: str, name_part: str) -> str:
   """The template string of the test-chat-template.cpp case whose name contains `name_part`."""
   at = source.index(name_part)
@@ -91,6 +137,7 @@ def templates(llama_cpp: pathlib.Path) -> dict[str, tuple[str, dict[str, str]]]:
     "qwen3": ((jinja / "Qwen-Qwen3-0.6B.jinja").read_text(), {"eos_token": "<|im_end|>"}),
     "phi-3.5": ((jinja / "microsoft-Phi-3.5-mini-instruct.jinja").read_text(), {"bos_token": "<s>", "eos_token": "<|endoftext|>"}),
     "gemma-2": ((jinja / "google-gemma-2-2b-it.jinja").read_text(), {"bos_token": "<bos>", "eos_token": "<eos>"}),
+    "gemma-3": (GEMMA3_IT, {"bos_token": "<bos>", "eos_token": "<eos>"}),
     "mistral-v3": (cpp_test_template(cpp, "(mistralai 'v3' template"), {"bos_token": "<s>", "eos_token": "</s>"}),
     "smollm2": smollm2(),
     "chatml": (cpp_test_template(cpp, "teknium/OpenHermes-2.5-Mistral-7B"), {}),

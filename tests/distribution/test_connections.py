@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from swactor.distribution import fetcher, server
+from swactor.distribution import fetcher, job, server
 from swactor.distribution.connections import Connections
 from swactor.distribution.fetcher import RangeClient, Target
 from swactor.distribution.job import MAX_SPAN, MIN_SPAN, SpanQueue, spans
@@ -89,6 +89,30 @@ def test_a_kept_connection_the_server_closed_costs_one_fresh_try(model: Path, tm
         assert kept == 2
         assert s.server.handshakes == 4  # two lanes, twice
         assert s.served_bytes() == first.bytes_fetched + second.bytes_fetched
+    finally:
+        s.close()
+
+
+def test_an_acquire_returns_once_its_jobs_handed_their_connections_back(model: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's pieces are all verified when its last one is recorded, before its thread is out; the acquire waits for
+    the rest (handing the connections back), so the next stage's fetch takes them. A slow thread (a busy host) is
+    played by a hand-back that lingers."""
+    hand_back = job.Job._hand_back
+
+    def lingering(self: job.Job) -> None:
+        time.sleep(0.3)
+        hand_back(self)
+
+    monkeypatch.setattr(job.Job, "_hand_back", lingering)
+    s = serve(model, piece_bytes=64 << 10)
+    try:
+        async def go():
+            p = pool(tmp_path / "cache", lanes=2)
+            await p.acquire(s.request(0, 3, 6))
+            return p.connections.idle_count()
+
+        assert asyncio.run(go()) == 2
     finally:
         s.close()
 

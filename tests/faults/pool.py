@@ -122,7 +122,8 @@ class RunWatch:
                     raise AssertionError(f"run {self.run_id} ended before {n} tokens: {self.describe()}")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(f"run {self.run_id}: {len(self.tokens)} of {n} tokens in {timeout_s:.0f} s")
+                    raise TimeoutError(f"run {self.run_id}: {len(self.tokens)} of {n} tokens in {timeout_s:.0f} s; "
+                                       f"{self.describe()}")
                 self._cond.wait(left)
 
     def wait_event(self, kind: int, timeout_s: float) -> pb.LifecycleEvent:
@@ -160,7 +161,11 @@ class RunWatch:
     def describe(self) -> str:
         f = self.finished
         out = "running" if f is None else (f"{opb.RunOutcome.Name(f.outcome)} {f.reason} {f.detail!r}")
-        return f"{out}; {len(self.tokens)} token(s){'; watch error ' + self.error if self.error else ''}"
+        # the last events say where a run that never decoded stands (queued, provisioning, waiting for a stage)
+        last = ", ".join(f"{pb.LifecycleEventKind.Name(e.kind)}({e.stage_index}) {e.reason}".rstrip()
+                         for e in self.events[-6:])
+        return (f"{out}; {len(self.tokens)} token(s){'; watch error ' + self.error if self.error else ''}; "
+                f"last events: {last or 'none'}")
 
 
 class FaultPool:

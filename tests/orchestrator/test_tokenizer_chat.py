@@ -1,6 +1,6 @@
 """Chat templates rendered with Jinja in a sandbox, byte-equal to Hugging Face's apply_chat_template
 (tests/fixtures/chat_templates.json, recorded by packaging/record_chat_templates.py) for Llama 3.1/3.2,
-Qwen2.5, Qwen3, Phi-3.5, Gemma 2, Mistral v3, SmolLM2 and ChatML templates and the built-in fallbacks;
+Qwen2.5, Qwen3, Phi-3.5, Gemma 2, Gemma 3, Mistral v3, SmolLM2 and ChatML templates and the built-in fallbacks;
 plus the variables and functions templates use, the sandbox, and every way a template can fail."""
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def messages_of(conversation: str) -> list[Message]:
 
 def test_the_recorded_set_covers_the_families() -> None:
     rendered = {c["template"] for c in CASES if "text" in c}
-    assert {"llama-3.1", "llama-3.2", "qwen2.5", "qwen3", "phi-3.5", "gemma-2", "mistral-v3", "smollm2", "chatml",
-            "builtin-chatml", "builtin-llama3"} <= rendered
+    assert {"llama-3.1", "llama-3.2", "qwen2.5", "qwen3", "phi-3.5", "gemma-2", "gemma-3", "mistral-v3", "smollm2",
+            "chatml", "builtin-chatml", "builtin-llama3"} <= rendered
     assert all(sum(c["template"] == name and "text" in c for c in CASES) >= 4 for name in rendered)
     refused = {(c["template"], c["conversation"]) for c in CASES if "error" in c}
-    assert {("gemma-2", "system_multi_turn"), ("gemma-2", "not_alternating")} <= refused
+    assert {("gemma-2", "system_multi_turn"), ("gemma-2", "not_alternating"), ("gemma-3", "not_alternating")} <= refused
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['template']}-{c['conversation']}")
@@ -63,6 +63,8 @@ def test_default_system_prompts_and_dates_are_the_templates_own() -> None:
     assert "named SmolLM" in by["smollm2", "user_only"]
     # Qwen3 wraps the last assistant turn after the last user turn in an empty <think> block
     assert "<|im_start|>assistant\n<think>\n\n</think>\n\nHello there." in by["qwen3", "no_generation_prompt"]
+    # Gemma 3 has no system turn: the template folds the system message into the first user turn
+    assert by["gemma-3", "system_multi_turn"].startswith("<bos><start_of_turn>user\nYou are a terse assistant.\n\nWhat is")
     # ... and drops the reasoning of earlier replies (str.split / strip / lstrip / rstrip in the sandbox)
     assert "<|im_start|>assistant\nBlue.<|im_end|>" in by["qwen3", "reasoning_in_replies"]
     assert by["qwen3", "reasoning_in_replies"].endswith("<think>\nNot blue.\n</think>\n\nRed.<|im_end|>\n")

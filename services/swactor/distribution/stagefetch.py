@@ -163,6 +163,7 @@ class FetchPool:
             await self._ensure(entry, origin, pieces, Meter(entry, pieces, total, cached, on_progress,
                                                             self.progress_interval_s, started), own, held)
             fetched = entry.piece_bytes(self._recorded(own) & entry.verified)
+            await self._handed_back(entry, held)
         except BaseException:
             self.release_entry(entry)
             raise
@@ -174,6 +175,16 @@ class FetchPool:
     @staticmethod
     def _recorded(jobs: list[Job]) -> set[int]:
         return set().union(*(j.recorded for j in jobs))
+
+    @staticmethod
+    async def _handed_back(entry: CacheEntry, held: set[Job]) -> None:
+        """Until the jobs whose pieces are all in have ended: what is left of them is handing their connections back,
+        and the fetch that follows this acquire (the next stage's on this host) is to find them kept, not open new
+        ones (a TLS handshake and a slow start each over a WAN). Their pieces are verified the moment the last one is
+        recorded, which a busy host can show before their threads are out."""
+        finishing = [j.done for j in held if not j.done.done() and j.pieces <= entry.verified]
+        if finishing:
+            await asyncio.wait(finishing)
 
     @staticmethod
     def _let_go(held: set[Job]) -> None:

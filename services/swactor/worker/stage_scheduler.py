@@ -79,7 +79,6 @@ class StepScheduler:
     chunk_last: bool = False  # the last dispatch was a prompt chunk: rows go next if any wait
     widths: Counter[int] = field(default_factory=Counter)  # steps sent, by how many runs they carried
     grant: StandingGrant | None = None
-    granted_steps: int = 0  # steps the compute process started under grants
     _next_step_id: int = 0
     _next_grant_id: int = 0
 
@@ -147,7 +146,6 @@ class StepScheduler:
         step = wire.ExecuteStep(first.role_id if first else 0, worker_step_id, first.inputs if first else [],
                                 first.outputs if first else [], first.runtime if first else {})
         self._next_step_id = max(self._next_step_id, worker_step_id)
-        self.granted_steps += 1
         self.in_flight = Dispatch(step, members, now)
 
     # ---- policy ----
