@@ -1,6 +1,6 @@
 """Record llama.cpp greedy tokens for the re-packed architecture fixtures -> tests/fixtures/llamacpp_arch_greedy.json.
 
-The files (qwen2, qwen2 + YaRN, Llama 3 rope_freqs, linear scaling: tests/fixtures/gguf_fixtures.py) are built by this
+The files (gguf_fixtures.ARCH_FILES: qwen2, qwen2 + YaRN, Llama 3 rope_freqs, linear scaling, qwen3, phi3) are built by this
 project's venv; llama.cpp runs under a separate venv holding llama-cpp-python (see record_llamacpp_fixture.py):
   .venv/bin/python -m tests.fixtures.gguf_fixtures            # build them (cached under .cache/fixtures/gguf-v1/)
   /tmp/llama-venv/bin/python packaging/record_llamacpp_arch_fixture.py [out.json]

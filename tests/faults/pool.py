@@ -162,7 +162,7 @@ class RunWatch:
         f = self.finished
         out = "running" if f is None else (f"{opb.RunOutcome.Name(f.outcome)} {f.reason} {f.detail!r}")
         # the last events say where a run that never decoded stands (queued, provisioning, waiting for a stage)
-        last = ", ".join(f"{pb.LifecycleEventKind.Name(e.kind)}({e.stage_index}) {e.reason}".rstrip()
+        last = ", ".join(f"{pb.LifecycleEventKind.Name(e.kind)}({e.stage_index}) {e.reason} {e.detail[:120]}".rstrip()
                          for e in self.events[-6:])
         return (f"{out}; {len(self.tokens)} token(s){'; watch error ' + self.error if self.error else ''}; "
                 f"last events: {last or 'none'}")

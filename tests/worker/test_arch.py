@@ -23,7 +23,7 @@ from tests.fixtures import gguf_fixtures
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
 LLAMACPP = json.loads(FIXTURE.read_text())
 FILES = {**gguf_fixtures.ARCH_FILES, **gguf_fixtures.REFERENCE_FILES}
-SPLITS = {1: [(0, 30)], 2: [(0, 15), (15, 30)], 3: [(0, 7), (7, 22), (22, 30)]}
+SPLITS = {1: [(0, 30)], 3: [(0, 7), (7, 22), (22, 30)]}  # one stage; a first, an interior and a last one
 MAX_SEQ = 128  # the chains' max_seq_len, and so the context the reference runs with (it picks LongRoPE's set)
 REF_PROMPTS = {"plain_france": [1780, 314, 260, 3575, 282, 4649, 47], "once": [6403, 1980, 253, 655]}
 REF_STEPS = 12

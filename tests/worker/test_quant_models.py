@@ -35,7 +35,7 @@ from tests.fixtures.gguf_fixtures import (
 
 FIXTURE = json.loads((pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_quant_greedy.json").read_text())
 REF_TIE, LLAMA_TIE = 0.02, 0.2  # compare up to the first step whose top-2 logit gap is below this
-SPLITS = {1: [(0, 30)], 2: [(0, 13), (13, 30)], 3: [(0, 5), (5, 19), (19, 30)]}
+SPLITS = {1: [(0, 30)], 3: [(0, 5), (5, 19), (19, 30)]}  # one stage; a first, an interior and a last one
 
 
 @dataclass
@@ -90,8 +90,8 @@ def greedy_equals_reference(requantized: Requantized, chain: list[StageModel]) -
   return runs
 
 
-@pytest.mark.slow  # the float64 reference of 4 files + 24 stage models: 16 min at load average ~10 on the shared 2-core box
-@pytest.mark.parametrize("n_stages", [1, 2, 3])
+@pytest.mark.slow  # the float64 reference of 4 files + 16 stage models (S=1 and S=3): minutes at load average ~10 on the shared 2-core box
+@pytest.mark.parametrize("n_stages", [1, 3])
 def test_greedy_equals_reference_and_llamacpp(requantized: Requantized, n_stages: int) -> None:
   chain = [StageModel(requantized.model, a, b, max_seq_len=64) for a, b in SPLITS[n_stages]]
   compared = [0, 0]  # steps compared with the reference, with llama.cpp
