@@ -21,7 +21,9 @@ if [ "$workers" -le 1 ]; then
 fi
 echo "== pytest, $workers workers (all but the serial tests)"
 first=0
-.venv/bin/python -m pytest -q -ra -n "$workers" -m "not serial" "$@" || first=$?
+# numpy's BLAS single-threaded in each worker: the float64 references' matmuls gain nothing from a second thread here,
+# and OpenBLAS's threads spin waiting for a core the other worker holds (measured: twice the time beside a busy core)
+OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -q -ra -n "$workers" -m "not serial" "$@" || first=$?
 echo "== pytest, the serial tests alone"
 second=0
 .venv/bin/python -m pytest -q -ra -m serial "$@" || second=$?

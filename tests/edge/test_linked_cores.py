@@ -16,7 +16,7 @@ from swactor.edge import preamble
 from swactor.edge.pumpstate import InvalidTransition, RecvState, SendState
 from swactor.edge.streamport import AppError
 from swactor.edge.table import RECV, SEND, EdgeRecord, EdgeTable
-from swactor.edge.timingflush import TimingTaps
+from swactor.edge.timingflush import BACKLOG, TimingTaps
 from swactor.v1 import common_pb2 as pb
 from tests.edge.fakering import FakeConsumerEnd, FakeProducerEnd, FakeRing
 from tests.edge.memlink import Clock, Link
@@ -194,11 +194,33 @@ def test_malformed_object_header_turns_the_tap_off_not_the_pump(logs: list[dict]
     assert p.move(data) == data  # the pumps are byte-blind movers
     assert p.recv.pump.state is RecvState.STREAMING  # type: ignore[union-attr]
     live = {(7, SEND): p.send_tap, (7, RECV): p.recv_tap}
-    batches = p.timings.drain(live.get, want=True)
+    batches = p.timings.drain(live.get, lambda _: True)
     assert [(ev.objects.role, [m.sequence for m in ev.objects.objects]) for ev, _ in batches] == [(SEND, [0]), (RECV, [0])]
     assert sorted(e["role"] for e in logs if e["event"] == "edge.object_timing_off") == [SEND, RECV]
-    assert p.timings.drain(live.get, want=True) == []  # turned off: dropped
+    assert p.timings.drain(live.get, lambda _: True) == []  # turned off: dropped
 
+
+
+def test_timings_nobody_watched_yet_wait_for_the_first_watcher_of_their_edge() -> None:
+    """A run's owner subscribes while its edges come up; objects that passed before it did are still reported to it."""
+    p = Pair(taps=True)
+    live = {(7, SEND): p.send_tap, (7, RECV): p.recv_tap}
+    data = records(3, 50)
+    assert p.move(data) == data
+    assert p.timings.drain(live.get, lambda edge_id: edge_id != 7) == []  # the watchers there take other edges
+    assert p.timings.take_backlog({8}) == []
+    more = records(BACKLOG, 10, first_seq=3)
+    assert p.move(more) == more
+    assert p.timings.drain(live.get, lambda _: False) == []
+    batches = p.timings.take_backlog({7})
+    assert [(ev.objects.role, ev.objects.dropped, len(ev.objects.objects)) for ev, edge_id in batches] == [
+        (SEND, 3, BACKLOG), (RECV, 3, BACKLOG)]  # bounded: the oldest are counted, not kept
+    assert [m.sequence for m in batches[0][0].objects.objects][-1] == BACKLOG + 2
+    assert p.timings.take_backlog({7}) == []  # handed to one watcher
+    assert p.move(records(1, 5, first_seq=500)) is not None
+    del live[(7, SEND)]  # that pump is gone: its last marks go with it, watched or not
+    assert p.timings.drain(live.get, lambda _: False) == []
+    assert [ev.objects.role for ev, _ in p.timings.take_backlog(set())] == [RECV]
 
 def test_second_stream_for_an_edge_faults_its_sender_unknown_edge() -> None:
     p = Pair()

@@ -122,3 +122,28 @@ def test_drivers_report_object_timings_for_each_record(tmp_path: Path) -> None:
             await stop_nodes([a, b])
 
     asyncio.run(main())
+
+
+def test_a_timings_watcher_that_comes_after_the_objects_still_gets_them(tmp_path: Path) -> None:
+    """A traced run's owner subscribes while its edges come up; on a loaded host its first objects can pass first."""
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            rx = b.rings.add(FakeRing(21, 16 << 10))
+            await b.driver.establish_recv(5, 21, a.node_id, None)
+            await a.driver.establish_send(5, b.node_id, 11, None)
+            await next_event(a, "ready", 5)
+            extents = [4, 2304, 9000]
+            data = b"".join(record(70 + i, i, e) for i, e in enumerate(extents))
+            await asyncio.wait_for(asyncio.gather(produce_all(tx, data), _drain(rx, len(data))), 30)
+            await asyncio.sleep(2 * a.driver.config.object_timing_flush_s)  # flushed with nobody watching
+            a.timings = a.driver.watch({5}, False, object_timings=True)  # type: ignore[attr-defined]
+            b.timings = b.driver.watch({5}, False, object_timings=True)  # type: ignore[attr-defined]
+            for node, role in ((a, edge_pb2.EDGE_ROLE_SEND), (b, edge_pb2.EDGE_ROLE_RECV)):
+                marks = await _timings(node, 5, role, len(extents))
+                assert [(m.object_id, m.sequence) for m in marks] == [(70 + i, i) for i in range(len(extents))]
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())

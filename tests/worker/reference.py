@@ -1,13 +1,13 @@
 """Float64 numpy llama / qwen2 / qwen3 / phi3 / gemma2 / gemma3 forward: the correctness oracle for the tinygrad stage compute.
 
-Deliberately independent of swactor.worker.compute: it parses the GGUF with gguf.GGUFReader and
+Deliberately independent of swactor.worker.compute: it parses the GGUF itself (read_gguf: the format's header,
+key-values and tensor table, nothing of swactor.modelfile; test_reference.py holds it to gguf.GGUFReader) and
 dequantizes with gguf.quants.dequantize, recomputes attention over the whole prefix (or, with a KV
 cache, over the cached keys and values of it), and computes each rotation angle one pair at a time the
 way ggml's rope does (rope_freqs divisors, linear scaling, YaRN's ramp and magnitude), rotating adjacent
 pairs (x[2i], x[2i+1]) for llama and halves (x[i], x[i+d/2]) for qwen2, qwen3 and phi3 (NeoX). qwen3 RMS-norms
 each head's Q and K vector (attn_q_norm / attn_k_norm, [head_dim]) before the rotation. phi3's fused matrices are split here by rows: attn_qkv into Q, K, V,
-ffn_up into the gate (first half) and up (second half); `swap_gate_up=True` takes them the other way round (a
-test's check that the order matters). Llama 3's frequency rule is written here after Hugging Face's
+ffn_up into the gate (first half) and up (second half). Llama 3's frequency rule is written here after Hugging Face's
 wavelength formulation. Gemma (gemma2, gemma3), as llama.cpp's graphs run it: the embedding rows times
 sqrt(dim); the attention output and the FFN output each RMS-normed by their own weights (post_attention_norm,
 post_ffw_norm) before they are added to the residual; gelu (tanh form) of the gate; scores scaled by
@@ -34,10 +34,13 @@ import json
 import math
 import os
 import pathlib
+import struct
+from dataclasses import dataclass
 from functools import cache
+from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
 CACHE = pathlib.Path(__file__).resolve().parents[2] / ".cache/reference"
@@ -46,6 +49,83 @@ CODE_VERSION = hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest()[:
 NEOX = {"llama": False, "qwen2": True, "qwen3": True, "qwen3moe": True, "phi3": True, "gemma2": True, "gemma3": True}
 GEMMA_PERIOD = {"gemma2": 2, "gemma3": 6}  # every period-th layer attends to every position
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+# ---- reading the file (GGUF v2/v3: header, key-values, tensor table, aligned data) ----
+# gguf.GGUFReader builds a numpy view per vocabulary string (~1.2 M for SmolLM2's tokenizer: ~2 s a file, twice that
+# on a loaded box); the reference needs none of the tokenizer's, so its arrays of strings are stepped over.
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+
+
+@dataclass(frozen=True)
+class Tensor:
+  qtype: GGMLQuantizationType
+  shape: tuple[int, ...]  # numpy order (the file lists dimensions innermost first)
+  data: np.ndarray  # the tensor's bytes (uint8)
+
+
+def read_gguf(path: str | os.PathLike[str]) -> tuple[dict[str, object], dict[str, Tensor]]:
+  """The file's key-values (arrays as lists; `tokenizer.ggml.*` left out) and its tensors by name."""
+  buf = np.memmap(path, np.uint8, mode="r")
+  mem = memoryview(buf)
+  pos = 0
+
+  def take(fmt: str) -> Any:
+    nonlocal pos
+    (v,) = struct.unpack_from(fmt, mem, pos)
+    pos += struct.calcsize(fmt)
+    return v
+
+  def string() -> str:
+    nonlocal pos
+    n = take("<Q")
+    pos += n
+    return bytes(mem[pos - n:pos]).decode("utf-8", "replace")
+
+  def value(vtype: int, keep: bool) -> object:
+    nonlocal pos
+    if vtype == _STRING:
+      return string()
+    if vtype == _ARRAY:
+      etype, n = take("<I"), take("<Q")
+      if etype in _SCALARS:
+        size = struct.calcsize(_SCALARS[etype])
+        pos += n * size
+        return np.frombuffer(mem[pos - n * size:pos], _SCALARS[etype]).tolist() if keep else None
+      items = [value(etype, keep) for _ in range(n)]
+      return items if keep else None
+    if vtype not in _SCALARS:
+      raise ValueError(f"{path}: GGUF value type {vtype} at byte {pos}")
+    return take(_SCALARS[vtype])
+
+  if bytes(mem[:4]) != b"GGUF":
+    raise ValueError(f"{path} is not a GGUF file")
+  pos = 4
+  version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
+  if version not in (2, 3):
+    raise ValueError(f"{path}: GGUF version {version}")
+  kv: dict[str, object] = {}
+  for _ in range(n_kv):
+    key = string()
+    keep = not key.startswith("tokenizer.ggml.")
+    v = value(take("<I"), keep)
+    if keep:
+      kv[key] = v
+  table = []
+  for _ in range(n_tensors):
+    name, n_dims = string(), take("<I")
+    dims = [take("<Q") for _ in range(n_dims)]
+    table.append((name, GGMLQuantizationType(take("<I")), tuple(reversed(dims)), take("<Q")))
+  align = int(kv.get("general.alignment", 32))  # type: ignore[call-overload]
+  start = -(-pos // align) * align
+  tensors = {}
+  for name, qtype, shape, offset in table:
+    block, size = GGML_QUANT_SIZES[qtype]
+    nbytes = math.prod(shape) // block * size
+    tensors[name] = Tensor(qtype, shape, buf[start + offset:start + offset + nbytes])
+  return kv, tensors
 
 
 def llama3_divisors(base: float, dim: int, factor: float, low: float, high: float, orig: int) -> np.ndarray:
@@ -83,9 +163,8 @@ def rope_angles(pos: np.ndarray, dim: int, base: float, divisors: np.ndarray | N
 
 
 class RefLlama:
-  def __init__(self, path: str, swap_gate_up: bool = False, n_ctx: int | None = None):
-    r = GGUFReader(path, "r")
-    kv = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.")}
+  def __init__(self, path: str, n_ctx: int | None = None):
+    kv, w = read_gguf(path)
     a = self.arch = kv["general.architecture"]
     self.neox = NEOX[a]
     self.n_layers, self.dim = kv[f"{a}.block_count"], kv[f"{a}.embedding_length"]
@@ -110,8 +189,7 @@ class RefLlama:
     self.attn_scale = 1 / math.sqrt(scale_dim)
     self.attn_cap = float(kv.get(f"{a}.attn_logit_softcapping", 50.0)) if a == "gemma2" else 0.0
     self.final_cap = float(kv.get(f"{a}.final_logit_softcapping", 30.0 if a == "gemma2" else 0.0)) if gemma else 0.0
-    w = {t.name: t for t in r.tensors}
-    get = lambda n: dequantize(w[n].data, w[n].tensor_type).astype(np.float64).reshape([int(s) for s in reversed(w[n].shape)])  # noqa: E731
+    get = lambda n: dequantize(w[n].data, w[n].qtype).astype(np.float64).reshape(w[n].shape)  # noqa: E731
     self.divisors = get("rope_freqs.weight") if "rope_freqs.weight" in w else None
     self.long_factors = get("rope_factors_long.weight") if "rope_factors_long.weight" in w else None
     self.short_factors = get("rope_factors_short.weight") if "rope_factors_short.weight" in w else None
@@ -137,7 +215,7 @@ class RefLlama:
       assert qkv.shape[0] == nq + 2 * nkv and gate_up.shape[0] % 2 == 0, (qkv.shape, gate_up.shape)
       L["attn_q"], L["attn_k"], L["attn_v"] = qkv[:nq], qkv[nq:nq + nkv], qkv[nq + nkv:]
       half = gate_up.shape[0] // 2  # ggml's swiglu: silu(the first half) * the second half
-      L["ffn_gate"], L["ffn_up"] = (gate_up[half:], gate_up[:half]) if swap_gate_up else (gate_up[:half], gate_up[half:])
+      L["ffn_gate"], L["ffn_up"] = gate_up[:half], gate_up[half:]
     for i, L in enumerate(self.layers):
       for n in ("attn_q", "attn_k", "attn_v"):
         L[f"{n}.bias"] = get(f"blk.{i}.{n}.bias") if f"blk.{i}.{n}.bias" in w else np.zeros(L[n].shape[0])

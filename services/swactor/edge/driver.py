@@ -197,7 +197,12 @@ class Driver:
     def watch(self, edge_ids: set[int], replay_current: bool, object_timings: bool = False,
               owner_id: int = 0) -> Watcher:
         replay = [(r.last_event, r.edge_id) for r in self.table.edges.values() if r.last_event is not None]
-        watcher = self.watchers.watch(edge_ids, replay if replay_current else [], object_timings, owner_id)
+        if not replay_current:
+            replay = []
+        if object_timings:  # what its edges' pumps timed before it came (timingflush.py: the backlog)
+            self._flush_timings()
+            replay += [(self.watchers.stamp(ev), eid) for ev, eid in self.taps.take_backlog(edge_ids)]
+        watcher = self.watchers.watch(edge_ids, replay, object_timings, owner_id)
         self.owners.opened(owner_id)
         return watcher
 
@@ -342,7 +347,7 @@ class Driver:
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        for event, edge_id in self.taps.drain(self._live_tap, self.watchers.want_timings):
+        for event, edge_id in self.taps.drain(self._live_tap, self.watchers.watch_timings):
             self.watchers.publish(event, edge_id)
 
     def _live_tap(self, key: TapKey) -> ObjectTap | None:

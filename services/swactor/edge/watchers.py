@@ -54,20 +54,21 @@ class Watchers:
     def discard(self, w: Watcher) -> None:
         self._all.discard(w)
 
-    @property
-    def want_timings(self) -> bool:
-        return any(w.object_timings for w in self._all)
+    def watch_timings(self, edge_id: int) -> bool:
+        """Whether some watcher takes `edge_id`'s object timings."""
+        return any(w.object_timings and (not w.edge_ids or edge_id in w.edge_ids) for w in self._all)
 
     def publish(self, event: edge_pb2.EdgeEvent, edge_id: int) -> None:
-        self._stamp(event)
+        self.stamp(event)
         timings = event.HasField("objects")
         for w in self._all:
             if w.object_timings or not timings:
                 w.offer(event, edge_id)
 
-    def _stamp(self, event: edge_pb2.EdgeEvent) -> None:
+    def stamp(self, event: edge_pb2.EdgeEvent) -> edge_pb2.EdgeEvent:
         event.time_us = wall_us()
         event.node_id = self.node_id
+        return event
 
     def close(self) -> None:
         """The driver stops: every stream ends after what it already has."""
