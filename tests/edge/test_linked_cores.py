@@ -200,7 +200,6 @@ def test_malformed_object_header_turns_the_tap_off_not_the_pump(logs: list[dict]
     assert p.timings.drain(live.get, lambda _: True) == []  # turned off: dropped
 
 
-
 def test_timings_nobody_watched_yet_wait_for_the_first_watcher_of_their_edge() -> None:
     """A run's owner subscribes while its edges come up; objects that passed before it did are still reported to it."""
     p = Pair(taps=True)
@@ -221,6 +220,7 @@ def test_timings_nobody_watched_yet_wait_for_the_first_watcher_of_their_edge() -
     del live[(7, SEND)]  # that pump is gone: its last marks go with it, watched or not
     assert p.timings.drain(live.get, lambda _: False) == []
     assert [ev.objects.role for ev, _ in p.timings.take_backlog(set())] == [RECV]
+
 
 def test_second_stream_for_an_edge_faults_its_sender_unknown_edge() -> None:
     p = Pair()

@@ -93,17 +93,23 @@ async def _timings(node, edge_id: int, role: int, want: int) -> list[edge_pb2.Ob
     return got
 
 
+async def _edge_5(a, b) -> tuple[FakeRing, FakeRing]:
+    """Edge 5 from a to b, ready: a's egress ring and b's ingress ring (smaller than a large object)."""
+    tx = a.rings.add(FakeRing(11, 64 << 10))
+    rx = b.rings.add(FakeRing(21, 16 << 10))
+    await b.driver.establish_recv(5, 21, a.node_id, None)
+    await a.driver.establish_send(5, b.node_id, 11, None)
+    await next_event(a, "ready", 5)
+    return tx, rx
+
+
 def test_drivers_report_object_timings_for_each_record(tmp_path: Path) -> None:
     async def main() -> None:
         a, b = await start_nodes(tmp_path)
         a.timings = a.driver.watch({5}, False, object_timings=True)  # type: ignore[attr-defined]
         b.timings = b.driver.watch({5}, False, object_timings=True)  # type: ignore[attr-defined]
         try:
-            tx = a.rings.add(FakeRing(11, 64 << 10))
-            rx = b.rings.add(FakeRing(21, 16 << 10))
-            await b.driver.establish_recv(5, 21, a.node_id, None)
-            await a.driver.establish_send(5, b.node_id, 11, None)
-            await next_event(a, "ready", 5)
+            tx, rx = await _edge_5(a, b)
             extents = [4, 2304, 9000, 40000, 2304]  # decode-sized, and larger than the recv ring
             data = b"".join(record(70 + i, i, e) for i, e in enumerate(extents))
             await asyncio.wait_for(asyncio.gather(produce_all(tx, data), _drain(rx, len(data))), 30)
@@ -129,11 +135,7 @@ def test_a_timings_watcher_that_comes_after_the_objects_still_gets_them(tmp_path
     async def main() -> None:
         a, b = await start_nodes(tmp_path)
         try:
-            tx = a.rings.add(FakeRing(11, 64 << 10))
-            rx = b.rings.add(FakeRing(21, 16 << 10))
-            await b.driver.establish_recv(5, 21, a.node_id, None)
-            await a.driver.establish_send(5, b.node_id, 11, None)
-            await next_event(a, "ready", 5)
+            tx, rx = await _edge_5(a, b)
             extents = [4, 2304, 9000]
             data = b"".join(record(70 + i, i, e) for i, e in enumerate(extents))
             await asyncio.wait_for(asyncio.gather(produce_all(tx, data), _drain(rx, len(data))), 30)

@@ -196,9 +196,8 @@ class Driver:
 
     def watch(self, edge_ids: set[int], replay_current: bool, object_timings: bool = False,
               owner_id: int = 0) -> Watcher:
-        replay = [(r.last_event, r.edge_id) for r in self.table.edges.values() if r.last_event is not None]
-        if not replay_current:
-            replay = []
+        replay = [(r.last_event, r.edge_id) for r in self.table.edges.values()
+                  if r.last_event is not None] if replay_current else []
         if object_timings:  # what its edges' pumps timed before it came (timingflush.py: the backlog)
             self._flush_timings()
             replay += [(self.watchers.stamp(ev), eid) for ev, eid in self.taps.take_backlog(edge_ids)]
