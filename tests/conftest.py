@@ -7,7 +7,7 @@ Most of the suite waits: on subprocesses, sockets, a peer's timeout. Two workers
   `pools`: two pools at once would share two cores between a dozen services and their compute processes. The group
   is scheduled first, since it is the longest.
 - A test marked `serial` measures timing that another busy worker would distort (membership under a CPU hog, link
-  shaping, a teardown deadline): tests/run.sh runs those alone, after the others.
+  shaping, an idle timeout against a client's pace): tests/run.sh runs those alone, after the others.
 
 Without xdist (`pytest tests/...` as a developer types it) none of this changes anything."""
 

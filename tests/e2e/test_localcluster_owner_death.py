@@ -23,9 +23,11 @@ from swactor.localcluster.netns import PREFIX, Netns, namespaces
 
 from .conftest import needs_model, processes_mentioning
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.timeout(120), needs_model]  # serial: CLEAN_WITHIN_S
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), needs_model]
 
-CLEAN_WITHIN_S = 5.0
+# Seconds from the owner's end until nothing is left: the orderly teardown and the reaper take 1-2 s alone; the bound
+# leaves room for a neighbour's load (the suite's other worker), so these run beside it, not alone.
+CLEAN_WITHIN_S = 15.0
 LOCALCLUSTER = [sys.executable, "-m", "swactor.localcluster", "--hosts", "1", "--no-openai"]
 DEMO = [sys.executable, "-m", "swactor.cli.main", "demo", "--hosts", "2", "--max-tokens", "200",
         "--prompt", "Tell me a long story about a lighthouse keeper and the sea."]

@@ -305,6 +305,35 @@ def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
     print(f"run {run['run_id']}: {MAX_TOKENS} greedy tokens in {time.monotonic() - t0:.1f} s", flush=True)
 
 
+GRAPH_CACHE = "/var/cache/swactor/swactor-graphs"  # the worker's compiled graphs, in its unit's CacheDirectory
+
+
+def keep_graphs(hosts: list[Container], store: Path) -> None:
+    """Copy what the hosts' workers compiled (a 2-stage run's every graph) into `store`, for seed_graphs."""
+    for c in hosts:
+        for entry in c.path(GRAPH_CACHE).glob("*"):
+            if entry.is_file():
+                shutil.copyfile(entry, store / entry.name)
+
+
+def seed_graphs(c: Container, store: Path) -> int:
+    """Put the graphs another test's hosts compiled into this host's graph cache, owned by the service user, as an
+    operator restores a cache: its stages load them (~0.1 s each) instead of compiling for ~100 s (their keys match:
+    the same source, model, settings and processor). The install test itself compiles cold. Returns the files put."""
+    entries = [e for e in store.glob("*") if e.is_file()]
+    if not entries:
+        return 0
+    user = next(line.split(":") for line in c.path("/etc/passwd").read_text().splitlines() if line.startswith("swactor:"))
+    uid, gid = int(user[2]), int(user[3])
+    cache = c.path(GRAPH_CACHE)
+    cache.mkdir(mode=0o700, exist_ok=True)
+    os.chown(cache, uid, gid)
+    for e in entries:
+        shutil.copyfile(e, cache / e.name)
+        os.chown(cache / e.name, uid, gid)
+    return len(entries)
+
+
 def check_sandbox(hosts: list[Container]) -> None:
     """Every unit runs as swactor with no capability and a low `systemd-analyze security`
     exposure (printed for each); the hosts listen on the documented ports only."""
@@ -456,7 +485,7 @@ def assert_distributed(hosts: list[Container], node_ids: set[int]) -> None:
     assert list(h1.path("/var/lib/swactor/weights").glob(f"{served['sha256']}.gguf"))
 
 
-def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
+def test_two_hosts_install_and_serve_a_run(hosts: list[Container], compiled_graphs: Path) -> None:
     h0, h1 = hosts
     addr0, addr1 = h0.addr, h1.addr
     t = install(h0, "--advertise-ip", addr0, *ORCHESTRATOR_ARGS)
@@ -491,6 +520,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container]) -> None:
     check_gateway(hosts)
 
     greedy_run_on_both(hosts, set(node_ids.values()))
+    keep_graphs(hosts, compiled_graphs)
     assert_distributed(hosts, set(node_ids.values()))
 
     # Nothing crashed and came back behind our back: every unit is still its first process.
