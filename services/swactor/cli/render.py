@@ -130,7 +130,7 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     the gate."""
     # the KV bytes below depend on the dtype they were counted in (float16: half), so the dry run names it
     kv = f", KV cache {p.kv_dtype or 'float32'}" if p.memory_known else ""
-    fitted = " (the fewest whose memory fits)" if p.stages_fitted else ""
+    fitted = " (the planner's: the fewest that fit, or more predicted 3x quicker)" if p.stages_fitted else ""
     lines = [f"model {p.model}: {p.stages} stage(s){fitted}, {p.prompt_tokens} prompt tokens, context {p.max_seq_len}{kv}"
              + (f"; {SPLITS.get(p.split, p.split)}" if p.split else "")]
     measured = any(s.ms_per_layer for s in p.placement)  # no host measured yet: the speeds are left out
@@ -150,7 +150,9 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
     elif p.hop_rtt_ms:
         lines.append(ring_line(p))
     if p.HasField("compute_ms_per_token"):  # beside the ring's hops: what a token costs, in its two parts
-        lines.append(f"  compute: the stages add {p.compute_ms_per_token:.1f} ms to each token (one after another)")
+        total = (f"; with the hops, {p.compute_ms_per_token + p.network_ms_per_token:.1f} ms predicted a token"
+                 if p.HasField("network_ms_per_token") else "")
+        lines.append(f"  compute: the stages add {p.compute_ms_per_token:.1f} ms to each token (one after another){total}")
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
     lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it"
                  + (f"; the run {p.admission}" if p.admission else ""))

@@ -12,7 +12,12 @@ interchangeable, and a plan takes them in device order (the first of its stages 
   hosts (activations are larger than tokens: a multi-device host takes consecutive stages before the ring crosses the
   network), then the most memory; when that choice does not fit, the units with the most memory in their best
   order. Without a Network: the provisionable units with the most advertised memory when the model's memory is
-  known (node-id order otherwise), stages then in node-id and device order;
+  known (node-id order otherwise), stages then in node-id and device order. With a Network, the fastest measured units
+  (NodeInfo.ms_per_layer) in their cheapest order replace that choice when a token is predicted to take at most
+  QUICKER_SHARE of its time on them (Placement.predicted_ms_per_token: the stages' compute one after another plus the
+  hops one way): a GPU host beside the CPU box the orchestrator runs on;
+- stage count (a run that leaves it open, `stage_count`): the fewest whose placement fits the pool's memory, or a few
+  more when their placement is predicted QUICKER_SHARE as long per token (the fast hosts hold the model only together);
 - blocks: in inverse proportion to the chosen nodes' measured compute speeds (NodeInfo.ms_per_layer) when that
   shortens the slowest stage by SPEED_GAIN against the memory split (and against the last run's blocks on these
   units, which otherwise stay: split "kept"), unless [orchestrator].split_by_speed is off. A host twice as slow per
@@ -32,6 +37,7 @@ interchangeable, and a plan takes them in device order (the first of its stages 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -76,6 +82,14 @@ WARM_MARGIN_SHARE = 0.1
 # 0.87 and 1.76 ms/layer in two runs of a busy 2-core box), so a small predicted gain is not worth a move.
 SPEED_GAIN = 0.2
 WARM_MARGIN_MS = 2.0
+# The fastest measured units (and more stages than the fewest that fit) replace the ring's choice only when a token is
+# predicted to take at most this share of its time there. A one-stage run moved to a host twice as fast is predicted
+# at half its time, so the 2x apart that hosts of one kind measured on a busy box (above) never moves a run; a GPU host
+# beside a CPU box (10x and more) does. Between, fewer hops and warm weights are worth more than a prediction.
+QUICKER_SHARE = 1 / 3
+# Stage counts above the fewest that fit that stage_count tries: a faster set of hosts that holds the model only
+# together is a few hosts, and each count tried is a placement search.
+MORE_STAGES_TRIED = 2
 
 
 @dataclass(frozen=True)
@@ -253,6 +267,13 @@ class Placement:
         each = [self.compute_ms(k) for k in range(len(self.ranges))]
         return None if not each or any(c is None for c in each) else sum(c for c in each if c is not None)
 
+    def predicted_ms_per_token(self) -> float | None:
+        """What a token of a run alone is predicted to take here: the stages' compute one after another plus each
+        hop of the ring one way (half its RTT; the orchestrator's own time is the same wherever the stages go); None
+        unless every stage's node was measured."""
+        compute = self.compute_ms_per_token()
+        return None if compute is None else compute + self.ring_ms / 2
+
     def over(self) -> list[int]:
         """The stages whose node cannot hold even one run slot beside what the stage holds once."""
         return [k for k, s in enumerate(self.slots) if s == 0]
@@ -361,6 +382,12 @@ def slowest_blocks_ms(placement: Placement) -> float | None:
         return None
     mean = sum(measured) / len(measured)
     return max((n.ms_per_layer or mean) * (hi - lo) for n, (lo, hi) in zip(placement.nodes, placement.ranges, strict=True))
+
+
+def quicker(candidate: Placement, than: Placement) -> bool:
+    """Whether `candidate` fits and a token is predicted to take at most QUICKER_SHARE of its time on `than`."""
+    new, old = candidate.predicted_ms_per_token(), than.predicted_ms_per_token()
+    return not candidate.over() and new is not None and old is not None and new <= QUICKER_SHARE * old
 
 
 def faster(candidate: Placement, than: Placement) -> bool:
@@ -486,13 +513,31 @@ def place(pool: Sequence[NodeInfo], stages: int, num_layers: int, node_ids: Sequ
                             f"{len(node_ids)} pin(s) and {len(ranges)} range(s) for {stages} stage(s)")
         return _with_ring(_joined(pinned_units(pool, node_ids), ranges, memory), network)
     if network is not None and not node_ids and memory is not None:
-        try:  # the cheapest ring first; the nodes with the most memory when it does not fit
-            return _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory, network),
-                              network)
-        except Shortfall:
-            pass
+        chosen: Placement | None = None
+        with contextlib.suppress(Shortfall):  # the cheapest ring first; the units with the most memory when it does not fit
+            chosen = _with_ring(_place_on(choose_nodes(pool, stages, network=network), num_layers, memory, network),
+                                network)
+        if chosen is None:
+            chosen = _with_ring(_place_on(choose_nodes(pool, stages, by_memory=True, network=network), num_layers,
+                                          memory, network), network)
+        quick = _on_fastest(pool, stages, num_layers, memory, network)
+        return quick if quick is not None and quicker(quick, than=chosen) else chosen
     return _with_ring(_place_on(choose_nodes(pool, stages, node_ids, by_memory=memory is not None, network=network),
                                 num_layers, memory, network), network)
+
+
+def _on_fastest(pool: Sequence[NodeInfo], stages: int, num_layers: int, memory: MemoryNeed,
+                network: Network) -> Placement | None:
+    """The `stages` fastest measured units in their cheapest ring order, split as any placement is; None when fewer
+    are measured, when it does not fit, or when the operator keeps the memory split ([orchestrator].split_by_speed)."""
+    measured = [u for u in pool_units(pool) if u.ms_per_layer]
+    if not network.by_speed or len(measured) < stages:
+        return None
+    fastest = sorted(measured, key=lambda u: (u.ms_per_layer, u.unit))[:stages]
+    try:
+        return _with_ring(_place_on(ring_order(fastest, stages, network), num_layers, memory, network), network)
+    except Shortfall:
+        return None
 
 
 def _with_ring(placement: Placement, network: Network | None) -> Placement:
@@ -515,6 +560,34 @@ def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed 
             continue
         return stages
     return most
+
+
+def stage_count(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None,
+                network: Network | None = None) -> int:
+    """The stages of a run that leaves their count open: the fewest that fit (`fewest_stages`: a run alone computes
+    its stages one after another, and each stage more is a hop more), unless up to MORE_STAGES_TRIED more are
+    predicted `quicker` per token (the fastest measured hosts hold the model only together); the quickest of those."""
+    fewest = fewest_stages(pool, num_layers, memory, network)
+    if network is None or memory is None:
+        return fewest
+    try:
+        base = place(pool, fewest, num_layers, memory=memory, network=network)
+    except PlanError:
+        return fewest
+    best, chosen = base, fewest
+    for stages in range(fewest + 1, min(num_layers, len(pool_units(pool)), fewest + MORE_STAGES_TRIED) + 1):
+        try:
+            candidate = place(pool, stages, num_layers, memory=memory, network=network)
+        except PlanError:
+            continue
+        if quicker(candidate, than=base) and _predicted(candidate) < _predicted(best):
+            best, chosen = candidate, stages
+    return chosen
+
+
+def _predicted(placement: Placement) -> float:
+    ms = placement.predicted_ms_per_token()
+    return math.inf if ms is None else ms
 
 
 def _joined(nodes: tuple[NodeInfo, ...], ranges: Sequence[tuple[int, int]], memory: MemoryNeed | None) -> Placement:

@@ -29,7 +29,7 @@ from swactor.orchestrator.fleet.node_events import POOL_EVENTS_RUN_ID
 from swactor.orchestrator.fleet.nodes import NodeInfo
 from swactor.orchestrator.models.models import LoadedModel, ModelRegistry
 from swactor.orchestrator.planning import dry_run
-from swactor.orchestrator.planning.placement import MemoryNeed, Network, fewest_stages
+from swactor.orchestrator.planning.placement import MemoryNeed, Network, stage_count
 from swactor.orchestrator.planning.planner import RunPlan, memory_need, run_max_seq_len
 from swactor.orchestrator.planning.pool import Demand, PoolGate, PoolStatus
 from swactor.orchestrator.runs import fsm as F
@@ -62,7 +62,7 @@ RESUMABLE = frozenset(pb.RunFaultReason.Name(r) for r in (
 
 @dataclass(frozen=True)
 class RunDefaults:
-    stages: int = 0  # 0: the fewest stages whose memory fits the pool (placement.fewest_stages)
+    stages: int = 0  # 0: the planner's count (placement.stage_count: the fewest that fit, or a quicker one)
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,8 @@ class Orchestrator:
             raise RequestError.invalid(f"max_tokens {req.max_tokens} is more than max_context {context} holds "
                                        "(prompt included)")
         check_max_tokens(req, context)
-        # pinned nodes say how many stages; else the request, the configured default, or the fewest that fit
-        stages = req.stages or len(req.node_ids) or self.defaults.stages or fewest_stages(
+        # pinned nodes say how many stages; else the request, the configured default, or the planner's count
+        stages = req.stages or len(req.node_ids) or self.defaults.stages or stage_count(
             self.members, model.facts.num_layers, self._memory(model), self.network)
         if stages > model.facts.num_layers:
             raise RequestError.invalid(f"{stages} stages requested but model {model.name!r} has {model.facts.num_layers} blocks")
@@ -415,9 +415,9 @@ class Orchestrator:
             why = f"model {run.model!r} is no longer served"
         stages = request.stages
         if not why and model is not None:
-            # The same stage count where it fits the pool without the lost part; else the fewest that fit.
+            # The same stage count where it fits the pool without the lost part; else the planner's count.
             if dry_run.pool_refusal(self.members, self._demand(model, stages, ()), self.network):
-                stages = fewest_stages(self.members, model.facts.num_layers, self._memory(model), self.network)
+                stages = stage_count(self.members, model.facts.num_layers, self._memory(model), self.network)
             why = dry_run.pool_refusal(self.members, self._demand(model, stages, ()), self.network)
         if why:
             self.log.info("run_not_resumed", run_id=run.run_id, reason=run.reason, why=why)
