@@ -307,6 +307,24 @@ def test_a_run_that_leaves_the_stage_count_open_gets_the_fewest_that_fit(tmp_pat
     assert named.stages == 3 and not named.stages_fitted
 
 
+def test_a_run_that_leaves_the_stage_count_open_goes_to_hosts_predicted_3x_quicker(tmp_path: Path) -> None:
+    """Node 1 holds the model alone but measured 2 ms a layer; nodes 2 and 3 hold three quarters of it each and
+    measured 0.1: the open stage count is two, on them (test_placement_quickest.py has the rule's table)."""
+    async def main():
+        async with serving(tmp_path / "a", FakeFleet([]), (dataclasses.replace(node(1), memory_bytes=8 << 30),)) as s:
+            whole = (await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))).placement[0]
+        part = whole.total_bytes * 3 // 4
+        members = (dataclasses.replace(node(1), memory_bytes=8 << 30, ms_per_layer=2.0),
+                   *(dataclasses.replace(node(i), memory_bytes=part, ms_per_layer=0.1) for i in (2, 3)))
+        async with serving(tmp_path / "b", FakeFleet([]), members) as s:
+            return await s.stub.Plan(opb.SubmitRunRequest(prompt="x", raw=True, max_tokens=3))
+
+    auto = run(main())
+    assert auto.stages == 2 and auto.stages_fitted and not auto.refusal
+    assert sorted(p.node_id for p in auto.placement) == [2, 3]
+    assert auto.compute_ms_per_token < 2.0 * 30 / 3
+
+
 def test_finished_runs_replay_from_the_store_after_restart(tmp_path: Path) -> None:
     fleet = FakeFleet([100, 2])
 
