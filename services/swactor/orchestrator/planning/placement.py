@@ -550,16 +550,21 @@ def fewest_stages(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed 
                   network: Network | None = None) -> int:
     """The fewest stages whose placement fits the pool's memory now: each stage more is one hop more per token. 1 when
     the model's memory is unknown; the most the pool can take when none fits (the placement then names the shortfall)."""
+    return _fewest(pool, num_layers, memory, network)[0]
+
+
+def _fewest(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None,
+            network: Network | None) -> tuple[int, Placement | None]:
+    """fewest_stages, with the placement that fits at that count (None when memory is unknown or none fits)."""
     most = min(num_layers, len(pool_units(pool)))
     if memory is None or most < 1:
-        return 1
+        return 1, None
     for stages in range(1, most + 1):
         try:
-            place(pool, stages, num_layers, memory=memory, network=network)
+            return stages, place(pool, stages, num_layers, memory=memory, network=network)
         except Shortfall:
             continue
-        return stages
-    return most
+    return most, None
 
 
 def stage_count(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | None,
@@ -567,12 +572,8 @@ def stage_count(pool: Sequence[NodeInfo], num_layers: int, memory: MemoryNeed | 
     """The stages of a run that leaves their count open: the fewest that fit (`fewest_stages`: a run alone computes
     its stages one after another, and each stage more is a hop more), unless up to MORE_STAGES_TRIED more are
     predicted `quicker` per token (the fastest measured hosts hold the model only together); the quickest of those."""
-    fewest = fewest_stages(pool, num_layers, memory, network)
-    if network is None or memory is None:
-        return fewest
-    try:
-        base = place(pool, fewest, num_layers, memory=memory, network=network)
-    except PlanError:
+    fewest, base = _fewest(pool, num_layers, memory, network)
+    if network is None or base is None:
         return fewest
     best, chosen = base, fewest
     for stages in range(fewest + 1, min(num_layers, len(pool_units(pool)), fewest + MORE_STAGES_TRIED) + 1):
