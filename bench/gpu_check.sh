@@ -11,6 +11,8 @@
 #                                            local pool (bench/pipeline.py) on the device, prints tok/s and whether
 #                                            the tokens equal the CPU run's
 #   bash bench/gpu_check.sh --device CPU     the same on CPU (or GPU_CHECK_DEVICE=CPU): how the script is tested here
+#   bash bench/gpu_check.sh exec CMD...      CMD in the repo root with the same set-up (wheels, libraries, a device
+#                                            that runs; $PY is the Python), e.g. '"$PY" bench/pipeline.py --device CUDA'
 #
 # With the device tool: carry [".cache/gpu-check"], command `bash bench/gpu_check.sh`, timeout_s ~540; results land in
 # $OUT (else bench/out/gpu_check). Other knobs: GPU_CHECK_PYTHON (default: the repo's .venv if there is one, else
@@ -29,13 +31,16 @@ while [ $# -gt 0 ]; do
         prepare) MODE=prepare ;;
         --device) DEVICE="$2"; shift ;;
         --device=*) DEVICE="${1#--device=}" ;;
-        *) echo "usage: bash bench/gpu_check.sh [prepare] [--device CUDA|CPU]" >&2; exit 2 ;;
+        exec) MODE=exec; shift; break ;;
+        *) echo "usage: bash bench/gpu_check.sh [--device CUDA|CPU] [prepare | exec CMD...]" >&2; exit 2 ;;
     esac
     shift
 done
 MODEL="${GPU_CHECK_MODEL:-$DIR/model.gguf}"
 RES="${OUT:-$ROOT/bench/out/gpu_check}"
 
+# What the carried swactor wheel was built from: a digest of the services' sources (generated stubs aside)
+source_digest() { (cd "$ROOT" && find services -name '*.py' ! -name '*_pb2*.py' -print0 | LC_ALL=C sort -z | xargs -0 cat | sha256sum | cut -c1-16); }
 say() { printf '[gpu_check] %s\n' "$*" >&2; }
 die() { printf '[gpu_check] error: %s\n' "$*" >&2; exit 1; }
 
@@ -77,6 +82,7 @@ PY
           || die "no wheel for $pin"  # a source-only package: built here (pure Python ones only)
     done
     echo "$pyver" > "$DIR/wheels/PYTHON_VERSION"
+    source_digest > "$DIR/wheels/SOURCE"
     say "small model"
     (cd "$ROOT" && "$venv" -c "import sys; from tests.fixtures.gguf_fixtures import build_small; build_small(sys.argv[1])" "$DIR/model.gguf.new")
     mv "$DIR/model.gguf.new" "$MODEL"
@@ -111,9 +117,17 @@ PY
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 }
 
-run() {
+setup() {  # the carried wheels on PYTHONPATH, the device's libraries found, tinygrad running on $DEVICE
     "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || die "$PY is not Python >= 3.11"
-    if [ -f "$DIR/wheels/PYTHON_VERSION" ] && ! "$PY" -c "import swactor.v1.orchestrator_pb2" 2>/dev/null; then use_wheels; fi
+    if [ -f "$DIR/wheels/PYTHON_VERSION" ] && ! "$PY" -c "import swactor.v1.orchestrator_pb2" 2>/dev/null; then
+        # The services run from the wheel, not from this tree: a wheel of other sources measures other code. A warning,
+        # not an error: on the GPU host of 2026-12-04 the digests differed for a wheel built from this very tree
+        # (cause not found: the device time was spent), and a refusal there would cost a lease.
+        local built here; built="$(cat "$DIR/wheels/SOURCE" 2>/dev/null || echo none)"; here="$(source_digest)"
+        [ "$built" = "$here" ] || say "WARNING: the swactor wheel in $DIR may be built from other sources than services/ here" \
+            "(digests $built, $here): the run measures the wheel's code (bash bench/gpu_check.sh prepare)"
+        use_wheels
+    fi
     missing="$("$PY" - <<'PY'
 import importlib.util
 def has(m: str) -> bool:
@@ -146,6 +160,10 @@ PY
     fi
     "$PY" -c "from tinygrad import Device, Tensor; d = Device['$DEVICE']; assert Tensor([1.0, 2.0], device='$DEVICE').sum().item() == 3.0
 print(f'[gpu_check] device {d.device}, renderer {type(d.renderer).__name__}')" >&2 || die "tinygrad cannot run on $DEVICE"
+}
+
+run() {
+    setup
     say "single stage: bench/worker.py --device $DEVICE"
     (cd "$ROOT" && PYTHONUNBUFFERED=1 "$PY" bench/worker.py --device "$DEVICE" --model "$MODEL" --llama-python /nonexistent --json) \
         2>&1 | tee "$RES/worker.log" || die "bench/worker.py failed (log: $RES/worker.log)"
@@ -186,4 +204,8 @@ sys.exit(0 if ok else 3)
 PY
 }
 
-if [ "$MODE" = prepare ]; then prepare; else run; fi
+case "$MODE" in
+    prepare) prepare ;;
+    exec) setup; cd "$ROOT"; [ $# -gt 0 ] || die "exec: no command"; PY="$PY" exec "$@" ;;
+    *) run ;;
+esac

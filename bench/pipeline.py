@@ -5,11 +5,12 @@ stages (one host each), next to the single-process worker (the compute core's St
   .venv/bin/python bench/pipeline.py [--stages 1,2,3,4] [--max-tokens 24] [--device CPU] [--loopback] [--model PATH]
                                      [--prefill-chunk N] [--long-prompt 512] [--sweep 16,32,64,128]
                                      [--png bench/out/pipeline_timeline.png] [--json bench/out/pipeline.json]
-                                     [--no-step-grants]
+                                     [--runs 1] [--no-split-by-speed] [--no-step-grants]
 
 Per S, one warm-up run (loads the stage weights and compiles its graphs before the barrier, or loads
 them from the graph cache; the workers keep the weights for the next run of the same plan), one
-measured run (TTFT, decode, CPU per step), one run with trace_objects (the per-token timeline and
+measured run (TTFT, decode, CPU per step; --runs N: N of them, each printed, the figures the median
+run's, the CPU over all N), one run with trace_objects (the per-token timeline and
 the hop p50: producer commit -> consumer loaded) and one run of a --long-prompt prompt (prefill
 tok/s). The single process runs the same prefill chunks (--prefill-chunk, default the
 orchestrator's); --sweep measures its prefill per chunk size first. TTFT is client-side, from SubmitRun
@@ -241,6 +242,19 @@ def plot(timelines: dict[int, list[list[tuple[str, float]]]], path: pathlib.Path
     fig.savefig(path, dpi=110)
 
 
+def speed_events(log_dir: pathlib.Path) -> list[dict[str, object]]:
+    """The step_speed_measured events in a host's service logs (JSON lines), oldest first."""
+    out = []
+    for log in sorted(log_dir.glob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"step_speed_measured"' in line:
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--stages", default="1,2,3,4")
@@ -257,6 +271,10 @@ def main() -> int:
     ap.add_argument("--png", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline_timeline.png",
                     help="timeline plot ('' for none: no matplotlib needed)")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "pipeline.json")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="measured runs per S after the warm-up (each printed; the figures are the median run's)")
+    ap.add_argument("--no-split-by-speed", action="store_true",
+                    help="[orchestrator].split_by_speed = false: the blocks stay where memory puts them (for comparison)")
     ap.add_argument("--no-step-grants", action="store_true",
                     help="[worker].step_grants = false: every decode step waits for its ExecuteStep (for comparison)")
     a = ap.parse_args()
@@ -285,7 +303,8 @@ def main() -> int:
     timelines = {}
     tables: dict[int, tuple[dict[str, list[float]], int]] = {}
     spec = ClusterSpec(hosts=max(stages), model=model, device=a.device, netns=False if a.loopback else None,
-                       compute_threads=a.compute_threads, orchestrator={"prefill_chunk": chunk},
+                       compute_threads=a.compute_threads,
+                       orchestrator={"prefill_chunk": chunk, **({"split_by_speed": False} if a.no_split_by_speed else {})},
                        workers={h: {"step_grants": False} for h in range(max(stages))} if a.no_step_grants else {})
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
@@ -293,9 +312,21 @@ def main() -> int:
             req = opb.SubmitRunRequest(prompt=QUESTION, stages=s, max_tokens=n)
             warm = follow(stub, req, timeout_s=600)  # the first run of this plan: loads weights, compiles (or the cache)
             cpu0 = cpu_seconds(cluster)
-            res = follow(stub, req, timeout_s=600)  # untraced: the figures
-            steps = max(1, -(-res.prompt_tokens // max(1, chunk)) + len(res.token_ids))  # prompt chunks + tokens
+            runs = [follow(stub, req, timeout_s=600) for _ in range(a.runs)]  # untraced: the figures
+            res = sorted(runs, key=lambda r: r.decode_tok_s)[len(runs) // 2]  # the median run's
+            steps = sum(max(1, -(-r.prompt_tokens // max(1, chunk)) + len(r.token_ids)) for r in runs)  # chunks + tokens
             cpu = {k: (v - cpu0.get(k, 0.0)) * 1000 / steps for k, v in cpu_seconds(cluster).items()}
+            if a.runs > 1:
+                print(f"S={s}: {a.runs} measured runs (the median run's figures below):", flush=True)
+                for i, r in enumerate(runs):
+                    where = " ".join(f"{str(p.node_id)[-4:]}[{p.layer_start},{p.layer_end_exclusive})"
+                                     for p in r.finished.placement) if r.finished else "?"
+                    print(f"  run {i + 1}: decode {r.decode_tok_s or 0:.1f} tok/s, TTFT {r.ttft_s or 0:.3f} s (provision "
+                          f"{r.summary()['provision_s'] or 0:.2f} s), stages on {where}", flush=True)
+                said = {h.name: speed_events(h.log_dir) for h in cluster.hosts}  # what moved the blocks, if they moved
+                speeds = [f"{name} {ev[-1]['us_per_layer']} us/layer over {ev[-1].get('layers')} layers "
+                          f"({ev[-1].get('measured_on', 'step')}; {len(ev)} said)" for name, ev in said.items() if ev]
+                print(f"  the hosts' speeds said last: {'; '.join(speeds) or 'none'}", flush=True)
             assert res.prompt_tokens == len(ids), (res.prompt_tokens, len(ids))
             traced = follow(stub, opb.SubmitRunRequest(prompt=QUESTION, stages=s, max_tokens=n, trace_objects=True),
                             timeout_s=600)  # per-object events: the timeline
@@ -304,7 +335,7 @@ def main() -> int:
             summ = res.summary()
             summ["warmup_ttft_s"] = warm.ttft_s
             summ["warmup_provision_s"] = warm.summary()["provision_s"]
-            summ["matches_single"] = res.token_ids == single["tokens"][: len(res.token_ids)]
+            summ["matches_single"] = all(r.token_ids == single["tokens"][: len(r.token_ids)] for r in runs)
             summ["tokens"] = res.token_ids
             summ["cpu_ms_per_step"] = cpu
             lp = long.summary()["prefill_s"]

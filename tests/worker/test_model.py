@@ -448,3 +448,46 @@ def test_a_rewind_past_the_run_is_refused(stages: dict[int, list[StageModel]]) -
   first.step(np.asarray(PROMPTS["once"], np.int32), 0)
   with pytest.raises(ValueError, match="cannot rewind 5 rows in slot 0: it holds 4 positions"):
     first.rewind(0, 5)
+
+
+def test_a_decode_step_says_its_blocks_time_a_prompt_does_not(stages: dict[int, list[StageModel]],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+  """last_layers_s (the host's speed: worker/step_speed.py): set by a one-row step, on the CPU's launcher and on
+  TinyJit's replay (a GPU's path), where a mark after the first block leaves what the step pays once out; None after a
+  prompt's rows. The tokens do not depend on the path or the marks."""
+  first, last = stages[2]
+  prompt = PROMPTS["once"]
+  marks_seen: list[list[float]] = []
+  blocks_seconds = StageModel._blocks_seconds
+
+  def spy(self: StageModel, t0: float, marks: list[float], t1: float) -> float:
+    marks_seen.append(list(marks))
+    return blocks_seconds(self, t0, marks, t1)
+
+  monkeypatch.setattr(StageModel, "_blocks_seconds", spy)
+  toks = []
+  for replay in ("launcher", "tinygrad"):
+    for s in (first, last):
+      s.reset()
+    saved = first._plans.get((1,))
+    if replay == "tinygrad":
+      first._plans[(1,)] = None  # no launcher plan: each block's graph replayed by TinyJit, as on a GPU
+    try:
+      tok = last.step(first.step(np.asarray(prompt, np.int32), 0), 0)
+      assert first.last_layers_s is None and last.last_layers_s is None  # a prompt's rows: no decode step's time
+      marks_seen.clear()
+      tok = last.step(first.step(tok, len(prompt)), len(prompt))
+      assert first.last_layers_s is not None and first.last_layers_s > 0 and last.last_layers_s is not None
+      assert [len(m) for m in marks_seen] == ([0, 0] if replay == "launcher" else [1, 0])  # 15 blocks: marked
+      toks.append(int(tok[0]))
+    finally:
+      first._plans[(1,)] = saved
+  assert toks[0] == toks[1]
+
+
+def test_blocks_seconds_leaves_the_first_block_out_when_marked() -> None:
+  class Stub:
+    layers = [object()] * 5
+
+  assert StageModel._blocks_seconds(Stub(), 0.0, [1.0], 3.0) == 2.5  # (3 - 1) / 4 blocks x 5
+  assert StageModel._blocks_seconds(Stub(), 0.0, [], 3.0) == 3.0

@@ -90,17 +90,22 @@ def test_two_runs_decode_as_one_batched_step_each_equal_to_its_solo_run() -> Non
             step_id += 1
             inp, out = run.send(proc, PROMPTS[run.slot])
             proc.send(wire.ExecuteStep(41, step_id, [inp], [out], run.runtime()))
-            proc.expect(wire.StepCompleted, step_id=step_id)
+            assert proc.expect(wire.StepCompleted, step_id=step_id).layers_us == 0  # many rows: not a decode step's
             run.took(len(PROMPTS[run.slot]))
         for _ in range(DECODE_STEPS):  # both runs' rows: one step, one pass over the weights
             step_id += 1
             bound = [run.send(proc, [run.tokens[-1]]) for run in runs]
             proc.send(wire.ExecuteStep(41, step_id, [i for i, _ in bound], [o for _, o in bound],
                                        {"rows": [run.runtime() for run in runs]}))
-            proc.expect(wire.StepCompleted, step_id=step_id)
+            assert proc.expect(wire.StepCompleted, step_id=step_id).layers_us == 0  # several runs' rows: neither's
             for run in runs:
                 run.took(1)
         assert [run.tokens for run in runs] == solo([PROMPTS[0], PROMPTS[1]])
+        step_id += 1  # one run's one row: the step says its blocks' own time (the host's speed: step_speed.py)
+        inp, out = runs[0].send(proc, [runs[0].tokens[-1]])
+        proc.send(wire.ExecuteStep(41, step_id, [inp], [out], runs[0].runtime()))
+        assert proc.expect(wire.StepCompleted, step_id=step_id).layers_us > 0
+        runs[0].took(1)
         step_id += 1  # a batch whose rows do not match its inputs is the step's failure, named
         bound = [run.send(proc, [run.tokens[-1]]) for run in runs]
         proc.send(wire.ExecuteStep(41, step_id, [i for i, _ in bound], [o for _, o in bound],

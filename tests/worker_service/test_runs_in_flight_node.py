@@ -36,12 +36,12 @@ def loaded(node: StageNode, run_id: int, sequence: int, handle: int) -> wire.Obj
                              wire.DeviceHandle(1, handle), 0)
 
 
-def complete(node: StageNode, step: wire.ExecuteStep, edges: dict[int, int]) -> None:
+def complete(node: StageNode, step: wire.ExecuteStep, edges: dict[int, int], layers_us: int = 0) -> None:
     """What the compute process says of a step that ran: each output produced (edges: ring -> edge), then done."""
     for o in step.outputs:
         if o.ring_id in edges:
             node._on_worker(wire.ObjectProduced(o.ring_id, edges[o.ring_id], 1, o.object_id, o.sequence, o.extent))
-    node._on_worker(wire.StepCompleted(step.role_id, step.step_id))
+    node._on_worker(wire.StepCompleted(step.role_id, step.step_id, layers_us=layers_us))
 
 
 def out_edges(node: StageNode, *run_ids: int) -> dict[int, int]:

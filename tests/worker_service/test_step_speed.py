@@ -67,10 +67,12 @@ def test_the_gossiped_metadata_carries_the_speed_to_the_orchestrator_s_node_view
     assert info.ms_per_layer == 1.25
 
 
-def test_the_node_measures_one_row_steps_and_says_the_figure() -> None:
-    """Five decode steps of a stage told its work is 2.5 layers (one sent as an ExecuteStep, four started under the
-    run's grant): the node says a figure once it has five (the real clock: its value is whatever the steps took, only
-    its presence and identities are asserted) and logs it with the run's identities."""
+@pytest.mark.parametrize("layers_us", [0, 4500])
+def test_the_node_measures_one_row_steps_and_says_the_figure(layers_us: int) -> None:
+    """Five decode steps of a stage of 15 blocks told its work is 2.5 layers (one sent as an ExecuteStep, four started
+    under the run's grant): the node says a figure once it has five and logs it with the run's identities. Where the
+    worker says each step's time in the blocks (layers_us), the figure is that over the 15 blocks, exactly; where it
+    does not, the whole step's time (the real clock: only its presence is asserted) over the 2.5 layers of work."""
     ctl = FakeCtl()
     said: list[int] = []
 
@@ -87,21 +89,24 @@ def test_the_node_measures_one_row_steps_and_says_the_figure() -> None:
             await s.ProvisionStage(req)
             await updates(s, 71, "ready")
             node._on_worker(loaded(node, 71, 0, 1))  # the first row as an ExecuteStep, then a standing grant
-            complete(node, steps(ctl)[0], out_edges(node, 71))
+            complete(node, steps(ctl)[0], out_edges(node, 71), layers_us)
             (g,) = [c for c in ctl.sent if isinstance(c, wire.GrantSteps)]
             for k in range(4):  # the next rows the worker starts itself under the grant: timed from their load
                 node._on_worker(dataclasses.replace(loaded(node, 71, 1 + k, 2 + k), granted_step=g.step_id + k))
                 running = node.scheduler.in_flight
                 assert running is not None
-                complete(node, running.step, out_edges(node, 71))
+                complete(node, running.step, out_edges(node, 71), layers_us)
             await settle()
 
     with capture_logs() as logs:  # around the node's making: its logger is bound then
         asyncio.run(serve(body, ctl=ctl))
     measured = [e for e in logs if e["event"] == "step_speed_measured"]
     assert len(measured) == 1 and said == [measured[0]["us_per_layer"]] and said[0] >= 1
-    assert (measured[0]["run_id"], measured[0]["stage_index"], measured[0]["compute_layers"]) == (71, 1, 2.5)
+    facts = (measured[0]["run_id"], measured[0]["stage_index"], measured[0]["layers"], measured[0]["measured_on"])
+    assert facts == ((71, 1, 15, "blocks") if layers_us else (71, 1, 2.5, "step"))
     assert measured[0]["samples"] == 5
+    if layers_us:
+        assert said == [300]  # 4.5 ms in 15 blocks, whatever the steps took around them
 
 
 def test_the_membership_port_gossips_the_speed_with_the_state_said(tmp_path: Path) -> None:

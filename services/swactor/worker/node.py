@@ -83,8 +83,9 @@ class RunLog:
     warm_weights: bool = False
     timing_relay: asyncio.Future[Any] | None = None
     # Its decode work in layers (ProvisionStage's runtime.compute_layers, else its block count): a decode step's time
-    # over it is this host's time per layer (step_speed.py).
+    # over it is this host's time per layer (step_speed.py) where the worker does not say its blocks' own time.
     compute_layers: float = 1.0
+    blocks: int = 1  # its layer range's length: the blocks' own time (StepCompleted.layers_us) over it, where said
 
     @property
     def active(self) -> bool:
@@ -249,7 +250,8 @@ class StageNode:
         plan.role_config["slot"] = slot
         log = RunLog(plan.run_id, plan.stage_index, caller_orchestrator, stage_fsm.StageController(self.node_id),
                      slot, identity, StageLease.grant(plan.run_id, self.lease_window_s, self._clock()),
-                     compute_layers=req.runtime.compute_layers or req.layer_end_exclusive - req.layer_start)
+                     compute_layers=req.runtime.compute_layers or req.layer_end_exclusive - req.layer_start,
+                     blocks=max(1, req.layer_end_exclusive - req.layer_start))
         self.runs[plan.run_id] = log
         for eid in (plan.inbound.edge_id, plan.outbound.edge_id):
             self._run_of_edge[eid] = plan.run_id
@@ -524,12 +526,19 @@ class StageNode:
             case wire.StepCompleted() | wire.StepFailed():
                 self._step_ended(ev)
 
-    def _measured(self, log: RunLog, seconds: float) -> None:
-        us = self.speed.decode_step(seconds, log.compute_layers)
+    def _measured(self, log: RunLog, seconds: float, layers_us: int) -> None:
+        # The blocks' own time where the worker says it: what every step costs besides (the control path, copies, the
+        # embedding, the head) would make a stage of few blocks look slower per block, and the split by speed would
+        # then take blocks from it run after run, reloading each time (docs/orchestrator.md "Blocks by speed").
+        if layers_us:
+            us = self.speed.decode_step(layers_us / 1e6, log.blocks)
+        else:
+            us = self.speed.decode_step(seconds, log.compute_layers)
         if us is None:
             return
         self._log.info("step_speed_measured", run_id=log.run_id, stage_index=log.stage_index, us_per_layer=us,
-                       compute_layers=log.compute_layers, samples=len(self.speed.samples))
+                       layers=log.blocks if layers_us else log.compute_layers,
+                       measured_on="blocks" if layers_us else "step", samples=len(self.speed.samples))
         if self.publish_speed is not None:
             self._spawn(self.publish_speed(us))
 
@@ -550,7 +559,7 @@ class StageNode:
                 seconds = self._clock() - ended.sent_at
                 self.steps.completed(log.stage_index, seconds)
                 if len(ended.members) == 1 and ended.members[0].rows == 1:  # one decode row: the host's speed
-                    self._measured(log, seconds)
+                    self._measured(log, seconds, ev.layers_us)
         self._answering = True  # every run answered first: those that ask again go out together
         try:
             for asked in ended.members:

@@ -6,8 +6,11 @@ An I/O-free core the StageNodes feed (node.py) and the worker publishes with the
 
 - one run's one-row step (a decode step, or a prompt sent row by row): a batched step carries several runs' rows and
   a prompt chunk many rows, so their time per layer is not a decode step's;
-- divided by the stage's decode work in layers (ProvisionStage's `compute_layers`: its blocks plus the head's weight
-  in blocks on the last stage), so a host measures the same figure whichever role it computed;
+- its blocks' own time over its block count where the compute process says it (StepCompleted.layers_us): what every
+  step costs besides (dispatch, IPC, embedding, head, read-back) does not grow with the blocks, and counted per block it
+  makes a stage of few blocks look slower than one of many on the same host; else the whole step over the stage's
+  decode work in layers (ProvisionStage's `compute_layers`: its blocks plus the head's weight in blocks on the last
+  stage). Either way a host measures the same figure whichever role it computed;
 - the median of the last `window` of them: the first steps of a freshly loaded role (tinygrad runs a graph twice
   before it is jitted) and a step that waited on the host's other work are outliers, not its speed.
 
@@ -50,7 +53,8 @@ class StepSpeed:
         return max(1, round(statistics.median(self.samples) * 1e6))
 
     def decode_step(self, seconds: float, compute_layers: float) -> int | None:
-        """One run's one-row step took `seconds` on a stage of `compute_layers` layers of work. Returns the figure to
+        """One run's one-row step took `seconds` on `compute_layers` layers of work (its blocks' time over its blocks, or
+        its whole time over its work in layers: the node's choice). Returns the figure to
         publish when it is the first one or moved by more than `change_share` from the one said, else None."""
         if compute_layers <= 0:
             raise ValueError(f"compute_layers must be positive, got {compute_layers}")

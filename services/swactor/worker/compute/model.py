@@ -324,6 +324,10 @@ class StageModel:
     policy = sampling or SamplingPolicy()
     self.next_pos = [0] * slots
     self.samplers = [Sampler(policy) for _ in range(slots)]
+    # The last step's time in the stage's blocks when it was one run's one row (a decode step), else None: the host's
+    # speed without what every step costs whatever its blocks (the embedding lookup, the head, copies, the control
+    # path), so stages of 1 and 10 blocks on one kind of host measure the same time per block (worker/step_speed.py).
+    self.last_layers_s: float | None = None
 
   @property
   def hidden_dim(self) -> int: return self.params.dim
@@ -416,10 +420,11 @@ class StageModel:
     return x
 
   def _rows(self, rows: np.ndarray, shape: Shape, segments: list[tuple[int, int]],
-            tick: Callable[[], None] | None = None) -> Tensor:
+            tick: Callable[[], None] | None = None, marks: list[float] | None = None) -> Tensor:
     """Run rows (already padded to the shape's width) through the layers, segment i in slot/position segments[i];
     returns the last layer's output on device. `tick` is called after each call of a graph still being captured
-    (prepare's progress)."""
+    (prepare's progress). `marks` gets the clock once the first of several layers replayed by TinyJit has run (the
+    device waited for): _blocks_seconds' start of the other layers."""
     if shape not in self._inputs:  # one fixed input buffer per shape, so a replay plan can bake in its address
       self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
     xin = copy_in(self._inputs[shape], rows.astype(np.float32, copy=False))
@@ -441,7 +446,19 @@ class StageModel:
           tick()
       else:  # replay directly: the layer's weight/cache buffers are fixed, only x and the segments' variables change
         x = jit.captured([x.uop.base, *L.bufs], var_vals)
+        if marks is not None and i == 0 and len(self.layers) > 1:
+          Device[self.device].synchronize()
+          marks.append(time.perf_counter())
     return x
+
+  def _blocks_seconds(self, t0: float, marks: list[float], t1: float) -> float:
+    """A one-row step's time in its blocks (last_layers_s), from t0 before the input's copy to t1 after the device ran
+    the last block. With a mark after the first block: the other blocks' time per block, times every block, so what
+    the step pays once (the input's copy, the first launch onto an idle device: tens of µs beside a GPU's ~0.2 ms a
+    block) does not count as the blocks' speed, which would make a stage of few blocks look slower than one of many."""
+    if marks:
+      return (t1 - marks[0]) / (len(self.layers) - 1) * len(self.layers)
+    return t1 - t0
 
   def _plan_layers(self, shape: Shape) -> None:
     """Once every layer graph of `shape` is captured, run them without TinyJit from now on (replay.py): layer 0 reads
@@ -660,6 +677,7 @@ class StageModel:
 
   def _run(self, inputs: np.ndarray, start_pos: int, slot: int, head: bool = True) -> np.ndarray:
     x = self._check(inputs, start_pos, slot)
+    self.last_layers_s = None
     rows = self._embed(x.astype(np.int64)) if self.is_first else x
     outs, n = [], rows.shape[0]
     for c0 in range(0, n, self.chunk):
@@ -668,7 +686,12 @@ class StageModel:
       width = 1 if t == 1 else self.chunk
       if t < width:
         part = np.concatenate([part, np.zeros((width - t, part.shape[1]), np.float32)])
-      y = self._rows(part, (width,), [(slot, start_pos + c0)])
+      marks: list[float] = []
+      t0 = time.perf_counter()
+      y = self._rows(part, (width,), [(slot, start_pos + c0)], marks=marks if n == 1 else None)
+      if n == 1:  # a device runs the graphs asynchronously: wait for them, so the time is theirs, not their launch's
+        Device[self.device].synchronize()
+        self.last_layers_s = self._blocks_seconds(t0, marks, time.perf_counter())
       if self.head is None:
         outs.append(read(y)[:t])
       elif head and c0 + self.chunk >= n:
@@ -689,6 +712,7 @@ class StageModel:
       raise ValueError(f"a batched step takes one row per slot, got slots {slots}")
     if len(batch) > self.slots:
       raise ValueError(f"{len(batch)} rows exceed this stage's {self.slots} slot(s)")
+    self.last_layers_s = None
     xs = [self._check(r.inputs, r.start_pos, r.slot, rows=1) for r in batch]
     rows = self._embed(np.concatenate(xs).astype(np.int64)) if self.is_first else np.concatenate(xs)
     width = next(b for b in self.batch_widths if b >= len(batch))

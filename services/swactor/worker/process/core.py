@@ -41,6 +41,7 @@ class Step:
     outputs: dict[int, tuple[wire.OutputBinding, Any]] = field(default_factory=dict)  # ring_id -> (binding, obj)
     done: set[int] = field(default_factory=set)  # rings whose output is produced
     dropped: set[int] = field(default_factory=set)  # output rings uninstalled mid-step (a batched step's run left)
+    layers_us: int = 0  # StepRan's: said with StepCompleted
 
     def binds(self, ring_id: int) -> bool:
         return any(o.ring_id == ring_id for o in self.cmd.outputs) and ring_id not in self.dropped
@@ -433,7 +434,7 @@ class WorkerCore:
             for obj in r.outputs:
                 self._do(m.FreeDeviceObject(obj))
             return
-        step.ran = True
+        step.ran, step.layers_us = True, r.layers_us
         if len(r.outputs) != len(step.cmd.outputs):
             for obj in r.outputs:
                 self._do(m.FreeDeviceObject(obj))
@@ -473,7 +474,7 @@ class WorkerCore:
         if step.cmd.release_inputs_after:
             for b in step.cmd.inputs:
                 self._release(b.device_handle)
-        self._emit(wire.StepCompleted(step.cmd.role_id, step.cmd.step_id))
+        self._emit(wire.StepCompleted(step.cmd.role_id, step.cmd.step_id, layers_us=step.layers_us))
 
     def _fail_step(self, reason: int, detail: str) -> None:
         step = self._end_step()

@@ -113,6 +113,10 @@ class LlamaStageRole:
         out = self.model.step(self._array(x), start_pos, sample=sample, slot=slot, every_row=every_row)
         return [self._object(out)]
 
+    @property
+    def layers_seconds(self) -> float | None:
+        return self.model.last_layers_s
+
     def _batch(self, inputs: list[DeviceAllocation], runtime: dict[str, Any]) -> list[DeviceAllocation]:
         from swactor.worker.compute.model import BatchRow
 

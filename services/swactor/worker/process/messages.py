@@ -105,6 +105,7 @@ class RoleReset(OfRole):
 @dataclass(frozen=True)
 class StepRan(_Step):
     outputs: list[Any]  # device objects (ObjectSource: extent, read_into)
+    layers_us: int = 0  # the step's time in the model's blocks, where the role says (roles.layers_seconds); 0: not
 
 
 @dataclass(frozen=True)

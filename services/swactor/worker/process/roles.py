@@ -47,6 +47,13 @@ class Role(Protocol):
         """Forget per-run state (KV cache, sampler RNG) for a new run of `config`; keep the weights."""
 
 
+def layers_seconds(role: Role) -> float | None:
+    """How long the role's last step spent in its model's blocks, where it says (a llama stage's one-row step:
+    StageModel.last_layers_s); None for other steps and roles. The host's speed is measured on it (step_speed.py)."""
+    seconds = getattr(role, "layers_seconds", None)
+    return seconds if isinstance(seconds, float) and seconds > 0 else None
+
+
 def weights_key(config: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies resident weights: kind, source, checksum, layer range, role position, the KV slots it holds and
     their dtype (a float16 KV cache is a different resident role: its buffers and graphs differ); not the run's slot or

@@ -180,7 +180,8 @@ class Shell:
         except Exception as e:  # role code: classified by type, never fatal
             c = self._classified(failures.STEP_FAILURES, e, "role_step_failed", step_id=step_id)
             return m.StepRaised(step_id, c.reason, c.detail)
-        return m.StepRan(step_id, list(outputs))
+        layers_s = roles.layers_seconds(role)
+        return m.StepRan(step_id, list(outputs), layers_us=max(1, round(layers_s * 1e6)) if layers_s else 0)
 
     def _classified(self, table: failures.Table, e: Exception, what: str, **ids: int) -> failures.Classified:
         c = failures.classify(table, e)

@@ -305,7 +305,10 @@ class ObjectFailed(_RingEnd):
 
 @dataclass(frozen=True)
 class StepCompleted(_Step):
-    """Every output of the step is produced."""
+    """Every output of the step is produced. layers_us (adapter extension; 0 = not said): the time the step spent in
+    the model's blocks, said for one run's one-row step (the host's speed: worker/step_speed.py)."""
+
+    layers_us: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
