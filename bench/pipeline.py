@@ -28,7 +28,8 @@ edge h: h = 0 token-in (orchestrator -> stage 0), h = k stage k-1 -> stage k, h 
                  packetising, UDP, the peer's QUIC stack
   recv h         -> the consumer loaded it (OBJECT_LOADED(h) / TOKEN_RECEIVED(n)): recv ring commit,
                  wake, the worker's load + report to its node (or the orchestrator's token reader)
-  dispatch k     OBJECT_LOADED(k) -> EXECUTE_STEP_STARTED(k): the stage node starts the step
+  dispatch k     OBJECT_LOADED(k) -> EXECUTE_STEP_STARTED(k): the stage node starts the step (~0 for a step
+                 the worker started under a grant: it starts as its input loads)
   compute k      EXECUTE_STEP_STARTED(k) -> OBJECT_PRODUCED(k): the stage's layers
 OBJECT_PRODUCED / OBJECT_LOADED are stamped by the stage node when the worker process reports them,
 after the fact; a stamp later than the next (driver-stamped) checkpoint is clamped back to it, so its

@@ -78,6 +78,23 @@ def test_loaded_and_produced_events_carry_the_compute_process_s_stamps() -> None
     assert wire.decode_event(wire.encode(ev)).at_us == 1_000_123
 
 
+def test_a_granted_step_started_when_its_input_loaded() -> None:
+    """A step the worker started under a grant began as its input loaded: EXECUTE_STEP_STARTED takes the load's stamp
+    (the line's lag is not dispatch); a step the controller sends starts when it sends it."""
+    c = ready()
+    (st,) = steps(c.handle(loaded(0, rows=5)))
+    c.handle(wire.ObjectProduced(71, 11, 1, 500, 0, 160))
+    c.handle(wire.StepCompleted(9, st.step_id))
+    ev = wire.ObjectLoaded(70, 10, 0, 501, 1, 4 * HID, wire.DeviceHandle(1, 4), granted_step=st.step_id + 1,
+                           at_us=2_000_777)
+    [rep] = [a for a in c.handle(ev) if isinstance(a, s.Report) and a.event.kind == common_pb2.EXECUTE_STEP_STARTED]
+    assert rep.event.time_us == 2_000_777 and rep.event.counters["granted"] == 1
+    sent = wire.ObjectLoaded(70, 10, 0, 502, 2, 4 * HID, wire.DeviceHandle(1, 5), at_us=3_000_000)
+    c.handle(wire.ObjectProduced(71, 11, 1, 501, 1, 4 * HID))
+    c.handle(wire.StepCompleted(9, st.step_id + 1))
+    [rep] = [a for a in c.handle(sent) if isinstance(a, s.Report) and a.event.kind == common_pb2.EXECUTE_STEP_STARTED]
+    assert rep.event.time_us == 0  # stamped as it is reported
+
 def test_untraced_steps_report_no_per_object_events() -> None:
     c = ready(trace=False)
     actions = c.handle(loaded(0, rows=5))

@@ -361,9 +361,13 @@ class StageController:
         self.position += rows
         self.step_rows = rows
         self.next_sequence = ev.sequence + 1
+        # A granted step started in the worker as its input loaded: its start is the load's time, not this line's
+        # (the IPC's lag would show as dispatch and the step's compute would look that much shorter).
+        started = {"time_us": ev.at_us} if ev.granted_step and ev.at_us else {}
         return [*self._traced(self._event(common_pb2.EXECUTE_STEP_STARTED, step_id=self.step_id, sequence=ev.sequence,
                                           object_id=ev.object_id, counters={"rows": rows, "start_pos": self.position - rows,
-                                                                             "granted": int(bool(ev.granted_step))})),
+                                                                             "granted": int(bool(ev.granted_step))},
+                                          **started)),
                 StepAdopted(self.step, ev.granted_step) if ev.granted_step else ToWorker(self.step)]
 
     def _object_event(self, inp: wire.ObjectFailed | wire.ObjectProduced) -> list[Action]:
