@@ -87,7 +87,7 @@ def main() -> int:
         for label, make in placements.items():
             plan = stub.Plan(make(), timeout=30)
             print(f"\n{label}:\n" + "\n".join(f"  {line}" for line in plan_lines(plan)), flush=True)
-            predicted = plan.compute_ms_per_token + plan.network_ms_per_token
+            predicted = plan.predicted_ms_per_token
             run(make())  # load it
             res = run(make())
             assert res.finished is not None

@@ -94,5 +94,6 @@ def test_the_dry_run_prints_the_predicted_time_per_token() -> None:
                          max_seq_len=4096, network=net)
     assert [s.node_id for s in resp.placement] == [2]
     assert resp.compute_ms_per_token == pytest.approx(0.1 * WORK) and resp.network_ms_per_token == pytest.approx(1.0)
+    assert resp.predicted_ms_per_token == pytest.approx(0.1 * WORK + 1)  # the figure the planner chose node 2 by
     assert any(f"with the hops, {0.1 * WORK + 1:.1f} ms predicted a token" in line for line in plan_lines(resp)), \
         plan_lines(resp)

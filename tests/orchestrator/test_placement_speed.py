@@ -181,6 +181,7 @@ def test_the_dry_run_prints_each_stage_s_speed_and_predicted_compute() -> None:
     s0, s1 = answer.placement
     assert (s0.ms_per_layer, s1.ms_per_layer) == (0.25, 0.5) and s0.compute_ms == pytest.approx(0.25 * 20)
     assert answer.compute_ms_per_token == pytest.approx(s0.compute_ms + s1.compute_ms)
+    assert answer.predicted_ms_per_token == pytest.approx(answer.compute_ms_per_token)  # no network: no hops counted
     lines = plan_lines(answer)
     assert "blocks in inverse proportion to the nodes' measured ms per layer" in lines[0]
     assert lines[1].endswith("; 0.250 ms/layer x 20.0 layers = 5.0 ms a decode step"), lines[1]
@@ -194,7 +195,7 @@ def test_the_dry_run_marks_a_host_not_measured() -> None:
                            max_seq_len=4096)
     lines = plan_lines(answer)
     assert lines[1].endswith("; speed not measured") and "0.500 ms/layer" in lines[2]
-    assert not answer.HasField("compute_ms_per_token")
+    assert not answer.HasField("compute_ms_per_token") and not answer.HasField("predicted_ms_per_token")
 
 
 def test_a_run_joining_the_runs_in_flight_keeps_their_blocks_whatever_the_speeds_now() -> None:

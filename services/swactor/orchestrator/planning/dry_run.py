@@ -80,6 +80,8 @@ def plan_response(model: str, members: Sequence[NodeInfo], demand: Demand, statu
     out.split = placement.split
     if (per_token := placement.compute_ms_per_token()) is not None:
         out.compute_ms_per_token = per_token
+    if (predicted := placement.predicted_ms_per_token()) is not None:
+        out.predicted_ms_per_token = predicted
     over = set(placement.over())
     for k, (node, (lo, hi)) in enumerate(zip(placement.nodes, placement.ranges, strict=True)):
         stage = opb.PlannedStage(stage_index=k, node_id=node.node_id, device_index=node.device, layer_start=lo,
