@@ -324,6 +324,35 @@ def test_membership_loss_after_provisioning_faults_and_teardown_skips_lost_node(
     assert kinds(acts) == ["STAGE_STOPPED", "RUN_TORN_DOWN"]
 
 
+def test_a_node_s_own_word_that_it_faulted_waits_for_its_stage_s_cause() -> None:
+    """A node that says Faulted is alive and its stage reports why; that report, not the gossip, is the outcome when
+    it comes within ECHO_GRACE_S (the two race: the gossip won once on a busy box). A node back before the grace ends
+    faults nothing."""
+    said = (node(1), node(2, NodeState.FAULTED))
+    fsm = make(stages=2)
+    to_ready(fsm)
+    assert fsm.handle(F.MembershipChanged(said), 4.0) == [] and fsm.outcome is None
+    acts = fsm.handle(F.StageFault(1, pb.RUN_FAULT_WORKER_CRASHED, pb.COMPONENT_WORKER_CTL, "compute process died"), 4.3)
+    faulted = [a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == K.RUN_FAULTED]
+    assert [(e.reason, e.component) for e in faulted] == [("RUN_FAULT_WORKER_CRASHED", pb.COMPONENT_WORKER_CTL)]
+    assert not [a for a in fsm.handle(F.Tick(), 5.5) if isinstance(a, F.Emit) and a.event.kind == K.RUN_FAULTED]
+
+    fsm = make(stages=2)
+    to_ready(fsm)
+    fsm.handle(F.MembershipChanged(said), 4.0)
+    fsm.handle(F.MembershipChanged(pool(1, 2)), 4.5)  # Available again
+    assert fsm.handle(F.Tick(), 5.5) == [] and fsm.outcome is None and fsm.deadline() != 5.0
+
+    fsm = make(stages=2)  # a peer's echo held, then the node's word: neither stage said why, the word is the cause
+    to_ready(fsm)
+    fsm.handle(F.StageFault(0, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER, "peer stopped", cause=F.ECHO_CAUSE),
+               4.0)
+    fsm.handle(F.MembershipChanged(said), 4.2)
+    assert fsm.deadline() == 4.0 + F.ECHO_GRACE_S
+    fsm.handle(F.Tick(), 4.0 + F.ECHO_GRACE_S)
+    assert (fsm.outcome, fsm.reason) == (F.Outcome.FAULTED, "RUN_FAULT_MEMBERSHIP_LOST")
+
+
 def test_provision_failure_is_not_awaited_in_teardown() -> None:
     fsm = make(stages=2)
     fsm.handle(F.MembershipChanged(pool(1, 2)), 0.0)

@@ -250,12 +250,14 @@ def test_a_lost_node_faults_the_run_once_for_all_its_stages() -> None:
     fsm.handle(F.EndpointsReady(), 1.0)
     assert fsm.state is F.RunState.RUNNING
     lost = (dataclasses.replace(member(A, 2), state=NodeState.FAULTED), member(B), member(C))
-    acts = fsm.handle(F.MembershipChanged(lost), 2.0)
+    assert fsm.handle(F.MembershipChanged(lost), 2.0) == []  # its word held: its stages' own reports first
+    assert fsm.deadline() == 2.0 + F.ECHO_GRACE_S
+    acts = fsm.handle(F.Tick(), 2.0 + F.ECHO_GRACE_S)  # none came
     faulted = [a.event for a in acts if isinstance(a, F.Emit) and a.event.kind == pb.RUN_FAULTED]
     assert len(faulted) == 1 and faulted[0].detail == "node 1 (stages 0, 1) left the pool or faulted"
     stopped = [a.event.stage_index for a in acts if isinstance(a, F.Emit) and a.event.kind == pb.STAGE_STOPPED]
     assert stopped == [0, 1]  # A cannot confirm: its run state died with it; stage 2 on B is still asked
-    again = fsm.handle(F.MembershipChanged(lost), 3.0)
+    again = fsm.handle(F.MembershipChanged(lost), 3.5)
     assert not [a for a in again if isinstance(a, F.Emit) and a.event.kind == pb.RUN_FAULTED]
     assert fsm.outcome is F.Outcome.FAULTED and fsm.reason == "RUN_FAULT_MEMBERSHIP_LOST"
 

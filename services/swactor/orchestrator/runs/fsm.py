@@ -4,7 +4,8 @@ An I/O-free core: `RunFsm.handle(input, now)` takes one input and the current mo
 returns the actions the adapter must perform (provision, inject tokens, stop stages, emit lifecycle
 events). `deadline()` says when the adapter must deliver a `Tick`. Every state change goes through
 `_set_state`; the outcome is set once, by `_finish`, with the first fault reason (a peer's echo of a stage's fault,
-STREAM_FAULT_PEER_STOPPED, waits ECHO_GRACE_S for that stage's own report first).
+STREAM_FAULT_PEER_STOPPED, waits ECHO_GRACE_S for that stage's own report first, and so does a node's own word that it
+faulted, for its stages').
 
 States (RunState) follow §13; Completed / Faulted / Operator-stopped are the run's Outcome, recorded
 on the way into TEARING_DOWN.
@@ -82,6 +83,11 @@ _LOST = (NodeState.FAULTED, NodeState.LEFT)
 # stopped the stream" instead of the arena), so an echo becomes the outcome only when no cause came within this long.
 ECHO_GRACE_S = 1.0
 ECHO_CAUSE = pb.StreamFaultReason.Name(pb.STREAM_FAULT_PEER_STOPPED)
+# A node that says it faulted (membership state Faulted: its compute process died, its arena went) is alive, and its
+# stages report the cause themselves, naming the component. The gossip and the stage's report race here too (a
+# fault-suite run on a busy box: "SIGKILL compute process" ended "node left the pool or faulted" instead of the
+# worker's crash), so the node's word becomes the outcome only when no stage's report came within ECHO_GRACE_S. A node
+# gone (Dead, Left, out of the view) says nothing more: that is the outcome at once.
 
 
 def _seats(seats: tuple[Seat, ...]) -> str:
@@ -141,6 +147,7 @@ class RunFsm:
         self.teardown_timed_out = False
         self._now = now
         self._echo: tuple[StageFault, float] | None = None  # the first echo held for its cause, and until when
+        self._said_faulted: tuple[MembershipChanged, float] | None = None  # the latest view while a node's word is held
 
     # ---- public ----
 
@@ -155,8 +162,9 @@ class RunFsm:
             if stable is None or stable <= self._now:  # no placement yet, or its window passed: only the pool timeout
                 return self._pool_deadline
             return min(self._pool_deadline, stable)
-        if self._echo is not None and self.outcome is None:
-            return self._echo[1] if self._deadline is None else min(self._deadline, self._echo[1])
+        held = [h[1] for h in (self._echo, self._said_faulted) if h is not None] if self.outcome is None else []
+        if held:
+            return min(held) if self._deadline is None else min(self._deadline, *held)
         return self._deadline
 
     def handle(self, event: Input, now: float) -> list[Action]:
@@ -265,6 +273,17 @@ class RunFsm:
         assert self.plan is not None
         return min(self.plan.max_seq_len, self.request.max_context or self.plan.max_seq_len)
 
+    def _membership_lost(self, event: MembershipChanged, now: float, out: list[Action]) -> None:
+        lost = self._lost_nodes(event.members)
+        if not lost:
+            return
+        s = lost[0]
+        on = [str(t.stage_index) for t in lost if t.node_id == s.node_id]  # its stage devices' stages
+        self._fault(out, now, pb.RUN_FAULT_MEMBERSHIP_LOST,
+                    f"node {s.node_id} (stage{'s' if len(on) > 1 else ''} {', '.join(on)}) left the pool "
+                    "or faulted", pb.COMPONENT_MEMBERSHIP, s)
+        self._on_tearing_down(event, now, out)  # a departed node is not waited for
+
     def _lost_nodes(self, members: tuple[NodeInfo, ...]) -> list[StagePlan]:
         if self.plan is None:
             return []
@@ -273,6 +292,11 @@ class RunFsm:
 
     def _common(self, event: Input, now: float, out: list[Action]) -> bool:
         """Inputs every active (provisioned) state treats alike; True when handled."""
+        if isinstance(event, Tick) and self._said_faulted is not None and (
+                now >= self._said_faulted[1] or (self._echo is not None and now >= self._echo[1])):
+            view, self._said_faulted = self._said_faulted[0], None
+            self._membership_lost(view, now, out)  # no stage said why: the node's word (a cause, unlike an echo)
+            return True
         if isinstance(event, Tick) and self._echo is not None and now >= self._echo[1]:
             self._stage_fault(self._echo[0], now, out)  # no cause came: the echo is all that is known
             return True
@@ -304,13 +328,16 @@ class RunFsm:
                 self._fault(out, now, r, d)
             case MembershipChanged(members=members):
                 lost = self._lost_nodes(members)
-                if lost:
-                    s = lost[0]
-                    on = [str(t.stage_index) for t in lost if t.node_id == s.node_id]  # its stage devices' stages
-                    self._fault(out, now, pb.RUN_FAULT_MEMBERSHIP_LOST,
-                                f"node {s.node_id} (stage{'s' if len(on) > 1 else ''} {', '.join(on)}) left the pool "
-                                "or faulted", pb.COMPONENT_MEMBERSHIP, s)
-                    self._on_tearing_down(event, now, out)  # a departed node is not waited for
+                view = {m.node_id: m for m in members}
+                if lost and self.outcome is None and all(s.node_id in view and view[s.node_id].state is NodeState.FAULTED
+                                                         for s in lost):
+                    held_until = self._said_faulted[1] if self._said_faulted else now + ECHO_GRACE_S
+                    self._said_faulted = (event, held_until)  # its stages' own reports first (above)
+                elif lost:
+                    self._said_faulted = None
+                    self._membership_lost(event, now, out)
+                else:
+                    self._said_faulted = None  # back before the grace ended: nothing lost
             case _:
                 return False
         return True
