@@ -292,7 +292,7 @@ class RunFsm:
 
     def _common(self, event: Input, now: float, out: list[Action]) -> bool:
         """Inputs every active (provisioned) state treats alike; True when handled."""
-        if isinstance(event, Tick) and self._said_faulted is not None and (
+        if isinstance(event, Tick) and self._said_faulted is not None and self.outcome is None and (
                 now >= self._said_faulted[1] or (self._echo is not None and now >= self._echo[1])):
             view, self._said_faulted = self._said_faulted[0], None
             self._membership_lost(view, now, out)  # no stage said why: the node's word (a cause, unlike an echo)
