@@ -108,7 +108,7 @@ def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: i
         print(f"llama stage step: skipped, no {MODEL} (make model)")
         return
     w.send(wire.ConfigureRole(10, {"kind": "llama_stage", "gguf_path": MODEL, "layer_start": lo, "layer_end": hi,
-                                   "max_seq_len": 256}))
+                                   "max_seq_len": steps}))
     w.expect(wire.RoleConfigured, timeout=600, role_id=10)
     lin, lout = arena.ring(1 << 16), arena.ring(1 << 16)
     w.install(lin, "Ingress", spec(1 << 20, row=576), edge_id=3)
@@ -125,11 +125,12 @@ def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: i
                                 {"start_pos": seq}, True))
         got = b""
         while len(got) < 40 + x.nbytes:
-            cout.wait_readable(5.0)
+            if not cout.wait_readable(5.0):
+                raise RuntimeError(f"step {seq}: no output within 5 s; the process said {w.events[-3:]}")
             got += cout.read(1 << 16)
         rt.append(time.perf_counter() - t0)
         blocks.append(w.expect(wire.StepCompleted, step_id=1000 + seq).layers_us / 1e6)
-    m = StageModel(MODEL, lo, hi, max_seq_len=256)
+    m = StageModel(MODEL, lo, hi, max_seq_len=steps)
     here = []
     for pos in range(steps):
         t0 = time.perf_counter()

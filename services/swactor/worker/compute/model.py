@@ -689,8 +689,9 @@ class StageModel:
       marks: list[float] = []
       t0 = time.perf_counter()
       y = self._rows(part, (width,), [(slot, start_pos + c0)], marks=marks if n == 1 else None)
-      if n == 1:  # a device runs the graphs asynchronously: wait for them, so the time is theirs, not their launch's
-        Device[self.device].synchronize()
+      if n == 1:
+        if self._plans.get((width,)) is None:  # TinyJit's replay (a GPU's path) runs the graphs asynchronously: wait,
+          Device[self.device].synchronize()    # so the time is theirs, not their launch's (the launcher has returned)
         self.last_layers_s = self._blocks_seconds(t0, marks, time.perf_counter())
       if self.head is None:
         outs.append(read(y)[:t])
