@@ -279,6 +279,8 @@ def main() -> int:
     ap.add_argument("--no-step-grants", action="store_true",
                     help="[worker].step_grants = false: every decode step waits for its ExecuteStep (for comparison)")
     a = ap.parse_args()
+    if a.runs < 1:
+        ap.error(f"--runs must be at least 1, got {a.runs}")
     stages = [int(s) for s in a.stages.split(",")]
     from swactor.localcluster import ClusterSpec, LocalCluster
     from swactor.localcluster.cluster import DEFAULT_MODEL
@@ -314,7 +316,7 @@ def main() -> int:
             warm = follow(stub, req, timeout_s=600)  # the first run of this plan: loads weights, compiles (or the cache)
             cpu0 = cpu_seconds(cluster)
             runs = [follow(stub, req, timeout_s=600) for _ in range(a.runs)]  # untraced: the figures
-            res = sorted(runs, key=lambda r: r.decode_tok_s)[len(runs) // 2]  # the median run's
+            res = sorted(runs, key=lambda r: r.decode_tok_s or 0.0)[len(runs) // 2]  # the median run's
             steps = sum(max(1, -(-r.prompt_tokens // max(1, chunk)) + len(r.token_ids)) for r in runs)  # chunks + tokens
             cpu = {k: (v - cpu0.get(k, 0.0)) * 1000 / steps for k, v in cpu_seconds(cluster).items()}
             if a.runs > 1:
