@@ -97,3 +97,12 @@ def test_the_dry_run_prints_the_predicted_time_per_token() -> None:
     assert resp.predicted_ms_per_token == pytest.approx(0.1 * WORK + 1)  # the figure the planner chose node 2 by
     assert any(f"with the hops, {0.1 * WORK + 1:.1f} ms predicted a token" in line for line in plan_lines(resp)), \
         plan_lines(resp)
+
+
+def test_the_dry_run_prints_no_total_while_a_hop_is_not_measured() -> None:
+    """predicted_ms_per_token counts an unmeasured hop as the mean of the measured ones (none here: 0); the line
+    prints the total only when every hop of the ring was measured (network_ms_per_token)."""
+    resp = plan_response("smol", hosts(2.0, 0.1), Demand(1, (), 30, need(SMOL)), PoolStatus(True, "ready"),
+                         prompt_tokens=4, max_seq_len=4096, network=Network(1, {}))
+    assert resp.HasField("predicted_ms_per_token") and not resp.HasField("network_ms_per_token")
+    assert not any("with the hops" in line for line in plan_lines(resp)), plan_lines(resp)

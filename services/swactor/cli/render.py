@@ -151,7 +151,7 @@ def plan_lines(p: opb.PlanResponse) -> list[str]:
         lines.append(ring_line(p))
     if p.HasField("compute_ms_per_token"):  # beside the ring's hops: what a token costs, in its two parts
         total = (f"; with the hops, {p.predicted_ms_per_token:.1f} ms predicted a token"
-                 if p.HasField("predicted_ms_per_token") and p.hop_rtt_ms else "")
+                 if p.HasField("predicted_ms_per_token") and p.HasField("network_ms_per_token") else "")
         lines.append(f"  compute: the stages add {p.compute_ms_per_token:.1f} ms to each token (one after another){total}")
     lines.append(f"pool {'ready' if p.pool_ready else 'not ready'}: {p.pool_detail}")
     lines.append(f"would be refused: {p.refusal}" if p.refusal else "SubmitRun would accept it"

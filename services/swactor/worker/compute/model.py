@@ -423,8 +423,9 @@ class StageModel:
             tick: Callable[[], None] | None = None, marks: list[float] | None = None) -> Tensor:
     """Run rows (already padded to the shape's width) through the layers, segment i in slot/position segments[i];
     returns the last layer's output on device. `tick` is called after each call of a graph still being captured
-    (prepare's progress). `marks` gets the clock once the first of several layers replayed by TinyJit has run (the
-    device waited for): _blocks_seconds' start of the other layers."""
+    (prepare's progress). `marks` (a one-row step being timed): TinyJit runs the graphs asynchronously, so the device
+    is waited for after the layers, and `marks` gets the clock once the first of several has run (_blocks_seconds'
+    start of the others); the launcher's plan has run them when it returns."""
     if shape not in self._inputs:  # one fixed input buffer per shape, so a replay plan can bake in its address
       self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
     xin = copy_in(self._inputs[shape], rows.astype(np.float32, copy=False))
@@ -449,6 +450,8 @@ class StageModel:
         if marks is not None and i == 0 and len(self.layers) > 1:
           Device[self.device].synchronize()
           marks.append(time.perf_counter())
+    if marks is not None:
+      Device[self.device].synchronize()
     return x
 
   def _blocks_seconds(self, t0: float, marks: list[float], t1: float) -> float:
@@ -690,8 +693,6 @@ class StageModel:
       t0 = time.perf_counter()
       y = self._rows(part, (width,), [(slot, start_pos + c0)], marks=marks if n == 1 else None)
       if n == 1:
-        if self._plans.get((width,)) is None:  # TinyJit's replay (a GPU's path) runs the graphs asynchronously: wait,
-          Device[self.device].synchronize()    # so the time is theirs, not their launch's (the launcher has returned)
         self.last_layers_s = self._blocks_seconds(t0, marks, time.perf_counter())
       if self.head is None:
         outs.append(read(y)[:t])
