@@ -7,12 +7,15 @@
 - small-object latency: write a decode-sized activation row (576 float32) -> ObjectLoaded event;
 - step roundtrip: object in -> ExecuteStep (test doubling role) -> output object read back;
 - a llama stage's one-row step (2 SmolLM2 blocks) through the process beside StageModel.step here: what the
-  process adds to a step (with an ExecuteStep round trip per step: no grant).
+  process adds to a step (with an ExecuteStep round trip per step: no grant), and the process's CPU time a step;
+- a step's control messages (ObjectLoaded, ExecuteStep, ObjectProduced, StepCompleted, ReleaseDeviceObject,
+  DeviceObjectReleased) encoded and decoded as the stream carries them (framing.py) beside all as JSON lines.
 Speed targets live here only, never in tests.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -24,7 +27,7 @@ import swactor_ring as sr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from swactor.worker.process import wire
+from swactor.worker.process import framing, wire
 from tests.worker_service.harness import Arena, WorkerProc, spec
 
 
@@ -93,14 +96,15 @@ def main() -> None:
         print(f"step roundtrip (load + ExecuteStep + produce, doubling role): median "
               f"{statistics.median(rt) * 1e3:.2f} ms, p95 {sorted(rt)[95] * 1e3:.2f} ms")
         llama_step(w, arena)
+        control_messages()
     finally:
         w.close()
         arena.close()
 
 
-def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: int = 100) -> None:
+def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: int = 300) -> None:
     """A llama stage's one-row decode step through the process (its blocks' own time as StepCompleted says it) beside
-    the same StageModel's step in this process: what the process adds to a step (ring I/O, lines, its loop)."""
+    the same StageModel's step in this process: what the process adds to a step (ring I/O, its messages, its loop)."""
     from swactor.worker.compute import StageModel
     from tests.worker_service.plans import MODEL
 
@@ -116,7 +120,10 @@ def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: i
     pin, cout = arena.producer(lin), arena.consumer(lout)
     x = (np.random.default_rng(1).standard_normal(576) * 0.1).astype(np.float32)
     rt, blocks = [], []
+    cpu = []
     for seq in range(steps):
+        if seq == steps // 10:
+            cpu.append(process_cpu_s(w.proc.pid))
         t0 = time.perf_counter()
         pin.write(record(seq, x.tobytes()))
         ev = w.expect(wire.ObjectLoaded, ring_id=lin.ring_id, sequence=seq)
@@ -130,6 +137,7 @@ def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: i
             got += cout.read(1 << 16)
         rt.append(time.perf_counter() - t0)
         blocks.append(w.expect(wire.StepCompleted, step_id=1000 + seq).layers_us / 1e6)
+    cpu.append(process_cpu_s(w.proc.pid))
     m = StageModel(MODEL, lo, hi, max_seq_len=steps)
     here = []
     for pos in range(steps):
@@ -139,7 +147,44 @@ def llama_step(w: WorkerProc, arena: Arena, lo: int = 10, hi: int = 12, steps: i
     skip = steps // 10  # the first steps jit the graphs
     med = lambda v: statistics.median(v[skip:]) * 1e3  # noqa: E731
     print(f"llama stage [{lo}, {hi}) one-row step: through the process {med(rt):.2f} ms (its blocks {med(blocks):.2f} ms), "
-          f"StageModel.step in this process {med(here):.2f} ms: the process adds {med(rt) - med(here):.2f} ms a step")
+          f"StageModel.step in this process {med(here):.2f} ms: the process adds {med(rt) - med(here):.2f} ms a step; "
+          f"its CPU {(cpu[1] - cpu[0]) / (steps - skip) * 1e3:.2f} ms a step")
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process, its threads included (/proc: clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def control_messages(n: int = 20000) -> None:
+    """A step's control messages through the codec: what the node and the process spend on them, both ends."""
+    handle = wire.DeviceHandle(1, 5)
+    step = [wire.ObjectLoaded(3, 7, 0, 11, 12, 2304, handle, 0, 0, 1_700_000_000_000_000),
+            wire.ExecuteStep(1, 5, [wire.InputBinding(0, 11, 12, handle)], [wire.OutputBinding(1, 4, 11, 12, 2304)],
+                             {"start_pos": 17}, True),
+            wire.ObjectProduced(4, 8, 1, 11, 12, 2304, 1_700_000_000_000_000), wire.StepCompleted(1, 5, 120),
+            wire.DeviceObjectReleased(handle), wire.ReleaseDeviceObject(handle)]
+    events = {type(e) for e in step if type(e).__name__ in wire.EVENTS}
+
+    def json_lines() -> None:
+        for msg in step:
+            line = wire.encode(msg)
+            (wire.decode_event if type(msg) in events else wire.decode_command)(line)
+
+    def frames() -> None:
+        for msg in step:
+            data = framing.frame(msg)
+            (framing.decode_event if type(msg) in events else framing.decode_command)(data)
+
+    took = {}
+    for name, fn in (("JSON lines", json_lines), ("frames", frames)):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        took[name] = (time.perf_counter() - t0) / n * 1e6
+    print(f"a step's 6 control messages, encoded and decoded: JSON lines {took['JSON lines']:.0f} us, "
+          f"as framed now {took['frames']:.0f} us ({took['JSON lines'] / took['frames']:.1f}x less)")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 
 import swactor_ring as sr
 from swactor.common.ringport import native_layout
-from swactor.worker.process import fdpass, wire
+from swactor.worker.process import fdpass, framing, wire
 
 ARENA_BYTES = 16 << 20
 REPO = str(Path(__file__).resolve().parents[2])  # test roles (tests.worker_service.roles) import from here
@@ -79,20 +79,26 @@ class WorkerProc:
                  "SWACTOR_FD_SOCKET": str(theirs.fileno()), **(env or {})})
         theirs.close()
         self.events: list[Any] = []
-        self._buf = b""
+        self._frames = framing.FrameReader()
+        self._read: list[bytes] = []  # frames read, not decoded yet
 
     def send(self, cmd: Any) -> None:
-        self.send_raw(wire.encode(cmd))
+        self.send_bytes(framing.frame(cmd))
 
-    def send_raw(self, line: str) -> None:
+    def send_bytes(self, data: bytes) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.write(data)
         self.proc.stdin.flush()
+
+    @property
+    def holds_frames(self) -> bool:
+        """Events already read off stdout wait to be decoded (`_read_one` returns one without reading)."""
+        return bool(self._read)
 
     def _read_one(self, deadline: float) -> Any | None:
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        while b"\n" not in self._buf:
+        while not self._read:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -102,9 +108,8 @@ class WorkerProc:
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        ev = wire.decode_event(line)  # stdout carries only well-formed events
+            self._read += self._frames.feed(chunk)
+        ev = framing.decode_event(self._read.pop(0))  # stdout carries only well-formed events
         self.events.append(ev)
         return ev
 

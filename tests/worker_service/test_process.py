@@ -1,4 +1,4 @@
-"""The compute process driven for real: stdin/stdout JSON, memfd arena, ring-rs rings (§28-33)."""
+"""The compute process driven for real: stdin/stdout frames (JSON lines and binary), memfd arena, ring-rs rings (§28-33)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.process import wire
+from swactor.worker.process import framing, wire
 
 from .harness import Arena, WorkerProc, spec
 
@@ -21,12 +21,14 @@ def record(seq: int, payload: bytes, *, object_id: int | None = None) -> bytes:
 
 
 @pytest.mark.parametrize(
-    "line",
-    ["{not json", '["InstallRing"]', '{"type": "FormatDisk"}', '{"type": "RingReadable", "ring_id": "x"}'],
+    "frame",
+    [b"{not json\n", b'["InstallRing"]\n', b'{"type": "FormatDisk"}\n', b'{"type": "RingReadable", "ring_id": "x"}\n',
+     bytes((0xFE, 0, 0, 0, 0)), framing.frame(wire.StepCompleted(1, 1))],
+    ids=["not json", "not an object", "unknown type", "mistyped field", "unknown binary tag", "an event's frame"],
 )
-def test_malformed_control_line_is_fatal(worker: WorkerProc, line: str) -> None:
+def test_malformed_control_message_is_fatal(worker: WorkerProc, frame: bytes) -> None:
     worker.initialize()
-    worker.send_raw(line)
+    worker.send_bytes(frame)
     ev = worker.expect(wire.WorkerFatal)
     assert ev.reason == pb.WORKER_FATAL_MALFORMED_CONTROL_MESSAGE
     assert worker.wait_exit() == 1

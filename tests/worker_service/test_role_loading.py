@@ -12,7 +12,7 @@ import pytest
 
 import swactor_ring as sr
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.process import wire
+from swactor.worker.process import framing, wire
 from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.fsm import WorkerState
 from swactor.worker.process.shell import Shell
@@ -128,10 +128,10 @@ def test_backend_threads_reach_the_compute_core(arena: Arena) -> None:
     out: list[Any] = []
     core = WorkerCore(arena.size)
     shell = Shell(core, out.append, arena.fd, arena.size)
-    shell.command_line(wire.encode(wire.InitializeWorker(1, arena.size, sr.RING_VERSION,
-                                                         {"device": "CPU", "threads": 1})).encode())
+    shell.command_frame(framing.frame(wire.InitializeWorker(1, arena.size, sr.RING_VERSION,
+                                                            {"device": "CPU", "threads": 1})))
     assert core.state is WorkerState.RUNNING and out[-1].backend == {"device": "CPU", "threads": 1}
-    shell.command_line(wire.encode(wire.ConfigureRole(3, llama(0, 1))).encode())
+    shell.command_frame(framing.frame(wire.ConfigureRole(3, llama(0, 1))))
     deadline = time.monotonic() + 60
     while core.roles.loading is not None:  # sleep on the loaders' wakeup pipe, as the loop does
         left = deadline - time.monotonic()

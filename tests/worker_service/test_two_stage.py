@@ -60,12 +60,12 @@ def pump(stages: list[Stage], deadline: float) -> None:
     ready, _, _ = select.select(list(fds), [], [], max(0.0, min(0.05, deadline - time.monotonic())))
     for fd in ready:
         s = fds[fd]
-        while True:  # one read may bring several lines: deliver them all
+        while True:  # one read may bring several events: deliver them all
             ev = s.proc._read_one(time.monotonic() + 5)
             assert ev is not None, "worker closed stdout"
             assert not isinstance(ev, wire.WorkerFatal | wire.StepFailed | wire.ObjectFailed | wire.RingFault), ev
             s.feed(ev)
-            if b"\n" not in s.proc._buf:
+            if not s.proc.holds_frames:
                 break
 
 

@@ -1,7 +1,7 @@
 """GpuWorkerCtl shell (spec §28, §31): runs `python -m swactor.worker.process` under asyncio.
 
-The arena fd is inherited (pass_fds) and named by SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES. stdout
-carries only events (decoded strictly; anything else is a process fault), stderr is passed through
+The arena fd is inherited (pass_fds) and named by SWACTOR_ARENA_FD / SWACTOR_ARENA_BYTES. stdin and stdout carry
+framing.py's frames; stdout only events (decoded strictly; anything else is a process fault), stderr is passed through
 to this service's stderr (structured logs of the worker). All decisions live in `ctl_fsm.CtlCore`.
 """
 
@@ -36,7 +36,7 @@ from swactor.worker.ctl_fsm import (
     Tick,
     WriteCommand,
 )
-from swactor.worker.process import fdpass, wire
+from swactor.worker.process import fdpass, framing, wire
 
 Subscriber = Callable[[Any], None]
 
@@ -146,7 +146,7 @@ class GpuWorkerCtl:
             proc = await asyncio.create_subprocess_exec(
                 self.python, "-m", "swactor.worker.process",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-                pass_fds=(self.arena_fd, theirs.fileno(), *self.extra_fds), env=env, limit=1 << 20)
+                pass_fds=(self.arena_fd, theirs.fileno(), *self.extra_fds), env=env)
         except OSError as e:
             ours.close()
             self._feed(SpawnFailed(generation, f"{self.python} -m swactor.worker.process: {e}"))
@@ -165,26 +165,19 @@ class GpuWorkerCtl:
         if proc is None or proc.stdin is None or proc.returncode is not None:
             return  # the exit notification follows and synthesizes the fault
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            proc.stdin.write((wire.encode(cmd) + "\n").encode())
+            proc.stdin.write(framing.frame(cmd))
 
     async def _read_stdout(self, generation: int, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
-        malformed = False
+        frames = framing.FrameReader()
         try:
-            while True:
-                line = await proc.stdout.readline()
-                if not line:
-                    break
-                try:
-                    event = wire.decode_event(line)
-                except wire.MalformedMessage as e:
-                    malformed = True
-                    self._feed(StdoutMalformed(generation, str(e)))
-                    break
-                self._feed(FromWorker(generation, event))
-        except (ValueError, asyncio.LimitOverrunError) as e:  # a line longer than the limit
-            if not malformed:
-                self._feed(StdoutMalformed(generation, f"unreadable stdout: {e}"))
+            while chunk := await proc.stdout.read(1 << 16):
+                for frame in frames.feed(chunk):
+                    self._feed(FromWorker(generation, framing.decode_event(frame)))
+            if frames.partial:
+                raise wire.MalformedMessage("stdout ended inside a frame")
+        except wire.MalformedMessage as e:
+            self._feed(StdoutMalformed(generation, str(e)))
         rc = await proc.wait()
         self._procs.pop(generation).fd_sock.close()
         self._feed(ProcessExited(generation, rc))

@@ -2,8 +2,8 @@
 
 Environment: SWACTOR_ARENA_FD (inherited memfd of the node arena), SWACTOR_ARENA_BYTES (its
 ceiling), optionally SWACTOR_FD_SOCKET (inherited Unix socket carrying ring eventfds, `fdpass`).
-Commands arrive as JSON lines on stdin, events leave as JSON lines on stdout (nothing else is ever
-written there), logs go to stderr.
+Commands arrive on stdin, events leave on stdout (nothing else is ever written there), as framing.py frames them:
+JSON lines, binary frames for a step's hot path; logs go to stderr.
 
 The loop sleeps until one of three kinds of fd is readable: stdin, the role loaders' wakeup pipe,
 and the eventfds of the ring ends the core waits on (`WorkerCore.waits`), each armed first (ring-rs
@@ -21,12 +21,12 @@ import selectors
 import socket
 import sys
 import traceback
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
 from swactor.common.events import configure_logging
 from swactor.v1 import common_pb2 as pb
+from swactor.worker.process import framing, role_loader, testhooks, wire
 from swactor.worker.process import messages as m
-from swactor.worker.process import role_loader, testhooks, wire
 from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.shell import Shell
 
@@ -39,17 +39,17 @@ class EventWriter:
     The loop flushes once per wake-up, the shell before a step runs (the node stamps a step's start
     when its ObjectLoaded arrives)."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: BinaryIO) -> None:
         self.out = out
-        self.lines: list[str] = []
+        self.frames: list[bytes] = []
 
     def __call__(self, event: Any) -> None:
-        self.lines.append(wire.encode(event))
+        self.frames.append(framing.frame(event))
 
     def flush(self) -> None:
-        if self.lines:
-            self.out.write("\n".join(self.lines) + "\n")
-            self.lines.clear()
+        if self.frames:
+            self.out.write(b"".join(self.frames))
+            self.frames.clear()
             self.out.flush()
 
 
@@ -87,7 +87,7 @@ class _Rings:
         return ready
 
 
-def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
+def serve(stdin_fd: int, out: BinaryIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
           fail_step: int | None = None) -> int:
     """Run the process until the core exits; the exit code. fail_step: a test hook (testhooks.py)."""
     emit = EventWriter(out)
@@ -98,7 +98,7 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
     sel.register(stdin_fd, selectors.EVENT_READ, _STDIN)
     sel.register(shell.loaders.wakeup.fileno(), selectors.EVENT_READ, _LOADER)
     rings = _Rings(sel)
-    pending = b""
+    commands = framing.FrameReader()
     try:
         while shell.exit_code is None:
             ready_now = rings.arm(core.waits(), shell.reopened)
@@ -109,10 +109,14 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
                     if not chunk:
                         shell.feed(m.Signal.CONTROL_CLOSED)
                         break
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for line in lines:
-                        if line.strip() and shell.exit_code is None:
-                            shell.command_line(line)
+                    try:
+                        frames = commands.feed(chunk)
+                    except wire.MalformedMessage as e:
+                        shell.feed(m.Malformed(str(e)))
+                        break
+                    for frame in frames:
+                        if shell.exit_code is None:
+                            shell.command_frame(frame)
                 elif key.data is _LOADER:
                     shell.loader_woke()
                 else:
@@ -133,7 +137,7 @@ def serve(stdin_fd: int, out: TextIO, arena_fd: int, arena_bytes: int, fd_socket
 
 def main() -> None:
     configure_logging("swactor-worker-process", pid=os.getpid())
-    out = sys.stdout
+    out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but events may reach the real stdout (a stray print goes to logs)
     emit = EventWriter(out)
     try:

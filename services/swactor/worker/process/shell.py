@@ -20,7 +20,7 @@ from swactor.common.events import get_logger
 from swactor.common.reasons import name
 from swactor.common.ringerrors import RingBroken
 from swactor.v1 import common_pb2 as pb
-from swactor.worker.process import failures, fdpass, roles, testhooks, wire
+from swactor.worker.process import failures, fdpass, framing, roles, testhooks, wire
 from swactor.worker.process import messages as m
 from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.role_loader import Loaders
@@ -57,9 +57,10 @@ class Shell:
                 if outcome is not None:
                     pending.append(outcome)
 
-    def command_line(self, line: bytes) -> None:
+    def command_frame(self, frame: bytes) -> None:
+        """One command as framing.FrameReader split it off stdin."""
         try:
-            cmd: m.Input = wire.decode_command(line)
+            cmd: m.Input = framing.decode_command(frame)
         except wire.MalformedMessage as e:
             cmd = m.Malformed(str(e))
         self.feed(cmd)

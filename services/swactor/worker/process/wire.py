@@ -1,4 +1,6 @@
-"""The process adapter of spec §28-30: one JSON object per line, commands on stdin, events on stdout.
+"""The process adapter of spec §28-30: its commands (stdin) and events (stdout), and their JSON form, one per line.
+
+(framing.py carries the step's hot messages as binary frames instead; every message keeps this JSON form.)
 
 Every message is `{"type": "<Name>", ...fields}`; fields are exactly the dataclass fields below,
 a reason field holds a common.proto enum value (swactor.common.reasons) and is carried as the value's
