@@ -225,3 +225,36 @@ def test_the_pool_counts_every_byte_it_received_once(model: Path, tmp_path: Path
         assert again.bytes_fetched == 0 and after_again == after_first
     finally:
         s.close()
+
+
+def test_a_warm_acquire_does_not_parse_the_header_again_but_still_looks_at_the_file(
+        model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run's stage pieces need the file's architecture: parsed from its header once per cache entry (a large
+    vocabulary takes a tenth of a second of the stage's provisioning); the file itself is checked every time."""
+    from swactor.distribution import stagefetch
+    from swactor.distribution.stagefetch import FetchFailed
+
+    s = serve(model, piece_bytes=64 << 10)
+    try:
+        async def go():
+            p = pool(tmp_path / "cache", progress_interval_s=0.0)
+            req = s.request(2, 4, 6)
+            first = await p.acquire(req)
+            p.release(first)
+
+            def parse_again(prefix: bytes) -> None:
+                raise AssertionError("the header was parsed again")
+
+            monkeypatch.setattr(stagefetch, "parse_header", parse_again)
+            warm = await p.acquire(req)
+            p.release(warm)
+            os.truncate(warm.path, os.path.getsize(warm.path) - 1)
+            with pytest.raises(FetchFailed) as info:
+                await p.acquire(req)
+            return first, warm, info.value
+
+        first, warm, cut = run(go())
+        assert warm.bytes_fetched == 0 and warm.bytes_total == first.bytes_total
+        assert cut.reason == "CacheIo" and "bytes, not the file's" in cut.detail
+    finally:
+        s.close()

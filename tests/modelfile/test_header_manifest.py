@@ -89,3 +89,30 @@ def test_stage_tensors_follow_the_layer_range(tmp_path: Path) -> None:
 def test_auto_piece_size_scales_with_the_file() -> None:
     assert auto_piece_bytes(100 << 20) == 256 << 10
     assert auto_piece_bytes(40 << 30) == 16 << 20
+
+
+def _string_array_header(*strings: bytes, length: int | None = None) -> bytes:
+    """A tensorless v3 header with one key: tokenizer.ggml.tokens = the strings (`length` overrides the last one's)."""
+    key = b"tokenizer.ggml.tokens"
+    out = b"GGUF" + (3).to_bytes(4, "little") + (0).to_bytes(8, "little") + (1).to_bytes(8, "little")
+    out += len(key).to_bytes(8, "little") + key + (9).to_bytes(4, "little") + (8).to_bytes(4, "little")
+    out += len(strings).to_bytes(8, "little")
+    for i, s in enumerate(strings):
+        n = length if length is not None and i == len(strings) - 1 else len(s)
+        out += n.to_bytes(8, "little") + s
+    return out
+
+
+def test_a_vocabulary_reads_whole_or_asks_for_the_bytes_it_lacks() -> None:
+    words = [b"a", b"", "é".encode(), b"<|im_end|>"]
+    data = _string_array_header(*words)
+    assert parse_header(data).get("tokenizer.ggml.tokens") == ["a", "", "é", "<|im_end|>"]
+    for cut in range(len(data) - 1, 40, -1):  # every cut inside the array: asks for more than it has, never more than all
+        with pytest.raises(NeedMoreBytes) as e:
+            parse_header(data[:cut])
+        assert cut < e.value.at_least <= len(data), cut
+    assert read_header(lambda n: data[:n], first=48)[0].get("tokenizer.ggml.tokens")[-1] == "<|im_end|>"
+    with pytest.raises(GgufFormatError, match=r"tokenizer.ggml.tokens: string at byte \d+ is not UTF-8"):
+        parse_header(_string_array_header(b"ok", b"\xff\xfe"))
+    with pytest.raises(GgufFormatError, match=r"tokenizer.ggml.tokens: string length 1099511627776 .* not plausible"):
+        parse_header(_string_array_header(b"ok", b"x", length=1 << 40))

@@ -67,6 +67,9 @@ class CacheEntry:
     jobs: set[object] = field(default_factory=set)  # stagefetch._Job in progress for this file
     last_used_us: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # general.architecture of the file, once its verified header was parsed (stagefetch: a run's stage pieces); the
+    # same sha256 always has the same header, so a warm run does not parse it again
+    architecture: str | None = None
 
     def piece_bytes(self, pieces: set[int] | list[int]) -> int:
         return sum(self.manifest.pieces[i].length for i in pieces)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -257,23 +258,35 @@ class FetchPool:
 
     def _stage_pieces(self, entry: CacheEntry, req: FetchRequest) -> list[int]:
         m = entry.manifest
-        try:
-            with open(entry.path, "rb") as f:
-                prefix = f.read(m.header_bytes)
-        except OSError as e:  # the cache file went away or cannot be read under this process
-            raise FetchFailed("CacheIo", f"{entry.path}: {e.strerror or e}") from None
-        try:
-            header = parse_header(prefix)
-        except (GgufFormatError, Exception) as e:
-            raise FetchFailed("MalformedGGUF", f"the verified header does not parse: {e}") from None
         names = set(m.tensors)
-        arch = support.ARCHITECTURES.get(str(header.get("general.architecture", "")))
+        arch = support.ARCHITECTURES.get(self._architecture(entry))
         if arch is None:  # not one we know: every tensor of the blocks and every global tensor
             wanted = [t for t in names if not t.startswith("blk.")]
             wanted += [t for t in names if t.startswith("blk.") and req.layer_start <= _block(t) < req.layer_end]
         else:
             wanted = support.stage_tensors(arch, names, req.layer_start, req.layer_end, req.num_layers)
         return m.pieces_for(wanted)
+
+    @staticmethod
+    def _architecture(entry: CacheEntry) -> str:
+        """The file's general.architecture, from its verified header (parsed once per cache entry). The file is looked
+        at every time: one removed or cut under the pool is CacheIo here, not a load failure later."""
+        try:
+            size = os.stat(entry.path).st_size
+            if size != entry.manifest.size:  # the cache keeps its files at full size (sparse where not fetched)
+                raise FetchFailed("CacheIo", f"{entry.path}: {size} bytes, not the file's {entry.manifest.size}")
+            if entry.architecture is not None:
+                return entry.architecture
+            with open(entry.path, "rb") as f:
+                prefix = f.read(entry.manifest.header_bytes)
+        except OSError as e:  # the cache file went away or cannot be read under this process
+            raise FetchFailed("CacheIo", f"{entry.path}: {e.strerror or e}") from None
+        try:
+            header = parse_header(prefix)
+        except (GgufFormatError, Exception) as e:
+            raise FetchFailed("MalformedGGUF", f"the verified header does not parse: {e}") from None
+        entry.architecture = str(header.get("general.architecture", ""))
+        return entry.architecture
 
     # ---- fetching ----
 
