@@ -124,6 +124,8 @@ def main() -> int:
     ap.add_argument("--link-delay-ms", type=float, default=0.0)
     ap.add_argument("--soak", type=int, default=0, help="mixed runs to send after the table (0: none)")
     ap.add_argument("--device", default="CPU")
+    ap.add_argument("--compute-threads", type=int, default=0,
+                    help="[worker].compute_threads of every host (0 = the local cluster's default: every core)")
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "concurrency.json")
     a = ap.parse_args()
     from swactor.localcluster import ClusterSpec, LocalCluster
@@ -137,7 +139,7 @@ def main() -> int:
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cpus; {a.max_tokens} tokens a run, runs {counts}, "
           f"link delay {a.link_delay_ms:g} ms one way, device {a.device}", flush=True)
     out: dict[str, object] = {"link_delay_ms": a.link_delay_ms, "max_tokens": a.max_tokens, "stages": {}}
-    spec = ClusterSpec(hosts=max(stages), device=a.device, slots=max(counts), links=LinkConditions(delay_ms=a.link_delay_ms),
+    spec = ClusterSpec(hosts=max(stages), device=a.device, slots=max(counts), compute_threads=a.compute_threads, links=LinkConditions(delay_ms=a.link_delay_ms),
                        readiness_timeout_s=900.0)  # the first load compiles every batch width: minutes on a CPU
     with LocalCluster(spec, progress=lambda s: print(f"  {s}", flush=True)) as cluster, cluster.channel() as ch:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)

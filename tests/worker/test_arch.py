@@ -384,7 +384,10 @@ def test_only_routed_experts_are_read() -> None:
   tol = LOGITS_RTOL * float(np.abs(want).max())
 
   def poison(layer: int, experts: list[int]) -> None:
-    for kind, t in zip(m.layers[layer].kinds[3:], (m.layers[layer].tensors[-9:][i:i + 3] for i in (0, 3, 6)), strict=True):
+    groups = m.layers[layer].kinds[3:]  # gate and up fused per expert (one group), then down
+    assert len(groups) == 2
+    stacks = m.layers[layer].tensors[-3 * len(groups):]
+    for kind, t in zip(groups, (stacks[i:i + 3] for i in range(0, len(stacks), 3)), strict=True):
       assert kind == ("q4",)  # [codes, d, m] of every expert stacked: n_out rows each
       d = t[1].numpy()
       n_out = d.shape[0] // len(ref.layers[layer]["ffn_gate_exps"])

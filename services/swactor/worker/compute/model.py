@@ -115,12 +115,26 @@ def fuse_rows(ws: list[np.ndarray | RawTensor], name: str) -> list[np.ndarray | 
   return [fuse(r) for r in runs]
 
 
+def fuse_experts(gate: np.ndarray | RawTensor, up: np.ndarray | RawTensor) -> list[np.ndarray | RawTensor]:
+  """Each expert's gate and up matrices as one [n, 2 * ffn, dim] stack (expert e: its gate rows, then its up rows), so
+  a routed row runs one expert matvec for both and reads its input once (as fuse_rows does for a dense FFN). Of two
+  types (a Q4_K gate beside a Q4_1 up) they stay apart."""
+  if isinstance(gate, RawTensor) and isinstance(up, RawTensor) and gate.qtype == up.qtype:
+    n, ffn, dim = gate.shape
+    data = np.concatenate([gate.data.reshape(n, ffn, -1), up.data.reshape(n, ffn, -1)], axis=1)
+    return [RawTensor("ffn_gate_up_exps", gate.qtype, (n, 2 * ffn, dim), data.reshape(n * 2 * ffn, -1))]
+  if not isinstance(gate, RawTensor) and not isinstance(up, RawTensor):
+    return [np.concatenate([gate, up], axis=1)]
+  return [gate, up]
+
+
 class Layer:
   """One block's device tensors as a flat list (the jitted layer graph takes them as inputs) plus the matrix kinds of
   its four products, each one or more fused matrices: [attn_norm, ffn_norm, cache_k, cache_v, (qkv_bias if
   p.qkv_bias), (q_norm, k_norm if p.qk_norm), (post_attention_norm, post_ffw_norm if p.post_norms), *qkv,
-  *attn_output, *gate_up, *ffn_down]. A Mixture-of-Experts block (p.moe) has six: qkv, attn_output, the router, and
-  each of gate, up, down as every expert's matrices stacked (upload_experts). `swa`: its attention sees the last
+  *attn_output, *gate_up, *ffn_down]. A Mixture-of-Experts block (p.moe) has qkv, attn_output, the router, then
+  every expert's matrices stacked (upload_experts): gate and up fused per expert where they share a type
+  (fuse_experts), then down. `swa`: its attention sees the last
   p.swa_window positions only."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
                words: bool, kv_dtype: type = np.float32, swa: bool = False):
@@ -129,7 +143,8 @@ class Layer:
     groups += [[w["ffn_gate_inp"]]] if p.moe else [fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
     if p.moe:
-      mats += [[upload_experts(w[k], device, words)] for k in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+      experts = [*fuse_experts(w["ffn_gate_exps"], w["ffn_up_exps"]), w["ffn_down_exps"]]
+      mats += [[upload_experts(m, device, words)] for m in experts]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
     # never read before a run wrote it (attention reads a slot's positions up to the step's own): left unwritten
@@ -211,18 +226,23 @@ def route(p: LlamaParams, logits: Tensor) -> tuple[Tensor, Tensor]:
   """The router's choice per row, as llama.cpp's build_moe_ffn makes it for qwen3moe and Mixtral: softmax over every
   expert's logit, the p.n_experts_used most probable (ties: the lower id), their probabilities renormalised to sum 1
   unless p.expert_weights_norm is false. Returns (ids int32 [rows, k], weights [rows, k]). The top k by k argmax
-  passes: k is small (2-8) and each pass one short reduce over the experts, no sort."""
-  probs = logits.softmax(-1)
+  passes over the logits (softmax keeps their order): k is small (2-8) and each pass one short reduce over the
+  experts, no sort. Renormalised, the chosen probabilities are the softmax of the chosen logits alone, so the softmax
+  over every expert is computed only when they are not (fewer small kernels a block: the step's launches)."""
   arange = Tensor.arange(p.n_experts).reshape(1, -1)
-  ids, wts, rest = [], [], probs
+  ids, chosen, rest = [], [], logits
   for _ in range(p.n_experts_used):
     i = rest.argmax(-1, keepdim=True)
     ids.append(i)
-    wts.append((probs * (arange == i)).sum(-1, keepdim=True))
-    rest = (arange == i).where(-1.0, rest)  # probabilities are >= 0: a taken expert is never the max again
-  w = Tensor.cat(*wts, dim=1) if len(wts) > 1 else wts[0]
+    taken = arange == i
+    chosen.append(taken.where(logits, 0.0).sum(-1, keepdim=True))
+    rest = taken.where(-math.inf, rest)  # a taken expert is never the max again
+  top = Tensor.cat(*chosen, dim=1) if len(chosen) > 1 else chosen[0]
   if p.expert_weights_norm:
-    w = w / w.sum(-1, keepdim=True)
+    w = top.softmax(-1)
+  else:
+    peak = logits.max(-1, keepdim=True)
+    w = (top - peak).exp() / (logits - peak).exp().sum(-1, keepdim=True)
   return (Tensor.cat(*ids, dim=1) if len(ids) > 1 else ids[0]).cast(dtypes.int32), w
 
 
@@ -233,9 +253,15 @@ def moe_ffn(p: LlamaParams, h: Tensor, logits: Tensor, experts: list[tuple[str, 
   W, k = h.shape[0], p.n_experts_used
   ids, w = route(p, logits)
   flat = ids.reshape(W * k).contiguous()  # the experts' kernels load their ids from a buffer
-  (gk, gts), (uk, uts), (dk, dts) = experts
-  gate = apply_experts(gk, gts, h, flat, p.ffn_dim, k, threads)
-  up = apply_experts(uk, uts, h, flat, p.ffn_dim, k, threads)
+  *gate_up, (dk, dts) = experts
+  if len(gate_up) == 1:  # fused per expert (fuse_experts)
+    ((guk, guts),) = gate_up
+    gu = apply_experts(guk, guts, h, flat, 2 * p.ffn_dim, k, threads)
+    gate, up = gu[:, :p.ffn_dim], gu[:, p.ffn_dim:]
+  else:
+    (gk, gts), (uk, uts) = gate_up
+    gate = apply_experts(gk, gts, h, flat, p.ffn_dim, k, threads)
+    up = apply_experts(uk, uts, h, flat, p.ffn_dim, k, threads)
   act = ((gate.gelu() if p.gelu else gate.silu()) * up).contiguous()
   down = apply_experts(dk, dts, act, flat, p.dim, 1, threads)  # [W * k, dim]
   return (down.reshape(W, k, p.dim) * w.unsqueeze(-1)).sum(1)
