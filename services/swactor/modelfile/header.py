@@ -107,7 +107,7 @@ class _Cursor:
 
     def strings(self, count: int, what: str) -> list[str]:
         """`count` strings in a row: a tokenizer's vocabulary and merges, the bulk of a header (150k-entry ones), so
-        one tight loop instead of a `string` call each (4x faster)."""
+        one tight loop instead of a `string` call each (6x quicker on SmolLM2's header)."""
         buf, pos, end_of_buf = self.buf, self.pos, len(self.buf)
         unpack_length = _LENGTH.unpack_from
         out = []
