@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from swactor.localcluster.cluster import DEFAULT_MODEL
-from tests.faults import checks
+from tests.faults import checks, postmortem
 from tests.faults.pool import FaultPool, fault_pool
 from tests.harness.netns import netns_unavailable_reason
 
@@ -40,7 +40,12 @@ def pool_holder() -> Iterator[list[FaultPool]]:
 @pytest.fixture
 def pool(pool_holder: list[FaultPool], request: pytest.FixtureRequest) -> Iterator[FaultPool]:
     p = pool_holder[0]
+    marks = postmortem.log_marks(p.hosts)
     yield p
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:  # the CI log is all that is left of the pool after a failure
+        print(f"\n[events logged during {request.node.name}]")
+        print("\n".join(postmortem.events_since(marks, p.hosts)))
     did = p.heal()
     if did:
         print(f"\n[heal after {request.node.name}] " + "; ".join(did))
@@ -50,6 +55,7 @@ def pool(pool_holder: list[FaultPool], request: pytest.FixtureRequest) -> Iterat
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)  # the pool fixture's teardown reads whether the call failed
     if report.when == "call" or (report.when == "setup" and report.skipped):
         result = "xfailed" if hasattr(report, "wasxfail") and report.skipped else (
             "xpassed" if hasattr(report, "wasxfail") else report.outcome)
