@@ -6,8 +6,8 @@ with its CUDA renderer and compiles it with NVRTC to a cubin, as a rented CUDA h
 
 What is compiled: StageModel.prepare() of MODEL as one stage (its layer graphs are every stage's, and its head) (decode rows, 8-row prefill
 chunks and batched rows of 2 runs in flight, the head), and of a small llama, a small qwen2 (biases, NeoX rotation) and
-a small qwen3 (per-head Q/K norms, NeoX rotation) whose layers hold every packed type and two types expanded to float32,
-and a small qwen3moe (a router, experts in Q4_K, Q4_1 and Q8_0 gathered by the routed ids). The weights of the small files are zeros:
+a small qwen3 (per-head Q/K norms, NeoX rotation) and a small gemma3 (its post-norms, GELU, the sliding block's KV ring)
+whose layers hold every packed type and two types expanded to float32, and a small qwen3moe (a router, experts in Q4_K, Q4_1 and Q8_0 gathered by the routed ids). The weights of the small files are zeros:
 nothing runs, only the kernels' code matters."""
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 from gguf import GGMLQuantizationType as QT
+from gguf import GGUFValueType
 
 from swactor.worker.compute import GGUFModel, StageModel
 from swactor.worker.compute.linear import PACKED
@@ -28,6 +29,7 @@ from tests.fixtures.gguf_fixtures import (
   SMALL_HEADS,
   SMALL_LAYERS,
   SMALL_MATRICES,
+  Field,
   small_fields,
   small_moe,
   small_shapes,
@@ -50,7 +52,7 @@ def _zeros(qt: QT, rows: int, cols: int) -> np.ndarray:
 
 def small_model(path: Path, arch: str) -> Path:
   """gguf_fixtures' small model in LAYER_TYPES, weights all zero; qwen2's with the Q/K/V biases, qwen3's with the
-  per-head Q/K norms."""
+  per-head Q/K norms, gemma3's with those and its post-norms, its first block sliding (a window of 3: a ring)."""
   shapes = small_shapes()
   tensors = {f"{n}.weight": (_zeros(TYPES[n], *s), TYPES[n]) for n, s in shapes.items()}
   for n in ["output_norm", *(f"blk.{i}.{k}" for i in range(SMALL_LAYERS) for k in ("attn_norm", "ffn_norm"))]:
@@ -59,11 +61,18 @@ def small_model(path: Path, arch: str) -> Path:
     for i in range(SMALL_LAYERS):
       for m in ("attn_q", "attn_k", "attn_v"):
         tensors[f"blk.{i}.{m}.bias"] = (np.zeros(shapes[f"blk.{i}.{m}"][0], np.float32), QT.F32)
-  if arch == "qwen3":
+  fields = small_fields(arch)
+  if arch in ("qwen3", "gemma3"):
     for i in range(SMALL_LAYERS):
       for m in ("attn_q_norm", "attn_k_norm"):
         tensors[f"blk.{i}.{m}.weight"] = (np.ones(SMALL_DIM // SMALL_HEADS, np.float32), QT.F32)
-  write_raw(path, arch, small_fields(arch), tensors)
+  if arch == "gemma3":
+    for i in range(SMALL_LAYERS):
+      for m in ("post_attention_norm", "post_ffw_norm"):
+        tensors[f"blk.{i}.{m}.weight"] = (np.ones(SMALL_DIM, np.float32), QT.F32)
+    fields += [Field("gemma3.attention.sliding_window", 3, GGUFValueType.UINT32),
+               Field("gemma3.attention.sliding_window_pattern", 2, GGUFValueType.UINT32)]
+  write_raw(path, arch, fields, tensors)
   return path
 
 
@@ -113,7 +122,7 @@ def main(model: str, small_dir: str) -> None:
   from tinygrad import Device
   dev = Device["NULL"]
   stages = [stage_report("whole", Path(model), 0, None)]
-  for arch in ("llama", "qwen2", "qwen3"):
+  for arch in ("llama", "qwen2", "qwen3", "gemma3"):
     small = small_model(Path(small_dir) / f"{arch}.gguf", arch)
     stages.append(stage_report(f"small {arch}", small, 0, SMALL_LAYERS))
   stages.append(stage_report("small qwen3moe", small_moe_model(Path(small_dir) / "qwen3moe.gguf"), 0, SMALL_LAYERS))

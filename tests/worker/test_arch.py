@@ -18,6 +18,7 @@ from swactor.modelfile.header import GgufHeader, read_header
 from swactor.modelfile.memory import memory_profile
 from swactor.worker.compute import StageModel
 from swactor.worker.compute.linear import copy_in
+from swactor.worker.compute.model import BatchRow
 from tests.fixtures import gguf_fixtures
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures/llamacpp_arch_greedy.json"
@@ -195,15 +196,9 @@ def test_qwen3_head_dim_from_key_length(tmp_path: pathlib.Path) -> None:
     np.testing.assert_allclose(chain[-1].step_logits(x, 0), want, atol=1e-4 * float(np.abs(want).max()))
 
 
-@pytest.mark.parametrize("arch", GEMMA)
-def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
-  """Gemma's parts on a small random float32 file of two blocks, the first with a sliding window of 3 positions, the
-  second global (sliding_window_pattern 2), the head tied: the compute's prefill logits at 1 stage (row by row) and 2
-  stages (chunks of 4 rows, whose rows' windows differ) equal the float64 reference's, and the reference without any one
-  part (or with the llama block's choice instead) is another model, so a compute that skipped or misapplied it would
-  fail. gemma3: the embedding scale, post-attention and post-FFN norms, GELU, per-head Q/K norms, the window, the
-  sliding layer's base 10000 unscaled against the file's 100000 with linear scaling 2 that only the global layer takes;
-  gemma2: those but Q/K norms and its own RoPE, plus the soft-caps of the scores and logits (small enough to bite)."""
+def small_gemma(tmp_path: pathlib.Path, arch: str) -> tuple[pathlib.Path, RefLlama]:
+  """A small random float32 `arch` file of two blocks, the first with a sliding window of 3 positions, the second global
+  (sliding_window_pattern 2), the head tied; and its float64 reference."""
   g = gguf_fixtures
   dim, ffn, heads, kv_heads, vocab = g.SMALL_DIM, g.SMALL_FFN, g.SMALL_HEADS, g.SMALL_KV_HEADS, g.SMALL_VOCAB
   hd, rng = dim // heads, np.random.default_rng(11)
@@ -226,6 +221,20 @@ def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
   g.write_raw(path, arch, fields, {n: (a, QT.F32) for n, a in tensors.items()})
   ref = RefLlama(str(path))
   assert ref.local == [True, False] and ref.window == 3
+  return path, ref
+
+
+@pytest.mark.parametrize("arch", GEMMA)
+def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
+  """Gemma's parts on a small random float32 file of two blocks, the first with a sliding window of 3 positions, the
+  second global (sliding_window_pattern 2), the head tied: the compute's prefill logits at 1 stage (row by row) and 2
+  stages (chunks of 4 rows, whose rows' windows differ) equal the float64 reference's, and the reference without any one
+  part (or with the llama block's choice instead) is another model, so a compute that skipped or misapplied it would
+  fail. gemma3: the embedding scale, post-attention and post-FFN norms, GELU, per-head Q/K norms, the window, the
+  sliding layer's base 10000 unscaled against the file's 100000 with linear scaling 2 that only the global layer takes;
+  gemma2: those but Q/K norms and its own RoPE, plus the soft-caps of the scores and logits (small enough to bite)."""
+  path, ref = small_gemma(tmp_path, arch)
+  g = gguf_fixtures
   prompt = [5, 17, 300, 42, 9, 77, 128]
   want = ref.logits(ref.hidden(prompt)[-1])
   tol = 1e-4 * float(np.abs(want).max())
@@ -243,6 +252,54 @@ def test_gemma_parts_on_a_small_file(tmp_path: pathlib.Path, arch: str) -> None:
     if arch == "gemma3" else {"attention cap": variant(ref, attn_cap=0.0), "final cap": variant(ref, final_cap=0.0)}
   for name, v in variants.items():
     assert np.abs(v.logits(v.hidden(prompt)[-1]) - want).max() > 50 * tol, name
+
+
+def test_sliding_window_ring_over_the_whole_context(tmp_path: pathlib.Path) -> None:
+  """The sliding block's KV cache as a ring of its window's places (swa_ring.py) on the small gemma3 file, max_seq_len
+  32 and prefill chunks of 4: the ring is 25 places, not 36 (a cycle of 18 = window 3 + 16 drafts a rewind may take
+  back - 1, where a step's rows run on past it). Two runs at a time in the stage's two slots, every position of the
+  context checked against the float64 reference's logits: prompts in chunks (a last chunk padded), then the runs' decode
+  rows as batched steps. In the first round run 0 takes back 3 rejected drafts written past the cycle (a later row of
+  their positions lands elsewhere) and run 1's prompt leaves position 18 past the cycle; in the second, new runs in both
+  slots, the one in slot 1 with a 3-token prompt whose position 18 lands at place 0: a new run sees nothing of the last.
+  The planner counts the ring's bytes."""
+  path, ref = small_gemma(tmp_path, "gemma3")
+  g, max_seq, chunk = gguf_fixtures, 32, 4
+  rng = np.random.default_rng(5)
+  seqs = [rng.integers(0, g.SMALL_VOCAB, max_seq).tolist() for _ in range(4)]
+  wants = [[ref.logits(h) for h in ref.hidden(sq)] for sq in seqs]
+  tol = 1e-4 * max(float(np.abs(w).max()) for ws in wants for w in ws)
+  a, b = (StageModel(path, lo, hi, max_seq_len=max_seq, prefill_chunk=chunk, slots=2) for lo, hi in ((0, 1), (1, 2)))
+  assert a.ring is not None and (a.ring.cycle, a.ring.length) == (18, 25) and b.ring is None  # block 0 slides, 1 global
+  profile = memory_profile(header(str(path)))
+  for stage, (lo, hi) in ((a, (0, 1)), (b, (1, 2))):
+    assert profile.kv_slot_bytes(lo, hi, max_seq, rows=chunk) == stage.memory.slot_bytes
+  assert a.memory.slot_bytes * (max_seq + chunk) == b.memory.slot_bytes * a.ring.length  # same widths, fewer places
+
+  def run(texts: tuple[int, int], prompts: tuple[int, int], draft_at: int | None) -> None:
+    def check(slot: int, pos: int, acts: np.ndarray) -> None:
+      want = wants[texts[slot]][pos + len(acts) - 1]
+      np.testing.assert_allclose(b.step_logits(acts, pos, slot=slot), want, atol=tol, err_msg=f"slot {slot} position {pos}")
+
+    for slot in (0, 1):
+      a.reset(slot=slot)
+      b.reset(slot=slot)
+      check(slot, 0, a.step(np.asarray(seqs[texts[slot]][:prompts[slot]], np.int32), 0, slot=slot))
+    pos = list(prompts)
+    while min(pos) < max_seq:
+      if pos[0] == draft_at:  # three drafts of another text (the last past the cycle), then taken back
+        b.step_logits(a.step(np.asarray(seqs[3][:3], np.int32), draft_at, slot=0), draft_at, slot=0)
+        for stage in (a, b):
+          stage.rewind(0, 3)
+        draft_at = None
+      live = [s for s in (0, 1) if pos[s] < max_seq]
+      outs = a.step_batch([BatchRow(s, pos[s], np.asarray(seqs[texts[s]][pos[s]:pos[s] + 1], np.int32)) for s in live])
+      for s, out in zip(live, outs, strict=True):
+        check(s, pos[s], out)
+        pos[s] += 1
+
+  run((0, 1), prompts=(7, 19), draft_at=16)  # the drafts (16-18) at places 16-18, run 1's positions 16-18 too
+  run((2, 3), prompts=(5, 3), draft_at=None)  # slot 1's place 18 still holds the last run's position 18
 
 
 def fused(path: str) -> bool: return "blk.0.attn_qkv.weight" in header(path).tensor_map()

@@ -71,3 +71,4 @@ def test_every_kernel_of_a_stage_compiles_for_sm90(model_path: str, tmp_path: Pa
   assert moe["new_programs"] > 0 and {"q4_k", "q4", "q8_0", "f32"} <= set(moe["kinds"]), moe  # experts gathered by id
   assert small[1]["new_programs"] > 0, small  # qwen2's biases and NeoX rotation are kernels of their own
   assert small[2]["new_programs"] > 0, small  # so are qwen3's per-head Q/K norms
+  assert small[3]["new_programs"] > 0, small  # gemma3's post-norms, GELU and its sliding block's ring and mask

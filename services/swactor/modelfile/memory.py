@@ -10,7 +10,8 @@ vector (norms, biases) is float32. Per stage of blocks [start, end):
             or the embedding again, in device form, when the head is tied to it)
   kv_cache  one run slot's KV cache (`MemoryProfile.kv_slot_bytes`): K and V of every block for max_seq_len positions
             plus one prefill chunk of padding room, in the KV dtype ([orchestrator].kv_dtype: float32, or float16 at
-            half); a stage holds one per run it decodes at once
+            half); a stage holds one per run it decodes at once. A sliding-window block (gemma2/gemma3) keeps only
+            `swa_cache_positions` of them, a ring over its window, when that is fewer
   scratch   the jitted graphs' buffers for a decode row and a prefill chunk (residual stream, QKV, attention scores,
             FFN), the RoPE tables (gemma3's sliding-window layers have their own) and the last stage's logits row
   runtime   a fixed allowance for the compute process's own runtime (a CUDA context; tinygrad and Python on CPU)
@@ -25,7 +26,9 @@ from dataclasses import dataclass
 
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from swactor.common.objflags import MAX_DRAFT
 from swactor.modelfile.header import GgufHeader, TensorInfo
+from swactor.modelfile.params import read_params
 from swactor.modelfile.support import ARCHITECTURES, ATTN_QKV, FFN_GATE_UP, PACKED_TYPES
 
 # Device bytes per block of each type the compute core keeps packed (support.PACKED_TYPES; codes as in the file, d/m
@@ -43,6 +46,16 @@ MAX_RUN_SLOTS = 64  # the most runs in flight one stage holds (a KV slot each): 
 # Rows of one prefill chunk the estimate leaves room for (KV cache padding, scratch of the chunk's graphs).
 PREFILL_ROWS = 64
 RUNTIME_BYTES = 256 << 20
+
+
+def swa_cache_positions(window: int, rows: int, reach: int = MAX_DRAFT) -> int:
+    """KV places a sliding-window block keeps as a ring (the compute core's SwaRing, worker/compute/swa_ring.py) for a
+    window of `window` positions, steps of up to `rows` rows and rewinds of up to `reach` positions (rejected drafts):
+    the cycle window + max(rows, reach) - 1 (neither a step's rows nor drafts taken back overwrite a position a query
+    still sees), rows - 1 past it (a step's rows are written contiguously from their start's place), and rows more
+    where a step that belongs to no run writes (prepare's captures)."""
+    rows = max(1, rows)
+    return window + max(rows, reach) + 2 * rows - 2
 
 
 def device_nbytes(type_name: str, rows: int, cols: int) -> int:
@@ -98,6 +111,8 @@ class MemoryProfile:
     vocab: int
     rope_tables: int = 1  # 2: the sliding-window layers turn by tables of their own (gemma3)
     expert_rows: int = 0  # a Mixture-of-Experts block's extra values per row: router logits, routing, the k down outputs
+    swa_window: int = 0  # the sliding-window blocks' window (0: none)
+    swa_blocks: tuple[bool, ...] = ()  # per block: sliding-window attention (its KV a ring, swa_cache_positions)
 
     @property
     def num_layers(self) -> int:
@@ -129,10 +144,17 @@ class MemoryProfile:
         """One run slot's KV cache on a stage of blocks [start, end): positions x blocks x (K and V: 2 x n_kv_heads x
         head_dim, `kv_width`) x kv_bytes (4: float32, 2: float16, KV_DTYPE_BYTES). The positions are max_seq_len plus
         a prefill chunk because the worker pads a chunk's rows past the last position (StageModel's slot_bytes,
-        worker/compute/model.py)."""
+        worker/compute/model.py); a sliding-window block's are its ring's when fewer (kv_positions)."""
         if kv_bytes not in KV_DTYPE_BYTES.values():
             raise ValueError(f"kv_bytes must be one of {sorted(set(KV_DTYPE_BYTES.values()))}, got {kv_bytes}")
-        return (end - start) * self.kv_width * (max_seq_len + rows) * kv_bytes
+        return sum(self.kv_positions(i, max_seq_len, rows) for i in range(start, end)) * self.kv_width * kv_bytes
+
+    def kv_positions(self, block: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> int:
+        """KV positions block `block` keeps per run slot: max_seq_len plus a chunk, or a sliding-window block's ring."""
+        full = max_seq_len + rows
+        if self.swa_window and block < len(self.swa_blocks) and self.swa_blocks[block]:
+            return min(full, swa_cache_positions(self.swa_window, rows))
+        return full
 
     def _graph_scratch(self, t: int, positions: int) -> int:
         """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the
@@ -189,8 +211,13 @@ def memory_profile(header: GgufHeader) -> MemoryProfile:
     elif not arch.fused_qkv_gate_up:
         ffn = need("blk.0.ffn_up.weight").dims[1]
     rope_dim = _first_int(header.get(f"{arch.name}.rope.dimension_count"), q_width // max(1, n_heads))
+    window, swa_blocks = 0, ()
+    if arch.swa_period:  # the windows as the compute reads them
+        params = read_params(header)
+        window, swa_blocks = params.swa_window, params.swa_layers
     return MemoryProfile(
         layer_weights=tuple(layers), embedding=first, head=head_bytes, kv_width=kv_width,
         hidden=embd.dims[0], q_width=q_width, ffn=ffn, n_heads=n_heads, rope_dim=rope_dim,
         vocab=embd.dims[1], rope_tables=2 if arch.swa_rope_base is not None else 1, expert_rows=expert_rows,
+        swa_window=window, swa_blocks=swa_blocks,
     )

@@ -50,6 +50,7 @@ from .quant import dequantize
 from .replay import LoadedGraph, Plan, plan, plan_graph, read
 from .rope import rope, rope_tables, stage_divisors
 from .sampling import Sampler
+from .swa_ring import SwaRing
 
 
 @dataclass(frozen=True)
@@ -135,10 +136,10 @@ class Layer:
   *attn_output, *gate_up, *ffn_down]. A Mixture-of-Experts block (p.moe) has qkv, attn_output, the router, then
   every expert's matrices stacked (upload_experts): gate and up fused per expert where they share a type
   (fuse_experts), then down. `swa`: its attention sees the last
-  p.swa_window positions only."""
+  p.swa_window positions only; `ring`: its KV cache is a ring of cache_len places (swa_ring.py)."""
   def __init__(self, w: dict[str, np.ndarray | RawTensor], p: LlamaParams, caches: int, cache_len: int, device: str,
-               words: bool, kv_dtype: type = np.float32, swa: bool = False):
-    self.swa = swa
+               words: bool, kv_dtype: type = np.float32, swa: bool = False, ring: bool = False):
+    self.swa, self.ring = swa, ring
     groups = [fuse_rows([w["attn_q"], w["attn_k"], w["attn_v"]], "attn_qkv"), [w["attn_output"]]]
     groups += [[w["ffn_gate_inp"]]] if p.moe else [fuse_rows([w["ffn_gate"], w["ffn_up"]], "ffn_gate_up"), [w["ffn_down"]]]
     mats = [[upload(m, device, words) for m in g] for g in groups]
@@ -147,8 +148,10 @@ class Layer:
       mats += [[upload_experts(m, device, words)] for m in experts]
     self.kinds = tuple(tuple(k for k, _ in g) for g in mats)
     norms = [to_device(np.asarray(w[k], np.float32), device) for k in ("attn_norm", "ffn_norm")]
-    # never read before a run wrote it (attention reads a slot's positions up to the step's own): left unwritten
-    cache = [device_empty((caches, p.n_kv_heads, cache_len, p.head_dim), kv_dtype, device) for _ in range(2)]
+    # never read before a run wrote it (attention reads a slot's positions up to the step's own): left unwritten; a
+    # ring's every place is read (masked), so it starts as zeros: a masked place's value must be finite (0 x NaN is NaN)
+    shape = (caches, p.n_kv_heads, cache_len, p.head_dim)
+    cache = [to_device(np.zeros(shape, kv_dtype), device) if ring else device_empty(shape, kv_dtype, device) for _ in range(2)]
     bias = [to_device(np.concatenate([np.asarray(w[f"{k}_bias"], np.float32) for k in ("attn_q", "attn_k", "attn_v")]), device)] \
       if p.qkv_bias else []
     qk_norm = [to_device(np.asarray(w[k], np.float32).reshape(p.head_dim), device) for k in ("attn_q_norm", "attn_k_norm")] \
@@ -157,6 +160,7 @@ class Layer:
       if p.post_norms else []
     self.tensors: list[Tensor] = norms + cache + bias + qk_norm + post + [t for g in mats for _, ts in g for t in ts]
     self.weight_bytes = sum(t.nbytes() for t in self.tensors) - sum(t.nbytes() for t in cache)
+    self.slot_bytes = sum(t.nbytes() for t in cache) // caches
 
   @property
   def bufs(self) -> list[UOp]: return [t.uop.base for t in self.tensors]
@@ -165,11 +169,20 @@ class Layer:
 Segment = tuple[UOp | int, UOp | int, int]  # (slot, start position, rows) of one run in a step
 
 
+@dataclass(frozen=True)
+class RingStep:
+  """A step's view of the sliding-window rings (swa_ring.py): each segment's write place, and the mask whose rows are
+  the step's rows against their slot's every place."""
+  at: list[UOp | int]
+  mask: Tensor  # [rows, ring length]: 0 / -inf
+
+
 def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor, segments: list[Segment], cos: Tensor,
-                  sin: Tensor, ts: list[Tensor], threads: int = 0, swa: bool = False) -> Tensor:
+                  sin: Tensor, ts: list[Tensor], threads: int = 0, swa: bool = False, ring: RingStep | None = None) -> Tensor:
   """One block over the rows of every segment: the matrix products see all rows at once (one read of the weights for
   the batch), attention each segment alone, against its own slot of the KV cache (with `swa`, its last p.swa_window
-  positions only: the cache keeps every position, the older ones are masked)."""
+  positions only: the cache keeps every position, the older ones are masked; with `ring`, the cache is a ring of the
+  window's places, all read, masked by the ring's rows)."""
   W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None
@@ -190,21 +203,25 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   q, k = (rope(t, cos, sin, p.rope_dim, p.rope_neox) for t in (q, k))
   v = qkv[:, nq + nkv:].reshape(W, p.n_kv_heads, p.head_dim)
   g, outs, r0 = p.n_heads // p.n_kv_heads, [], 0
-  for slot, sp, T in segments:
-    cache_k[slot:slot + 1, :, sp:sp + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_k.dtype))
-    cache_v[slot:slot + 1, :, sp:sp + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_v.dtype))
+  for n, (slot, sp, T) in enumerate(segments):
+    at = sp if ring is None else ring.at[n]
+    cache_k[slot:slot + 1, :, at:at + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_k.dtype))
+    cache_v[slot:slot + 1, :, at:at + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_v.dtype))
     # [KV, L, hd]; a float16 cache is read back as float32: only the storage is halved, the arithmetic is not
-    keys, vals = (c[slot, :, 0:sp + T, :].cast(x.dtype) for c in (cache_k, cache_v))
+    keys, vals = ((c[slot, :, 0:sp + T, :] if ring is None else c[slot]).cast(x.dtype) for c in (cache_k, cache_v))
     qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
     # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions
     # and modulos in the inner loop (3x slower)
     s = (qg.unsqueeze(3) * keys.reshape(p.n_kv_heads, 1, 1, -1, p.head_dim)).sum(-1) * (p.attn_scale or 1.0 / math.sqrt(p.head_dim))
     if p.attn_softcap:
       s = (s * (1.0 / p.attn_softcap)).tanh() * p.attn_softcap
-    if T > 1:
-      s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
-    if swa:  # row i is position sp + i: key j is out of its window when sp + i - j >= swa_window
-      s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).tril(sp - p.swa_window)
+    if ring is not None:  # the window and causality as the ring's places hold them
+      s = s + ring.mask[r0:r0 + T]
+    else:
+      if T > 1:
+        s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
+      if swa:  # row i is position sp + i: key j is out of its window when sp + i - j >= swa_window
+        s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).tril(sp - p.swa_window)
     # contiguous: else the concatenation below fuses every segment's attention into one kernel whose each output row
     # runs every segment's reduction (8 segments: 8x the attention work)
     outs.append((s.softmax(-1) @ vals.unsqueeze(1)).permute(2, 0, 1, 3).reshape(T, p.n_heads * p.head_dim).contiguous())
@@ -284,7 +301,7 @@ class StageModel:
   def __init__(self, gguf: str | os.PathLike[str] | GGUFModel, layer_start: int, layer_end: int, *, max_seq_len: int = 2048,
                device: str | None = None, sampling: SamplingPolicy | None = None, prefill_chunk: int = 1,
                quantized: bool = True, beam: int = 0, threads: int | None = None, on_progress: Callable[[LoadProgress], None] | None = None,
-               graph_cache: GraphCache | None = None, slots: int = 1, kv_dtype: str = "float32"):
+               graph_cache: GraphCache | None = None, slots: int = 1, kv_dtype: str = "float32", swa_ring: bool = True):
     t0 = time.perf_counter()
     m = gguf if isinstance(gguf, GGUFModel) else GGUFModel(gguf)
     p = self.params = m.params
@@ -314,15 +331,21 @@ class StageModel:
     if self.threads < 1:
       raise ValueError(f"threads must be >= 1, got {threads}")
     self.mv_threads = self.threads if self.device.split(":")[0] == "CPU" else 0  # > 0: hand-scheduled CPU matvec (linear.py)
-    self.layers = [Layer(L, p, caches, max_seq_len + prefill_chunk, self.device, self.mv_threads > 0, KV_DTYPES[kv_dtype],
-                         swa=bool(p.swa_layers) and p.swa_layers[layer_start + j]) for j, L in enumerate(w.layers)]
+    swa = [bool(p.swa_layers) and p.swa_layers[layer_start + j] for j in range(len(w.layers))]
+    # the sliding-window blocks' KV as a ring of their window (swa_ring.py), where that is shorter than the context
+    # (swa_ring=False: every position kept and the older ones masked, what bench/sliding_window.py compares with)
+    ring = SwaRing(p.swa_window, prefill_chunk, caches, max_seq_len) if swa_ring and any(swa) else None
+    self.ring = ring if ring is not None and ring.length < max_seq_len + prefill_chunk else None
+    self.layers = [Layer(L, p, caches, self.ring.length if s and self.ring else max_seq_len + prefill_chunk, self.device,
+                         self.mv_threads > 0, KV_DTYPES[kv_dtype], swa=s, ring=s and self.ring is not None)
+                   for L, s in zip(w.layers, swa, strict=True)]
+    self._masks: dict[Shape, Tensor] = {}  # per shape: the ring's mask rows of a step (RingStep.mask)
     self.embd = w.token_embd  # host side: only the rows of the step's tokens are ever dequantized
     self.head: tuple[Tensor, Weight] | None = None
     if w.output is not None and w.output_norm is not None:
       self.head = (to_device(np.asarray(w.output_norm, np.float32), self.device), upload(w.output, self.device, self.mv_threads > 0))
     head_bytes = sum(t.nbytes() for t in [self.head[0], *self.head[1][1]]) if self.head else 0
-    slot_bytes = len(self.layers) * 2 * p.n_kv_heads * (max_seq_len + prefill_chunk) * p.head_dim * \
-        np.dtype(KV_DTYPES[kv_dtype]).itemsize
+    slot_bytes = sum(L.slot_bytes for L in self.layers)
     self.memory = StageMemory(w.device_file_bytes, sum(L.weight_bytes for L in self.layers) + head_bytes,
                               caches * slot_bytes, slot_bytes)
     if w.expanded:  # types kept as float32 on the device: say what that costs
@@ -362,6 +385,8 @@ class StageModel:
     """Start a new run in `slot` with the loaded weights: its positions restart at 0, its sampler is re-seeded."""
     self._slot(slot)
     self.next_pos[slot] = 0
+    if self.ring is not None:
+      self.ring.clear(slot)
     self.samplers[slot] = Sampler(sampling if sampling is not None else self.samplers[slot].policy)
 
   def _slot(self, slot: int) -> int:
@@ -375,14 +400,34 @@ class StageModel:
 
   # ---- graphs ----
 
-  def _variables(self, shape: Shape) -> list[tuple[UOp, UOp]]:
-    """Each segment's (slot, start position) Variables; the names are what replays bind."""
+  def _variables(self, shape: Shape) -> dict[str, UOp]:
+    """Each segment's slot and start position (and with a ring, its place there) as Variables, by the names replays
+    bind."""
     top = self.slots if self.scratch is not None else self.slots - 1
-    return [(UOp.variable(f"slot{i}", 0, top), UOp.variable(f"sp{i}", 0, self.max_seq_len)) for i in range(len(shape))]
+    out = {}
+    for i in range(len(shape)):
+      out |= {f"slot{i}": UOp.variable(f"slot{i}", 0, top), f"sp{i}": UOp.variable(f"sp{i}", 0, self.max_seq_len)}
+      if self.ring is not None:
+        out[f"at{i}"] = UOp.variable(f"at{i}", 0, self.ring.dump)
+    return out
 
-  @staticmethod
-  def _var_vals(segments: list[tuple[int, int]]) -> dict[str, int]:
-    return {k: v for i, (slot, sp) in enumerate(segments) for k, v in ((f"slot{i}", slot), (f"sp{i}", sp))}
+  def _var_vals(self, shape: Shape, segments: list[tuple[int, int]], real: list[int] | None) -> dict[str, int]:
+    """The step's values of _variables; with a ring, each segment's rows placed there and the mask rows written."""
+    out = {k: v for i, (slot, sp) in enumerate(segments) for k, v in ((f"slot{i}", slot), (f"sp{i}", sp))}
+    if self.ring is not None:
+      masks = []
+      for i, ((slot, sp), width) in enumerate(zip(segments, shape, strict=True)):
+        out[f"at{i}"] = self.ring.place(slot, sp, width if real is None else real[i], width)
+        masks.append(self.ring.mask(slot, sp, width))
+      copy_in(self._mask(shape), np.concatenate(masks))
+    return out
+
+  def _mask(self, shape: Shape) -> Tensor:
+    """The ring's mask rows of a step of `shape`: one fixed buffer per shape, read by its sliding layers' graphs."""
+    assert self.ring is not None
+    if shape not in self._masks:
+      self._masks[shape] = to_device(np.zeros((sum(shape), self.ring.length), np.float32), self.device)
+    return self._masks[shape]
 
   def _layer_key(self, shape: Shape, i: int) -> LayerKey:
     L = self.layers[i]
@@ -403,7 +448,9 @@ class StageModel:
         cos = [table_cos[sp:sp + T] for _, sp, T in segs]
         sin = [table_sin[sp:sp + T] for _, sp, T in segs]
         cat = lambda parts: parts[0] if len(parts) == 1 else Tensor.cat(*parts, dim=0)  # noqa: E731
-        return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads, swa)
+        ring = RingStep([bound[f"at{i}"] for i in range(len(shape))], self._mask(shape)) \
+          if swa and self.ring is not None else None
+        return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads, swa, ring)
       self._layer_jits[key] = TinyJit(f)
     return self._layer_jits[key]
 
@@ -446,24 +493,24 @@ class StageModel:
     return x
 
   def _rows(self, rows: np.ndarray, shape: Shape, segments: list[tuple[int, int]],
-            tick: Callable[[], None] | None = None, marks: list[float] | None = None) -> Tensor:
-    """Run rows (already padded to the shape's width) through the layers, segment i in slot/position segments[i];
-    returns the last layer's output on device. `tick` is called after each call of a graph still being captured
-    (prepare's progress). `marks` (a one-row step being timed): TinyJit runs the graphs asynchronously, so the device
-    is waited for after the layers, and `marks` gets the clock once the first of several has run (_blocks_seconds'
-    start of the others); the launcher's plan has run them when it returns."""
+            tick: Callable[[], None] | None = None, marks: list[float] | None = None, real: list[int] | None = None) -> Tensor:
+    """Run rows (already padded to the shape's width) through the layers, segment i in slot/position segments[i]
+    (`real`: how many of its rows are a run's, the rest padding; None: all); returns the last layer's output on
+    device. `tick` is called after each call of a graph still being captured (prepare's progress). `marks` (a
+    one-row step being timed): TinyJit runs the graphs asynchronously, so the device is waited for after the layers,
+    and `marks` gets the clock once the first of several has run (_blocks_seconds' start of the others); the
+    launcher's plan has run them when it returns."""
     if shape not in self._inputs:  # one fixed input buffer per shape, so a replay plan can bake in its address
       self._inputs[shape] = to_device(np.zeros((sum(shape), self.params.dim), np.float32), self.device)
     xin = copy_in(self._inputs[shape], rows.astype(np.float32, copy=False))
-    var_vals = self._var_vals(segments)
+    var_vals = self._var_vals(shape, segments, real)
     if shape not in self._plans:
       self._plan_layers(shape)
     if (p := self._plans.get(shape)) is not None:
       p(var_vals)
       return p.out
     x = xin
-    bound = {f"{name}{i}": v.bind(val) for i, ((vs, vp), (slot, sp)) in enumerate(zip(self._variables(shape), segments, strict=True))
-             for name, v, val in (("slot", vs, slot), ("sp", vp, sp))}
+    bound = {name: v.bind(var_vals[name]) for name, v in self._variables(shape).items()}
     for i, L in enumerate(self.layers):
       jit = self._layer_jit(self._layer_key(shape, i))
       if jit.captured is None:
@@ -535,13 +582,16 @@ class StageModel:
     """(name, jit, model buffers it reads, cache-key facts) of every graph a step of `shape` runs."""
     common = {"params": repr(self.params), "threads": self.threads, "mv_threads": self.mv_threads, "beam": self.beam,
               "cpu_threads": max(NUM_CPU_THREADS.value, self.threads * SLICES_PER_THREAD),
-              "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None), "kv_dtype": self.kv_dtype}
+              "cache_len": self.max_seq_len + self.chunk, "caches": self.slots + (self.scratch is not None), "kv_dtype": self.kv_dtype,
+              "swa_ring": self.ring.length if self.ring is not None else 0}
     shapes = lambda ts: [(t.shape, str(t.dtype)) for t in ts]  # noqa: E731
     out: list[tuple[str, TinyJit, dict[str, Buffer], dict[str, object]]] = []
     for key in dict.fromkeys(self._layer_keys(shape)):
       L = next(L for L in self.layers if L.kinds == key[1])
-      rope = {name: t.uop.base.buffer for name, t in zip(("cos", "sin"), self._rope(key[3]), strict=True)}
-      out.append((f"layer {key}", self._layer_jit(key), rope, {**common, "inputs": shapes(L.tensors)}))
+      ext = {name: t.uop.base.buffer for name, t in zip(("cos", "sin"), self._rope(key[3]), strict=True)}
+      if key[3] and self.ring is not None:
+        ext["swa_mask"] = self._mask(shape).uop.base.buffer
+      out.append((f"layer {key}", self._layer_jit(key), ext, {**common, "inputs": shapes(L.tensors)}))
     if self.head is not None:
       norm, (kind, ts) = self.head
       ext = {"head_norm": norm.uop.base.buffer, **{f"head_{j}": t.uop.base.buffer for j, t in enumerate(ts)}}
@@ -696,10 +746,13 @@ class StageModel:
 
   def rewind(self, slot: int, rows: int) -> None:
     """Drop the run's last `rows` positions in `slot` (rejected drafts): the next step starts there and overwrites
-    their KV entries (no step reads past its own rows), and the last stage's sampler takes back their draws."""
+    their KV entries (no step reads past its own rows; a sliding layer's ring forgets them, as a later row of the same
+    position may land in another place), and the last stage's sampler takes back their draws."""
     s = self._slot(slot)
     if not 0 <= rows <= self.next_pos[s]:
       raise ValueError(f"cannot rewind {rows} rows in slot {slot}: it holds {self.next_pos[s]} positions")
+    if self.ring is not None:
+      self.ring.rewind(s, self.next_pos[s] - rows)
     self.next_pos[s] -= rows
     if self.head is not None:
       self.samplers[s].rewind(rows)
@@ -717,7 +770,7 @@ class StageModel:
         part = np.concatenate([part, np.zeros((width - t, part.shape[1]), np.float32)])
       marks: list[float] = []
       t0 = time.perf_counter()
-      y = self._rows(part, (width,), [(slot, start_pos + c0)], marks=marks if n == 1 else None)
+      y = self._rows(part, (width,), [(slot, start_pos + c0)], marks=marks if n == 1 else None, real=[t])
       if n == 1:
         self.last_layers_s = self._blocks_seconds(t0, marks, time.perf_counter())
       if self.head is None:
