@@ -46,6 +46,10 @@ def pool(pool_holder: list[FaultPool], request: pytest.FixtureRequest) -> Iterat
     if report is not None and report.failed:  # the CI log is all that is left of the pool after a failure
         print(f"\n[events logged during {request.node.name}]")
         print("\n".join(postmortem.events_since(marks, p.hosts)))
+    if lost := postmortem.events_since(marks, p.hosts, only=postmortem.LOST_WAKEUPS):  # in the table, pass or fail
+        for row in checks.REPORT:
+            if row.test == request.node.nodeid:
+                row.next_run += f" [lost wake-ups: {len(lost)}: {lost[0][:160]}]"
     did = p.heal()
     if did:
         print(f"\n[heal after {request.node.name}] " + "; ".join(did))

@@ -3,7 +3,7 @@
 A fault that fails once in many suite runs (a rare race between a fault and the next run) is lost
 with the pool's directory unless its events are in the CI log: the pool fixture marks where every
 service's log ends before a test and, when the test fails, prints the events logged since, one line
-each, in time order. Per-object chatter (ring and pump states, ring attach/detach) is left out; the
+each, in time order. Per-object chatter (pump and edge-record states, ring attach/detach) is left out; the
 lines kept are the lifecycle, connection, membership and fault events a post-mortem reads first.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from swactor.localcluster.layout import HostLayout
 
-# Events logged for every object or ring; the rest of a test's events fit a failure report.
-NOISE = frozenset({"edge.pump_state", "edge_record_state", "ring_attached", "ring_detached", "rx_edge_state",
-                   "tx_edge_state", "ring_wake_fds_shared", "ingress_state", "egress_state"})
+# Events logged for every object or ring holder; the rest of a test's events fit a failure report (a ring's wake-fd
+# sharing and its ends' states are what a hung run's post-mortem needs: kept).
+NOISE = frozenset({"edge.pump_state", "edge_record_state", "ring_attached", "ring_detached"})
 # Fields every line carries or that repeat what the line's prefix says.
 _DROP = frozenset({"event", "timestamp", "level", "service", "component", "node_id"})
 MAX_LINES = 400  # the last ones, when a test logged more
@@ -27,9 +27,15 @@ def log_marks(hosts: list[HostLayout]) -> dict[Path, int]:
     return {p: p.stat().st_size for h in hosts for p in sorted(h.log_dir.glob("*.log"))}
 
 
-def events_since(marks: dict[Path, int], hosts: list[HostLayout], max_lines: int = MAX_LINES) -> list[str]:
+# A ring end the compute process found ready without its wake-up (worker/process/loop.py), or wake fds the stage node
+# could not hand it: a run survives them (a second's delay) but each is a lost wake-up to explain.
+LOST_WAKEUPS = frozenset({"ring_wake_missed", "worker_wake_fds_not_shared"})
+
+
+def events_since(marks: dict[Path, int], hosts: list[HostLayout], max_lines: int = MAX_LINES,
+                 only: frozenset[str] | None = None) -> list[str]:
     """The events logged after `marks` (a log not marked: from its start), oldest first, as
-    `time hN/service event key=value ...`; the last `max_lines` of them."""
+    `time hN/service event key=value ...`; the last `max_lines` of them (`only`: those events alone)."""
     rows: list[tuple[str, str]] = []
     for h in hosts:
         for path in sorted(h.log_dir.glob("*.log")):
@@ -37,6 +43,8 @@ def events_since(marks: dict[Path, int], hosts: list[HostLayout], max_lines: int
             with path.open("rb") as f:
                 f.seek(marks.get(path, 0))
                 for raw in f:
+                    if only is not None and not any(name.encode() in raw for name in only):
+                        continue
                     stamp, text = _line(raw, f"h{h.index}/{path.stem}", stamp)
                     if text:
                         rows.append((stamp, text))

@@ -39,3 +39,4 @@ def test_only_what_was_logged_after_the_marks_in_time_order(tmp_path: Path) -> N
         "10:00:03.000 h1/membership Traceback (most recent call last):",  # with the event before it
     ]
     assert postmortem.events_since(marks, hosts, max_lines=1) == lines[-1:]
+    assert postmortem.events_since(marks, hosts, only=frozenset({"member_dead"})) == ["10:00:03.000 h1/membership member_dead"]

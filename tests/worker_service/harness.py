@@ -67,12 +67,14 @@ def spec(max_extent: int, *, kind: str = "Activations", family: str = "Float", w
 
 
 class WorkerProc:
-    def __init__(self, arena: Arena, *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, arena: Arena, *, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+        """`log`: where the process's stderr (its JSON events) goes; none kept without it."""
         self.arena = arena
         self.fd_sock, theirs = fdpass.socketpair()
+        self._log = log.open("wb") if log is not None else None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "swactor.worker.process"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
             pass_fds=(arena.fd, theirs.fileno()),
             env={**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]),
                  "SWACTOR_ARENA_FD": str(arena.fd), "SWACTOR_ARENA_BYTES": str(arena.size),
@@ -147,7 +149,7 @@ class WorkerProc:
             self.proc.kill()
         self.proc.wait(10)
         self.fd_sock.close()
-        for f in (self.proc.stdin, self.proc.stdout):
+        for f in (self.proc.stdin, self.proc.stdout, self._log):
             if f is not None:
                 f.close()
 

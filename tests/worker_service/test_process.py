@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +13,7 @@ import pytest
 import swactor_ring as sr
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process import framing, wire
+from swactor.worker.process.loop import WAKE_CHECK_S
 
 from .harness import Arena, WorkerProc, spec
 
@@ -81,6 +85,36 @@ def test_every_ingress_object_failure(worker: WorkerProc, arena: Arena) -> None:
         ev = worker.expect(wire.ObjectFailed, ring_id=ring_id)
         assert ev.reason == reason, (reason, ev)
     assert not any(isinstance(e, wire.ObjectLoaded) for e in worker.events)
+
+
+def asleep(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the process's main thread sleeps in epoll_wait (its loop's select)."""
+    deadline = time.monotonic() + timeout_s
+    while "epoll" not in Path(f"/proc/{pid}/wchan").read_text():
+        assert time.monotonic() < deadline, f"process {pid} never slept in epoll_wait"
+        time.sleep(0.01)
+
+
+def test_an_unsignalled_ring_is_looked_at_again_and_said(arena: Arena, tmp_path: Path) -> None:
+    """A ring whose wake-ups never reach the process (its eventfds private: not shared, and no RingReadable hint, as
+    a lost wake-up would leave it) still gets its object loaded: the loop looks at armed ring ends again every
+    WAKE_CHECK_S and logs ring_wake_missed naming the ring, where before the run waited out its first-token timeout."""
+    log = tmp_path / "worker.log"
+    worker = WorkerProc(arena, log=log)
+    try:
+        worker.initialize()
+        layout = arena.ring(256)
+        worker.send(wire.InstallRing(layout.ring_id, 7, 0, "Ingress", layout, spec(64), False))  # no wake fds
+        worker.expect(wire.RingInstalled, ring_id=layout.ring_id)
+        asleep(worker.proc.pid)  # it armed the ring and sleeps on it: the object below arrives unsignalled
+        data = record(0, np.arange(8, dtype=np.float32).tobytes())
+        assert arena.producer(layout).write(data) == len(data)
+        ev = worker.expect(wire.ObjectLoaded, timeout=3 * WAKE_CHECK_S + 5, ring_id=layout.ring_id)
+        assert (ev.sequence, ev.extent) == (0, 32)
+    finally:
+        worker.close()
+    missed = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    assert missed and missed[0]["ring_ids"] == [layout.ring_id], missed
 
 
 def test_object_larger_than_ring_loads_once_complete(worker: WorkerProc, arena: Arena) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from swactor.common.events import get_logger
 from swactor.common.layout import Layout
 from swactor.edgeend import establisher as est
 from swactor.worker.ctl_fsm import CtlState
@@ -44,5 +45,7 @@ class WorkerRingHost:
         return False
 
     def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
-        if fds is not None:
-            self.ctl.share_wake_fds(ring_id, *fds)
+        if fds is not None and not self.ctl.share_wake_fds(ring_id, *fds):
+            # the process then learns of the ring's progress only from its own periodic look (loop.WAKE_CHECK_S)
+            get_logger(component="stage_node").warning("worker_wake_fds_not_shared", edge_id=edge_id, ring_id=ring_id,
+                                                       ctl_state=self.ctl.state.value)

@@ -9,9 +9,11 @@ The loop sleeps until one of three kinds of fd is readable: stdin, the role load
 and the eventfds of the ring ends the core waits on (`WorkerCore.waits`), each armed first (ring-rs
 sets its waiting bit, so the other end signals the eventfd once it commits or consumes). An end
 that can progress right away is not slept on: the loop only polls the other fds, then wakes the
-core. There is no timeout: a ring's eventfds are private until the ring's other end shares its own
-(`InstallRing.wake_fds`, `ShareWakeFds`); until then only those commands, or RingReadable /
-RingWritable hints, make the core look at the ring again.
+core. A ring's eventfds are private until the ring's other end shares its own (`InstallRing.wake_fds`,
+`ShareWakeFds`); until then those commands, or RingReadable / RingWritable hints, make the core look at
+the ring again. While any ring end is armed the loop also wakes every WAKE_CHECK_S and re-arms: an end
+that can progress then was never signalled (a wake-up lost, or fds never shared), which is logged as
+`ring_wake_missed` with its ring ids and costs that interval instead of the run (its first-token timeout).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.shell import Shell
 
 _STDIN, _LOADER = "stdin", "loader"
+WAKE_CHECK_S = 1.0  # how often armed ring ends are looked at again without a signal
 
 
 class EventWriter:
@@ -61,19 +64,19 @@ class _Rings:
         self.registered: dict[int, Any] = {}  # fd -> ring end
         self.reopened = 0
 
-    def arm(self, ends: list[Any], reopened: int) -> bool:
-        """Arm every end; register the fds to sleep on. True: some end can progress now."""
+    def arm(self, ends: list[Any], reopened: int) -> list[Any]:
+        """Arm every end; register the fds to sleep on. Returns the ends that can progress now."""
         if reopened != self.reopened:  # a reopened end's fd number may now name another eventfd
             self.reopened = reopened
             for fd in list(self.registered):
                 self.sel.unregister(fd)
             self.registered = {}
         wanted: dict[int, Any] = {}
-        ready = False
+        ready = []
         for end in ends:
             fd = end.arm_wait()
             if fd is None:
-                ready = True
+                ready.append(end)
             else:
                 wanted[fd] = end
         for fd, end in list(self.registered.items()):
@@ -99,11 +102,18 @@ def serve(stdin_fd: int, out: BinaryIO, arena_fd: int, arena_bytes: int, fd_sock
     sel.register(shell.loaders.wakeup.fileno(), selectors.EVENT_READ, _LOADER)
     rings = _Rings(sel)
     commands = framing.FrameReader()
+    checked = False  # the last select timed out on armed ring ends: what is ready now was never signalled
     try:
         while shell.exit_code is None:
-            ready_now = rings.arm(core.waits(), shell.reopened)
-            woke = ready_now
-            for key, _ in sel.select(0 if ready_now else None):
+            ready = rings.arm(core.waits(), shell.reopened)
+            if checked and ready:
+                shell.log.warning("ring_wake_missed", ring_ids=sorted(getattr(e, "ring_id", 0) for e in ready),
+                                  waited_s=WAKE_CHECK_S)
+            woke = bool(ready)
+            timeout = 0 if ready else (WAKE_CHECK_S if rings.registered else None)
+            keys = sel.select(timeout)
+            checked = not keys and timeout == WAKE_CHECK_S
+            for key, _ in keys:
                 if key.data is _STDIN:
                     chunk = os.read(stdin_fd, 1 << 16)
                     if not chunk:
