@@ -437,7 +437,10 @@ class StageController:
         if self.state is not StageState.STOPPING or p is None:
             return []
         if {p.inbound.edge_id, p.outbound.edge_id} <= self.edges_stopped:
+            # how far the run got here, for a post-mortem: its steps, the next sequence it waited for, a step still open
+            open_step = self.step.step_id if self.step is not None else 0
             self.step = None  # uninstalling the egress ring ended any step still writing to it
-            self._transition(StageState.STOPPED)
+            self._transition(StageState.STOPPED, steps=self.step_id, next_sequence=self.next_sequence,
+                             open_step=open_step)
             return [self._event(common_pb2.STAGE_STOPPED)]
         return []
