@@ -10,7 +10,7 @@ from tinygrad import Tensor
 
 from swactor.worker.compute.cpu_matvec import IQ4_POLY, iq4_value
 from swactor.worker.compute.gguf_weights import RawTensor
-from swactor.worker.compute.linear import PACKED, device_nbytes, upload
+from swactor.worker.compute.linear import PACKED, apply_experts, device_nbytes, upload, upload_experts
 from swactor.worker.compute.linear import apply as apply_weight
 from swactor.worker.compute.quant import BLOCK, IQ4_VALUES
 from swactor.worker.compute.replay import read
@@ -43,6 +43,25 @@ def check_block_matvec(qt: QT, out: int, cols: int, rows: int, threads: int) -> 
   assert kind == PACKED[qt] and sum(t.nbytes() for t in ts) == device_nbytes(qt, out, cols)
   y = read(apply_weight(kind, ts, Tensor(x, device="CPU"), threads=threads).realize())
   want = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+  np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qt", list(PACKED), ids=lambda q: q.name)
+@pytest.mark.parametrize(("ids", "share", "threads"), [([2, 0], 1, 2), ([1, 2, 2, 0], 2, 2), ([1, 2, 2, 0], 2, 0)],
+                         ids=["one_each", "two_each", "two_each_expression"])
+def test_expert_matvec_matches_dequantized(qt: QT, ids: list[int], share: int, threads: int) -> None:
+  """A routed product reads expert ids[r]'s rows for routed row r (input row r // share), on both kernels: 3 experts
+  (the id's modulo is not a mask) of 24 rows (three 8-row iterations, q8_0's scale groups)."""
+  n, out, cols = 3, 24, 512
+  rng = np.random.default_rng(int(qt) * 10 + share + threads)
+  w = RawTensor("w", qt, (n, out, cols), synthetic(qt, n * out, cols, rng))
+  x = rng.normal(size=(len(ids) // share, cols)).astype(np.float32)
+  kind, ts = upload_experts(w, "CPU", words=threads > 0)
+  assert kind == PACKED[qt]
+  y = read(apply_experts(kind, ts, Tensor(x, device="CPU"), Tensor(np.asarray(ids, np.int32), device="CPU"), out, share,
+                         threads=threads).realize())
+  full = w.dequantize().astype(np.float64).reshape(n, out, cols)
+  want = np.stack([full[e] @ x[r // share].astype(np.float64) for r, e in enumerate(ids)])
   np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

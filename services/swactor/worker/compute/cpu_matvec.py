@@ -195,10 +195,10 @@ def expert_matvec(kind: str, threads: int, share: int, n_experts: int, out: UOp,
   Scheduled as block_matvec; rows upcast together read their own experts' words."""
   def expert_row(r: UOp, og: UOp, groups: int) -> UOp:
     # an id outside the experts would read another tensor's memory: taken modulo n_experts (the router's ids are
-    # < n_experts, so this changes none). tinygrad wraps an address that depends on a loaded value modulo its buffer,
-    # word by word, and so does not fold a block's code words into vector loads as block_matvec's: ~2.5x its time per
-    # weight (q4, 384x576)
-    e = (ids[r].load().cast(dtypes.uint32) % n_experts).cast(dtypes.int32)
+    # < n_experts, so this changes none). As weakint, tinygrad's index arithmetic, the modulo's bounds carry into the
+    # address: as int32 they do not, so tinygrad kept wrapping each word's address modulo the buffer and loaded the
+    # code words one by one, not as block_matvec's vectors (~2x its time per weight)
+    e = (ids[r].load().cast(dtypes.uint32) % n_experts).cast(dtypes.weakint)
     return e * groups + og
   return _scheduled(kind, threads, out, x, w, f"{kind}_experts_{out.shape[1]}", expert_row,
                     lambda r: r // share if share > 1 else r)
