@@ -58,6 +58,13 @@ def swa_cache_positions(window: int, rows: int, reach: int = MAX_DRAFT) -> int:
     return window + max(rows, reach) + 2 * rows - 2
 
 
+def uses_ring(window: int, rows: int, max_seq_len: int) -> bool:
+    """Whether a sliding-window block keeps its KV as a ring: where that holds fewer places than the context plus a
+    chunk of padding, what a global block keeps (the planner's kv_positions and the compute's StageModel agree by
+    this rule)."""
+    return window > 0 and swa_cache_positions(window, rows) < max_seq_len + rows
+
+
 def device_nbytes(type_name: str, rows: int, cols: int) -> int:
     """Device bytes of a [rows, cols] matrix of this GGML type as the compute core uploads it."""
     per_block = DEVICE_BLOCK_BYTES.get(type_name)
@@ -151,10 +158,9 @@ class MemoryProfile:
 
     def kv_positions(self, block: int, max_seq_len: int, rows: int = PREFILL_ROWS) -> int:
         """KV positions block `block` keeps per run slot: max_seq_len plus a chunk, or a sliding-window block's ring."""
-        full = max_seq_len + rows
-        if self.swa_window and block < len(self.swa_blocks) and self.swa_blocks[block]:
-            return min(full, swa_cache_positions(self.swa_window, rows))
-        return full
+        if block < len(self.swa_blocks) and self.swa_blocks[block] and uses_ring(self.swa_window, rows, max_seq_len):
+            return swa_cache_positions(self.swa_window, rows)
+        return max_seq_len + rows
 
     def _graph_scratch(self, t: int, positions: int) -> int:
         """One jitted width's buffers: the input and two alternating outputs of the residual stream, QKV, the

@@ -29,7 +29,7 @@ from tinygrad.helpers import NUM_CPU_THREADS
 from swactor.common.events import get_logger
 from swactor.common.objflags import NO_TOKEN  # the last stage's output for a prompt chunk it does not sample
 from swactor.common.sampling import SamplingPolicy
-from swactor.modelfile.memory import KV_DTYPE_BYTES
+from swactor.modelfile.memory import KV_DTYPE_BYTES, uses_ring
 
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
@@ -334,8 +334,8 @@ class StageModel:
     swa = [bool(p.swa_layers) and p.swa_layers[layer_start + j] for j in range(len(w.layers))]
     # the sliding-window blocks' KV as a ring of their window (swa_ring.py), where that is shorter than the context
     # (swa_ring=False: every position kept and the older ones masked, what bench/sliding_window.py compares with)
-    ring = SwaRing(p.swa_window, prefill_chunk, caches, max_seq_len) if swa_ring and any(swa) else None
-    self.ring = ring if ring is not None and ring.length < max_seq_len + prefill_chunk else None
+    self.ring = SwaRing(p.swa_window, prefill_chunk, caches, max_seq_len) \
+      if swa_ring and any(swa) and uses_ring(p.swa_window, prefill_chunk, max_seq_len) else None
     self.layers = [Layer(L, p, caches, self.ring.length if s and self.ring else max_seq_len + prefill_chunk, self.device,
                          self.mv_threads > 0, KV_DTYPES[kv_dtype], swa=s, ring=s and self.ring is not None)
                    for L, s in zip(w.layers, swa, strict=True)]

@@ -31,8 +31,9 @@ class SwaRing:
   def __init__(self, window: int, rows: int, caches: int, max_seq_len: int, reach: int = MAX_DRAFT) -> None:
     if window < 1 or rows < 1:
       raise ValueError(f"a ring needs window >= 1 and rows >= 1, got {window}, {rows}")
-    self.window, self.rows, self.max_seq_len, self.reach = window, rows, max_seq_len, reach
-    self.cycle = window + max(rows, reach) - 1
+    self.window, self.rows, self.max_seq_len = window, rows, max_seq_len
+    self.max_back = max(rows, reach)  # positions a rewind may take back from the furthest written
+    self.cycle = window + self.max_back - 1
     self.length = swa_cache_positions(window, rows, reach)
     self.dump = self.length - rows
     self._held = np.full((caches, self.length), EMPTY, np.int64)
@@ -71,8 +72,8 @@ class SwaRing:
     """Positions >= `position` are gone (rejected drafts). The furthest position the run wrote may have overwritten
     the one a cycle before it, which must stay out of the next row's window: at most max(rows, reach) positions
     back from the furthest (a verify step's first row is always kept, so the protocol's rewinds are within)."""
-    if (back := int(self._top[slot]) + 1 - position) > self.cycle - self.window + 1:
-      raise ValueError(f"a sliding-window ring takes back at most {self.cycle - self.window + 1} positions from "
-                       f"the furthest written, not {back}")
+    if (back := int(self._top[slot]) + 1 - position) > self.max_back:
+      raise ValueError(f"a sliding-window ring takes back at most {self.max_back} positions from the furthest "
+                       f"written, not {back}")
     held = self._held[slot]
     held[held >= position] = EMPTY
