@@ -1,7 +1,7 @@
 """SwaRing (worker/compute/swa_ring.py), the host side of a sliding-window layer's KV ring, against its contract: after
 any sequence of a run's steps (chunks padded or not, decode rows, rejected drafts taken back, a new run in the slot),
-each query of a step sees, through its mask row, exactly the positions of its window, each in one place, and the
-places the step writes to are where those positions are recorded. The device side is in test_arch.py."""
+each query of a step sees, through its mask row, exactly the positions of its window, each in one place, all among
+the places the step reads, and the places the step writes to are where those positions are recorded. The device side is in test_arch.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,7 +26,8 @@ def test_every_query_sees_exactly_its_window(window: int, rows: int) -> None:
       real = min(width if width == 1 else int(rng.integers(1, width + 1)), max_seq - pos)
       at = ring.place(slot, pos, real, width)
       assert at >= 0 and at + width <= ring.dump
-      mask = ring.mask(slot, pos, width)
+      mask, reads = ring.mask(slot, pos, width), ring.seen(pos, width)
+      assert at + width <= reads and np.isneginf(mask[:, reads:]).all()  # the places the step reads hold all it sees
       for i in range(real):
         written[pos + i] = at + i
         q = pos + i
@@ -48,7 +49,7 @@ def test_every_query_sees_exactly_its_window(window: int, rows: int) -> None:
 def test_no_runs_rows_go_to_the_dump_and_bad_steps_are_refused() -> None:
   ring = SwaRing(4, 2, caches=1, max_seq_len=32, reach=3)
   assert ring.place(0, 32, 2, 2) == ring.dump == ring.length - 2
-  assert (ring.mask(0, 32, 2) == 0).all()  # a capture's rows: nothing masked, so nothing turns NaN there
+  assert (ring.mask(0, 32, 2) == 0).all() and ring.seen(32, 2) == ring.length  # a capture's rows: nothing masked (no NaN)
   with pytest.raises(ValueError, match="does not fit"):
     ring.place(0, 0, 3, 3)
   with pytest.raises(ValueError, match="window >= 1"):

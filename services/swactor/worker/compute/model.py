@@ -171,9 +171,10 @@ Segment = tuple[UOp | int, UOp | int, int]  # (slot, start position, rows) of on
 
 @dataclass(frozen=True)
 class RingStep:
-  """A step's view of the sliding-window rings (swa_ring.py): each segment's write place, and the mask whose rows are
-  the step's rows against their slot's every place."""
+  """A step's view of the sliding-window rings (swa_ring.py): each segment's write place, the places its rows read
+  (SwaRing.seen), and the mask whose rows are the step's rows against their slot's every place."""
   at: list[UOp | int]
+  seen: list[UOp | int]
   mask: Tensor  # [rows, ring length]: 0 / -inf
 
 
@@ -182,7 +183,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   """One block over the rows of every segment: the matrix products see all rows at once (one read of the weights for
   the batch), attention each segment alone, against its own slot of the KV cache (with `swa`, its last p.swa_window
   positions only: the cache keeps every position, the older ones are masked; with `ring`, the cache is a ring of the
-  window's places, all read, masked by the ring's rows)."""
+  window's places, its first ring.seen read, masked by the ring's rows)."""
   W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None
@@ -208,7 +209,8 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
     cache_k[slot:slot + 1, :, at:at + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_k.dtype))
     cache_v[slot:slot + 1, :, at:at + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_v.dtype))
     # [KV, L, hd]; a float16 cache is read back as float32: only the storage is halved, the arithmetic is not
-    keys, vals = ((c[slot, :, 0:sp + T, :] if ring is None else c[slot]).cast(x.dtype) for c in (cache_k, cache_v))
+    L = sp + T if ring is None else ring.seen[n]
+    keys, vals = (c[slot, :, 0:L, :].cast(x.dtype) for c in (cache_k, cache_v))
     qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
     # [KV, g, T, L]; as a product + sum, not qg @ keys.T: on the symbolic-length slice the matmul compiles to divisions
     # and modulos in the inner loop (3x slower)
@@ -216,7 +218,7 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
     if p.attn_softcap:
       s = (s * (1.0 / p.attn_softcap)).tanh() * p.attn_softcap
     if ring is not None:  # the window and causality as the ring's places hold them
-      s = s + ring.mask[r0:r0 + T]
+      s = s + ring.mask[r0:r0 + T, 0:L]
     else:
       if T > 1:
         s = s + Tensor.full((T, sp + T), float("-inf"), device=x.device).triu(sp + 1)
@@ -409,6 +411,7 @@ class StageModel:
       out |= {f"slot{i}": UOp.variable(f"slot{i}", 0, top), f"sp{i}": UOp.variable(f"sp{i}", 0, self.max_seq_len)}
       if self.ring is not None:
         out[f"at{i}"] = UOp.variable(f"at{i}", 0, self.ring.dump)
+        out[f"seen{i}"] = UOp.variable(f"seen{i}", 1, self.ring.length)
     return out
 
   def _var_vals(self, shape: Shape, segments: list[tuple[int, int]], real: list[int] | None) -> dict[str, int]:
@@ -418,6 +421,7 @@ class StageModel:
       masks = []
       for i, ((slot, sp), width) in enumerate(zip(segments, shape, strict=True)):
         out[f"at{i}"] = self.ring.place(slot, sp, width if real is None else real[i], width)
+        out[f"seen{i}"] = self.ring.seen(sp, width)
         masks.append(self.ring.mask(slot, sp, width))
       copy_in(self._mask(shape), np.concatenate(masks))
     return out
@@ -448,7 +452,8 @@ class StageModel:
         cos = [table_cos[sp:sp + T] for _, sp, T in segs]
         sin = [table_sin[sp:sp + T] for _, sp, T in segs]
         cat = lambda parts: parts[0] if len(parts) == 1 else Tensor.cat(*parts, dim=0)  # noqa: E731
-        ring = RingStep([bound[f"at{i}"] for i in range(len(shape))], self._mask(shape)) \
+        ring = RingStep([bound[f"at{i}"] for i in range(len(shape))], [bound[f"seen{i}"] for i in range(len(shape))],
+                        self._mask(shape)) \
           if swa and self.ring is not None else None
         return layer_forward(self.params, kinds, x, segs, cat(cos), cat(sin), ts, self.mv_threads, swa, ring)
       self._layer_jits[key] = TinyJit(f)

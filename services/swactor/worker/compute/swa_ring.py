@@ -10,8 +10,8 @@ at `dump`, past those. A position and the next one in the same place are `cycle`
 plus its step's other rows reach back, so no step overwrites a position a query of it or of a later step still sees,
 and more than a window plus the drafts a run may take back (`reach`, MAX_DRAFT), so what rejected drafts overwrote is
 out of the window of the row that follows them.
-The device graph reads the whole ring and adds a mask row per query that this class fills from the positions it
-recorded: 0 where the place holds a position in the query's window (causal included), -inf elsewhere; places that
+The device graph reads the ring's first `seen` places (all of them once the run's positions wrapped around, fewer for a
+short run) and adds a mask row per query that this class fills from the positions it recorded: 0 where the place holds a position in the query's window (causal included), -inf elsewhere; places that
 hold a padding row, a rewound draft or nothing are never in a window. Pure numpy, no device.
 """
 
@@ -52,6 +52,12 @@ class SwaRing:
     held[at + real:at + width] = EMPTY
     self._top[slot] = max(self._top[slot], start + width - 1)  # padding rows overwrite places too
     return at
+
+  def seen(self, start: int, width: int) -> int:
+    """How many leading places a step of `width` rows from `start` reads (the rest hold nothing its queries see):
+    before the run's positions wrap around the cycle a position's place is the position itself, so its rows see
+    places below start + width; afterwards, and for no run's rows, the whole ring."""
+    return self.length if start >= self.max_seq_len else min(start + width, self.length)
 
   def mask(self, slot: int, start: int, width: int) -> np.ndarray:
     """float32 [width, length]: row i (position start + i) 0 where `slot`'s ring holds a position within its
