@@ -31,6 +31,7 @@ from swactor.common.objflags import NO_TOKEN  # the last stage's output for a pr
 from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.memory import KV_DTYPE_BYTES, uses_ring
 
+from . import cpu_attention
 from .cpu_matvec import SLICES_PER_THREAD
 from .gguf_weights import GGUFModel, LlamaParams, LoadProgress, RawTensor, load_stage
 from .graphcache import GraphCache
@@ -209,6 +210,12 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
     cache_k[slot:slot + 1, :, at:at + T, :].assign(k[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_k.dtype))
     cache_v[slot:slot + 1, :, at:at + T, :].assign(v[r0:r0 + T].transpose(0, 1).unsqueeze(0).cast(cache_v.dtype))
     # [KV, L, hd]; a float16 cache is read back as float32: only the storage is halved, the arithmetic is not
+    if threads > 0:  # the CPU's hand-scheduled kernels (cpu_attention.py)
+      outs.append(cpu_attention.attention(p, q[r0:r0 + T].reshape(T, nq), cache_k, cache_v, slot, sp, threads, swa=swa,
+                                          seen=None if ring is None else ring.seen[n],
+                                          mask=None if ring is None else ring.mask, mask_row=r0))
+      r0 += T
+      continue
     L = sp + T if ring is None else ring.seen[n]
     keys, vals = (c[slot, :, 0:L, :].cast(x.dtype) for c in (cache_k, cache_v))
     qg = q[r0:r0 + T].reshape(T, p.n_kv_heads, g, p.head_dim).permute(1, 2, 0, 3)  # [KV, g, T, hd]
