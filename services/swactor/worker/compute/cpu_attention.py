@@ -4,13 +4,13 @@ Why: tinygrad's heuristic never threads a kernel whose size depends on a Variabl
 on the symbolic key length it loads each key once per query head. So the attention ran on one core at ~2 GFLOP/s: at
 1536 positions SmolLM2's decode step took 45 ms against 16 ms at 128, most of it in attention. Here the scores kernel
 reads each key once for the query heads that share it (UPCAST over the group), the weighted sum reads each value row
-once for them and 16 of its columns at a time, and both are split over the KV heads (THREAD).
+once for them and 16 of its columns at a time, and each kernel is split over the launcher's threads (THREAD).
 
-Three steps, for query rows t (positions sp + t) against keys l < L of the segment's slot:
+For query rows t (positions sp + t) against places l < L of the segment's slot:
   scores    S[kv, g, t, l] = scale * q . k_l (soft-capped; causality, a sliding window or the ring's mask applied)
-  softmax   m, z = the max of S's row and the sum of exp(S - m) (tinygrad reductions over the first L columns)
-  values    out[t, (kv, g) head] = sum over l of exp(S - m) v_l / z
-S is a fixed [KV, g, T, cache length] buffer of which each step writes its first L columns. Other devices run
+  weights   m = the max of S's row (a tinygrad reduction), W = exp(S - m), z = the sum of W's row
+  values    out[t, (kv, g) head] = sum over l of W v_l / z
+S and W are fixed [KV, g, T, cache length] buffers of which a step writes its first L columns. Other devices run
 model.layer_forward's tensor expression.
 """
 from __future__ import annotations
@@ -43,9 +43,9 @@ def _largest_divisor(n: int, most: int) -> int:
 
 
 def _opts(axes: list[tuple[int, int]], upcasts: dict[int, int], unrolls: tuple[Opt, ...], threads: int) -> tuple[Opt, ...]:
-  """Opts for a kernel whose output ranges are `axes` (range id, size, 0 for the symbolic key length; ranges of size 1
-  are dropped before opts apply, so an opt's axis is the position among the others): `upcasts` by range id, then a THREAD split of the first range
-  (the KV heads) into as many slices as divide it, up to the launcher's slices."""
+  """Opts for a kernel whose output ranges are `axes` (range id, size, 0 for the symbolic key length; ranges of size
+  1 are dropped before opts apply, so an opt's axis is the position among the others): `upcasts` by range id, then a
+  THREAD split of the first range (the KV heads) into as many slices as divide it, up to the launcher's slices."""
   kept = [rid for rid, n in axes if n != 1]
   # last axis first: a range upcast whole leaves the list, which would move the ones after it
   opts = [Opt(OptOps.UPCAST, kept.index(rid), amount) for rid, amount in sorted(upcasts.items(), reverse=True)

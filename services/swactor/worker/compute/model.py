@@ -184,7 +184,8 @@ def layer_forward(p: LlamaParams, kinds: tuple[tuple[str, ...], ...], x: Tensor,
   """One block over the rows of every segment: the matrix products see all rows at once (one read of the weights for
   the batch), attention each segment alone, against its own slot of the KV cache (with `swa`, its last p.swa_window
   positions only: the cache keeps every position, the older ones are masked; with `ring`, the cache is a ring of the
-  window's places, its first ring.seen read, masked by the ring's rows)."""
+  window's places, its first ring.seen read, masked by the ring's rows). On the CPU (threads > 0) the attention is
+  cpu_attention's kernels."""
   W, nq, nkv = x.shape[0], p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
   attn_norm, ffn_norm, cache_k, cache_v, it = ts[0], ts[1], ts[2], ts[3], iter(ts[4:])
   bias = next(it) if p.qkv_bias else None

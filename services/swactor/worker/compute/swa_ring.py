@@ -10,9 +10,10 @@ at `dump`, past those. A position and the next one in the same place are `cycle`
 plus its step's other rows reach back, so no step overwrites a position a query of it or of a later step still sees,
 and more than a window plus the drafts a run may take back (`reach`, MAX_DRAFT), so what rejected drafts overwrote is
 out of the window of the row that follows them.
-The device graph reads the ring's first `seen` places (all of them once the run's positions wrapped around, fewer for a
-short run) and adds a mask row per query that this class fills from the positions it recorded: 0 where the place holds a position in the query's window (causal included), -inf elsewhere; places that
-hold a padding row, a rewound draft or nothing are never in a window. Pure numpy, no device.
+The device graph reads the ring's first `seen` places (all of them once the run's positions wrapped around, fewer for
+a short run) and adds a mask row per query that this class fills from the positions it recorded: 0 where the place
+holds a position in the query's window (causal included), -inf elsewhere; places that hold a padding row, a rewound
+draft or nothing are never in a window. Pure numpy, no device.
 """
 
 from __future__ import annotations
