@@ -4,6 +4,7 @@ join retries while alone, graceful stop, RTT probes."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
@@ -218,6 +219,35 @@ def test_rtt_pings_are_echoed_sampled_broadcast_and_peer_rows_learned() -> None:
         await until(lambda: any((r.from_node, r.to_node, r.rtt_us) == (2, 3, 7000) for r in node.rtts()))
         engine.emit(SwimEventKind.DEAD, PEER)
         await until(lambda: [(r.from_node, r.to_node) for r in node.rtts()] == [])  # a dead member's row goes
+        assert not node.failed.is_set()
+        await node.stop(graceful=False)
+
+    asyncio.run(body())
+
+
+def test_probe_timing_advice_is_handed_over_to_be_kept() -> None:
+    """A peer measured at 300 ms: the node hands the advice (longer timings) to on_advice; one that cannot be kept
+    (OSError) is said, and the node goes on."""
+    async def body() -> None:
+        engine = FakeEngine()
+        md = pb.NodeMetadata(node_id=1, software_version="t", state=pb.NODE_STATE_BOOTING)
+        kept: list[object] = []
+
+        def keep(advice: object) -> None:
+            kept.append(advice)
+            raise OSError("read-only state directory")
+
+        node = MembershipNode(engine, md, [], NodeTimings(0.01, 60.0, 1.0, rtt_interval_s=0.02), on_advice=keep)
+        await node.start()
+        engine.emit(SwimEventKind.JOINED, PEER)
+        for _ in range(200):
+            pong = RttTable.pong_for(RttTable.ping(time.monotonic_ns() - 300_000_000))  # sent 300 ms ago
+            engine.queue.put_nowait(SwimEvent(SwimEventKind.MESSAGE, PEER, pong))
+            if kept:
+                break
+            await asyncio.sleep(0.01)
+        assert kept and kept[0].timing.probe_timeout_s == pytest.approx(1.95, rel=0.05)  # type: ignore[attr-defined]
+        assert not kept[0].sufficient  # type: ignore[attr-defined]
         assert not node.failed.is_set()
         await node.stop(graceful=False)
 

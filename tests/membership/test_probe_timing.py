@@ -1,17 +1,25 @@
-"""The probe timings measured RTTs call for (membership/probe_timing.py): tables over the pure advice, no clocks."""
+"""The probe timings measured RTTs call for (membership/probe_timing.py): tables over the pure advice, no clocks; the
+advice kept in the state directory and the timings the next start takes from it."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from swactor.membership.probe_timing import (
+    ADVICE_FILE,
     CHANGE_SHARE,
     DEFAULT_PROBE,
     INTERVAL_OVER_TIMEOUT,
     RTT_FACTOR,
+    Advice,
     ProbeAdvisor,
     ProbeTiming,
     advised,
+    load_advice,
+    save_advice,
+    starting_timing,
 )
 from swactor.membership.rtt import RttTable
 
@@ -65,3 +73,66 @@ def test_the_advisor_reads_this_nodes_own_medians() -> None:
     assert t.own(now_s=11) == {}  # stale: not a live peer's RTT any more
     a = ProbeAdvisor(DEFAULT_PROBE).observe(t.own(now_s=1))
     assert a is not None and a.timing == pytest.approx(ProbeTiming(2.015, 4.03))
+
+
+def test_advice_is_kept_for_the_next_start_and_removed_once_the_configured_timings_suffice(tmp_path: Path) -> None:
+    assert load_advice(tmp_path) is None  # nothing kept: start as configured
+    far = Advice(ProbeTiming(1.625, 3.25), LAN, peer=4, rtt_ms=250.0)
+    save_advice(tmp_path, far)
+    assert load_advice(tmp_path) == far.timing
+    assert [p.name for p in tmp_path.iterdir()] == [ADVICE_FILE]  # written whole: no temporary file left
+    save_advice(tmp_path, Advice(LAN, LAN, peer=4, rtt_ms=1.0))  # the far peer went: the configured timings suffice
+    assert load_advice(tmp_path) is None
+
+
+@pytest.mark.parametrize(("saved", "started"), [
+    (None, LAN),
+    (ProbeTiming(1.625, 3.25), ProbeTiming(1.625, 3.25)),  # the pool measured far: the longer timings
+    (ProbeTiming(0.4, 0.8), LAN),  # shorter than configured: the operator's timings stand
+    (ProbeTiming(1.2, 1.5), ProbeTiming(1.2, 1.5)),
+])
+def test_the_next_start_takes_the_longer_of_the_configured_and_the_kept(saved: ProbeTiming | None, started: ProbeTiming) -> None:
+    assert starting_timing(LAN, saved) == started
+    assert starting_timing(ProbeTiming(3.0, 5.0), saved) == ProbeTiming(3.0, 5.0)  # a long configured timeout stands
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("{not json", "probe_timing.json"),
+    ('{"probe_timeout_s": 1.0}', "not a probe timing advice"),
+    ('{"probe_timeout_s": "x", "probe_interval_s": 2}', "not a probe timing advice"),
+    ('{"probe_timeout_s": 3.0, "probe_interval_s": 2.0}', "at most probe_interval_s 2"),
+    ('{"probe_timeout_s": 0, "probe_interval_s": 2.0}', "must be > 0"),
+])
+def test_a_damaged_advice_file_is_named(tmp_path: Path, text: str, match: str) -> None:
+    (tmp_path / ADVICE_FILE).write_text(text)
+    with pytest.raises(ValueError, match=match):
+        load_advice(tmp_path)
+
+
+def test_an_advisor_started_on_kept_timings_speaks_when_the_pool_no_longer_needs_them() -> None:
+    kept = ProbeTiming(1.625, 3.25)
+    adv = ProbeAdvisor(LAN, running=kept)
+    assert adv.observe({4: 250_000}) is None  # what it runs with is what the pool needs: nothing new
+    back = adv.observe({4: 1_000})
+    assert back is not None and back.sufficient and back.timing == LAN
+
+
+def test_the_service_starts_on_the_kept_timings_and_says_so(tmp_path: Path) -> None:
+    from structlog.testing import capture_logs
+
+    from swactor.membership.config import MembershipConfig
+    from swactor.membership.main import starting_probe_timing
+
+    cfg = MembershipConfig(state_dir=tmp_path)
+    with capture_logs() as logs:
+        assert starting_probe_timing(cfg, LAN) == LAN
+    assert logs == []
+    save_advice(tmp_path, Advice(ProbeTiming(1.625, 3.25), LAN, peer=4, rtt_ms=250.0))
+    with capture_logs() as logs:
+        assert starting_probe_timing(cfg, LAN) == ProbeTiming(1.625, 3.25)
+    assert [(e["event"], e["probe_timeout_s"], e["configured_probe_timeout_s"]) for e in logs] == \
+        [("membership_probe_timing_applied", 1.625, 0.5)]
+    (tmp_path / ADVICE_FILE).write_text("{damaged")
+    with capture_logs() as logs:
+        assert starting_probe_timing(cfg, LAN) == LAN  # as configured, and said
+    assert [e["event"] for e in logs] == ["membership_probe_advice_unreadable"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import signal
 import sys
@@ -29,7 +30,13 @@ from swactor.membership.gpus import detect_nvidia, parse_gpu
 from swactor.membership.kinship_backend import KinshipBackend, route_engine_logs
 from swactor.membership.metadata import MetadataError, check_endpoint, check_fingerprint, encode_tags
 from swactor.membership.node import MembershipNode, NodeTimings
-from swactor.membership.probe_timing import ProbeTiming
+from swactor.membership.probe_timing import (
+    ADVICE_FILE,
+    ProbeTiming,
+    load_advice,
+    save_advice,
+    starting_timing,
+)
 from swactor.membership.service import SERVICE_NAME, MembershipServicer
 from swactor.membership.swim import SwimSettings, SwimStartError
 from swactor.membership.view import Counts
@@ -143,6 +150,23 @@ def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMe
     )
 
 
+def starting_probe_timing(cfg: MembershipConfig, configured: ProbeTiming) -> ProbeTiming:
+    """The probe timings the engine starts with: the configured ones, or the longer ones this node's last run measured
+    its pool to need (probe_timing.py), said as membership_probe_timing_applied."""
+    log = get_logger(component="membership")
+    try:
+        saved = load_advice(cfg.state_dir)
+    except ValueError as e:  # a damaged file: start as configured, say so; the next advice replaces it
+        log.warning("membership_probe_advice_unreadable", detail=str(e))
+        saved = None
+    running = starting_timing(configured, saved)
+    if running != configured:
+        log.warning("membership_probe_timing_applied", probe_timeout_s=running.probe_timeout_s,
+                    probe_interval_s=running.probe_interval_s, configured_probe_timeout_s=configured.probe_timeout_s,
+                    configured_probe_interval_s=configured.probe_interval_s, source=str(cfg.state_dir / ADVICE_FILE))
+    return running
+
+
 def status_line(c: Counts) -> str:
     return f"members: {c.alive} alive, {c.suspect} suspect, {c.dead} dead, {c.left} left"
 
@@ -153,13 +177,17 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
         raise ConfigError(f"[membership].rtt_interval_s must be >= 0 (0 turns RTT sampling off), got {cfg.rtt_interval_s:g}")
     md = build_metadata(cfg, node_id)
     key = gossip_key(read_secret(cfg.secret_file), cfg.cluster)
-    settings = swim_settings(cfg, node_id, key, md)
+    configured = ProbeTiming(cfg.probe_timeout_s, cfg.probe_interval_s)
+    running = starting_probe_timing(cfg, configured)
+    settings = dataclasses.replace(swim_settings(cfg, node_id, key, md), probe_timeout_s=running.probe_timeout_s,
+                                   probe_interval_s=running.probe_interval_s)
     route_engine_logs()
     node = MembershipNode(
         KinshipBackend(settings), md, cfg.seeds,
         NodeTimings(cfg.join_retry_interval_s, cfg.departed_retention_s, cfg.leave_timeout_s, cfg.rtt_interval_s,
-                    ProbeTiming(settings.probe_timeout_s, settings.probe_interval_s)),
+                    running, configured),
         on_change=lambda c: notify_status(status_line(c)),
+        on_advice=lambda advice: save_advice(cfg.state_dir, advice),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

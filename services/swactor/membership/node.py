@@ -18,7 +18,7 @@ from swactor.common.aio import cancel_and_wait
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
 from swactor.membership.metadata import check_endpoint, check_fingerprint, check_stage_devices, encode_tags
-from swactor.membership.probe_timing import DEFAULT_PROBE, ProbeAdvisor, ProbeTiming
+from swactor.membership.probe_timing import DEFAULT_PROBE, Advice, ProbeAdvisor, ProbeTiming
 from swactor.membership.rtt import PING, PONG, ROW, Rtt, RttTable
 from swactor.membership.swim import (
     JoinFailed,
@@ -62,6 +62,8 @@ class NodeTimings:
     rtt_interval_s: float = 2.0  # 0: no RTT sampling
     # What the SWIM engine was started with: the RTTs measured are checked against them (probe_timing.py).
     probe: ProbeTiming = DEFAULT_PROBE
+    # The config's timings, where the engine started with a saved advice's longer ones instead (None: `probe`).
+    probe_configured: ProbeTiming | None = None
 
 
 class Subscriber:
@@ -89,8 +91,10 @@ class MembershipNode:
         seeds: list[str],
         timings: NodeTimings,
         on_change: Callable[[Counts], None] = lambda counts: None,
+        on_advice: Callable[[Advice], None] = lambda advice: None,
     ) -> None:
         self._backend = backend
+        self._on_advice = on_advice  # keeps probe timing advice for the next start (probe_timing.save_advice)
         self._metadata = pb.NodeMetadata()
         self._metadata.CopyFrom(metadata)
         self._seeds = list(seeds)
@@ -102,7 +106,7 @@ class MembershipNode:
         self._meta_lock = asyncio.Lock()
         self._view: MemberView | None = None
         self._rtt = RttTable(metadata.node_id, RTT_STALE_INTERVALS * timings.rtt_interval_s)
-        self._probe_advisor = ProbeAdvisor(timings.probe)
+        self._probe_advisor = ProbeAdvisor(timings.probe_configured or timings.probe, timings.probe)
         self._stopped = False
         # Set when a background task dies or the engine's event stream ends without stop():
         # the process should exit non-zero (systemd restarts it) rather than serve a frozen view.
@@ -267,11 +271,15 @@ class MembershipNode:
             await asyncio.sleep(self._timings.rtt_interval_s)
 
     def _advise_probe_timing(self) -> None:
-        """Tell the operator when the measured RTTs call for other probe timings (the engine cannot change its own
-        while it runs: probe_timing.py)."""
+        """Tell the operator when the measured RTTs call for other probe timings, and keep them for the next start
+        (the engine cannot change its own while it runs: probe_timing.py)."""
         advice = self._probe_advisor.observe(self._rtt.own(time.monotonic()))
         if advice is None:
             return
+        try:
+            self._on_advice(advice)
+        except OSError as e:  # a read-only state directory: the advice is still logged
+            self._log.warning("membership_probe_advice_not_kept", detail=str(e))
         log = self._log.info if advice.sufficient else self._log.warning
         log("membership_probe_timeout_advised", node_id=self._metadata.node_id, sufficient=advice.sufficient,
             probe_timeout_s=round(advice.timing.probe_timeout_s, 3),

@@ -11,19 +11,25 @@ the configured one, the interval grows to at least INTERVAL_OVER_TIMEOUT times i
 after it.
 
 The SWIM engine (kinship) takes its timings once, when it starts: its config is frozen and a running node has no
-call that changes them. So this node does not retune itself; it tells the operator, with the event
-`membership_probe_timeout_advised`, which [membership] probe_timeout_s and probe_interval_s to set on every host
-(docs/operations.md "WAN tuning"), whenever that advice moves by more than CHANGE_SHARE.
+call that changes them. So this node does not retune itself while it runs; it tells the operator, with the event
+`membership_probe_timeout_advised`, which [membership] probe_timeout_s and probe_interval_s the pool calls for
+(docs/operations.md "WAN tuning"), whenever that advice moves by more than CHANGE_SHARE, and keeps the advice in its
+state directory (ADVICE_FILE), from which its next start takes the longer timings (`starting_timing`): a restart, not
+an edit of every host's config, puts them to work.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 RTT_FACTOR = 6.5  # the timeout over the largest peer's median RTT: 150 ms calls for the 1.0 s / 2.0 s that held
 INTERVAL_OVER_TIMEOUT = 2.0  # the interval over the timeout: the rest of it waits for the indirect probes
 CHANGE_SHARE = 0.2  # advice that moved by less than this share of the last one is not repeated
+ADVICE_FILE = "probe_timing.json"  # in the membership state directory: the last advice, for the next start
 
 
 @dataclass(frozen=True)
@@ -61,9 +67,10 @@ def advised(configured: ProbeTiming, largest_rtt_ms: float) -> ProbeTiming:
 class ProbeAdvisor:
     """Follows this node's own RTT row and says when the advice changed enough to be worth telling."""
 
-    def __init__(self, configured: ProbeTiming) -> None:
+    def __init__(self, configured: ProbeTiming, running: ProbeTiming | None = None) -> None:
         self.configured = configured
-        self._last = configured  # what was last told (the configured timings until something was)
+        # what was last told: at first what the engine runs with (the configured timings, or a saved advice's)
+        self._last = running or configured
 
     def observe(self, own_rtts_us: Mapping[int, int]) -> Advice | None:
         """This node's median RTT to each live peer (RttTable.own); new Advice when its timeout moved by more than
@@ -74,3 +81,44 @@ class ProbeAdvisor:
             return None
         self._last = timing
         return Advice(timing, self.configured, peer, rtt_us / 1000)
+
+
+def starting_timing(configured: ProbeTiming, saved: ProbeTiming | None) -> ProbeTiming:
+    """What the engine starts with: the configured timings, or a saved advice's where its timeout is longer (never
+    shorter than configured: an operator's longer timings stand)."""
+    if saved is None or saved.probe_timeout_s <= configured.probe_timeout_s:
+        return configured
+    return ProbeTiming(saved.probe_timeout_s, max(configured.probe_interval_s, saved.probe_interval_s))
+
+
+def save_advice(state_dir: Path, advice: Advice) -> None:
+    """Keep `advice` for the next start (written whole, then renamed); advice that the configured timings suffice
+    removes what an earlier one kept. OSError: the state directory is not writable."""
+    path = state_dir / ADVICE_FILE
+    if advice.sufficient:
+        path.unlink(missing_ok=True)
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"probe_timeout_s": advice.timing.probe_timeout_s,
+                               "probe_interval_s": advice.timing.probe_interval_s,
+                               "farthest_peer": advice.peer, "farthest_rtt_ms": advice.rtt_ms}))
+    os.replace(tmp, path)
+
+
+def load_advice(state_dir: Path) -> ProbeTiming | None:
+    """The advice the last run kept, None when there is none. ValueError names what is wrong with a damaged file."""
+    path = state_dir / ADVICE_FILE
+    try:
+        kept = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    try:
+        timing = ProbeTiming(float(kept["probe_timeout_s"]), float(kept["probe_interval_s"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a probe timing advice ({e!r})") from None
+    if not 0 < timing.probe_timeout_s <= timing.probe_interval_s:
+        raise ValueError(f"{path}: probe_timeout_s {timing.probe_timeout_s:g} must be > 0 and at most "
+                         f"probe_interval_s {timing.probe_interval_s:g}")
+    return timing
