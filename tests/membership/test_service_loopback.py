@@ -4,6 +4,7 @@ while the Python side of a node holds the GIL and blocks its event loop."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -258,3 +259,23 @@ def test_each_node_measures_its_peers_rtt_and_learns_theirs(pair: tuple[Proc, Pr
     assert all(0 < r.rtt_us < 200_000 for r in rtts.values()), rtts  # loopback: well under a WAN's
     own = a.get_self().self.metadata.node_id
     assert a.stub.GetRtts(pb.GetRttsRequest(), timeout=2).rtts[0].from_node_id == own  # its own first
+
+
+def test_the_service_starts_on_the_probe_timings_its_last_run_kept(tmp_path: Path) -> None:
+    """The real service with a kept advice in its state directory: its engine starts on those timings (said), and it
+    serves; a second node joins it."""
+    from swactor.membership.probe_timing import ADVICE_FILE
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / ADVICE_FILE).write_text('{"probe_timeout_s": 1.3, "probe_interval_s": 2.6}')
+    a = Proc(tmp_path, "a")
+    b = Proc(tmp_path, "b", "--seed", a.addr)
+    try:
+        applied = [json.loads(line) for line in a.log.read_text().splitlines() if "membership_probe_timing_applied" in line]
+        assert [(e["probe_timeout_s"], e["probe_interval_s"], e["configured_probe_timeout_s"]) for e in applied] == \
+            [(1.3, 2.6, 0.5)]
+        assert "membership_probe_timing_applied" not in b.log.read_text()  # nothing kept there: as configured
+        wait_until(lambda: len(a.stub.ListMembers(pb.ListMembersRequest(), timeout=2).members) == 2, 15, "a pair")
+    finally:
+        b.close()
+        a.close()
