@@ -16,8 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import gguf
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -31,7 +29,7 @@ from swactor.orchestrator.tokens.tokenizer import (  # noqa: E402
 from swactor.orchestrator.tokens.tokenizer.bounds import MAX_WORD_CHARS  # noqa: E402
 from swactor.orchestrator.tokens.tokenizer.stream import StreamDecoder  # noqa: E402
 from tests.orchestrator.helpers import MODEL_PATH  # noqa: E402
-from tests.orchestrator.spm_gguf import add_spm_vocab, load_vocab, write_spm_gguf  # noqa: E402
+from tests.orchestrator.spm_gguf import load_vocab, write_spm_gguf  # noqa: E402
 
 # Mixed prose and code: every Python source of the orchestrator, about 150 KB.
 TEXT = "".join(p.read_text() for p in sorted((ROOT / "services" / "swactor" / "orchestrator").rglob("*.py")))
@@ -94,14 +92,7 @@ def write_large_spm(path: Path, pieces: int = GEMMA3_VOCAB) -> Path:
             vocab["tokens"].append(piece)
             vocab["scores"].append(low - 1 - rnd.random() * 10)
             vocab["token_types"].append(1)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_vocab_size(len(vocab["tokens"]))
-    add_spm_vocab(w, vocab)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_spm_gguf(path, vocab=vocab)
 
 
 def bench_chat() -> None:

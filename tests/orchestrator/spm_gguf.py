@@ -44,8 +44,10 @@ def add_spm_vocab(w: gguf.GGUFWriter, vocab: dict, *, chat_template: str | None 
         w.add_chat_template(chat_template)
 
 
-def write_spm_gguf(path: Path, *, chat_template: str | None = None, add_space_prefix: bool | None = None) -> Path:
-    vocab = load_vocab()
+def write_spm_gguf(path: Path, *, chat_template: str | None = None, add_space_prefix: bool | None = None,
+                   vocab: dict | None = None) -> Path:
+    """`vocab`: another vocabulary in load_vocab()'s form (default: the test vocabulary)."""
+    vocab = vocab or load_vocab()
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name("swactor-test-spm")
     w.add_block_count(1)

@@ -23,6 +23,7 @@ from tinygrad.codegen.opt import Opt, OptOps
 from tinygrad.helpers import NUM_CPU_THREADS
 from tinygrad.uop.ops import AxisType, KernelInfo, Ops
 
+from .cpu_matvec import SLICES_PER_THREAD, largest_divisor
 from .gguf_weights import LlamaParams
 
 NEG_INF = -math.inf
@@ -38,10 +39,6 @@ def _param(u: UOp | int) -> UOp | int:
   return UOp.variable(v.arg.name, *v.arg.vmin_vmax, param=True)
 
 
-def _largest_divisor(n: int, most: int) -> int:
-  return next(d for d in range(min(n, most), 0, -1) if n % d == 0)
-
-
 def _opts(axes: list[tuple[int, int]], upcasts: dict[int, int], unrolls: tuple[Opt, ...], threads: int) -> tuple[Opt, ...]:
   """Opts for a kernel whose output ranges are `axes` (range id, size, 0 for the symbolic key length; ranges of size
   1 are dropped before opts apply, so an opt's axis is the position among the others): `upcasts` by range id, then a
@@ -53,7 +50,7 @@ def _opts(axes: list[tuple[int, int]], upcasts: dict[int, int], unrolls: tuple[O
   opts += unrolls
   kv_id, kv = axes[0]
   if threads > 1 and kv > 1:
-    th = _largest_divisor(kv, min(threads * 4, NUM_CPU_THREADS.value))
+    th = largest_divisor(kv, min(threads * SLICES_PER_THREAD, NUM_CPU_THREADS.value))
     if th > 1:
       opts.append(Opt(OptOps.THREAD, kept.index(kv_id), th))
   return tuple(opts)
@@ -74,7 +71,7 @@ def _scores_kernel(p: LlamaParams, T: int, g: int, threads: int, slot: UOp | int
       s = (key_at <= sp + t).where(s, NEG_INF)
     if swa:
       s = (sp + t - key_at < p.swa_window).where(s, NEG_INF)
-  opts = _opts([(0, p.n_kv_heads), (1, g), (2, T), (3, 0)], {1: _largest_divisor(g, GROUP_UPCAST), 2: 4 if T % 4 == 0 else 1},
+  opts = _opts([(0, p.n_kv_heads), (1, g), (2, T), (3, 0)], {1: largest_divisor(g, GROUP_UPCAST), 2: 4 if T % 4 == 0 else 1},
                (Opt(OptOps.UNROLL, 0, 4),), threads)
   return out[kv, gi, t, key_at].store(s).end(kv, gi, t, key_at).sink(arg=KernelInfo(name=f"attn_scores_{T}", opts_to_apply=opts))
 
@@ -92,8 +89,8 @@ def _values_kernel(p: LlamaParams, T: int, g: int, threads: int, slot: UOp | int
   kv, gi, t, d = UOp.range(p.n_kv_heads, 0), UOp.range(g, 1), UOp.range(T, 2), UOp.range(p.head_dim, 3)
   key_at = UOp.range(L, 4, AxisType.REDUCE)
   acc = (w[kv, gi, t, key_at].load() * cache_v[slot, kv, key_at, d].load().cast(dtypes.float)).reduce(key_at, arg=Ops.ADD)
-  cols = _largest_divisor(p.head_dim, VALUE_COLUMNS)
-  opts = _opts([(0, p.n_kv_heads), (1, g), (2, T), (3, p.head_dim)], {3: cols, 1: _largest_divisor(g, max(1, 48 // cols))}, (), threads)
+  cols = largest_divisor(p.head_dim, VALUE_COLUMNS)
+  opts = _opts([(0, p.n_kv_heads), (1, g), (2, T), (3, p.head_dim)], {3: cols, 1: largest_divisor(g, max(1, 48 // cols))}, (), threads)
   return out[t, (kv * g + gi) * p.head_dim + d].store(acc / z[kv, gi, t].load()).end(kv, gi, t, d) \
     .sink(arg=KernelInfo(name=f"attn_values_{T}", opts_to_apply=opts))
 

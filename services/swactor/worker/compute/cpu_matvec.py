@@ -30,6 +30,11 @@ def rows_per_iteration(n: int) -> int:
   return next(u for u in (8, 4, 1) if n % u == 0)
 
 
+def largest_divisor(n: int, most: int) -> int:
+  """The largest divisor of n that is at most `most` (>= 1): how many slices or upcast lanes split n evenly."""
+  return next(d for d in range(min(n, most), 0, -1) if n % d == 0)
+
+
 def scale_group(n_out: int) -> int:
   """Rows per scale group of a q8_0 matrix on CPU (upload's layout, block_matvec's row ranges)."""
   return rows_per_iteration(n_out)
@@ -226,7 +231,7 @@ def _scheduled(kind: str, threads: int, out: UOp, x: UOp, w: tuple[UOp, ...], na
   # core_id slices: up to SLICES_PER_THREAD per thread, so that a thread that starts late still finds some to take
   # (replay.py hands them out one by one), each of >= 32K weights (~4 us of one core: much more than taking one)
   most = min(threads * SLICES_PER_THREAD if threads > 1 else 1, NUM_CPU_THREADS.value, max(1, n_out * cols >> 15))
-  th = next(n for n in range(most, 0, -1) if (n_out // g // up) % n == 0)
+  th = largest_divisor(n_out // g // up, most)
   opts = ((Opt(OptOps.UPCAST, 0, tb),) if tb > 1 else ()) + ((Opt(OptOps.UPCAST, ax, up),) if up > 1 else ()) + unrolls \
       + ((Opt(OptOps.THREAD, ax, th),) if th > 1 else ())
   o = og if oi is None else og * g + oi
