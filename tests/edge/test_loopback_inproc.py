@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from swactor.edge import preamble
 from swactor.edge.driver import Driver
@@ -167,6 +168,35 @@ def test_keepalive_holds_a_quiet_connection_open(tmp_path: Path) -> None:
             assert rx.read(100) == b"firstsecond"
             assert len([c for c in a.driver.endpoint.connections if not c.closed]) == 1
             assert all(e.WhichOneof("event") != "fault" for e in queued(a.watcher))
+        finally:
+            await stop_nodes([a, b])
+
+    asyncio.run(main())
+
+
+def test_a_lost_ring_wake_up_costs_a_check_interval_not_the_edge(tmp_path: Path) -> None:
+    """A commit (send side) or a consume (recv side) whose eventfd signal went missing: the pump that
+    sleeps on it is looked at again within WAKE_CHECK_S, goes on, and the loss is an event."""
+    async def main() -> None:
+        a, b = await start_nodes(tmp_path)
+        try:
+            tx = a.rings.add(FakeRing(11, 64 << 10))
+            rx = b.rings.add(FakeRing(21, 1000))
+            await b.driver.establish_recv(1, 21, a.node_id, None)
+            await a.driver.establish_send(1, b.node_id, 11, None)
+            await next_event(a, "ready", 1)
+            with capture_logs() as logs:
+                tx._consumer_waiting = False  # the send pump sleeps, but this commit will not signal it
+                tx.write(b"x" * 1500)  # more than the receiving ring holds: its pump backpressures
+                await until(lambda: rx.avail() == 1000, "the bytes the receiving ring holds", timeout=5)
+                recv = b.driver.table.edges[(1, edge_pb2.EDGE_ROLE_RECV)].pump
+                await until(lambda: recv.state.value == "Backpressured", "the recv pump backpressured")
+                rx._producer_waiting = False  # it sleeps on free space, and this consume will not signal it
+                assert rx.read(1000) == b"x" * 1000
+                await until(lambda: rx.avail() == 500, "the rest of the bytes", timeout=5)
+            missed = [(e["role"], e["ring_id"]) for e in logs if e["event"] == "edge.ring_wake_missed"]
+            assert missed == [("EDGE_ROLE_SEND", 11), ("EDGE_ROLE_RECV", 21)]
+            assert all(e.WhichOneof("event") != "fault" for e in queued(a.watcher) + queued(b.watcher))
         finally:
             await stop_nodes([a, b])
 

@@ -30,9 +30,24 @@ def ready(direction: str = "Ingress") -> e.EdgeEstablisher:
     want = e.EstablishRecv(5, 99, layout()) if direction == "Ingress" else e.EstablishSend(5, 99, layout())
     assert est.handle(e.RingInstalled(70)) == [want]
     assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
-    assert est.handle(e.DriverEdgeReady(5, 70)) == [e.EdgeReady(5, 70)]
+    assert est.handle(e.DriverEdgeReady(5, 70)) == []  # the ring host does not hold the pump's eventfds yet
+    assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
+    assert est.handle(e.WakeFdsHanded(5)) == [e.EdgeReady(5, 70)]
     assert est.state(5) is e.EdgeState.READY
     return est
+
+
+def test_ready_needs_the_driver_and_the_wake_fds_in_either_order() -> None:
+    """A stage granted a step before its compute process holds the pump's eventfds commits on its own ones and
+    the pump sleeps through the object (seen on a pool: the first token hung until the pump's periodic look)."""
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    est.handle(e.RingInstalled(70))
+    assert est.handle(e.WakeFdsHanded(5)) == []
+    assert est.state(5) is e.EdgeState.WAITING_FOR_DRIVER
+    assert est.handle(e.DriverEdgeReady(5, 70)) == [e.EdgeReady(5, 70)]
+    assert est.handle(e.WakeFdsHanded(5)) == [] and est.handle(e.DriverEdgeReady(5, 70)) == []  # once
 
 
 @pytest.mark.parametrize("direction", ["Ingress", "Egress"])

@@ -160,3 +160,72 @@ def test_stop_while_establish_is_in_flight_stops_the_edge_the_driver_then_has() 
         follow.cancel()
 
     asyncio.run(main())
+
+
+class SlowWakeFdsDriver(SlowEstablishDriver):
+    """EstablishRecv answers at once (DriverEdgeReady follows); the pump's eventfds come when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.establish_may_finish.set()
+        self.wake_fds_may_come = asyncio.Event()
+
+    async def wake_fds(self, ring_id: int) -> None:
+        await self.wake_fds_may_come.wait()
+        return None
+
+
+class RefusingHost(Host):
+    def wake_fds(self, edge_id: int, ring_id: int, fds: tuple[int, int] | None) -> None:
+        self.calls.append("wake_fds")
+        raise ValueError("ring 7 is released")
+
+
+def _shell_until_driver_ready(host: Host) -> tuple[EstablisherShell, SlowWakeFdsDriver, list[Any], set[Any]]:
+    arena, driver = SlowAttachArena(), SlowWakeFdsDriver()
+    arena.attach_may_finish.set()
+    outcomes: list[Any] = []
+    tasks: set[asyncio.Task[Any]] = set()
+    shell = EstablisherShell(arena, driver, host, outcomes.append,  # type: ignore[arg-type]
+                             lambda c: tasks.add(asyncio.ensure_future(c)), Log())
+    tasks.add(asyncio.ensure_future(shell.follow_driver()))
+    edge = est.EdgeProvision(1, "Ingress", 9, 0, None, pb.RingSpec(data_capacity=3840, alignment=64))
+    shell.handle(est.Provision(edge, 11))
+    return shell, driver, outcomes, tasks
+
+
+def test_an_edge_is_ready_only_once_its_ring_host_holds_the_pumps_eventfds() -> None:
+    """The driver says the edge is established before the ring host has the eventfds: not Ready yet, or the
+    stage's first step would commit on eventfds the pump does not sleep on (a hung first token in CI)."""
+    async def main() -> None:
+        shell, driver, outcomes, tasks = _shell_until_driver_ready(Host())
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert driver.calls == ["establish"] and shell.core.state(1) is est.EdgeState.WAITING_FOR_DRIVER
+        assert not any(isinstance(o, est.EdgeReady) for o in outcomes)
+        driver.wake_fds_may_come.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert shell.core.state(1) is est.EdgeState.READY and est.EdgeReady(1, 7) in outcomes
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(main())
+
+
+def test_a_ring_host_that_cannot_take_the_eventfds_fails_the_edge() -> None:
+    async def main() -> None:
+        host = RefusingHost()
+        _shell, driver, outcomes, tasks = _shell_until_driver_ready(host)
+        driver.wake_fds_may_come.set()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        failed = [o for o in outcomes if isinstance(o, est.EdgeFailed)]
+        assert host.calls[:2] == ["install", "wake_fds"] and len(failed) == 1
+        assert failed[0].reason == pb.RUN_FAULT_EDGE_ESTABLISHMENT_FAILED
+        assert "did not take them: ValueError: ring 7 is released" in failed[0].detail
+        assert not any(isinstance(o, est.EdgeReady) for o in outcomes)
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(main())

@@ -27,9 +27,10 @@ def log_marks(hosts: list[HostLayout]) -> dict[Path, int]:
     return {p: p.stat().st_size for h in hosts for p in sorted(h.log_dir.glob("*.log"))}
 
 
-# A ring end the compute process found ready without its wake-up (worker/process/loop.py), or wake fds the stage node
-# could not hand it: a run survives them (a second's delay) but each is a lost wake-up to explain.
-LOST_WAKEUPS = frozenset({"ring_wake_missed", "worker_wake_fds_not_shared"})
+# A ring end found ready without its wake-up (the compute process's loop, an edge driver's pump, a token endpoint:
+# `ring_wake_missed` and `edge.ring_wake_missed`), or wake fds the stage node could not hand the compute process or
+# that it could not use: a run survives them (a second's delay) but each is a lost wake-up to explain.
+LOST_WAKEUPS = frozenset({"ring_wake_missed", "worker_wake_fds_not_shared", "ring_wake_fds_rejected"})
 
 
 def events_since(marks: dict[Path, int], hosts: list[HostLayout], max_lines: int = MAX_LINES,

@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 import swactor_ring as sr
 from swactor.common import ringport
@@ -28,15 +29,17 @@ class Rings:
         self.arena = sr.Arena.from_fd(self.fd, 1 << 20)
         self.next_offset = 0
 
-    def pair(self, capacity: int, ring_id: int):
+    def pair(self, capacity: int, ring_id: int, *, shared_fds: bool = True):
+        """Both ends of a fresh ring; `shared_fds=False`: each end has its own eventfds, so neither's
+        commits or consumes ever signal the other (a lost wake-up on every step)."""
         native = sr.RingLayout.for_range(ring_id, self.next_offset, capacity, 64)
         self.next_offset += 256 << 10
         sr.init_ring(self.arena, native)
         layout = Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
                              native.data_offset, native.data_capacity, native.alignment)
         prod = ringport.open_producer(self.arena, layout)
-        cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.readable_fd,
-                                      writable_fd=prod.writable_fd)
+        fds = {"readable_fd": prod.readable_fd, "writable_fd": prod.writable_fd} if shared_fds else {}
+        cons = ringport.open_consumer(self.arena, layout, **fds)
         return prod, cons
 
     def close(self) -> None:
@@ -127,6 +130,40 @@ def test_token_out_objects_become_token_received_until_close(rings: Rings) -> No
 
     asyncio.run(main())
     assert got == [F.TokenReceived(0, 100), F.TokenReceived(1, 101), F.TokenReceived(2, 2)]
+
+
+def test_ends_whose_wake_ups_are_lost_are_looked_at_again_and_say_so(rings: Rings) -> None:
+    """Neither end is ever signalled: the token-in writer waits for space and the token-out reader for
+    objects, and each finds its progress by ringport.wait_ready's look every WAKE_CHECK_S."""
+    prod, cons = rings.pair(64 << 10, 7, shared_fds=False)
+    writer = token_rings.TokenWriter(prod, token_spec(1), edge_id=8)
+    reader = token_rings.TokenReader(cons, token_spec(1), edge_id=8)
+    got: list[F.Input] = []
+
+    async def main():
+        with capture_logs() as logs:
+            run = asyncio.create_task(reader.run(got.append))
+            await asyncio.sleep(0.05)  # the reader sleeps on its own eventfd
+            await writer.write(0, [100])
+            await asyncio.wait_for(_until(lambda: got), 5)
+            filler = prod.free()
+            assert prod.write(b"x" * filler) == filler  # the ring full: the writer must wait for space
+            writing = asyncio.create_task(writer.write(1, [101]))
+            await asyncio.sleep(0.05)
+            assert not writing.done()
+            run.cancel()
+            read(cons, filler)
+            await asyncio.wait_for(writing, 5)
+        return [e for e in logs if e["event"] == "ring_wake_missed"]
+
+    missed = asyncio.run(main())
+    assert got == [F.TokenReceived(0, 100)]
+    assert [(e["ring_id"], e["edge_id"]) for e in missed] == [(7, 8), (7, 8)]
+
+
+async def _until(cond) -> None:
+    while not cond():
+        await asyncio.sleep(0.01)
 
 
 def test_a_verify_object_reports_one_token_per_row(rings: Rings) -> None:

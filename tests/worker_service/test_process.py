@@ -117,6 +117,47 @@ def test_an_unsignalled_ring_is_looked_at_again_and_said(arena: Arena, tmp_path:
     assert missed and missed[0]["ring_ids"] == [layout.ring_id], missed
 
 
+def test_a_lost_wake_up_found_by_another_input_is_said_too(arena: Arena, tmp_path: Path) -> None:
+    """The object arrives unsignalled and a command wakes the loop first: the ring is looked at again then, and the
+    loss is logged as well (it used to be said only when the timed look found it)."""
+    log = tmp_path / "worker.log"
+    worker = WorkerProc(arena, log=log)
+    try:
+        worker.initialize()
+        quiet, other = arena.ring(256), arena.ring(256)
+        worker.send(wire.InstallRing(quiet.ring_id, 7, 0, "Ingress", quiet, spec(64), False))
+        worker.expect(wire.RingInstalled, ring_id=quiet.ring_id)
+        asleep(worker.proc.pid)
+        data = record(0, np.arange(8, dtype=np.float32).tobytes())
+        assert arena.producer(quiet).write(data) == len(data)
+        worker.send(wire.InstallRing(other.ring_id, 8, 1, "Ingress", other, spec(64), False))
+        worker.expect(wire.ObjectLoaded, timeout=3 * WAKE_CHECK_S + 5, ring_id=quiet.ring_id)
+    finally:
+        worker.close()
+    missed = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    assert [e["ring_ids"] for e in missed] == [[quiet.ring_id]], missed
+
+
+def test_a_signalled_ring_is_not_said_lost(arena: Arena, tmp_path: Path) -> None:
+    """Objects whose producer signals the shared eventfd load without a ring_wake_missed line."""
+    log = tmp_path / "worker.log"
+    worker = WorkerProc(arena, log=log)
+    try:
+        worker.initialize()
+        layout = arena.ring(256)
+        worker.install(layout, "Ingress", spec(64))
+        prod = arena.producer(layout)
+        for seq in range(3):
+            asleep(worker.proc.pid)
+            data = record(seq, np.arange(8, dtype=np.float32).tobytes())
+            assert prod.write(data) == len(data)
+            ev = worker.expect(wire.ObjectLoaded, ring_id=layout.ring_id, sequence=seq)
+            worker.send(wire.ReleaseDeviceObject(ev.device_handle))
+    finally:
+        worker.close()
+    assert not [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+
+
 def test_object_larger_than_ring_loads_once_complete(worker: WorkerProc, arena: Arena) -> None:
     worker.initialize()
     layout = arena.ring(128)

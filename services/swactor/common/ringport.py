@@ -6,14 +6,23 @@ the orchestrator's token endpoints.
     span = end.readable(max_bytes)     # zero-copy memoryview (may be empty); RingClosed at the end
     end.advance_consume(len(span))     # the span is released first: ring-rs refuses to advance under it
     fd = end.arm_wait()                # None: progress is possible now; else poll fd, then end.ack()
+    lost = await wait_ready(end)       # the same on an event loop, looked at again every WAKE_CHECK_S
 
 Python does no cursor arithmetic: spans, advances, state and wake bits are ring-rs calls. Every
 ring-rs failure of a ring end becomes `RingBroken(reason, detail)` with the §37 RingFaultReason;
 the orderly end of a producer's data is `RingClosed`, which is not an error (both in `ringerrors`).
+
+A sleeping end is also looked at again every WAKE_CHECK_S: an end that can progress while its eventfd
+was never signalled lost its wake-up (the other end's process holds other eventfds, or a signal went
+missing), and every process that sleeps on ring eventfds says so as `ring_wake_missed` and goes on, so
+a lost wake-up costs that interval instead of a run (the edge driver's pumps, the compute process's
+loop, the orchestrator's token endpoints).
 """
 
 from __future__ import annotations
 
+import asyncio
+import select
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +35,7 @@ from swactor.v1 import common_pb2 as pb
 ABI_VERSION: int = sr.RING_VERSION
 
 _E = TypeVar("_E", bound="_End")
+WAKE_CHECK_S = 1.0  # how often an end asleep on its eventfd is looked at again without a signal
 
 
 def map_arena(fd: int, size: int) -> Any:
@@ -197,3 +207,37 @@ def open_producer(arena: Any, layout: Any, *, readable_fd: int | None = None, wr
                   on_release: Callable[[int], None] | None = None) -> ProducerEnd:
     """The producer end of the ring at `layout` in `arena`; as open_consumer."""
     return _open(ProducerEnd, sr.Producer, arena, layout, readable_fd, writable_fd, on_release)
+
+
+def signalled(fd: int) -> bool:
+    """Whether the eventfd holds a wake-up nobody has taken yet."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _settle(woke: asyncio.Future[None]) -> None:
+    if not woke.done():
+        woke.set_result(None)
+
+
+async def wait_ready(end: _End) -> bool:
+    """Sleep on the event loop until `end` can progress (or is broken: its next call raises). True when
+    the progress was found by the WAKE_CHECK_S look with the eventfd never signalled: a lost wake-up,
+    which the caller reports."""
+    loop = asyncio.get_running_loop()
+    while (fd := end.arm_wait()) is not None:
+        woke = loop.create_future()
+        loop.add_reader(fd, _settle, woke)
+        try:
+            await asyncio.wait_for(woke, WAKE_CHECK_S)
+        except TimeoutError:
+            if not signalled(fd):  # else the signal came with the timeout: a wake-up like any other
+                if end.arm_wait() is not None:
+                    continue  # nothing to do yet: sleep on
+                return True
+        finally:
+            loop.remove_reader(fd)
+        end.ack()
+        return False
+    return False

@@ -12,7 +12,10 @@ The table (table.py) and its pumps decide; this module does the I/O around them:
 * the endpoint's ConnectionListener (and the local link's, the same events): stream events into
   the table, with the time;
 * ring wakes: every pumped ring's eventfd is on the loop; a wake is acked here, then goes to the
-  table (RingReadable for a send pump, RingWritable for a recv pump);
+  table (RingReadable for a send pump, RingWritable for a recv pump). Every WAKE_CHECK_S the pumps
+  asleep on their rings are looked at again: one whose ring can progress while its eventfd was never
+  signalled lost its wake-up (`edge.ring_wake_missed`) and goes on (ringport.py: every process that
+  sleeps on ring eventfds does so);
 * after every input, the table's outputs: transmit the connections it queued data on, publish its
   events to watchers (watchers.py; an edge's object timings first, timingflush.py), re-arm the
   rendezvous timer, refresh systemd's STATUS= (status.py).
@@ -29,6 +32,7 @@ from typing import Any
 
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
+from swactor.common.ringport import WAKE_CHECK_S, signalled
 from swactor.edge.config import EdgeConfig
 from swactor.edge.connection import PeerNotAuthorized, PeerUnreachable
 from swactor.edge.endpoint import Endpoint
@@ -84,17 +88,20 @@ class Driver:
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at: float | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
+        self._wake_check: asyncio.TimerHandle | None = None
 
     # ---- lifecycle ----
 
     def start(self) -> tuple[str, int]:
-        return self.endpoint.bind(self.config.bind)
+        address = self.endpoint.bind(self.config.bind)
+        self._wake_check = self._loop.call_later(WAKE_CHECK_S, self._check_wakes)
+        return address
 
     async def close(self) -> None:
         for edge_id in {k[0] for k in self.table.edges}:
             self.stop_edge(edge_id, cause=EdgeStopCause.DRIVER_CLOSING)
         self.local.close("edge driver stopping")
-        for timer in (self._expiry, self._flush_timer):
+        for timer in (self._expiry, self._flush_timer, self._wake_check):
             if timer is not None:
                 timer.cancel()
         self._status.close()
@@ -289,6 +296,17 @@ class Driver:
         table = self.table
         table.ring_wake(rec, wall_us())
         if table.transmit or table.outbox:
+            self._after()
+
+    def _check_wakes(self) -> None:
+        self._wake_check = self._loop.call_later(WAKE_CHECK_S, self._check_wakes)
+        missed = [rec for rec in self.table.asleep_on_rings()
+                  if not signalled(rec.pump.ring.fileno()) and rec.pump.ring.arm_wait() is None]
+        for rec in missed:
+            log.warning("edge.ring_wake_missed", edge_id=rec.edge_id, ring_id=rec.ring_id,
+                        role=edge_pb2.EdgeRole.Name(rec.role), state=rec.state, waited_s=WAKE_CHECK_S)  # type: ignore[arg-type]
+            self.table.ring_wake(rec, wall_us())
+        if missed:
             self._after()
 
     # ---- the table's outputs ----

@@ -26,7 +26,7 @@ from swactor.common.ringport import ConsumerEnd, ProducerEnd
 from swactor.edge import preamble
 from swactor.edge.objtap import ObjectTap
 from swactor.edge.owners import EdgeStopCause
-from swactor.edge.pumpstate import RecvState
+from swactor.edge.pumpstate import RecvState, SendState
 from swactor.edge.recvpump import RecvPump
 from swactor.edge.rendezvous import ProducerMissing, RejectStream, Rendezvous, StartRecvPump
 from swactor.edge.sendpump import SendPump
@@ -199,6 +199,13 @@ class EdgeTable:
     def ring_wake(self, rec: EdgeRecord, now_us: int) -> None:
         """The ring's other side made progress (send: bytes committed; recv: space freed)."""
         self._settle(rec, rec.pump.on_ring_wake(now_us))
+
+    def asleep_on_rings(self) -> list[EdgeRecord]:
+        """The ends whose pump sleeps on its ring's eventfd: a connected send pump with room in QUIC
+        (waiting for committed bytes), a backpressured recv pump (waiting for free space)."""
+        return [rec for rec in self.edges.values()
+                if rec.pump.state in (SendState.WAITING_FOR_BYTES, SendState.STREAMING, RecvState.BACKPRESSURED)
+                and rec.pump.conn is not None]
 
     # ---- QUIC stream events ----
 

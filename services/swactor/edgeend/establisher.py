@@ -6,6 +6,9 @@ host* (the GpuWorkerCtl on a stage node, the local token endpoint on the orchest
 InstallRing/UninstallRing/RingInstalled/RingQuiesced contract).
 
   New -> WaitingForLease -> WaitingForWorkerRing -> WaitingForDriver -> Ready
+  (Ready once the driver reports the edge established *and* the ring host holds the pump's wake
+  eventfds: a step granted before those reach it would commit to its ring signalling eventfds nobody
+  waits on, and the pump would sleep through its first object)
   any live state -> Stopping: StoppingPump -> StoppingWorkerRing -> ReleasingArena -> Stopped
   lease rejected, or still queued after the pressure timeout -> Failed
 
@@ -100,6 +103,12 @@ class WakeFdsUnavailable(OfEdge):
 
 
 @dataclass(frozen=True)
+class WakeFdsHanded(OfEdge):
+    """The ring host holds the pump's wake eventfds (or has none to take): whatever it is asked after
+    this (a step) commits and consumes on eventfds the pump sleeps on."""
+
+
+@dataclass(frozen=True)
 class RingInstalled(OfRing):
     """The ring host opened the ring."""
 
@@ -162,8 +171,8 @@ class StopEdge(OfEdge):
 
 
 Input = (Provision | RingLeased | RingLeaseRejected | LeaseTimedOut | RingInstalled | RingFault | RingQuiesced
-         | DriverEdgeReady | StreamFault | StreamClosed | PumpStopped | DriverFailed | WakeFdsUnavailable | Released
-         | StopEdge)
+         | DriverEdgeReady | StreamFault | StreamClosed | PumpStopped | DriverFailed | WakeFdsUnavailable
+         | WakeFdsHanded | Released | StopEdge)
 
 # ---- actions ----
 
@@ -247,6 +256,8 @@ class EdgeRecord:
     install_sent: bool = False
     ring_gone: bool = False  # quiesced, or its host process was reaped
     driver_sent: bool = False
+    driver_ready: bool = False  # DriverEdgeReady came
+    wake_fds_handed: bool = False  # WakeFdsHanded came
     pump_stopped: bool = False
     failed: EdgeFailed | None = None
 
@@ -302,11 +313,11 @@ class EdgeEstablisher:
                 rec.ring_gone = True
                 return self._advance_teardown(rec)
             case DriverEdgeReady():
-                if rec.state is EdgeState.WAITING_FOR_DRIVER:
-                    self._transition(rec, EdgeState.READY)
-                    assert rec.ring_id is not None
-                    return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
-                return []
+                rec.driver_ready = True
+                return self._maybe_ready(rec)
+            case WakeFdsHanded():
+                rec.wake_fds_handed = True
+                return self._maybe_ready(rec)
             case StreamFault(_, _, reason, detail):
                 run = stream_fault_run_reason(reason, established=rec.state is not EdgeState.WAITING_FOR_DRIVER)
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, run, pb.COMPONENT_EDGE_DRIVER, detail,
@@ -344,6 +355,13 @@ class EdgeEstablisher:
         return self.records.get(eid) if eid is not None else None
 
     # ---- setup ----
+
+    def _maybe_ready(self, rec: EdgeRecord) -> list[Action]:
+        if rec.state is not EdgeState.WAITING_FOR_DRIVER or not (rec.driver_ready and rec.wake_fds_handed):
+            return []
+        self._transition(rec, EdgeState.READY)
+        assert rec.ring_id is not None
+        return [EdgeReady(rec.edge.edge_id, rec.ring_id)]
 
     def _provision(self, edge: EdgeProvision, request_id: int) -> list[Action]:
         if edge.edge_id in self.records:

@@ -170,9 +170,13 @@ class EstablisherShell:
             return
         try:
             self.host.wake_fds(a.edge_id, a.layout.ring_id, fds)
+        except Exception as e:  # e.g. the ring end is gone: the edge would never be Ready
+            self.handle(est.WakeFdsUnavailable(a.edge_id, f"the ring host did not take them: {type(e).__name__}: {e}"))
+            return
         finally:
             for fd in fds or ():
                 os.close(fd)
+        self.handle(est.WakeFdsHanded(a.edge_id))
 
     async def _stop_pump(self, edge_id: int, ring_id: int) -> None:
         try:

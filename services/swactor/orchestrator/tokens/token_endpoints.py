@@ -58,7 +58,6 @@ class RingTokenEndpoints:
         self._ends: dict[int, Any] = {}  # ring_id -> ProducerEnd | ConsumerEnd
         self._edge_ring: dict[int, int] = {}
         self._ready: set[int] = set()
-        self._woken: set[int] = set()
         self._stopped: set[int] = set()
         self._all_stopped = asyncio.Event()
         self._failed = False
@@ -156,8 +155,6 @@ class RingTokenEndpoints:
         end = self._ends.get(ring_id)
         if fds is not None and end is not None:
             end.reopen(*fds)  # share the pump's eventfds: commits/consumes wake each other
-        self._woken.add(edge_id)
-        self._maybe_announce()
 
     def _name(self, edge_id: int) -> str:
         return "token-in" if edge_id == self.token_in_edge else "token-out"
@@ -169,7 +166,7 @@ class RingTokenEndpoints:
 
     def _maybe_announce(self) -> None:
         edges = set(self._provisions)
-        if self._announced or self._failed or not (self._ready >= edges and self._woken >= edges):
+        if self._announced or self._failed or not self._ready >= edges:  # Ready: with the pumps' eventfds
             return
         self._announced = True
         tin, tout = self._plans[self.token_in_edge], self._plans[self.token_out_edge]

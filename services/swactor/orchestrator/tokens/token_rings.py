@@ -4,7 +4,8 @@
 `TokenReader` is the token-out consumer: it parses token objects and reports `TokenReceived(sequence, id)`,
 `DraftsVerified(sequence, ids)` for a VERIFY object (objflags), or an `EndpointFault`. Both reuse the edge end's
 I/O-free ring-object FSMs (`swactor.edgeend.objects`) over ring ends (`swactor.common.ringport`) and wait on the
-ring's eventfd through the event loop, never by polling.
+ring's eventfd through the event loop (`ringport.wait_ready`: looked at again every WAKE_CHECK_S, a lost
+wake-up logged as `ring_wake_missed`).
 
 Not here (the integration step): leasing the two rings from the local arena-manager, the
 edge-driver's EstablishSend / EstablishRecv and wake-fd sharing, and §38 edge teardown.
@@ -12,14 +13,13 @@ edge-driver's EstablishSend / EstablishRecv and wake-fd sharing, and §38 edge t
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 
+from swactor.common.events import get_logger
 from swactor.common.ids import new_id
 from swactor.common.objflags import PROMPT_CONTINUES, VERIFY
 from swactor.common.reasons import name
-from swactor.common.ringport import ConsumerEnd, ProducerEnd
+from swactor.common.ringport import WAKE_CHECK_S, ConsumerEnd, ProducerEnd, wait_ready
 from swactor.edgeend import objects
 from swactor.edgeend.header import HEADER_CODEC
 from swactor.edgeend.hostobjects import HostSink, HostSource
@@ -28,16 +28,12 @@ from swactor.orchestrator.runs import fsm as F
 from swactor.v1 import common_pb2 as pb
 
 TOKEN_DTYPE = np.dtype("<i4")
+log = get_logger(component="token_endpoints")
 
 
-async def _fd_readable(fd: int) -> None:
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(fd, lambda: ready.done() or ready.set_result(None))
-    try:
-        await ready
-    finally:
-        loop.remove_reader(fd)
+async def _ring_ready(end: ProducerEnd | ConsumerEnd, edge_id: int) -> None:
+    if await wait_ready(end):
+        log.warning("ring_wake_missed", ring_id=end.ring_id, edge_id=edge_id, waited_s=WAKE_CHECK_S)
 
 
 def rules_for(spec: pb.ObjectSpec) -> objects.ObjectRules:
@@ -47,6 +43,7 @@ def rules_for(spec: pb.ObjectSpec) -> objects.ObjectRules:
 class TokenWriter:
     def __init__(self, end: ProducerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
+        self.edge_id = edge_id
         self._egress = objects.EgressProducer(end, HEADER_CODEC, rules_for(spec), edge_id=edge_id)
 
     async def write(self, sequence: int, token_ids: list[int] | tuple[int, ...], flags: int = 0) -> None:
@@ -62,15 +59,13 @@ class TokenWriter:
                     raise FleetError(pb.RUN_FAULT_RING_FAULT, f"token-in ring: {name(pb.RingFaultReason, ev.reason)}: {ev.detail}")
             if not self._egress.busy:
                 return
-            fd = self.end.arm_wait()
-            if fd is not None:
-                await _fd_readable(fd)
-                self.end.ack()
+            await _ring_ready(self.end, self.edge_id)
 
 
 class TokenReader:
     def __init__(self, end: ConsumerEnd, spec: pb.ObjectSpec, *, edge_id: int = 0) -> None:
         self.end = end
+        self.edge_id = edge_id
         self._ingress = objects.IngressParser(end, HEADER_CODEC, rules_for(spec), HostSink(), edge_id=edge_id)
 
     async def run(self, report: Report) -> None:
@@ -104,7 +99,4 @@ class TokenReader:
                         return
             if events:
                 continue
-            fd = self.end.arm_wait()
-            if fd is not None:
-                await _fd_readable(fd)
-                self.end.ack()
+            await _ring_ready(self.end, self.edge_id)

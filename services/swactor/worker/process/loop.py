@@ -11,9 +11,10 @@ sets its waiting bit, so the other end signals the eventfd once it commits or co
 that can progress right away is not slept on: the loop only polls the other fds, then wakes the
 core. A ring's eventfds are private until the ring's other end shares its own (`InstallRing.wake_fds`,
 `ShareWakeFds`); until then those commands, or RingReadable / RingWritable hints, make the core look at
-the ring again. While any ring end is armed the loop also wakes every WAKE_CHECK_S and re-arms: an end
-that can progress then was never signalled (a wake-up lost, or fds never shared), which is logged as
-`ring_wake_missed` with its ring ids and costs that interval instead of the run (its first-token timeout).
+the ring again. While any ring end is armed the loop also wakes every WAKE_CHECK_S and re-arms. An end
+armed at the last look that can progress now while its eventfd was never signalled lost its wake-up (a
+signal gone missing, or fds never shared): it is logged as `ring_wake_missed` with its ring ids, whether
+the timed look or another fd's wake-up found it, and costs that interval instead of the run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
+from swactor.common import ringport
 from swactor.common.events import configure_logging
 from swactor.v1 import common_pb2 as pb
 from swactor.worker.process import framing, role_loader, testhooks, wire
@@ -33,7 +35,7 @@ from swactor.worker.process.core import WorkerCore
 from swactor.worker.process.shell import Shell
 
 _STDIN, _LOADER = "stdin", "loader"
-WAKE_CHECK_S = 1.0  # how often armed ring ends are looked at again without a signal
+WAKE_CHECK_S = ringport.WAKE_CHECK_S
 
 
 class EventWriter:
@@ -89,6 +91,13 @@ class _Rings:
                 self.registered[fd] = end
         return ready
 
+    def lost(self, woken: set[int]) -> list[Any]:
+        """The ends armed before the last select that can progress now while their eventfd was neither among
+        `woken` (what that select returned) nor signalled since: their wake-up was lost. Looked at before any
+        input is handled, as a command's handling would make progress on them unseen."""
+        return [end for fd, end in self.registered.items()
+                if fd not in woken and not ringport.signalled(fd) and end.arm_wait() is None]
+
 
 def serve(stdin_fd: int, out: BinaryIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
           fail_step: int | None = None) -> int:
@@ -102,17 +111,16 @@ def serve(stdin_fd: int, out: BinaryIO, arena_fd: int, arena_bytes: int, fd_sock
     sel.register(shell.loaders.wakeup.fileno(), selectors.EVENT_READ, _LOADER)
     rings = _Rings(sel)
     commands = framing.FrameReader()
-    checked = False  # the last select timed out on armed ring ends: what is ready now was never signalled
     try:
         while shell.exit_code is None:
             ready = rings.arm(core.waits(), shell.reopened)
-            if checked and ready:
-                shell.log.warning("ring_wake_missed", ring_ids=sorted(getattr(e, "ring_id", 0) for e in ready),
-                                  waited_s=WAKE_CHECK_S)
-            woke = bool(ready)
             timeout = 0 if ready else (WAKE_CHECK_S if rings.registered else None)
             keys = sel.select(timeout)
-            checked = not keys and timeout == WAKE_CHECK_S
+            lost = rings.lost({key.fd for key, _ in keys if key.data is not _STDIN and key.data is not _LOADER})
+            if lost:
+                shell.log.warning("ring_wake_missed", ring_ids=sorted(getattr(e, "ring_id", 0) for e in lost),
+                                  waited_s=WAKE_CHECK_S)
+            woke = bool(ready or lost)
             for key, _ in keys:
                 if key.data is _STDIN:
                     chunk = os.read(stdin_fd, 1 << 16)
