@@ -96,8 +96,8 @@ class LeaseTimedOut(_Request):
 
 @dataclass(frozen=True)
 class WakeFdsUnavailable(OfEdge):
-    """The driver accepted the edge but its pump's wake eventfds could not be fetched: the ring host
-    would never be woken (the compute process does not poll), so the edge cannot work."""
+    """The driver accepted the edge but its pump's wake eventfds could not be fetched or taken: the ring
+    host and the pump would only find each other's progress by their once-a-second look, so the edge fails."""
 
     detail: str
 
