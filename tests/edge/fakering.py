@@ -138,12 +138,19 @@ class FakeRing:
             raise RingBroken(pb.RING_FAULT_RING_STATE_INVALID, f"ring {self.ring_id} is faulted")
 
 
-class FakeProducerEnd:
-    """ringport.ProducerEnd over a FakeRing: the recv pump's side."""
+class _FakeEnd:
+    wake_shared = True  # both sides of a FakeRing signal the same eventfds
 
     def __init__(self, ring: FakeRing) -> None:
         self.ring = ring
         self.ring_id, self.capacity = ring.ring_id, ring.capacity
+
+    def is_open(self) -> bool:
+        return self.ring.state == "open"
+
+
+class FakeProducerEnd(_FakeEnd):
+    """ringport.ProducerEnd over a FakeRing: the recv pump's side."""
 
     def fileno(self) -> int:
         return self.ring.writable_fd
@@ -167,12 +174,8 @@ class FakeProducerEnd:
         self.ring.release()
 
 
-class FakeConsumerEnd:
+class FakeConsumerEnd(_FakeEnd):
     """ringport.ConsumerEnd over a FakeRing: the send pump's side."""
-
-    def __init__(self, ring: FakeRing) -> None:
-        self.ring = ring
-        self.ring_id, self.capacity = ring.ring_id, ring.capacity
 
     def fileno(self) -> int:
         return self.ring.readable_fd

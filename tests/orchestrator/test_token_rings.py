@@ -30,16 +30,23 @@ class Rings:
         self.next_offset = 0
 
     def pair(self, capacity: int, ring_id: int, *, shared_fds: bool = True):
-        """Both ends of a fresh ring; `shared_fds=False`: each end has its own eventfds, so neither's
+        """Both ends of a fresh ring; `shared_fds=False`: each end is given eventfds of its own, so neither's
         commits or consumes ever signal the other (a lost wake-up on every step)."""
         native = sr.RingLayout.for_range(ring_id, self.next_offset, capacity, 64)
         self.next_offset += 256 << 10
         sr.init_ring(self.arena, native)
         layout = Layout(native.ring_id, native.arena_offset, native.total_len, native.header_offset,
                              native.data_offset, native.data_capacity, native.alignment)
-        prod = ringport.open_producer(self.arena, layout)
-        fds = {"readable_fd": prod.readable_fd, "writable_fd": prod.writable_fd} if shared_fds else {}
-        cons = ringport.open_consumer(self.arena, layout, **fds)
+        if shared_fds:
+            prod = ringport.open_producer(self.arena, layout)
+            cons = ringport.open_consumer(self.arena, layout, readable_fd=prod.readable_fd,
+                                          writable_fd=prod.writable_fd)
+            return prod, cons
+        mine, theirs = (sr.eventfd(), sr.eventfd()), (sr.eventfd(), sr.eventfd())
+        prod = ringport.open_producer(self.arena, layout, readable_fd=mine[0], writable_fd=mine[1])
+        cons = ringport.open_consumer(self.arena, layout, readable_fd=theirs[0], writable_fd=theirs[1])
+        for fd in mine + theirs:
+            os.close(fd)  # the ends hold their own duplicates
         return prod, cons
 
     def close(self) -> None:

@@ -46,7 +46,11 @@ class Arena:
             self.wake_fds[ring_id] = (sr.eventfd(), sr.eventfd())
         return self.wake_fds[ring_id]
 
-    def producer(self, layout: wire.Layout) -> Any:
+    def producer(self, layout: wire.Layout, *, shared: bool = True) -> Any:
+        """The ring's producer on its shared eventfds (`shared=False`: on fresh ones of its own, so the consumer
+        is never signalled: every wake-up is lost)."""
+        if not shared:
+            return sr.Producer(self.arena, native_layout(layout))
         r, w = self.eventfds(layout.ring_id)
         return sr.Producer(self.arena, native_layout(layout), readable_fd=r, writable_fd=w)
 

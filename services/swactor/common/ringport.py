@@ -13,10 +13,10 @@ ring-rs failure of a ring end becomes `RingBroken(reason, detail)` with the §37
 the orderly end of a producer's data is `RingClosed`, which is not an error (both in `ringerrors`).
 
 A sleeping end is also looked at again every WAKE_CHECK_S: an end that can progress while its eventfd
-was never signalled lost its wake-up (the other end's process holds other eventfds, or a signal went
-missing), and every process that sleeps on ring eventfds says so as `ring_wake_missed` and goes on, so
-a lost wake-up costs that interval instead of a run (the edge driver's pumps, the compute process's
-loop, the orchestrator's token endpoints).
+was never signalled lost its wake-up (`wake_lost`: the other end's process signals other eventfds, or a
+signal went missing), and every process that sleeps on ring eventfds says so as `ring_wake_missed` and
+goes on, so a lost wake-up costs that interval instead of a run (the edge driver's pumps, the compute
+process's loop, the orchestrator's token endpoints).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ class _End:
         self.capacity: int = handle.capacity
         self._on_release = on_release
         self._view: memoryview | None = None
+        self.wake_shared = False  # its eventfds are the other end's too (opened or reopened on given ones)
 
     def _handle(self) -> Any:
         if self._h is None:
@@ -125,6 +126,14 @@ class _End:
         self._release_view()
         self._h = type(self._handle())(self.arena, native_layout(self.layout), readable_fd=readable_fd,
                                        writable_fd=writable_fd)
+        self.wake_shared = True
+
+    def is_open(self) -> bool:
+        """The ring is Open (not closed, faulted, corrupt or released)."""
+        try:
+            return bool(self._handle().state == sr.RingState.OPEN)
+        except (sr.RingError, RingBroken):
+            return False
 
     def release(self) -> None:
         """Drop the handle: after this the end never touches ring memory again."""
@@ -193,7 +202,9 @@ def _open(end: type[_E], handle: Any, arena: Any, layout: Any, readable_fd: int 
         h = handle(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd)
     except (sr.RingError, ValueError, OSError) as e:
         raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
-    return end(h, arena, layout, on_release)
+    opened = end(h, arena, layout, on_release)
+    opened.wake_shared = readable_fd is not None
+    return opened
 
 
 def open_consumer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,
@@ -216,6 +227,14 @@ def signalled(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+def wake_lost(end: _End, fd: int) -> bool:
+    """`end`, armed on `fd`, was just found able to progress: whether that is a lost wake-up. It is when the
+    other end could have signalled it (the eventfds are shared), `fd` holds no signal, and the ring is still
+    open. Not one: eventfds still private (the other end signals its own; the share makes the owner look
+    again), or a ring that broke without a signal (corrupted, released)."""
+    return end.wake_shared and not signalled(fd) and end.is_open()
+
+
 def _settle(woke: asyncio.Future[None]) -> None:
     if not woke.done():
         woke.set_result(None)
@@ -223,8 +242,8 @@ def _settle(woke: asyncio.Future[None]) -> None:
 
 async def wait_ready(end: _End) -> bool:
     """Sleep on the event loop until `end` can progress (or is broken: its next call raises). True when
-    the progress was found by the WAKE_CHECK_S look with the eventfd never signalled: a lost wake-up,
-    which the caller reports."""
+    the WAKE_CHECK_S look found the progress and it was a lost wake-up (`wake_lost`), which the caller
+    reports."""
     loop = asyncio.get_running_loop()
     while (fd := end.arm_wait()) is not None:
         woke = loop.create_future()
@@ -232,12 +251,12 @@ async def wait_ready(end: _End) -> bool:
         try:
             await asyncio.wait_for(woke, WAKE_CHECK_S)
         except TimeoutError:
-            if not signalled(fd):  # else the signal came with the timeout: a wake-up like any other
-                if end.arm_wait() is not None:
-                    continue  # nothing to do yet: sleep on
+            if end.arm_wait() is not None:
+                continue  # nothing to do yet: sleep on
+            if wake_lost(end, fd):
                 return True
         finally:
             loop.remove_reader(fd)
-        end.ack()
+        end.ack()  # a signal, or one that came with the timeout
         return False
     return False

@@ -32,7 +32,7 @@ from typing import Any
 
 from swactor.common.clock import wall_us
 from swactor.common.events import get_logger
-from swactor.common.ringport import WAKE_CHECK_S, signalled
+from swactor.common.ringport import WAKE_CHECK_S, wake_lost
 from swactor.edge.config import EdgeConfig
 from swactor.edge.connection import PeerNotAuthorized, PeerUnreachable
 from swactor.edge.endpoint import Endpoint
@@ -301,7 +301,7 @@ class Driver:
     def _check_wakes(self) -> None:
         self._wake_check = self._loop.call_later(WAKE_CHECK_S, self._check_wakes)
         missed = [rec for rec in self.table.asleep_on_rings()
-                  if not signalled(rec.pump.ring.fileno()) and rec.pump.ring.arm_wait() is None]
+                  if rec.pump.ring.arm_wait() is None and wake_lost(rec.pump.ring, rec.pump.ring.fileno())]
         for rec in missed:
             log.warning("edge.ring_wake_missed", edge_id=rec.edge_id, ring_id=rec.ring_id,
                         role=edge_pb2.EdgeRole.Name(rec.role), state=rec.state, waited_s=WAKE_CHECK_S)  # type: ignore[arg-type]

@@ -92,11 +92,11 @@ class _Rings:
         return ready
 
     def lost(self, woken: set[int]) -> list[Any]:
-        """The ends armed before the last select that can progress now while their eventfd was neither among
-        `woken` (what that select returned) nor signalled since: their wake-up was lost. Looked at before any
-        input is handled, as a command's handling would make progress on them unseen."""
+        """The ends armed before the last select that can progress now though their eventfd was not among
+        `woken` (what that select returned), where that is a lost wake-up (`ringport.wake_lost`). Looked at
+        before any input is handled, as a command's handling would make progress on them unseen."""
         return [end for fd, end in self.registered.items()
-                if fd not in woken and not ringport.signalled(fd) and end.arm_wait() is None]
+                if fd not in woken and end.arm_wait() is None and ringport.wake_lost(end, fd)]
 
 
 def serve(stdin_fd: int, out: BinaryIO, arena_fd: int, arena_bytes: int, fd_socket: socket.socket | None = None,
