@@ -11,10 +11,10 @@ sets its waiting bit, so the other end signals the eventfd once it commits or co
 that can progress right away is not slept on: the loop only polls the other fds, then wakes the
 core. A ring's eventfds are private until the ring's other end shares its own (`InstallRing.wake_fds`,
 `ShareWakeFds`); until then those commands, or RingReadable / RingWritable hints, make the core look at
-the ring again. While any ring end is armed the loop also wakes every WAKE_CHECK_S and re-arms. An end
-armed at the last look that can progress now while its eventfd was never signalled lost its wake-up (a
-signal gone missing, or fds never shared): it is logged as `ring_wake_missed` with its ring ids, whether
-the timed look or another fd's wake-up found it, and costs that interval instead of the run.
+the ring again. While any ring end is armed the loop also wakes every WAKE_CHECK_S and re-arms, so an end
+nobody signalled costs that interval instead of the run. One armed at the last look on shared eventfds
+that can progress now while its eventfd was never signalled lost its wake-up (`ringport.wake_lost`): it is
+logged as `ring_wake_missed` with its ring ids, whether the timed look or another fd's wake-up found it.
 """
 
 from __future__ import annotations
