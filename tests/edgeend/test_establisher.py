@@ -159,6 +159,19 @@ def test_stream_fault_before_driver_ready_is_an_establishment_failure() -> None:
                                       "no handshake", "STREAM_FAULT_PEER_UNREACHABLE")
 
 
+def test_stream_fault_after_driver_ready_before_the_eventfds_is_a_stream_fault() -> None:
+    """The edge is established (a rogue's parked stream already runs into the ring) but not Ready while the ring host
+    takes the eventfds: a reset then is the stream's fault, not the establishment's (seen in CI)."""
+    est = e.EdgeEstablisher()
+    est.handle(e.Provision(prov(), 11))
+    est.handle(e.RingLeased(11, layout()))
+    est.handle(e.RingInstalled(70))
+    assert est.handle(e.DriverEdgeReady(5, 70)) == []
+    actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_STREAM_RESET, "peer reset the stream"))
+    assert actions[0] == e.EdgeFailed(5, pb.RUN_FAULT_STREAM_FAULT, pb.COMPONENT_EDGE_DRIVER,
+                                      "peer reset the stream", "STREAM_FAULT_STREAM_RESET")
+
+
 def test_pump_ring_fault_is_a_ring_fault() -> None:
     est = ready()
     actions = est.handle(e.StreamFault(5, 70, pb.STREAM_FAULT_RING_FAULT, "RingStateInvalid"))

@@ -319,7 +319,9 @@ class EdgeEstablisher:
                 rec.wake_fds_handed = True
                 return self._maybe_ready(rec)
             case StreamFault(_, _, reason, detail):
-                run = stream_fault_run_reason(reason, established=rec.state is not EdgeState.WAITING_FOR_DRIVER)
+                # Established once the driver said so, though not Ready before the ring host has the eventfds.
+                established = rec.driver_ready or rec.state is not EdgeState.WAITING_FOR_DRIVER
+                run = stream_fault_run_reason(reason, established=established)
                 return self._stop(rec, EdgeFailed(rec.edge.edge_id, run, pb.COMPONENT_EDGE_DRIVER, detail,
                                                   name(pb.StreamFaultReason, reason)))
             case WakeFdsUnavailable(_, detail):  # the driver runs a pump for it: StopPump as usual
