@@ -95,6 +95,11 @@ def asleep(pid: int, timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def wake_missed(log: Path) -> list[dict[str, object]]:
+    """The ring_wake_missed events a compute process logged to `log`."""
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+
+
 def test_an_unsignalled_ring_is_looked_at_again_and_said(arena: Arena, tmp_path: Path) -> None:
     """A ring whose wake-ups never reach the process (its producer signals other eventfds than the ones it was given,
     as a lost wake-up would leave it) still gets its object loaded: the loop looks at armed ring ends again every
@@ -112,7 +117,7 @@ def test_an_unsignalled_ring_is_looked_at_again_and_said(arena: Arena, tmp_path:
         assert (ev.sequence, ev.extent) == (0, 32)
     finally:
         worker.close()
-    missed = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    missed = wake_missed(log)
     assert missed and missed[0]["ring_ids"] == [layout.ring_id], missed
 
 
@@ -132,7 +137,7 @@ def test_a_ring_on_private_eventfds_is_looked_at_but_not_said_lost(arena: Arena,
         worker.expect(wire.ObjectLoaded, timeout=3 * WAKE_CHECK_S + 5, ring_id=layout.ring_id)
     finally:
         worker.close()
-    assert not [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    assert not wake_missed(log)
 
 
 def test_a_lost_wake_up_found_by_another_input_is_said_too(arena: Arena, tmp_path: Path) -> None:
@@ -151,7 +156,7 @@ def test_a_lost_wake_up_found_by_another_input_is_said_too(arena: Arena, tmp_pat
         worker.expect(wire.ObjectLoaded, timeout=3 * WAKE_CHECK_S + 5, ring_id=quiet.ring_id)
     finally:
         worker.close()
-    missed = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    missed = wake_missed(log)
     assert [e["ring_ids"] for e in missed] == [[quiet.ring_id]], missed
 
 
@@ -172,7 +177,7 @@ def test_a_signalled_ring_is_not_said_lost(arena: Arena, tmp_path: Path) -> None
             worker.send(wire.ReleaseDeviceObject(ev.device_handle))
     finally:
         worker.close()
-    assert not [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == "ring_wake_missed"]
+    assert not wake_missed(log)
 
 
 def test_object_larger_than_ring_loads_once_complete(worker: WorkerProc, arena: Arena) -> None:
