@@ -32,6 +32,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["submit", "--prompt", "hi", "--max-tokens", "lots"], EXIT_USAGE, "--max-tokens: 'lots' is not an integer"),
     (["submit", "--prompt", "hi", "--stages", "0"], EXIT_USAGE, "--stages: must be in 1..4294967295"),
     (["submit", "--prompt", "hi", "--speculate", "17"], EXIT_USAGE, "--speculate: must be in 0..16, got 17"),
+    (["submit", "--prompt", "hi", "--speculate", "--drafter", "model"], EXIT_USAGE,
+     "--drafter: invalid choice: 'model' (choose from 'auto', 'prompt-lookup', 'draft-model')"),
     (["submit", "--prompt", "hi", "--stages", "4294967296"], EXIT_USAGE, "--stages: must be in"),
     (["submit", "--prompt", "hi", "--top-k", "-1"], EXIT_USAGE, "--top-k: must be in 0..4294967295"),
     (["submit", "--prompt", "hi", "--top-p", "1.01"], EXIT_USAGE, "--top-p: must be in [0, 1], got 1.01"),

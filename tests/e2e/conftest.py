@@ -34,8 +34,12 @@ def assert_torn_down(cluster: LocalCluster, pids: list[int], root: Path | None, 
 @pytest.fixture(scope="module")
 def cluster3() -> Iterator[LocalCluster]:
     # Short pool timeout so a run that cannot be placed is refused in seconds, not a minute.
+    # The model drafts for itself (test_speculative_decoding...): the drafter's mechanics, with every greedy draft right.
+    # The orchestrator compiles it before it serves: seconds more to start (more on a loaded box).
     spec = ClusterSpec(hosts=3, orchestrator={"pool_timeout_s": 8.0, "teardown_timeout_s": 20.0,
-                                              "prefill_chunk": PREFILL_CHUNK})
+                                              "prefill_chunk": PREFILL_CHUNK,
+                                              "draft_model": str(DEFAULT_MODEL.resolve()), "draft_slots": 1},
+                       start_timeout_s=120.0)
     cluster = LocalCluster(spec, progress=lambda line: print(line, flush=True))
     with cluster:
         pids = [s.pid for s in cluster.services]

@@ -189,10 +189,13 @@ def test_three_stages_match_llamacpp_greedy_from_prompt_ids_through_eos(cluster3
     print(f"{question!r} chat={chat}: {n} tokens match, {sum(t == 2 for t in res.token_ids)} of them EOS")
 
 
+@pytest.mark.parametrize("drafter", [opb.DRAFTER_PROMPT_LOOKUP, opb.DRAFTER_DRAFT_MODEL], ids=["lookup", "draft_model"])
 @pytest.mark.parametrize("seed", [None, 1], ids=["greedy", "seeded"])
-def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: LocalCluster, seed: int | None) -> None:
-    """--speculate through three stages (drafts from prompt lookup, verified as one object, rejected rows rewound at
-    every stage): the same tokens as without it, greedy and with a seeded sampler, on a text that repeats itself."""
+def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: LocalCluster, seed: int | None,
+                                                                     drafter: int) -> None:
+    """--speculate through three stages (drafts from prompt lookup, or from the orchestrator's draft model, verified
+    as one object, rejected rows rewound at every stage): the same tokens as without it, greedy and with a seeded
+    sampler, on a text that repeats itself."""
     n, prompt = 24, "The cat sat on the mat. The dog sat on the log. The cat sat on the mat. The dog sat on the log."
     sampling = opb.Sampling() if seed is None else opb.Sampling(temperature=0.8, top_k=40, seed=seed)
     runs = {}
@@ -200,7 +203,7 @@ def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: L
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         for speculate in (0, 6):
             req = opb.SubmitRunRequest(prompt=prompt, raw=True, stages=3, max_tokens=n, ignore_eos=True,
-                                       sampling=sampling, speculate=speculate)
+                                       sampling=sampling, speculate=speculate, drafter=drafter)
             runs[speculate] = res = follow(stub, req, timeout_s=240)
             assert res.finished is not None and res.finished.reason == "max_tokens", res.summary()
     plain, fast = runs[0], runs[6]
@@ -212,7 +215,7 @@ def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: L
     verified = [e for e in fast.events if e.kind == pb.TOKEN_RECEIVED and "drafted" in e.counters]
     assert sum(e.counters["accepted"] for e in verified) == done.counters["accepted"]
     assert not any(leases_of(cluster3, run_edges(fast.finished)).values())
-    print(f"seed {seed}: {plain.text!r}, drafted {done.counters['drafted']}, accepted {done.counters['accepted']} "
+    print(f"seed {seed}, {opb.Drafter.Name(drafter)}: {plain.text!r}, drafted {done.counters['drafted']}, accepted {done.counters['accepted']} "
           f"in {len(verified)} verify steps")
 
 

@@ -20,6 +20,7 @@ from swactor.orchestrator.models.models import ModelRegistry
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.manager import Limits, Orchestrator
 from swactor.orchestrator.runs.store import RunStore
+from swactor.orchestrator.tokens.draft_model import DraftModel
 from swactor.v1 import orchestrator_pb2_grpc
 
 from .helpers import MODEL_PATH
@@ -51,11 +52,13 @@ class Served:
 async def serving(tmp_path: Path, fleet, members=(), timeouts: F.Timeouts | None = None,
                   store: RunStore | None = None, max_seq_len_cap: int = 4096,
                   access: ApiAccess | None = None, limits: Limits | None = None,
-                  kv_dtype: str = "float32", max_slots_per_stage: int = 1) -> AsyncIterator[Served]:
+                  kv_dtype: str = "float32", max_slots_per_stage: int = 1,
+                  draft_model: DraftModel | None = None) -> AsyncIterator[Served]:
     store = store or RunStore.in_state_dir(tmp_path / "state")
     cfg = F.FsmConfig(orchestrator_node_id=900, pool_window_s=0.05, timeouts=timeouts or F.Timeouts(teardown_s=2.0),
                       max_seq_len_cap=max_seq_len_cap, kv_dtype=kv_dtype, max_slots_per_stage=max_slots_per_stage)
-    orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg, limits=limits or Limits())
+    orch = Orchestrator(models=registry(), fleet=fleet, store=store, fsm_config=cfg, limits=limits or Limits(),
+                        draft_model=draft_model)
     orch.set_members(tuple(members))
     sock = tmp_path / "orchestrator.sock"
     cfg = OrchestratorConfig(socket=sock, tcp_address="127.0.0.1:0" if access else "")

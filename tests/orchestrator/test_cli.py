@@ -203,6 +203,9 @@ def test_submit_prompt_ids_and_ignore_eos_flags(capsys: pytest.CaptureFixture[st
     speculate = [submit_request(parser().parse_args(["submit", "--prompt", "hi", *flag])).speculate
                  for flag in ([], ["--speculate"], ["--speculate", "3"])]
     assert speculate == [0, DEFAULT_DRAFT, 3]
+    drafters = [submit_request(parser().parse_args(["submit", "--prompt", "hi", "--speculate", *flag])).drafter
+                for flag in ([], ["--drafter", "prompt-lookup"], ["--drafter", "draft-model"])]
+    assert drafters == [opb.DRAFTER_AUTO, opb.DRAFTER_PROMPT_LOOKUP, opb.DRAFTER_DRAFT_MODEL]
     for bad, needle in [("1,x", "comma-separated token ids"), ("-3", "0..2^32-1"), ("", "0..2^32-1")]:
         with pytest.raises(SystemExit):
             parser().parse_args(["submit", f"--prompt-ids={bad}"])

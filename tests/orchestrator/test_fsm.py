@@ -23,11 +23,11 @@ EOS = 2
 
 def make(stages: int = 2, max_tokens: int = 4, prompt: tuple[int, ...] = (1, 9690, 198), window: float = 1.0,
          timeouts: F.Timeouts | None = None, node_ids: tuple[int, ...] = (), ignore_eos: bool = False,
-         prefill_chunk: int = 0, speculate: int = 0) -> F.RunFsm:
+         prefill_chunk: int = 0, speculate: int = 0, draft_model: bool = False) -> F.RunFsm:
     counter = itertools.count(1000)
     req = F.RunRequest(run_id=77, model=model_facts(), prompt_ids=prompt, stages=stages, max_tokens=max_tokens,
                        sampling=SamplingPolicy(), eog_ids=frozenset({EOS}), node_ids=node_ids, ignore_eos=ignore_eos,
-                       speculate=speculate)
+                       speculate=speculate, draft_model=draft_model)
     cfg = F.FsmConfig(orchestrator_node_id=5, timeouts=timeouts or F.Timeouts(), pool_window_s=window,
                       prefill_chunk=prefill_chunk)
     return F.RunFsm(req, cfg, now=0.0, id_source=lambda: next(counter))

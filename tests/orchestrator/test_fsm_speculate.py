@@ -14,8 +14,8 @@ from .test_fsm import kinds, make, of, teardown, to_ready
 PROMPT = (5, 6, 7, 8, 5, 6)
 
 
-def speculating(max_tokens: int = 10, speculate: int = 3) -> F.RunFsm:
-    fsm = make(stages=1, max_tokens=max_tokens, prompt=PROMPT, speculate=speculate)
+def speculating(max_tokens: int = 10, speculate: int = 3, draft_model: bool = False) -> F.RunFsm:
+    fsm = make(stages=1, max_tokens=max_tokens, prompt=PROMPT, speculate=speculate, draft_model=draft_model)
     to_ready(fsm, (1,))
     return fsm
 
@@ -69,3 +69,40 @@ def test_without_speculate_no_draft_is_made() -> None:
     fsm = make(stages=1, max_tokens=10, prompt=PROMPT)
     to_ready(fsm, (1,))
     assert of(fsm.handle(F.TokenReceived(0, 7), 3.0), F.InjectTokens) == [F.InjectTokens(1, (7,))]
+
+
+def test_the_draft_model_s_answer_completes_the_object_that_waited_for_it() -> None:
+    fsm = speculating(draft_model=True)
+    acts = fsm.handle(F.TokenReceived(0, 7), 3.0)
+    assert of(acts, F.DraftWanted) == [F.DraftWanted(1, 2)] and of(acts, F.InjectTokens) == []  # 2 drafts at first
+    assert of(fsm.handle(F.Drafted(1, (8, 5)), 3.05), F.InjectTokens) == [F.InjectTokens(1, (7, 8, 5), VERIFY)]
+    acts = fsm.handle(F.DraftsVerified(1, (8, 9, 4)), 3.1)  # 8 confirmed, 9 sampled where 5 was drafted
+    assert of(acts, F.Deliver) == [F.Deliver(1, 8, False), F.Deliver(2, 9, False)]
+    assert of(acts, F.DraftWanted) == [F.DraftWanted(2, 1)]  # some rejected: one draft fewer
+    assert of(fsm.handle(F.Drafted(2, (4,)), 3.15), F.InjectTokens) == [F.InjectTokens(2, (9, 4), with_rewind(VERIFY, 1))]
+    assert (fsm.drafted, fsm.accepted) == (2, 1)
+
+
+def test_no_draft_from_the_draft_model_sends_the_plain_object_and_a_stale_answer_is_dropped() -> None:
+    fsm = speculating(draft_model=True)
+    fsm.handle(F.TokenReceived(0, 7), 3.0)
+    assert of(fsm.handle(F.Drafted(5, (8, 5)), 3.01), F.InjectTokens) == []  # not the object that waits
+    assert of(fsm.handle(F.Drafted(1, ()), 3.02), F.InjectTokens) == [F.InjectTokens(1, (7,))]
+    assert of(fsm.handle(F.Drafted(1, (8,)), 3.03), F.InjectTokens) == []  # answered already
+
+
+def test_draft_model_tokens_outside_the_vocabulary_or_past_the_run_s_end_are_not_sent() -> None:
+    fsm = speculating(max_tokens=3, draft_model=True)
+    fsm.handle(F.TokenReceived(0, 7), 3.0)
+    assert of(fsm.handle(F.Drafted(1, (8, 5, 6)), 3.01), F.InjectTokens) == [F.InjectTokens(1, (7, 8), VERIFY)]
+    fsm = speculating(draft_model=True)
+    fsm.handle(F.TokenReceived(0, 7), 3.0)
+    vocab = fsm.request.model.vocab_size
+    assert of(fsm.handle(F.Drafted(1, (8, vocab)), 3.01), F.InjectTokens) == [F.InjectTokens(1, (7,))]
+
+
+def test_a_run_waiting_for_its_draft_still_times_out() -> None:
+    fsm = speculating(draft_model=True)
+    fsm.handle(F.TokenReceived(0, 7), 3.0)
+    acts = fsm.handle(F.Tick(), 3.0 + fsm.timeouts.step_s + 0.1)
+    assert fsm.reason == "RUN_FAULT_STEP_TIMEOUT" and "RUN_FAULTED" in kinds(acts)

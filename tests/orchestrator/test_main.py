@@ -78,7 +78,9 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
                          ("readiness_min_fetch_bps = -1", "[orchestrator].readiness_min_fetch_bps must be >= 0"),
                          ("prefill_chunk = 4096", "[orchestrator].prefill_chunk must be 0..1024"),
                          ("max_slots_per_stage = 0", "[orchestrator].max_slots_per_stage must be 1..64"),
-                         ('kv_dtype = "bfloat16"', "[orchestrator].kv_dtype must be one of 'float32', 'float16'")]:
+                         ('kv_dtype = "bfloat16"', "[orchestrator].kv_dtype must be one of 'float32', 'float16'"),
+                         ("draft_slots = 0", "[orchestrator].draft_slots must be 1..64"),
+                         ('draft_model = "small.gguf"', "[orchestrator].draft_model must be an absolute path")]:
         cfg.write_text(f"[orchestrator]\n{line}\n")
         r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg)],
                            capture_output=True, text=True, timeout=30)
@@ -91,6 +93,11 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
                         "--tcp", "", "--state-dir", str(tmp_path), "--model", str(MODEL_PATH),
                         "--secret-file", str(tmp_path / "nope.secret")], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "nope.secret does not exist" in r.stderr
+    cfg.write_text(f'[orchestrator]\ndraft_model = "{tmp_path / "draft.gguf"}"\n')
+    r = subprocess.run([sys.executable, "-m", "swactor.orchestrator.main", "--config", str(cfg), "--socket",
+                        str(tmp_path / "s.sock"), "--tcp", "", "--state-dir", str(tmp_path), "--model", str(MODEL_PATH)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and f"draft model: MissingFile: model file {tmp_path / 'draft.gguf'} does not exist" in r.stderr
 
 
 @pytest.mark.parametrize("slots", [0, -1, 65])

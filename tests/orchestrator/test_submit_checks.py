@@ -69,6 +69,10 @@ def test_values_no_run_could_use_are_refused_by_field(tmp_path: Path) -> None:
         (opb.SubmitRunRequest(messages=chat, raw=True, max_tokens=5), "raw applies to prompt only"),
         (opb.SubmitRunRequest(prompt_ids=opb.PromptIds(ids=[1]), raw=True, max_tokens=5), "raw applies to prompt only"),
         (opb.SubmitRunRequest(prompt="hi", max_tokens=5, speculate=17), "speculate must be at most 16 drafted tokens"),
+        (opb.SubmitRunRequest(prompt="hi", max_tokens=5, speculate=2, drafter=7),
+         "drafter must be one of DRAFTER_AUTO, DRAFTER_PROMPT_LOOKUP, DRAFTER_DRAFT_MODEL, got 7"),
+        (opb.SubmitRunRequest(prompt="hi", max_tokens=5, speculate=2, drafter=opb.DRAFTER_DRAFT_MODEL),
+         "drafter DRAFTER_DRAFT_MODEL: this orchestrator has no draft model ([orchestrator] draft_model)"),
     ]
 
     async def main():

@@ -66,6 +66,7 @@ VERSIONED = ("grpcio", "protobuf", "gguf", "tinygrad", "numpy", "aioquic", "rege
 # A SubmitRun that timed out or lost its connection may still have created the run: it is sent again with the same
 # client_request_id, which the orchestrator answers with the first run instead of a second one.
 RETRIED_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+DRAFTERS = {"auto": opb.DRAFTER_AUTO, "prompt-lookup": opb.DRAFTER_PROMPT_LOOKUP, "draft-model": opb.DRAFTER_DRAFT_MODEL}
 
 
 def versions() -> str:
@@ -119,9 +120,11 @@ def parser() -> argparse.ArgumentParser:
                    help="outlive a lost host: a run faulted by a stage host, worker or edge goes on as a new run on "
                         "the healthy nodes, from the tokens already delivered (--watch follows it)")
     s.add_argument("--speculate", type=integer(0, MAX_DRAFT), nargs="?", const=DEFAULT_DRAFT, default=0, metavar="N",
-                   help=f"speculative decoding: verify up to N tokens drafted by prompt lookup per step (default N "
-                        f"{DEFAULT_DRAFT}); the tokens are those of the run without it, faster when the answer repeats "
-                        f"its prompt or itself")
+                   help=f"speculative decoding: verify up to N drafted tokens per step (default N {DEFAULT_DRAFT}); "
+                        f"the tokens are those of the run without it, faster when the drafts are right")
+    s.add_argument("--drafter", choices=DRAFTERS, default="auto",
+                   help="who drafts for --speculate: the orchestrator's draft model when it has one that fits the "
+                        "model (auto), or prompt lookup (n-grams of the prompt and output), or the draft model")
     s.add_argument("--max-context", type=integer(1, UINT32_MAX), default=0, metavar="TOKENS",
                    help="the run's own context: prompt and generated tokens at most this many (default: the model's)")
     s.add_argument("--node", action="append", type=integer(1, UINT64_MAX), default=[], metavar="NODE_ID",
@@ -251,7 +254,8 @@ def sampling(args: argparse.Namespace) -> opb.Sampling:
 def submit_request(args: argparse.Namespace) -> opb.SubmitRunRequest:
     req = opb.SubmitRunRequest(raw=args.raw, model=args.model, stages=args.stages or 0, max_tokens=args.max_tokens,
                                sampling=sampling(args), node_ids=args.node, ignore_eos=args.ignore_eos,
-                               max_context=args.max_context, resume=args.resume, speculate=args.speculate)
+                               max_context=args.max_context, resume=args.resume, speculate=args.speculate,
+                               drafter=DRAFTERS[args.drafter])
     if args.prompt_ids is not None:
         if args.raw:
             raise CliError("--raw applies to --prompt only")

@@ -107,6 +107,13 @@ class OrchestratorConfig(sockets.EdgeEndSockets):
     # runs_max_age_s; 0 turns a limit off), their space given back to the file system.
     queue_depth: int = 16
     max_request_bytes: int = 1 << 20
+    # Speculative decoding's draft model (docs/orchestrator.md "Speculative decoding"): a small local GGUF with the
+    # served models' vocabulary, run in this process on draft_device ("" = tinygrad's default) with draft_slots runs
+    # drafting at once; loaded and compiled before the API serves (its graphs cached under state_dir/draft-graphs).
+    # None: runs draft by prompt lookup only. Under systemd its unit needs the drop-in of docs/operations.md.
+    draft_model: Path | None = None
+    draft_device: str = ""
+    draft_slots: int = 4
     runs_max: int = 1000
     runs_max_age_s: float = 30 * 86400.0
 

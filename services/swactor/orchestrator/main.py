@@ -45,6 +45,7 @@ from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.manager import Limits, Orchestrator, RunDefaults
 from swactor.orchestrator.runs.retention import RetentionPolicy
 from swactor.orchestrator.runs.store import RunStore
+from swactor.orchestrator.tokens.draft_model import DraftModel, DraftModelError
 from swactor.orchestrator.tokens.token_endpoints import RingEndpointFactory
 from swactor.v1 import common_pb2
 
@@ -223,11 +224,32 @@ def limits(cfg: OrchestratorConfig) -> Limits:
     if not 1 <= cfg.max_slots_per_stage <= MAX_SLOTS_PER_STAGE:
         raise ConfigError(f"[orchestrator].max_slots_per_stage must be 1..{MAX_SLOTS_PER_STAGE} (run slots a stage is "
                           f"planned to hold), got {cfg.max_slots_per_stage}")
+    if not 1 <= cfg.draft_slots <= MAX_SLOTS_PER_STAGE:
+        raise ConfigError(f"[orchestrator].draft_slots must be 1..{MAX_SLOTS_PER_STAGE} (runs drafting with the draft "
+                          f"model at once), got {cfg.draft_slots}")
+    if cfg.draft_model is not None and not cfg.draft_model.is_absolute():
+        raise ConfigError(f"[orchestrator].draft_model must be an absolute path to a GGUF file, got {cfg.draft_model}")
     if cfg.kv_dtype not in KV_DTYPE_BYTES:
         raise ConfigError(f"[orchestrator].kv_dtype must be one of {', '.join(map(repr, KV_DTYPE_BYTES))} (the stages' KV "
                           f"cache dtype), got {cfg.kv_dtype!r}")
     return Limits(queue_depth=cfg.queue_depth, max_request_bytes=cfg.max_request_bytes,
                   retention=RetentionPolicy(max_runs=cfg.runs_max, max_age_s=cfg.runs_max_age_s))
+
+
+async def load_draft_model(cfg: OrchestratorConfig, models: ModelRegistry) -> DraftModel | None:
+    """[orchestrator] draft_model loaded and compiled (DraftModelError names what is wrong); a warning for each
+    served model whose vocabulary it does not share (their runs draft by prompt lookup)."""
+    if cfg.draft_model is None:
+        return None
+    draft = DraftModel(cfg.draft_model, device=cfg.draft_device, slots=cfg.draft_slots, max_seq_len=cfg.max_seq_len,
+                       prefill_chunk=cfg.prefill_chunk or 64, graph_cache_dir=cfg.state_dir / "draft-graphs",
+                       kv_dtype=cfg.kv_dtype)
+    await draft.load()
+    for name in models.sources:
+        model = models.loaded(name)
+        if model is not None and (why := draft.refuses(model.tokenizer, name)):
+            get_logger().warning("draft_model_unfit", model=name, detail=why)
+    return draft
 
 
 async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int:
@@ -247,6 +269,13 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         print(f"swactor-orchestrator: {refused}", file=sys.stderr)
         return EXIT_USAGE
     loaded = models.get("")
+    try:
+        draft = await load_draft_model(cfg, models)
+    except DraftModelError as e:
+        log.error("draft_model_unusable", detail=str(e))
+        notify_status(f"refused to start: {e}")
+        print(f"swactor-orchestrator: {e}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         model_server, distributor = start_distribution(cfg, node_id, models)
         fleet = build_fleet(cfg, node_id, models, distributor)
@@ -275,7 +304,7 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
 
     orch = Orchestrator(models=models, fleet=fleet, store=store, fsm_config=fsm_config(cfg, node_id),
                         defaults=RunDefaults(stages=cfg.default_stages), model_lister=lister, limits=limits(cfg),
-                        pool_metrics=metrics)
+                        pool_metrics=metrics, draft_model=draft)
     if distributor is not None:
         distributor.members = lambda: orch.members
         for name in models.sources:  # manifests (and URL copies) are made before the first run needs them
@@ -335,6 +364,8 @@ async def serve(cfg: OrchestratorConfig, access: ApiAccess | None = None) -> int
         if model_server is not None:
             model_server.shutdown()
             model_server.server_close()
+        if draft is not None:
+            await draft.close()
         store.close()
     return 0
 

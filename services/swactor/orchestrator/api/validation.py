@@ -117,6 +117,8 @@ def check_fields(req: opb.SubmitRunRequest) -> None:
                                    "prompt_ids are sent as is)")
     if req.speculate > MAX_DRAFT:
         raise RequestError.invalid(f"speculate must be at most {MAX_DRAFT} drafted tokens per step, got {req.speculate}")
+    if req.drafter not in opb.Drafter.values():
+        raise RequestError.invalid(f"drafter must be one of {', '.join(opb.Drafter.keys())}, got {req.drafter}")
     check_client_request_id(req.client_request_id)
 
 

@@ -29,7 +29,9 @@ from swactor.orchestrator.runs.run_messages import (  # noqa: F401
     Action,
     CloseEndpoints,
     Deliver,
+    Drafted,
     DraftsVerified,
+    DraftWanted,
     Emit,
     EndpointFault,
     EndpointsClosed,
@@ -55,7 +57,7 @@ from swactor.orchestrator.runs.run_messages import (  # noqa: F401
     Timeouts,
     TokenReceived,
 )
-from swactor.orchestrator.tokens.drafts import PromptLookup
+from swactor.orchestrator.tokens.drafts import DraftPacing, PromptLookup
 from swactor.v1 import common_pb2 as pb
 
 K = pb.LifecycleEventKind
@@ -140,9 +142,14 @@ class RunFsm:
         self._awaiting_stop: set[int] = set()
         self._expected_seq = 0
         self._prompt_objects = 1  # the prompt's chunk objects: sequences 0..n-1, the first token comes with n-1
-        # speculative decoding: the drafter, the drafts in the object in flight, drafted / accepted so far
-        self._drafter = PromptLookup(request.prompt_ids) if request.speculate else None
+        # speculative decoding: prompt lookup (None with the draft model or without drafts), the pacing of either
+        # drafter, the drafts in the object in flight, the object waiting for the draft model's answer (its sequence,
+        # its first token, its flags), drafted / accepted so far
+        self._lookup = PromptLookup(request.prompt_ids) if request.speculate and not request.draft_model else None
+        self._pacing = (self._lookup.pacing if self._lookup is not None
+                        else DraftPacing() if request.speculate else None)
         self._drafts: tuple[int, ...] = ()
+        self._awaiting_draft: InjectTokens | None = None
         self.drafted = self.accepted = 0
         self.teardown_timed_out = False
         self._now = now
@@ -460,6 +467,8 @@ class RunFsm:
                 if self._token_object_refused(seq, len(ids), now, out):
                     return
                 self._take_tokens(seq, ids, now, out)
+            case Drafted(sequence=seq, token_ids=ids):
+                self._drafted(seq, ids, out)
             case Tick():
                 if self._deadline is not None and now >= self._deadline:
                     first = self._expected_seq < self._prompt_objects
@@ -496,8 +505,8 @@ class RunFsm:
         if drafts:
             self.drafted += len(drafts)
             self.accepted += accepted
-            assert self._drafter is not None
-            self._drafter.verified(len(drafts), accepted)
+            assert self._pacing is not None
+            self._pacing.verified(len(drafts), accepted)
         for i, tid in enumerate(sampled[:accepted + 1]):
             self.tokens.append(tid)
             eog = tid in self.request.eog_ids
@@ -514,25 +523,43 @@ class RunFsm:
             )
             if done is not None:
                 counters = {"tokens": len(self.tokens)}
-                if self._drafter is not None:
+                if self._pacing is not None:
                     counters |= {"drafted": self.drafted, "accepted": self.accepted}
                 self._finish(out, now, Outcome.COMPLETED, done, "", self._ev(K.RUN_COMPLETED, detail=done, counters=counters))
                 return
         last = sampled[accepted]
         self._expected_seq = seq + 1
-        self._drafts = self._next_drafts(sampled[:accepted + 1])
-        flags = with_rewind(VERIFY if self._drafts else 0, len(drafts) - accepted)
-        out.append(InjectTokens(self._expected_seq, (last, *self._drafts), flags))
         self._deadline = now + self.timeouts.step_s
+        rewind = len(drafts) - accepted
+        up_to = self._draft_room()
+        if self.request.draft_model and up_to and self._pacing is not None and (k := self._pacing.allowance(up_to)):
+            # the draft model answers off this loop (Drafted); the object waits for it, under the step's deadline
+            self._drafts = ()
+            self._awaiting_draft = InjectTokens(self._expected_seq, (last,), with_rewind(0, rewind))
+            out.append(DraftWanted(self._expected_seq, k))
+            return
+        if self._lookup is not None:
+            self._lookup.extend(sampled[:accepted + 1])
+        self._drafts = self._lookup.draft(up_to) if self._lookup is not None and up_to else ()
+        out.append(InjectTokens(self._expected_seq, (last, *self._drafts), with_rewind(VERIFY if self._drafts else 0, rewind)))
 
-    def _next_drafts(self, delivered: tuple[int, ...]) -> tuple[int, ...]:
-        """Drafts for the next object: none past the run's last token or the context (their rows would be wasted)."""
-        if self._drafter is None:
-            return ()
-        self._drafter.extend(delivered)
+    def _draft_room(self) -> int:
+        """Drafts the next object may carry: none past the run's last token or the context (their rows would be
+        wasted), none without speculative decoding."""
         room = min(self.request.max_tokens - len(self.tokens), self._context() - len(self.request.prompt_ids)
                    - len(self.tokens)) - 1
-        return self._drafter.draft(min(self.request.speculate, room))
+        return max(0, min(self.request.speculate, room))
+
+    def _drafted(self, seq: int, drafts: tuple[int, ...], out: list[Action]) -> None:
+        """The draft model's answer completes the object that waited for it (a late answer for another is dropped)."""
+        waiting = self._awaiting_draft
+        if waiting is None or waiting.sequence != seq:
+            return
+        self._awaiting_draft = None
+        vocab = self.request.model.vocab_size
+        self._drafts = tuple(drafts[:self._draft_room()]) if all(0 <= t < vocab for t in drafts) else ()
+        flags = waiting.flags | (VERIFY if self._drafts else 0)
+        out.append(InjectTokens(seq, (*waiting.token_ids, *self._drafts), flags))
 
     def _on_tearing_down(self, event: Input, now: float, out: list[Action]) -> None:
         match event:

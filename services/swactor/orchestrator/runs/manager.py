@@ -40,6 +40,7 @@ from swactor.orchestrator.runs.queue import QueuedRun, QueueFull, RunLobby
 from swactor.orchestrator.runs.retention import RetentionPolicy, RetentionSchedule
 from swactor.orchestrator.runs.runner import RunHandle, RunUpdates, continued, replay
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
+from swactor.orchestrator.tokens.draft_model import DraftModel
 from swactor.orchestrator.tokens.prompting import PromptPreparer
 from swactor.orchestrator.tokens.tokenizer import Tokenizer
 from swactor.v1 import common_pb2 as pb
@@ -89,8 +90,9 @@ class Orchestrator:
                  model_lister: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.ListModelsResponse]] | None = None,
                  limits: Limits = Limits(),
                  pool_metrics: Callable[[tuple[NodeInfo, ...]], Awaitable[opb.GetPoolMetricsResponse]] | None = None,
-                 ) -> None:
+                 draft_model: DraftModel | None = None) -> None:
         self.models = models
+        self.draft_model = draft_model  # [orchestrator] draft_model, loaded
         self._model_lister = model_lister
         self._pool_metrics = pool_metrics
         self.fleet = fleet
@@ -209,7 +211,15 @@ class Orchestrator:
             field = "prompt_ids" if req.WhichOneof("input") == "prompt_ids" else "prompt"
             bound = f"max_context {context} leaves no room for a token" if req.max_context else f"the context holds {context}"
             raise RequestError.invalid(f"{field} is {len(prompt_ids)} tokens; {bound}")
+        if req.speculate and req.drafter == opb.DRAFTER_DRAFT_MODEL and (why := self._draft_model_refuses(model)):
+            raise RequestError.invalid(f"drafter DRAFTER_DRAFT_MODEL: {why}")
         return model, prompt_ids, stages, context
+
+    def _draft_model_refuses(self, model: LoadedModel) -> str:
+        """Why runs of `model` cannot draft with the draft model ("" when they can)."""
+        if self.draft_model is None:
+            return "this orchestrator has no draft model ([orchestrator] draft_model)"
+        return self.draft_model.refuses(model.tokenizer, model.name)
 
     def _memory(self, model: LoadedModel) -> MemoryNeed | None:
         return memory_need(model.facts, self.fsm_config.max_seq_len_cap, self.fsm_config.max_slots_per_stage,
@@ -284,7 +294,9 @@ class Orchestrator:
                                node_ids=tuple(req.node_ids), ignore_eos=req.ignore_eos,
                                trace_objects=req.trace_objects, max_context=context,
                                stop_when_unwatched=req.stop_when_unwatched, resume=req.resume,
-                               speculate=req.speculate)
+                               speculate=req.speculate,
+                               draft_model=bool(req.speculate) and req.drafter != opb.DRAFTER_PROMPT_LOOKUP
+                               and not self._draft_model_refuses(model))
         record = opb.Run(run_id=run_id, model=model.name, state=opb.RUN_STATE_WAITING_POOL, stages=stages,
                          max_tokens=req.max_tokens, prompt_tokens=len(prompt_ids), created_us=wall_us(),
                          sampling=recorded_sampling, client_request_id=req.client_request_id, max_context=context,
@@ -369,16 +381,20 @@ class Orchestrator:
             # Pinned to the group's nodes in their order, on the group's blocks (the seats' ranges: speeds measured
             # since do not move them) and so its slots (the FSM checks that it did): its stages share the weights.
             request = dataclasses.replace(request, node_ids=joins.node_ids, joins=joins.seats)
+        drafts = self.draft_model.lease() if request.draft_model and self.draft_model is not None else None
+        if request.draft_model and drafts is None:  # every slot drafts for a run in flight: this one looks up
+            request = dataclasses.replace(request, draft_model=False)
         fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)
         record.state = opb.RUN_STATE_WAITING_POOL
         handle = RunHandle(fsm, record, prepared.tokenizer, self.fleet, self.store, self.clock, updates,
-                           on_planned=lambda plan: self._planned(handle, plan), on_ending=self._resume)
+                           on_planned=lambda plan: self._planned(handle, plan), on_ending=self._resume, drafts=drafts)
         self._active[handle.run_id] = handle
         handle.report(F.MembershipChanged(self.members))
         task = self._tasks[handle.run_id] = asyncio.create_task(handle.drive(), name=f"run-{handle.run_id}")
         task.add_done_callback(lambda _: self._finished(handle))
         self.log.info("run_admitted", run_id=handle.run_id, joins=list(joins.node_ids) if joins else None,
-                      active=len(self._active))
+                      active=len(self._active),
+                      drafter=None if not request.speculate else "draft_model" if drafts else "prompt_lookup")
         return handle
 
     def _planned(self, handle: RunHandle, plan: RunPlan) -> None:

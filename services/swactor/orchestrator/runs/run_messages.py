@@ -69,6 +69,8 @@ class RunRequest:
     resume: bool = False  # SubmitRunRequest.resume: a shared part's fault continues the request as a new run
     resumes: int = 0  # the runs of its request before this one (a continuation's count; manager.MAX_RESUMES)
     speculate: int = 0  # SubmitRunRequest.speculate: drafted tokens per step at most (0: no speculative decoding)
+    # The drafts come from the orchestrator's draft model (DraftWanted, answered by Drafted), not from prompt lookup.
+    draft_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,15 @@ class DraftsVerified:
 
 
 @dataclass(frozen=True)
+class Drafted:
+    """The draft model's answer to DraftWanted: up to that many tokens to follow the run's tokens so far (may be
+    none: a draft that failed or found no room is no draft, never a fault)."""
+
+    sequence: int
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PromptChunkDone:
     """Token-out delivered the object of a prompt chunk before the last (flagged PROMPT_CONTINUES): no token."""
 
@@ -194,7 +205,7 @@ class Tick:
 
 Input = (
     MembershipChanged | ProvisionFailed | StageReady | StageFault | StageStopped | EndpointsReady
-    | EndpointsClosed | EndpointFault | TokenReceived | DraftsVerified | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
+    | EndpointsClosed | EndpointFault | TokenReceived | DraftsVerified | Drafted | PromptChunkDone | OperatorStop | OrchestratorFault | Relay
     | RelayBatch | Tick
 )
 
@@ -217,6 +228,15 @@ class InjectTokens:
     sequence: int
     token_ids: tuple[int, ...]
     flags: int = 0  # the object header's flags (PROMPT_CONTINUES on a prompt chunk before the last)
+
+
+@dataclass(frozen=True)
+class DraftWanted:
+    """Ask the run's draft model for up to `up_to` tokens to follow the prompt and the tokens delivered so far; the
+    answer (Drafted) completes the token-in object `sequence`."""
+
+    sequence: int
+    up_to: int
 
 
 @dataclass(frozen=True)
@@ -243,4 +263,4 @@ class Deliver:
     end_of_generation: bool
 
 
-Action = OpenEndpoints | Provision | InjectTokens | StopStage | CloseEndpoints | Emit | Deliver
+Action = OpenEndpoints | Provision | InjectTokens | DraftWanted | StopStage | CloseEndpoints | Emit | Deliver

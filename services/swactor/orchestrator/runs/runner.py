@@ -19,6 +19,7 @@ from swactor.orchestrator.planning.planner import RunPlan
 from swactor.orchestrator.runs import fsm as F
 from swactor.orchestrator.runs.failure_teardown import FailureTeardown
 from swactor.orchestrator.runs.store import RunStore, StoreWriteError
+from swactor.orchestrator.tokens.draft_model import DraftSlot
 from swactor.orchestrator.tokens.tokenizer import StreamDecoder, Tokenizer
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import orchestrator_pb2 as opb
@@ -94,8 +95,9 @@ class RunHandle:
     def __init__(self, fsm: F.RunFsm, record: opb.Run, tokenizer: Tokenizer, fleet: StageFleet, store: RunStore,
                  clock: Callable[[], float] = time.monotonic, updates: RunUpdates | None = None,
                  on_planned: Callable[[RunPlan], None] | None = None,
-                 on_ending: Callable[[RunHandle], None] | None = None) -> None:
+                 on_ending: Callable[[RunHandle], None] | None = None, drafts: DraftSlot | None = None) -> None:
         self.fsm = fsm
+        self.drafts = drafts  # the run's slot in the draft model (RunRequest.draft_model)
         self.record = record
         self.fleet = fleet
         self.store = store
@@ -130,6 +132,8 @@ class RunHandle:
 
     async def drive(self) -> None:
         injector = asyncio.create_task(self._inject_loop())
+        if self.drafts is not None:  # the draft model takes in the prompt while the stages do
+            self._spawn(self.drafts.warm(self.fsm.request.prompt_ids))
         try:
             await self._step(F.Tick())  # let the FSM look at the view it already has
             while self.fsm.state is not F.RunState.DONE:
@@ -148,6 +152,8 @@ class RunHandle:
             injector.cancel()
             for t in list(self._tasks):
                 t.cancel()
+            if self.drafts is not None:
+                self.drafts.release()
             self._finalize()
 
     async def _step(self, event: F.Input) -> None:
@@ -189,6 +195,8 @@ class RunHandle:
                 self._provisioning[stage.stage_index] = self._spawn(self._provision(plan, stage))
             case F.InjectTokens():
                 self._injections.put_nowait(action)
+            case F.DraftWanted(sequence=seq, up_to=k):
+                self._spawn(self._draft(seq, (*self.fsm.request.prompt_ids, *self.fsm.tokens), k))
             case F.StopStage(stage=stage):
                 self._spawn(self._stop_stage(stage))
             case F.CloseEndpoints():
@@ -296,6 +304,10 @@ class RunHandle:
                 self.report(F.EndpointFault(e.reason, e.detail))
             except Exception as e:
                 self.report(F.EndpointFault(pb.RUN_FAULT_STREAM_FAULT, f"token injection failed: {type(e).__name__}: {e}"))
+
+    async def _draft(self, seq: int, context: tuple[int, ...], k: int) -> None:
+        assert self.drafts is not None
+        self.report(F.Drafted(seq, await self.drafts.draft(context, k)))
 
     async def _stop_stage(self, stage) -> None:
         assert self.fsm.plan is not None

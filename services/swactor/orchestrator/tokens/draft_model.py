@@ -1,0 +1,239 @@
+"""The draft model: a small GGUF with the runs' tokenizer, run on the orchestrator's host, that drafts tokens for
+speculative decoding ([orchestrator] draft_model; docs/orchestrator.md "Speculative decoding").
+
+Prompt lookup drafts only what the run already said; a draft model guesses free text and code too. It runs the whole
+small model in this process (the worker's StageModel, one KV slot per run that drafts) on one thread of its own, so
+the event loop never waits for its compute: a run asks (RunFsm's DraftWanted), the drafts come back as Drafted.
+
+Each slot keeps the tokens its KV cache holds. A draft first brings the slot to the run's tokens so far (rewinding
+past the first that differs: rejected drafts, or another run's tokens in a slot leased again), then decodes greedily.
+The drafts only propose: the pipeline verifies them, so a draft model's guesses never change a run's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from swactor.common.events import get_logger
+from swactor.modelfile.params import open_header
+from swactor.orchestrator.models.gguf_model import read_tokenizer
+from swactor.orchestrator.tokens.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # tinygrad is imported only when a draft model is configured
+    from swactor.worker.compute import StageModel
+
+FEED_ROW_BY_ROW = 8  # fewer new tokens than this run as decode rows (a prefill chunk's graph costs many rows)
+LOOK_AHEAD = True  # a slot extends its greedy chain between a run's steps (DraftSlot)
+
+
+class DraftModelError(Exception):
+    """The draft model cannot be loaded: names the file and what is wrong."""
+
+
+class DraftModel:
+    """One small model, loaded once, its slots leased to the runs that draft with it."""
+
+    def __init__(self, path: Path, *, device: str, slots: int, max_seq_len: int, prefill_chunk: int,
+                 graph_cache_dir: Path | None, kv_dtype: str = "float32") -> None:
+        self.path = path
+        try:
+            self.vocabulary: tuple[str, ...] = tuple(read_tokenizer(open_header(path)).tokens)
+        except Exception as e:  # a missing file, not a GGUF, no vocabulary: the operator's setting names it
+            raise self._error(e) from None
+        self.device, self.max_seq_len, self.prefill_chunk, self.kv_dtype = device, max_seq_len, prefill_chunk, kv_dtype
+        self.graph_cache_dir = graph_cache_dir
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft-model")  # StageModel is not thread safe
+        self._model: StageModel | None = None  # once load() is done
+        self._free = list(range(slots))
+        self.log = get_logger(component="draft_model")
+
+    async def load(self) -> None:
+        """Load and compile (seconds; the graph cache makes a restart quicker), off the event loop."""
+        t0 = time.perf_counter()
+        self._model = await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        self.log.info("draft_model_loaded", path=str(self.path), layers=self._model.params.n_layers,
+                      slots=len(self._free), seconds=round(time.perf_counter() - t0, 3))
+
+    def _load(self) -> StageModel:
+        from swactor.worker.compute import GGUFModel, ModelRefused, StageModel, UnsupportedQuant
+        from swactor.worker.compute.graphcache import GraphCache
+
+        try:
+            g = GGUFModel(self.path)
+            model = StageModel(g, 0, g.params.n_layers, device=self.device or None, slots=len(self._free),
+                               max_seq_len=min(self.max_seq_len, g.params.context_length),
+                               prefill_chunk=self.prefill_chunk, kv_dtype=self.kv_dtype,
+                               graph_cache=GraphCache(self.graph_cache_dir) if self.graph_cache_dir else None)
+            model.prepare()
+        except (ModelRefused, UnsupportedQuant, ValueError, OSError, MemoryError) as e:
+            raise self._error(e) from None
+        return model
+
+    def _error(self, e: Exception) -> DraftModelError:
+        said = str(e)
+        return DraftModelError(f"draft model: {said}" if str(self.path) in said
+                               else f"draft model {self.path}: {type(e).__name__}: {said}")
+
+    def refuses(self, tokenizer: Tokenizer, model_name: str) -> str:
+        """Why runs of `model_name` cannot draft with this model ("" when they can): its drafts are token ids, so
+        its vocabulary must be the run's model's, id for id."""
+        theirs = tokenizer.tokens
+        if tuple(theirs) == self.vocabulary:
+            return ""
+        differs = next((i for i, (a, b) in enumerate(zip(theirs, self.vocabulary, strict=False)) if a != b),
+                       min(len(theirs), len(self.vocabulary)))
+        return (f"the draft model {self.path.name} has another vocabulary than model {model_name!r} "
+                f"({len(self.vocabulary)} tokens against {len(theirs)}; they differ from id {differs})")
+
+    def lease(self) -> DraftSlot | None:
+        """A slot for one run, or None when every slot drafts for another run (or the model is not loaded)."""
+        if self._model is None or not self._free:
+            return None
+        return DraftSlot(self, self._free.pop(0))
+
+    def _give_back(self, slot: int) -> None:
+        self._free.append(slot)
+
+    async def close(self) -> None:
+        """Drop the drafts not begun; wait for the one being computed (off the event loop)."""
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+class DraftSlot:
+    """One run's KV slot in the draft model. It keeps the tokens its KV cache holds and, after each, the model's greedy
+    token there where it computed it: drafts read off that chain, computing only what it lacks. Between a run's steps
+    the slot thinks ahead (LOOK_AHEAD) along its own chain, while the object it drafted for crosses the pipeline: when
+    the drafts are accepted and the pipeline's next token is the chain's, the next drafts are ready. It does so only
+    while the run keeps to the chain: a draft model that is often wrong costs no more than its drafts."""
+
+    def __init__(self, owner: DraftModel, slot: int) -> None:
+        self.owner = owner
+        self.slot = slot
+        self._held: list[int] = []  # the tokens in the slot's KV cache, from position 0
+        self._after: list[int | None] = []  # the greedy token after held[:i + 1] (None: not computed)
+        self._fresh = True  # the slot may still hold an earlier run's positions
+        # drafts asked for (counted on the event loop) and taken up (on the model's thread): thinking ahead gives way
+        # to those waiting
+        self._asked = self._taken = 0
+        self._released = False
+
+    async def draft(self, context: Sequence[int], k: int) -> tuple[int, ...]:
+        """Up to k greedy tokens to follow `context` (the run's prompt and tokens so far); () when they would not
+        fit the draft model's context."""
+        if self._released or k <= 0 or not context:
+            return ()
+        ids = list(context)
+        loop = asyncio.get_running_loop()
+        self._asked += 1
+        try:
+            return await loop.run_in_executor(self.owner._executor, self._draft, ids, k)
+        except Exception as e:  # a draft is only a guess: the run goes on without it
+            self.owner.log.warning("draft_failed", slot=self.slot, error=f"{type(e).__name__}: {e}")
+            await loop.run_in_executor(self.owner._executor, self._forget)
+            return ()
+
+    async def warm(self, context: Sequence[int]) -> None:
+        """Take in the prompt before the first draft is asked for (while the stages take it in too)."""
+        await self.draft(context, 1)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.owner._give_back(self.slot)
+
+    # ---- on the draft model's thread ----
+
+    def _forget(self) -> None:
+        assert self.owner._model is not None
+        self.owner._model.reset(slot=self.slot)
+        self._held.clear()
+        self._after.clear()
+
+    def _draft(self, ids: list[int], k: int) -> tuple[int, ...]:
+        self._taken += 1
+        m = self.owner._model
+        assert m is not None
+        if self._released or len(ids) + k - 1 > m.max_seq_len:
+            return ()
+        if self._fresh:
+            self._forget()
+            self._fresh = False
+        held, after = self._held, self._after
+        same = 0
+        for a, b in zip(held, ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        # the run went the chain's way since the last draft (every draft accepted, the next token the chain's), or
+        # this is the first: thinking ahead is likely to pay; else the chain is likely to be left again
+        ahead = not held or same >= len(ids)
+        if same < len(ids) or after[len(ids) - 1] is None:
+            self._keep(min(same, len(ids) - 1))  # the last token runs again at least: its logits give the first draft
+            self._feed(ids[len(held):])
+        drafts: list[int] = []
+        pos = len(ids) - 1
+        while len(drafts) < k:
+            t = after[pos]
+            assert t is not None
+            drafts.append(t)
+            pos += 1
+            if len(drafts) < k and (pos >= len(held) or held[pos] != t):
+                self._keep(min(pos, len(held)))
+                self._feed([t])
+        if ahead:
+            self._think_ahead(len(ids) + 2 * k + 3)  # the next context holds at most k + 1 more; its drafts k + 2
+        return tuple(drafts)
+
+    def _think_ahead(self, until: int) -> None:
+        """Extend the chain one token at a time, each a job of its own, towards `until` positions while no draft
+        is asked for (a step ends while the model thinks: its draft waits one token at most)."""
+        m = self.owner._model
+        assert m is not None
+        if not LOOK_AHEAD or self._released or self._waiting() or len(self._held) >= min(until, m.max_seq_len):
+            return
+        with contextlib.suppress(RuntimeError):  # the orchestrator is closing the model
+            self.owner._executor.submit(self._ahead_one, until)
+
+    def _ahead_one(self, until: int) -> None:
+        if self._released or self._waiting() or not self._after or self._after[-1] is None:
+            return
+        try:
+            self._feed([self._after[-1]])
+        except Exception as e:
+            self.owner.log.warning("draft_failed", slot=self.slot, error=f"{type(e).__name__}: {e}", ahead=True)
+            self._forget()
+            return
+        self._think_ahead(until)
+
+    def _waiting(self) -> bool:
+        return self._asked > self._taken
+
+    def _keep(self, n: int) -> None:
+        """Forget all but the first n positions."""
+        assert self.owner._model is not None
+        self.owner._model.rewind(self.slot, len(self._held) - n)
+        del self._held[n:], self._after[n:]
+
+    def _feed(self, ids: list[int]) -> None:
+        """Run `ids` at the slot's next positions; the greedy token after the last is kept."""
+        m, slot, held = self.owner._model, self.slot, self._held
+        assert m is not None
+        head, last = ids[:-1], ids[-1:]
+        if len(head) >= FEED_ROW_BY_ROW:
+            m.step(np.asarray(head, np.int32), len(held), sample=False, slot=slot)
+        else:
+            for i, t in enumerate(head):
+                m.step(np.asarray([t], np.int32), len(held) + i, sample=False, slot=slot)
+        held.extend(head)
+        self._after.extend([None] * len(head))
+        logits = m.step_logits(np.asarray(last, np.int32), len(held), slot=slot)
+        held.extend(last)
+        self._after.append(int(np.argmax(logits)))
