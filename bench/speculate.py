@@ -3,7 +3,8 @@ drafter (prompt lookup: n-grams of the prompt and output; the draft model: a sma
 the orchestrator's host), S=3, at one-way delays between hosts, on four kinds of text.
 
   .venv/bin/python bench/speculate.py [--delays 0,50] [--speculate 6] [--max-tokens 48] [--stages 3]
-                                      [--drafters lookup,draft_model] [--draft-model PATH] [--json PATH]
+                                      [--drafters lookup,draft_model] [--draft-model PATH | first:N]
+                                      [--temperature T [--seed S]] [--json PATH]
 
 Per delay: one pool of S hosts in network namespaces (localcluster/linkshaping.py: the NFQUEUE delayer). Per text:
 a warm-up run, then the run without drafts and one per drafter, alternated twice; the figure is each mode's better
@@ -69,7 +70,7 @@ def counts(res: RunResult) -> tuple[int, int]:
 
 
 def measure(delay_ms: float, stages: int, speculate: int, max_tokens: int, drafters: list[str],
-            draft_model: pathlib.Path) -> list[dict]:
+            draft_model: pathlib.Path, sampling: opb.Sampling) -> list[dict]:
     orchestrator = {"draft_model": str(draft_model.resolve()), "draft_slots": 1} if "draft_model" in drafters else {}
     spec = ClusterSpec(hosts=stages, netns=True, links=LinkConditions(delay_ms=delay_ms), readiness_timeout_s=600.0,
                        orchestrator=orchestrator)
@@ -81,7 +82,7 @@ def measure(delay_ms: float, stages: int, speculate: int, max_tokens: int, draft
         def run(text: str, mode: str) -> RunResult:
             k, drafter = (0, opb.DRAFTER_AUTO) if mode == "plain" else (speculate, DRAFTERS[mode])
             req = opb.SubmitRunRequest(prompt=text, stages=stages, max_tokens=max_tokens, ignore_eos=True, speculate=k,
-                                       drafter=drafter)
+                                       drafter=drafter, sampling=sampling)
             res = follow(stub, req, timeout_s=900)
             assert res.finished is not None and res.finished.outcome == opb.RUN_OUTCOME_COMPLETED, res.summary()
             return res
@@ -124,6 +125,8 @@ def main() -> int:
     ap.add_argument("--draft-model", default=str(DEFAULT_MODEL),
                     help="the orchestrator's draft model: a GGUF path (default: the served model itself), or first:N "
                          "for the served model's first N blocks and its head (an early exit: a poor draft)")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled with top_k 40 and --seed")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=pathlib.Path, default=ROOT / "bench" / "out" / "speculate.json")
     a = ap.parse_args()
     drafters = a.drafters.split(",")
@@ -136,9 +139,10 @@ def main() -> int:
     if unknown := [d for d in drafters if d not in DRAFTERS]:
         ap.error(f"--drafters: unknown {unknown}; known: {', '.join(DRAFTERS)}")
     print(f"load average {os.getloadavg()[0]:.2f}, {os.cpu_count()} cpus; S={a.stages}, {a.max_tokens} tokens, "
-          f"speculate {a.speculate}, draft model {a.draft_model.name}", flush=True)
+          f"speculate {a.speculate}, draft model {a.draft_model.name}, temperature {a.temperature}", flush=True)
+    sampling = opb.Sampling(temperature=a.temperature, top_k=40, seed=a.seed) if a.temperature else opb.Sampling()
     rows = [r for d in a.delays.split(",")
-            for r in measure(float(d), a.stages, a.speculate, a.max_tokens, drafters, a.draft_model)]
+            for r in measure(float(d), a.stages, a.speculate, a.max_tokens, drafters, a.draft_model, sampling)]
     print("\n text    drafter      delay ms  plain tok/s  speculative tok/s  ratio  accepted/drafted  tokens")
     for r in rows:
         print(f" {r['text']:7} {r['drafter']:11} {r['delay_ms']:>9g} {r['plain_tok_s']:>12.2f} "

@@ -210,7 +210,9 @@ def test_speculative_decoding_gives_the_tokens_of_the_run_without_it(cluster3: L
     assert fast.token_ids == plain.token_ids
     [done] = [e for e in fast.events if e.kind == pb.RUN_COMPLETED]
     assert 0 < done.counters["accepted"] <= done.counters["drafted"], dict(done.counters)
-    if seed is not None:  # this one also rejects a draft: its rows are rewound on every stage, its draw taken back
+    if seed is not None and drafter == opb.DRAFTER_PROMPT_LOOKUP:
+        # this one also rejects a draft: its rows are rewound on every stage, its draw taken back (the model drafting
+        # for itself samples with the run's own draws: it is rarely wrong)
         assert done.counters["accepted"] < done.counters["drafted"], dict(done.counters)
     verified = [e for e in fast.events if e.kind == pb.TOKEN_RECEIVED and "drafted" in e.counters]
     assert sum(e.counters["accepted"] for e in verified) == done.counters["accepted"]

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from swactor.common.sampling import SamplingPolicy
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.orchestrator.tokens.draft_model import DraftModel, DraftModelError
 from swactor.orchestrator.tokens.tokenizer import Tokenizer
+from swactor.worker.compute.sampling import Sampler
 
 pytestmark = [pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (default GGUF missing)"),
               pytest.mark.timeout(300)]
@@ -77,6 +79,43 @@ def test_drafts_are_the_greedy_tokens_also_after_rejected_drafts(loop: asyncio.A
         assert len(loop.run_until_complete(slot.draft(PROMPT * 3, 10))) == 10
     finally:
         slot.release()
+
+
+def sampled(draft: DraftModel, context: list[int], n: int, policy: SamplingPolicy, first_draw: int) -> list[int]:
+    """What the last stage of a run sampling by `policy` takes after `context`, its answer's token `first_draw` on."""
+
+    def run() -> list[int]:
+        m = draft._model
+        assert m is not None
+        sampler = Sampler(policy)
+        sampler.rng.bit_generator.advance(first_draw)
+        m.reset(slot=REFERENCE_SLOT)
+        logits = m.step_logits(np.asarray(context, np.int32), 0, slot=REFERENCE_SLOT)
+        out = []
+        for _ in range(n):
+            out.append(sampler(logits))
+            logits = m.step_logits(np.asarray(out[-1:], np.int32), len(context) + len(out) - 1, slot=REFERENCE_SLOT)
+        return out
+
+    return draft._executor.submit(run).result()
+
+
+def test_a_sampled_run_s_drafts_are_its_own_draws(loop: asyncio.AbstractEventLoop, draft: DraftModel) -> None:
+    """Seeded sampling: each draft is the token the run samples there (the model drafting for itself agrees on every
+    one), also after a rejected draft and for a resumed answer's later draws."""
+    for policy in (SamplingPolicy(temperature=1.2, top_k=40, seed=7), SamplingPolicy(temperature=0.9, top_p=0.9,
+                                                                                     seed=3, skip_draws=5)):
+        want = sampled(draft, PROMPT, 8, policy, 0)
+        assert want != greedy(draft, PROMPT, 8)  # these draws leave the greedy path
+        slot = draft.lease(policy, len(PROMPT))
+        assert slot is not None
+        try:
+            assert loop.run_until_complete(slot.draft(PROMPT, 4)) == tuple(want[:4])
+            other = (want[2] + 1) % 1000
+            after = PROMPT + want[:2] + [other]  # the run's third token is not the chain's: draws 3.. follow it
+            assert loop.run_until_complete(slot.draft(after, 3)) == tuple(sampled(draft, after, 3, policy, 3))
+        finally:
+            slot.release()
 
 
 def test_between_steps_the_slot_thinks_ahead_along_its_chain(loop: asyncio.AbstractEventLoop, draft: DraftModel) -> None:

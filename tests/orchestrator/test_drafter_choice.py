@@ -35,35 +35,39 @@ class FakeSlot:
 
 class FakeDraftModel:
     def __init__(self, fits: bool = True, slots: int = 1) -> None:
-        self.fits, self.free = fits, slots
+        self.fits, self.free, self.leased = fits, slots, 0
 
     def refuses(self, tokenizer, model_name: str) -> str:
         return "" if self.fits else f"another vocabulary than model {model_name!r}"
 
-    def lease(self) -> FakeSlot | None:
+    def lease(self, sampling=None, prompt_tokens: int = 0) -> FakeSlot | None:
         if not self.free:
             return None
         self.free -= 1
+        self.leased += 1
         return FakeSlot(self)
 
 
 def drafts_with_model(tmp: Path, draft: FakeDraftModel, *requests: opb.SubmitRunRequest) -> list[bool | str]:
-    """Each request submitted in turn: whether its run drafts with the model, or the refusal's details."""
+    """Each request submitted in turn, once the run before it is gone: whether its run drafts with the model (it took
+    a slot when it started), or the refusal's details."""
 
     async def main() -> list[bool | str]:
         async with serving(tmp, FakeFleet([2]), pool(1), draft_model=draft) as s:  # type: ignore[arg-type]
             out: list[bool | str] = []
             for req in requests:
+                leased = draft.leased
                 try:
                     run_id = (await s.stub.SubmitRun(req)).run_id
                 except grpc.aio.AioRpcError as e:
                     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
                     out.append(e.details())
                     continue
-                [handle] = [h for h in s.orch.active_runs() if h.run_id == run_id]
-                out.append(handle.fsm.request.draft_model)
-                await s.stub.StopRun(opb.StopRunRequest(run_id=run_id))
-                await handle.done.wait()
+                assert not s.orch.queued()  # started at once: its drafter chosen
+                out.append(draft.leased > leased)
+                await s.stub.StopRun(opb.StopRunRequest(run_id=run_id))  # the fake pool may have completed it
+                while run_id in s.orch.live_run_ids():
+                    await asyncio.sleep(0.01)
             return out
 
     return asyncio.run(asyncio.wait_for(main(), 30))

@@ -381,7 +381,8 @@ class Orchestrator:
             # Pinned to the group's nodes in their order, on the group's blocks (the seats' ranges: speeds measured
             # since do not move them) and so its slots (the FSM checks that it did): its stages share the weights.
             request = dataclasses.replace(request, node_ids=joins.node_ids, joins=joins.seats)
-        drafts = self.draft_model.lease() if request.draft_model and self.draft_model is not None else None
+        drafts = (self.draft_model.lease(request.sampling, len(request.prompt_ids))
+                  if request.draft_model and self.draft_model is not None else None)
         if request.draft_model and drafts is None:  # every slot drafts for a run in flight: this one looks up
             request = dataclasses.replace(request, draft_model=False)
         fsm = F.RunFsm(request, self.fsm_config, self.clock(), pool_view=self._gate)

@@ -6,8 +6,8 @@ small model in this process (the worker's StageModel, one KV slot per run that d
 the event loop never waits for its compute: a run asks (RunFsm's DraftWanted), the drafts come back as Drafted.
 
 Each slot keeps the tokens its KV cache holds. A draft first brings the slot to the run's tokens so far (rewinding
-past the first that differs: rejected drafts, or another run's tokens in a slot leased again), then decodes greedily.
-The drafts only propose: the pipeline verifies them, so a draft model's guesses never change a run's tokens.
+past the first that differs: rejected drafts, or another run's tokens in a slot leased again), then decodes as the run
+does (greedy, or sampled with the run's own draws: DraftSlot). The drafts only propose: the pipeline verifies them, so a draft model's guesses never change a run's tokens.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from swactor.common.events import get_logger
+from swactor.common.sampling import SamplingPolicy
 from swactor.modelfile.params import open_header
 from swactor.orchestrator.models.gguf_model import read_tokenizer
 from swactor.orchestrator.tokens.tokenizer import Tokenizer
 
 if TYPE_CHECKING:  # tinygrad is imported only when a draft model is configured
     from swactor.worker.compute import StageModel
+    from swactor.worker.compute.sampling import Sampler
 
 FEED_ROW_BY_ROW = 8  # fewer new tokens than this run as decode rows (a prefill chunk's graph costs many rows)
 LOOK_AHEAD = True  # a slot extends its greedy chain between a run's steps (DraftSlot)
@@ -93,11 +95,12 @@ class DraftModel:
         return (f"the draft model {self.path.name} has another vocabulary than model {model_name!r} "
                 f"({len(self.vocabulary)} tokens against {len(theirs)}; they differ from id {differs})")
 
-    def lease(self) -> DraftSlot | None:
-        """A slot for one run, or None when every slot drafts for another run (or the model is not loaded)."""
+    def lease(self, sampling: SamplingPolicy | None = None, prompt_tokens: int = 0) -> DraftSlot | None:
+        """A slot for one run (its sampling policy and prompt length: DraftSlot), or None when every slot drafts for
+        another run (or the model is not loaded)."""
         if self._model is None or not self._free:
             return None
-        return DraftSlot(self, self._free.pop(0))
+        return DraftSlot(self, self._free.pop(0), sampling, prompt_tokens)
 
     def _give_back(self, slot: int) -> None:
         self._free.append(slot)
@@ -112,11 +115,20 @@ class DraftSlot:
     token there where it computed it: drafts read off that chain, computing only what it lacks. Between a run's steps
     the slot thinks ahead (LOOK_AHEAD) along its own chain, while the object it drafted for crosses the pipeline: when
     the drafts are accepted and the pipeline's next token is the chain's, the next drafts are ready. It does so only
-    while the run keeps to the chain: a draft model that is often wrong costs no more than its drafts."""
+    while the run keeps to the chain: a draft model that is often wrong costs no more than its drafts.
 
-    def __init__(self, owner: DraftModel, slot: int) -> None:
+    A sampled run's chain is sampled too, under the run's policy and with the very uniform the last stage draws for
+    that token of the answer (its seeded generator, one draw per token): where the two models' distributions agree,
+    so do their tokens, and a seeded run's drafts are accepted about as often as a greedy run's."""
+
+    def __init__(self, owner: DraftModel, slot: int, sampling: SamplingPolicy | None = None,
+                 prompt_tokens: int = 0) -> None:
         self.owner = owner
         self.slot = slot
+        self._sampling = sampling if sampling is not None and not sampling.greedy else None
+        self._prompt_tokens = prompt_tokens  # the token after position p is the answer's (p + 1 - prompt_tokens)th
+        self._sampler: Sampler | None = None  # made on first use, on the model's thread
+        self._draws_start: dict | None = None  # its generator's state before the answer's first draw
         self._held: list[int] = []  # the tokens in the slot's KV cache, from position 0
         self._after: list[int | None] = []  # the greedy token after held[:i + 1] (None: not computed)
         self._fresh = True  # the slot may still hold an earlier run's positions
@@ -236,4 +248,20 @@ class DraftSlot:
         self._after.extend([None] * len(head))
         logits = m.step_logits(np.asarray(last, np.int32), len(held), slot=slot)
         held.extend(last)
-        self._after.append(int(np.argmax(logits)))
+        self._after.append(self._next_token(logits, len(held) - 1))
+
+    def _next_token(self, logits: np.ndarray, pos: int) -> int:
+        """The token the run would take after position `pos` if its model's logits were these: greedy, or the run's
+        sampler with the draw the last stage makes for that token of the answer."""
+        draw = pos + 1 - self._prompt_tokens
+        if self._sampling is None or draw < 0:
+            return int(np.argmax(logits))
+        if self._sampler is None:
+            from swactor.worker.compute.sampling import Sampler
+
+            self._sampler = Sampler(self._sampling)  # past the resumed answer's draws (skip_draws)
+            self._draws_start = self._sampler.rng.bit_generator.state
+        generator = self._sampler.rng.bit_generator
+        generator.state = self._draws_start
+        generator.advance(draw)  # one 64-bit output per draw, as Sampler.rewind counts them
+        return self._sampler(logits)
