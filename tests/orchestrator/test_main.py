@@ -100,6 +100,26 @@ def test_bad_config_is_named(tmp_path: Path) -> None:
     assert r.returncode == 2 and f"draft model: MissingFile: model file {tmp_path / 'draft.gguf'} does not exist" in r.stderr
 
 
+# The orchestrator as systemd's MemoryDenyWriteExecute=yes starts it (prctl PR_SET_MDWE, Linux 6.3+; exit 77 without).
+UNDER_MDWE = ("import ctypes, runpy, sys\n"
+              "if ctypes.CDLL(None).prctl(65, 1, 0, 0, 0) != 0:\n    sys.exit(77)\n"
+              "runpy.run_module('swactor.orchestrator.main', run_name='__main__')")
+
+
+def test_a_draft_model_where_no_kernel_may_run_is_refused_naming_the_unit_s_setting(tmp_path: Path) -> None:
+    cfg = tmp_path / "swactor.toml"
+    cfg.write_text(f'[orchestrator]\ndraft_model = "{MODEL_PATH.resolve()}"\n')
+    r = subprocess.run([sys.executable, "-c", UNDER_MDWE, "--config", str(cfg), "--socket", str(tmp_path / "s.sock"),
+                        "--tcp", "", "--state-dir", str(tmp_path), "--model", str(MODEL_PATH)],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 77:
+        pytest.skip("this kernel has no PR_SET_MDWE")
+    assert r.returncode == 2, r.stderr
+    assert f"swactor-orchestrator: draft model {MODEL_PATH.resolve()}: device default: " in r.stderr
+    assert "may not map writable and executable memory" in r.stderr and "MemoryDenyWriteExecute=yes" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("slots", [0, -1, 65])
 def test_max_slots_per_stage_out_of_range_is_refused_by_name(slots: int) -> None:
     from swactor.common.config import ConfigError

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import mmap
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,20 @@ if TYPE_CHECKING:  # tinygrad is imported only when a draft model is configured
 
 FEED_ROW_BY_ROW = 8  # fewer new tokens than this run as decode rows (a prefill chunk's graph costs many rows)
 LOOK_AHEAD = True  # a slot extends its greedy chain between a run's steps (DraftSlot)
+
+
+NO_CODE_PAGES = ("; this process may not map writable and executable memory, which tinygrad's CPU device needs "
+                 "(systemd's MemoryDenyWriteExecute=yes: give swactor-orchestrator the draft model's drop-in, "
+                 "docs/operations.md \"Runs\")")
+
+
+def may_map_code() -> bool:
+    """Whether this process may map memory writable and executable (a compiled kernel's pages)."""
+    try:
+        mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC).close()
+    except OSError:
+        return False
+    return True
 
 
 class DraftModelError(Exception):
@@ -77,6 +92,9 @@ class DraftModel:
             model.prepare()
         except (ModelRefused, UnsupportedQuant, ValueError, OSError, MemoryError) as e:
             raise self._error(e) from None
+        except RuntimeError as e:  # tinygrad: no device it can use (or not the one named)
+            raise DraftModelError(f"draft model {self.path}: device {self.device or 'default'}: {e}"
+                                  f"{'' if may_map_code() else NO_CODE_PAGES}") from None
         return model
 
     def _error(self, e: Exception) -> DraftModelError:

@@ -8,9 +8,9 @@ An n-gram index kept as the run grows makes a draft cost O(max_ngram), not a sca
 
 Drafts that fail cost each stage a wider step for nothing (on the CPU each row costs about a decode step there:
 measured at S=3, 50 ms between hosts, a failed 7-token draft cost 1.4 plain steps), so either drafter is paced by
-how its drafts fare (DraftPacing): it starts at FIRST_REACH drafts, a step that accepts every draft lets the next draft 2 more, one that rejects
-some drafts 1 fewer (at least 1); after a step whose drafts were all rejected, the next 1, 2, 4, ... (at most
-MAX_PAUSE) steps go without drafts, and a step that accepts any resets that.
+how its drafts fare (DraftPacing): it starts at FIRST_REACH drafts, a step that accepts every draft lets the next
+draft 2 more, one that rejects some drafts 1 fewer (at least 1); after a step whose drafts were all rejected, the
+next 1, 2, 4, ... (at most MAX_PAUSE) steps go without drafts, and a step that accepts any resets that.
 """
 
 from __future__ import annotations
