@@ -61,7 +61,8 @@ class _End:
 
     _ARM: str  # the ring-rs call that sets this side's waiting bit
 
-    def __init__(self, handle: Any, arena: Any, layout: Any, on_release: Callable[[int], None] | None) -> None:
+    def __init__(self, handle: Any, arena: Any, layout: Any, on_release: Callable[[int], None] | None,
+                 wake_shared: bool = False) -> None:
         self._h: Any = handle
         self.arena = arena
         self.layout = layout
@@ -69,7 +70,7 @@ class _End:
         self.capacity: int = handle.capacity
         self._on_release = on_release
         self._view: memoryview | None = None
-        self.wake_shared = False  # its eventfds are the other end's too (opened or reopened on given ones)
+        self.wake_shared = wake_shared  # its eventfds are the other end's too (opened or reopened on given ones)
 
     def _handle(self) -> Any:
         if self._h is None:
@@ -202,9 +203,7 @@ def _open(end: type[_E], handle: Any, arena: Any, layout: Any, readable_fd: int 
         h = handle(arena, native_layout(layout), readable_fd=readable_fd, writable_fd=writable_fd)
     except (sr.RingError, ValueError, OSError) as e:
         raise broken(e, pb.RING_FAULT_RING_LAYOUT_INVALID) from None
-    opened = end(h, arena, layout, on_release)
-    opened.wake_shared = readable_fd is not None
-    return opened
+    return end(h, arena, layout, on_release, wake_shared=readable_fd is not None)
 
 
 def open_consumer(arena: Any, layout: Any, *, readable_fd: int | None = None, writable_fd: int | None = None,

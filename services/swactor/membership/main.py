@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import signal
 import sys
@@ -130,7 +129,10 @@ def build_metadata(cfg: MembershipConfig, node_id: int) -> pb.NodeMetadata:
     return md
 
 
-def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMetadata) -> SwimSettings:
+def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMetadata,
+                  timing: ProbeTiming | None = None) -> SwimSettings:
+    """The engine's settings; its probe timings are `timing` (starting_probe_timing's) or else the configured ones."""
+    timing = timing or ProbeTiming(cfg.probe_timeout_s, cfg.probe_interval_s)
     host, port = _check_hostport("bind", cfg.bind, allow_wildcard=True)
     advertise = cfg.advertise
     if advertise is not None:
@@ -142,7 +144,7 @@ def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMe
     return SwimSettings(
         name=str(node_id), bind=cfg.bind, advertise=advertise, seeds=list(cfg.seeds), cluster=cfg.cluster,
         key=key, meta=encode_tags(md),
-        probe_interval_s=cfg.probe_interval_s, probe_timeout_s=cfg.probe_timeout_s,
+        probe_interval_s=timing.probe_interval_s, probe_timeout_s=timing.probe_timeout_s,
         indirect_checks=cfg.indirect_checks, suspicion_mult=cfg.suspicion_mult,
         suspicion_max_mult=cfg.suspicion_max_mult, expected_confirmations=cfg.expected_confirmations,
         awareness_max=cfg.awareness_max, gossip_interval_s=cfg.gossip_interval_s, gossip_nodes=cfg.gossip_nodes,
@@ -179,8 +181,7 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
     key = gossip_key(read_secret(cfg.secret_file), cfg.cluster)
     configured = ProbeTiming(cfg.probe_timeout_s, cfg.probe_interval_s)
     running = starting_probe_timing(cfg, configured)
-    settings = dataclasses.replace(swim_settings(cfg, node_id, key, md), probe_timeout_s=running.probe_timeout_s,
-                                   probe_interval_s=running.probe_interval_s)
+    settings = swim_settings(cfg, node_id, key, md, running)
     route_engine_logs()
     node = MembershipNode(
         KinshipBackend(settings), md, cfg.seeds,
