@@ -53,6 +53,43 @@ print(json.dumps({"load_s": t1 - t0, "first_step_s": t2 - t1, "cold_start_s": t2
 """
 
 
+# A stage's start in a fresh process as the worker makes it (prefill chunks, run slots, the graph cache): the Python
+# imports, the GGUF parse and upload, prepare() (every graph: captured, or loaded from the cache) and the first token.
+STAGE_START_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+from swactor.worker.compute import GGUFModel, StageModel
+from swactor.worker.compute.graphcache import GraphCache
+model, cache, chunk, slots, threads, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), json.loads(sys.argv[6])
+t1 = time.perf_counter()
+g = GGUFModel(model)
+m = StageModel(g, 0, g.params.n_layers, max_seq_len=4096, prefill_chunk=chunk, slots=slots, threads=threads, graph_cache=GraphCache(cache))
+t2 = time.perf_counter()
+report = m.prepare()
+t3 = time.perf_counter()
+tok = int(m.step(np.asarray(prompt, np.int32), 0)[0])
+t4 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "prepare_s": t3 - t2, "first_token_s": t4 - t3, "start_s": t4 - t0,
+                  "token": tok}))
+"""
+
+
+def stage_start(model: str, threads: int, chunk: int, slots: int) -> dict[str, dict[str, float]]:
+  """A stage's start in a fresh process, first with an empty graph cache (it captures and stores every graph), then
+  again with that cache warm (each later start on the host): what the worker does before its stage is ready."""
+  import tempfile
+  out = {}
+  with tempfile.TemporaryDirectory(prefix="swactor-graphs-") as cache:
+    for name in ("empty graph cache", "warm graph cache"):
+      r = subprocess.run([sys.executable, "-c", STAGE_START_SCRIPT, model, cache, str(chunk), str(slots), str(threads),
+                          json.dumps(PROMPT)], capture_output=True, text=True, timeout=900)
+      if r.returncode != 0:
+        raise SystemExit(f"stage start failed: {r.stderr.strip()[-400:]}")
+      out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+  return out
+
+
 def peak_rss_mib() -> float:
   """VmHWM of this process (unlike ru_maxrss it is not inherited across fork/exec)."""
   for line in pathlib.Path("/proc/self/status").read_text().splitlines():
@@ -191,6 +228,9 @@ def main() -> None:
   ap.add_argument("--threads", type=int, default=0, help="CPU threads for both engines (0: every core this process may use)")
   ap.add_argument("--llama-python", default="/tmp/llama-venv/bin/python")
   ap.add_argument("--quant", action="store_true", help="also: decode and matvec figures per quant type")
+  ap.add_argument("--stage-start", action="store_true",
+                  help="also: a stage's start in a fresh process (prefill chunk 64, 8 run slots) with an empty and with a "
+                       "warm graph cache, beside llama.cpp's cold start (aim: <= 2 s warm)")
   ap.add_argument("--json", action="store_true")
   a = ap.parse_args()
   threads = a.threads or len(os.sched_getaffinity(0))
@@ -209,8 +249,13 @@ def main() -> None:
   print(f"weights on the device {tg['device_bytes'] / 1e6:.1f} MB = {tg['device_bytes'] / tg['file_bytes']:.3f}x the file's"
         f" {tg['file_bytes'] / 1e6:.1f} MB")
   quant = print_quant(a.model, None if a.device == "auto" else a.device, threads) if a.quant else None
+  starts = stage_start(a.model, threads, 64, 8) if a.stage_start else None
+  for name, r in (starts or {}).items():
+    vs = f" ({r['start_s'] / lc['cold_start_s']:.2f}x llama.cpp's cold start {lc['cold_start_s']:.2f} s)" if lc else ""
+    print(f"stage start, {name}: {r['start_s']:.2f} s{vs} = imports {r['import_s']:.2f} + load {r['load_s']:.2f} + "
+          f"prepare {r['prepare_s']:.2f} + first token {r['first_token_s']:.2f}")
   if a.json:
-    print(json.dumps({"tinygrad": tg, "llama_cpp": lc, "quant": quant}))
+    print(json.dumps({"tinygrad": tg, "llama_cpp": lc, "quant": quant, "stage_start": starts}))
 
 
 if __name__ == "__main__":

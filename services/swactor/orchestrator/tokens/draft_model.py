@@ -93,14 +93,15 @@ class DraftModel:
         except (ModelRefused, UnsupportedQuant, ValueError, OSError, MemoryError) as e:
             raise self._error(e) from None
         except RuntimeError as e:  # tinygrad: no device it can use (or not the one named)
-            raise DraftModelError(f"draft model {self.path}: device {self.device or 'default'}: {e}"
-                                  f"{'' if may_map_code() else NO_CODE_PAGES}") from None
+            raise self._error(e, f"device {self.device or 'default'}: ") from None
         return model
 
-    def _error(self, e: Exception) -> DraftModelError:
+    def _error(self, e: Exception, where: str = "") -> DraftModelError:
+        """The failure named once with the file (and the likeliest cause when no compiled kernel could run here)."""
         said = str(e)
-        return DraftModelError(f"draft model: {said}" if str(self.path) in said
-                               else f"draft model {self.path}: {type(e).__name__}: {said}")
+        named = (f"draft model: {where}{said}" if str(self.path) in said
+                 else f"draft model {self.path}: {where}{type(e).__name__}: {said}")
+        return DraftModelError(named + ("" if may_map_code() else NO_CODE_PAGES))
 
     def refuses(self, tokenizer: Tokenizer, model_name: str) -> str:
         """Why runs of `model_name` cannot draft with this model ("" when they can): its drafts are token ids, so
