@@ -7,7 +7,8 @@ the event loop never waits for its compute: a run asks (RunFsm's DraftWanted), t
 
 Each slot keeps the tokens its KV cache holds. A draft first brings the slot to the run's tokens so far (rewinding
 past the first that differs: rejected drafts, or another run's tokens in a slot leased again), then decodes as the run
-does (greedy, or sampled with the run's own draws: DraftSlot). The drafts only propose: the pipeline verifies them, so a draft model's guesses never change a run's tokens.
+does (greedy, or sampled with the run's own draws: DraftSlot). The drafts only propose: the pipeline verifies them,
+so a draft model's guesses never change a run's tokens.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # tinygrad is imported only when a draft model is configured
     from swactor.worker.compute.sampling import Sampler
 
 FEED_ROW_BY_ROW = 8  # fewer new tokens than this run as decode rows (a prefill chunk's graph costs many rows)
-LOOK_AHEAD = True  # a slot extends its greedy chain between a run's steps (DraftSlot)
+LOOK_AHEAD = True  # a slot extends its chain between a run's steps (DraftSlot)
 
 
 NO_CODE_PAGES = ("; this process may not map writable and executable memory, which tinygrad's CPU device needs "
@@ -66,7 +67,7 @@ class DraftModel:
         except Exception as e:  # a missing file, not a GGUF, no vocabulary: the operator's setting names it
             raise self._error(e) from None
         self.device, self.max_seq_len, self.prefill_chunk, self.kv_dtype = device, max_seq_len, prefill_chunk, kv_dtype
-        self.graph_cache_dir = graph_cache_dir
+        self.graph_cache_dir, self.slots = graph_cache_dir, slots
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft-model")  # StageModel is not thread safe
         self._model: StageModel | None = None  # once load() is done
         self._free = list(range(slots))
@@ -77,7 +78,7 @@ class DraftModel:
         t0 = time.perf_counter()
         self._model = await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
         self.log.info("draft_model_loaded", path=str(self.path), layers=self._model.params.n_layers,
-                      slots=len(self._free), seconds=round(time.perf_counter() - t0, 3))
+                      slots=self.slots, seconds=round(time.perf_counter() - t0, 3))
 
     def _load(self) -> StageModel:
         from swactor.worker.compute import GGUFModel, ModelRefused, StageModel, UnsupportedQuant
@@ -85,7 +86,7 @@ class DraftModel:
 
         try:
             g = GGUFModel(self.path)
-            model = StageModel(g, 0, g.params.n_layers, device=self.device or None, slots=len(self._free),
+            model = StageModel(g, 0, g.params.n_layers, device=self.device or None, slots=self.slots,
                                max_seq_len=min(self.max_seq_len, g.params.context_length),
                                prefill_chunk=self.prefill_chunk, kv_dtype=self.kv_dtype,
                                graph_cache=GraphCache(self.graph_cache_dir) if self.graph_cache_dir else None)
@@ -130,11 +131,11 @@ class DraftModel:
 
 
 class DraftSlot:
-    """One run's KV slot in the draft model. It keeps the tokens its KV cache holds and, after each, the model's greedy
-    token there where it computed it: drafts read off that chain, computing only what it lacks. Between a run's steps
-    the slot thinks ahead (LOOK_AHEAD) along its own chain, while the object it drafted for crosses the pipeline: when
-    the drafts are accepted and the pipeline's next token is the chain's, the next drafts are ready. It does so only
-    while the run keeps to the chain: a draft model that is often wrong costs no more than its drafts.
+    """One run's KV slot in the draft model. It keeps the tokens its KV cache holds and, after each, the token the
+    model takes next there, where it computed it: drafts read off that chain, computing only what it lacks. Between a
+    run's steps the slot thinks ahead (LOOK_AHEAD) along its own chain, while the object it drafted for crosses the
+    pipeline: when the drafts are accepted and the pipeline's next token is the chain's, the next drafts are ready. It
+    does so only while the run keeps to the chain: a draft model that is often wrong costs no more than its drafts.
 
     A sampled run's chain is sampled too, under the run's policy and with the very uniform the last stage draws for
     that token of the answer (its seeded generator, one draw per token): where the two models' distributions agree,
@@ -149,7 +150,7 @@ class DraftSlot:
         self._sampler: Sampler | None = None  # made on first use, on the model's thread
         self._draws_start: dict | None = None  # its generator's state before the answer's first draw
         self._held: list[int] = []  # the tokens in the slot's KV cache, from position 0
-        self._after: list[int | None] = []  # the greedy token after held[:i + 1] (None: not computed)
+        self._after: list[int | None] = []  # the token the model takes after held[:i + 1] (None: not computed)
         self._fresh = True  # the slot may still hold an earlier run's positions
         # drafts asked for (counted on the event loop) and taken up (on the model's thread): thinking ahead gives way
         # to those waiting
@@ -157,7 +158,7 @@ class DraftSlot:
         self._released = False
 
     async def draft(self, context: Sequence[int], k: int) -> tuple[int, ...]:
-        """Up to k greedy tokens to follow `context` (the run's prompt and tokens so far); () when they would not
+        """Up to k tokens to follow `context` (the run's prompt and tokens so far); () when they would not
         fit the draft model's context."""
         if self._released or k <= 0 or not context:
             return ()
@@ -254,7 +255,7 @@ class DraftSlot:
         del self._held[n:], self._after[n:]
 
     def _feed(self, ids: list[int]) -> None:
-        """Run `ids` at the slot's next positions; the greedy token after the last is kept."""
+        """Run `ids` at the slot's next positions; the token the model takes after the last is kept."""
         m, slot, held = self.owner._model, self.slot, self._held
         assert m is not None
         head, last = ids[:-1], ids[-1:]
