@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,7 +32,7 @@ from swactor.localcluster.linkconditions import LinkConditions
 from swactor.localcluster.linkshaping import unavailable as shaping_unavailable
 from swactor.localcluster.netns import Netns
 from swactor.localcluster.run import RunResult, follow
-from swactor.localcluster.signals import Terminated, terminate_on_signals
+from swactor.localcluster.signals import Terminated, hold_until_signalled, terminate_on_signals
 from swactor.membership.gpus import host_memory_available
 from swactor.orchestrator.config import OrchestratorConfig
 from swactor.orchestrator.fleet.nodes import NodeInfo, NodeState
@@ -244,7 +243,7 @@ def run_demo(args: argparse.Namespace, plan: DemoPlan) -> int:
             if serve:
                 out.progress(f"serving the OpenAI API at {cluster.openai_url} until Ctrl-C (docs/demo.md)")
                 with contextlib.suppress(KeyboardInterrupt):  # the normal end of serving, not a failure
-                    threading.Event().wait()
+                    hold_until_signalled()
             out.progress("tearing the local cluster down")
         out.summary(res, hosts, plan.stages)
         out.progress(f"teardown: {cluster.teardown_report['services']} service(s) stopped"

@@ -5,7 +5,6 @@ tear everything down; exit 130 / 143 / 129). Killed any other way, its reaper re
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 from swactor.cli.args import (
@@ -26,7 +25,7 @@ from swactor.common.events import configure_logging
 from swactor.localcluster.cluster import DEFAULT_MODEL, ClusterError, ClusterSpec, LocalCluster
 from swactor.localcluster.layout import MAX_HOSTS
 from swactor.localcluster.linkconditions import LinkConditions
-from swactor.localcluster.signals import Terminated, terminate_on_signals
+from swactor.localcluster.signals import Terminated, hold_until_signalled, terminate_on_signals
 from swactor.modelfile.memory import MAX_RUN_SLOTS
 
 
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cluster as c:
             print(f"swactor --address {c.orchestrator_address} nodes", flush=True)
-            threading.Event().wait()
+            hold_until_signalled()
     except ClusterError as e:
         print(f"localcluster: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -12,9 +12,10 @@ inherited ignored (`nohup`) stays ignored: that caller asked for the program to 
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
 
@@ -46,3 +47,23 @@ def terminate_on_signals() -> Callable[[], None]:
             signal.signal(sig, handler)
 
     return restore
+
+
+def hold_until_signalled() -> NoReturn:
+    """Block the main thread until a signal's handler raises (Ctrl-C, `Terminated`).
+
+    The kernel gives a signal sent to the process to any thread that does not block it, often one of gRPC's. Python's
+    C handler then only marks it pending; a main thread asleep in a lock or a sleep is not woken to run the Python
+    handler, and the signal is in effect lost (seen: SIGTERM left a loaded pool running for good). Whichever thread
+    takes the signal writes to the wakeup fd, so a main thread reading it always wakes and runs the handler.
+    """
+    r, w = os.pipe()
+    os.set_blocking(w, False)  # a handler must never block writing to it
+    previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    try:
+        while True:
+            os.read(r, 512)  # a signal arrived; its handler runs as this returns, and raises if it stops us
+    finally:
+        signal.set_wakeup_fd(previous)
+        os.close(r)
+        os.close(w)
