@@ -34,17 +34,17 @@ def test_failed_drafts_pause_drafting_longer_each_time_and_a_success_resets() ->
     assert d.draft(2) == (3, 1)
     pauses = []
     for _ in range(7):
-        d.verified(2, 0)
+        d.pacing.verified(2, 0)
         n = 0
         while d.draft(2) == ():
             n += 1
         pauses.append(n)
     assert pauses == [1, 2, 4, 8, 16, MAX_PAUSE, MAX_PAUSE]
-    d.verified(2, 1)  # a draft kept: drafting goes on (one draft now), and the next failure pauses one step again
+    d.pacing.verified(2, 1)  # a draft kept: drafting goes on (one draft now), and the next failure pauses one step again
     assert d.draft(2) == (3,)
-    d.verified(1, 0)
+    d.pacing.verified(1, 0)
     assert d.draft(2) == () and d.draft(2) == (3,)
-    d.verified(0, 0)  # a step without drafts says nothing
+    d.pacing.verified(0, 0)  # a step without drafts says nothing
     assert d.draft(2) == (3,)
 
 
@@ -52,11 +52,11 @@ def test_drafts_start_short_grow_while_accepted_and_shrink_when_some_fail() -> N
     d = PromptLookup(list(range(20)) * 2)
     drafted = [len(d.draft(7))]
     for _ in range(4):  # all accepted: two more each time, up to what is asked
-        d.verified(drafted[-1], drafted[-1])
+        d.pacing.verified(drafted[-1], drafted[-1])
         drafted.append(len(d.draft(7)))
     assert drafted == [FIRST_REACH, 4, 6, 7, 7] and FIRST_REACH == 2
-    d.verified(7, 3)  # some rejected: one fewer than drafted
+    d.pacing.verified(7, 3)  # some rejected: one fewer than drafted
     assert len(d.draft(7)) == 6
     for _ in range(10):
-        d.verified(7, 1)
+        d.pacing.verified(7, 1)
     assert len(d.draft(7)) == 1  # never below one

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import mmap
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -71,6 +72,8 @@ class DraftModel:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft-model")  # StageModel is not thread safe
         self._model: StageModel | None = None  # once load() is done
         self._free = list(range(slots))
+        # per run model's tokenizer: the first id where the vocabularies differ, -1 where they are the same
+        self._differs: weakref.WeakKeyDictionary[Tokenizer, int] = weakref.WeakKeyDictionary()
         self.log = get_logger(component="draft_model")
 
     async def load(self) -> None:
@@ -106,14 +109,17 @@ class DraftModel:
 
     def refuses(self, tokenizer: Tokenizer, model_name: str) -> str:
         """Why runs of `model_name` cannot draft with this model ("" when they can): its drafts are token ids, so
-        its vocabulary must be the run's model's, id for id."""
-        theirs = tokenizer.tokens
-        if tuple(theirs) == self.vocabulary:
+        its vocabulary must be the run's model's, id for id. Asked at each submit: compared once per tokenizer."""
+        if (differs := self._differs.get(tokenizer, -2)) == -2:
+            theirs = tokenizer.tokens
+            differs = -1 if tuple(theirs) == self.vocabulary else next(
+                (i for i, (a, b) in enumerate(zip(theirs, self.vocabulary, strict=False)) if a != b),
+                min(len(theirs), len(self.vocabulary)))
+            self._differs[tokenizer] = differs
+        if differs < 0:
             return ""
-        differs = next((i for i, (a, b) in enumerate(zip(theirs, self.vocabulary, strict=False)) if a != b),
-                       min(len(theirs), len(self.vocabulary)))
         return (f"the draft model {self.path.name} has another vocabulary than model {model_name!r} "
-                f"({len(self.vocabulary)} tokens against {len(theirs)}; they differ from id {differs})")
+                f"({len(self.vocabulary)} tokens against {len(tokenizer.tokens)}; they differ from id {differs})")
 
     def lease(self, sampling: SamplingPolicy | None = None, prompt_tokens: int = 0) -> DraftSlot | None:
         """A slot for one run (its sampling policy and prompt length: DraftSlot), or None when every slot drafts for
@@ -150,6 +156,7 @@ class DraftSlot:
         self._sampler: Sampler | None = None  # made on first use, on the model's thread
         self._draws_start: dict | None = None  # its generator's state before the answer's first draw
         self._held: list[int] = []  # the tokens in the slot's KV cache, from position 0
+        self._agreed = 0  # how many tokens the last draft's context and held shared (a hint: checked before use)
         self._after: list[int | None] = []  # the token the model takes after held[:i + 1] (None: not computed)
         self._fresh = True  # the slot may still hold an earlier run's positions
         # drafts asked for (counted on the event loop) and taken up (on the model's thread): thinking ahead gives way
@@ -199,10 +206,8 @@ class DraftSlot:
             self._forget()
             self._fresh = False
         held, after = self._held, self._after
-        same = 0
-        for a, b in zip(held, ids, strict=False):
-            if a != b:
-                break
+        same = self._agreed if held[:self._agreed] == ids[:self._agreed] else 0  # compared in C: the usual case
+        while same < min(len(held), len(ids)) and held[same] == ids[same]:
             same += 1
         # the run went the chain's way since the last draft (every draft accepted, the next token the chain's), or
         # this is the first: thinking ahead is likely to pay; else the chain is likely to be left again
@@ -210,6 +215,7 @@ class DraftSlot:
         if same < len(ids) or after[len(ids) - 1] is None:
             self._keep(min(same, len(ids) - 1))  # the last token runs again at least: its logits give the first draft
             self._feed(ids[len(held):])
+        self._agreed = len(ids)  # a run's context only grows: the next is likely to begin with this one
         drafts: list[int] = []
         pos = len(ids) - 1
         while len(drafts) < k:

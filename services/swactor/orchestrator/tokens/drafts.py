@@ -72,9 +72,6 @@ class PromptLookup:
             for n in range(self.min_ngram, min(self.max_ngram, j) + 1):
                 self._followers[tuple(self.tokens[j - n:j])] = j
 
-    def verified(self, drafted: int, accepted: int) -> None:
-        self.pacing.verified(drafted, accepted)
-
     def draft(self, k: int) -> tuple[int, ...]:
         """Up to k tokens that followed the longest recent repeat of the context's tail; () when none repeats or
         drafting is paused."""
