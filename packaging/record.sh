@@ -10,6 +10,7 @@
 #   file /opt/swactor/.swactor-install   the marker (below)
 #   link /usr/local/bin/swactor          the CLI, removed while it points into the install root
 #   unit /etc/systemd/system/swactor.target        one line per unit file
+#   dropin /etc/systemd/system/swactor-orchestrator.service.d/swactor-draft-model.conf   install's own drop-in
 #   dir /etc/swactor                     and /var/lib/swactor, /var/cache/swactor, /run/swactor
 #   user swactor, group swactor          only when install created them
 # and on a host without systemd (install.sh host --no-systemd), where the supervisor swactor-host
@@ -27,6 +28,8 @@ RECORD=/etc/swactor/installed
 MARKER=.swactor-install
 CLI_LINK=/usr/local/bin/swactor
 UNIT_DIR=/etc/systemd/system
+# What lets the orchestrator run its draft model ([orchestrator] draft_model; install-host.sh writes it).
+DRAFT_DROPIN=$UNIT_DIR/swactor-orchestrator.service.d/swactor-draft-model.conf
 SWACTOR_DIRS=(/etc/swactor /var/lib/swactor /var/cache/swactor /run/swactor)
 # The supervisor of a host without systemd (swactor-host, services/swactor/host): its command on
 # PATH, the log install starts it with, and its runtime dir (control socket, pid file).
@@ -71,6 +74,7 @@ install_record_lines() {
         for unit in "$@"; do echo "unit $UNIT_DIR/$unit"; done
     fi
     record_lines unit | sed 's/^/unit /'
+    record_lines dropin | sed 's/^/dropin /'
     printf 'dir %s\n' "${SWACTOR_DIRS[@]}"
     if ! getent group swactor >/dev/null || record_has "group swactor"; then echo "group swactor"; fi
     if ! getent passwd swactor >/dev/null || record_has "user swactor"; then echo "user swactor"; fi
@@ -123,7 +127,7 @@ record_read() {
             "prefix $REC_PREFIX"|"made $REC_PREFIX"|"tree $REC_PREFIX/venv"|"tree $REC_PREFIX/docs") ;;
             "file $REC_PREFIX/$MARKER"|"link $CLI_LINK"|"user swactor"|"group swactor"|"unit $UNIT_DIR/swactor.target") ;;
             "dir /etc/swactor"|"dir /var/lib/swactor"|"dir /var/cache/swactor"|"dir /run/swactor") ;;
-            "tree $REC_PREFIX/units"|"link $HOST_LINK"|"file $HOST_LOG"|"dir $HOST_RUN") ;;
+            "tree $REC_PREFIX/units"|"link $HOST_LINK"|"file $HOST_LOG"|"dir $HOST_RUN"|"dropin $DRAFT_DROPIN") ;;
             *)
                 if ! [[ "$line" =~ ^unit\ $UNIT_DIR/swactor-[a-z]+\.service$ ]]; then
                     REC_PROBLEM="has a line install.sh host does not write: ${line@Q}"; return 1

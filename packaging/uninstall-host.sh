@@ -139,6 +139,10 @@ if uid="$(id -u "$SERVICE_USER" 2>/dev/null)"; then
 fi
 
 say "removing the units, the CLI link and the code in $PREFIX"
+while read -r dropin; do  # install's own, before the drop-in directories left are reported as the operator's
+    rm -f "$dropin"
+    rmdir "$(dirname "$dropin")" 2>/dev/null || true
+done < <(record_lines dropin)
 for unit in "${units[@]}"; do
     rm -f "$UNIT_DIR/$unit"
     [ ! -d "$UNIT_DIR/$unit.d" ] || kept+=("$UNIT_DIR/$unit.d/ (drop-ins)")

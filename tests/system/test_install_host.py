@@ -6,7 +6,9 @@ restarted, sandboxed (every process the swactor user, no capabilities, `systemd-
 exposure printed and bounded), the hosts listen on the documented ports only, the orchestrator's
 TCP API answers the other host over TLS with the token and refuses it without, the orchestrator
 lists both nodes, the OpenAI API gateway answers the other host over TLS with its own token and
-refuses it without, a 2-stage greedy run completes with llama.cpp's tokens, a second install on each
+refuses it without, a 2-stage greedy run completes with llama.cpp's tokens, the orchestrator runs its draft
+model (--draft-model) under install's drop-in and a speculative run drafting with it gets the same tokens, a
+second install on each
 host succeeds and keeps node id, secret, config and edge identity (and adds the gateway's table to a
 config that has none, moving it to plain HTTP on loopback), both hosts reboot into a working pool, a
 hung event loop is restarted by the watchdog, swactor.target stops and starts a host's units
@@ -58,7 +60,10 @@ GATEWAY_PORT = 8000
 GATEWAY_FILES = ["/etc/swactor/gateway/cert.pem", "/etc/swactor/gateway/key.pem", "/etc/swactor/gateway/token"]
 # The orchestrator's host: the API and the OpenAI API gateway on the network (TLS, a token each);
 # the second install moves the gateway to loopback (plain HTTP, this host only).
-ORCHESTRATOR_ARGS = ("--orchestrator", "--api", f"0.0.0.0:{API_PORT}", "--gateway", f"0.0.0.0:{GATEWAY_PORT}")
+# Its draft model for speculative runs is the served model itself: the one GGUF at hand with its vocabulary.
+ORCHESTRATOR_ARGS = ("--orchestrator", "--api", f"0.0.0.0:{API_PORT}", "--draft-model", ODD_MODEL,
+                     "--gateway", f"0.0.0.0:{GATEWAY_PORT}")
+DRAFT_DROPIN = "/etc/systemd/system/swactor-orchestrator.service.d/swactor-draft-model.conf"
 ORCHESTRATOR_ARGS_LOOPBACK = (*ORCHESTRATOR_ARGS[:-1], f"127.0.0.1:{GATEWAY_PORT}")
 ORCHESTRATOR_UNITS = [*UNITS, "swactor-orchestrator", "swactor-gateway"]
 # docs/operations.md's port list: QUIC edges, gossip (UDP probes, TCP push-pull), stage control,
@@ -283,15 +288,15 @@ def test_bad_input_is_refused_before_anything_changes(hosts: list[Container]) ->
         "a refused install left files behind"
 
 
-def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
-    """`swactor submit --stages 2 --watch` on the orchestrator host: the run completes on both
-    nodes with llama.cpp's greedy tokens for the fixture's chat prompt."""
+def greedy_run_on_both(hosts: list[Container], node_ids: set[int], *speculate: str) -> dict:
+    """`swactor submit --stages 2 --watch` on the orchestrator host (with `speculate`'s options): the run completes
+    on both nodes with llama.cpp's greedy tokens for the fixture's chat prompt. Returns the finished run."""
     h0, h1 = hosts
     case = next(c for c in json.loads(FIXTURE.read_text())["cases"]
                 if c["question"] == "Write a Python function that reverses a string." and c["chat_template"])
     t0 = time.monotonic()
     updates = swactor_json(h0, "submit", "--prompt", case["question"], "--stages", "2",
-                           "--max-tokens", str(MAX_TOKENS), "--watch", timeout=300, check=False)
+                           "--max-tokens", str(MAX_TOKENS), "--watch", *speculate, timeout=300, check=False)
     finished = [u["finished"] for u in updates if "finished" in u]
     events = [u["event"] for u in updates if "event" in u]
     assert len(finished) == 1, (updates, journal(h0))
@@ -302,7 +307,9 @@ def greedy_run_on_both(hosts: list[Container], node_ids: set[int]) -> None:
     assert run["reason"] == "max_tokens"
     assert [int(t) for t in run["token_ids"]] == case["greedy_tokens"][:MAX_TOKENS]
     assert {int(p["node_id"]) for p in run["placement"]} == node_ids
-    print(f"run {run['run_id']}: {MAX_TOKENS} greedy tokens in {time.monotonic() - t0:.1f} s", flush=True)
+    print(f"run {run['run_id']}: {MAX_TOKENS} greedy tokens in {time.monotonic() - t0:.1f} s {' '.join(speculate)}",
+          flush=True)
+    return run
 
 
 GRAPH_CACHE = "/var/cache/swactor/swactor-graphs"  # the worker's compiled graphs, in its unit's CacheDirectory
@@ -332,6 +339,26 @@ def seed_graphs(c: Container, store: Path) -> int:
         shutil.copyfile(e, cache / e.name)
         os.chown(cache / e.name, uid, gid)
     return len(entries)
+
+
+def check_draft_model(hosts: list[Container], node_ids: set[int]) -> None:
+    """--draft-model under systemd: the orchestrator's unit runs with install's drop-in, the orchestrator loaded
+    the draft model before it said it was ready, and a speculative run that drafts with it gets the greedy tokens."""
+    h0 = hosts[0]
+    drop_ins = h0.run(["systemctl", "show", "-p", "DropInPaths", "--value", "swactor-orchestrator"]).stdout.split()
+    assert drop_ins == [DRAFT_DROPIN], drop_ins
+    config = tomllib.loads(h0.path("/etc/swactor/swactor.toml").read_text())["orchestrator"]
+    assert config["draft_model"] == config["model_path"], config
+
+    def logged(event: str) -> list[dict]:
+        out = h0.run(["journalctl", "--no-pager", "-o", "cat", "-u", "swactor-orchestrator"]).stdout
+        return [e for line in out.splitlines() if line.startswith("{") and (e := json.loads(line))["event"] == event]
+
+    (loaded,) = logged("draft_model_loaded")
+    run = greedy_run_on_both(hosts, node_ids, "--speculate", "--drafter", "draft-model")
+    (admitted,) = [e for e in logged("run_admitted") if str(e.get("run_id")) == run["run_id"]]
+    assert admitted["drafter"] == "draft_model", admitted
+    print(f"{h0.name}: draft model loaded in {loaded['seconds']} s; run {run['run_id']} drafted with it", flush=True)
 
 
 def check_sandbox(hosts: list[Container]) -> None:
@@ -520,6 +547,7 @@ def test_two_hosts_install_and_serve_a_run(hosts: list[Container], compiled_grap
     check_gateway(hosts)
 
     greedy_run_on_both(hosts, set(node_ids.values()))
+    check_draft_model(hosts, set(node_ids.values()))
     keep_graphs(hosts, compiled_graphs)
     assert_distributed(hosts, set(node_ids.values()))
 

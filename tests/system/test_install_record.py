@@ -318,3 +318,53 @@ def test_a_host_without_systemd_loses_its_supervisor_and_its_files(host: Scratch
     for gone in ["/opt/swactor", "/usr/local/bin/swactor-host", "/var/log/swactor-host.log", "/run/swactor-host"]:
         assert not host.path(gone).exists() and not host.path(gone).is_symlink(), gone
     assert_planted_intact(host)
+
+
+# The orchestrator's drop-in for a draft model (install.sh host --draft-model) is install's own file, in the record:
+# the uninstall removes it, and its directory unless an operator's drop-in is in it too.
+ADD_DRAFT_DROPIN = r"""
+. /root/swactor/packaging/record.sh
+for f in /etc/swactor/installed /opt/swactor/.swactor-install; do echo "dropin $DRAFT_DROPIN" >> "$f"; done
+mkdir -p "$(dirname "$DRAFT_DROPIN")" && echo '[Service]' > "$DRAFT_DROPIN"
+"""
+
+
+@pytest.mark.parametrize("operators", [False, True], ids=["alone", "beside-the-operators"])
+def test_the_draft_model_drop_in_goes_with_the_uninstall(host: ScratchRoot, operators: bool) -> None:
+    host.sh(ADD_DRAFT_DROPIN, check=True)
+    dropins = host.path("/etc/systemd/system/swactor-orchestrator.service.d")
+    if operators:
+        (dropins / "limits.conf").write_text("[Service]\nMemoryMax=8G\n")
+    done = uninstall(host)
+    assert done.returncode == 0, done.stderr
+    assert not (dropins / "swactor-draft-model.conf").exists()
+    if operators:
+        assert [p.name for p in dropins.iterdir()] == ["limits.conf"]
+        assert "/etc/systemd/system/swactor-orchestrator.service.d/ (drop-ins)" in done.stderr, done.stderr
+    else:
+        assert not dropins.exists()
+        assert "(drop-ins)" not in done.stderr
+    assert_planted_intact(host)
+
+
+# --draft-model on a host installed before: the kept swactor.toml must already name that draft model (it is
+# the operator's file; a draft model it does not name would be copied and never used). Probed as above.
+DRAFT_MODEL_LINES = {  # the line added to the kept config's [orchestrator] table, the refusal (None: accepted)
+    "named": ('draft_model = "/var/lib/swactor/models/draft.gguf"', None),
+    "not-named": ("", "--draft-model: the existing /etc/swactor/swactor.toml names no draft_model "
+                      "/var/lib/swactor/models/draft.gguf; add that line to its [orchestrator] table"),
+    "another": ('draft_model = "/var/lib/swactor/models/other.gguf"', "names no draft_model"),
+}
+
+
+@pytest.mark.parametrize(("line", "refusal"), DRAFT_MODEL_LINES.values(), ids=DRAFT_MODEL_LINES.keys())
+def test_a_kept_config_must_name_the_draft_model(host: ScratchRoot, line: str, refusal: str | None) -> None:
+    host.path("/etc/swactor/swactor.toml").write_text(f"[orchestrator]\n{line}\n")
+    host.sh("echo gguf > /srv/draft.gguf && rm /usr/sbin/runuser", check=True)
+    before = host.snapshot()
+    done = host.run(["bash", "/root/swactor/install.sh", "host", "--advertise-ip", "10.0.0.5", "--orchestrator",
+                     "--draft-model", "/srv/draft.gguf"])
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert (refusal or "runuser not found") in lines[0], lines[0]
+    assert host.changes(before) == {}

@@ -62,6 +62,13 @@ MISTAKES = [
     (["host", "--public-ip", "not-an-ip"], 2, "--advertise-ip 'not-an-ip' is not an IP address"),
     (["host", "--public-ip", "10.0.0.5", "--public-port", "edge"], 2, "--advertise-port 'edge' is not NAME=PORT"),
     (["host", *IP, "--api", "0.0.0.0:7440"], 2, "--api serves the orchestrator's API: it needs --orchestrator"),
+    # --draft-model: the orchestrator's, a file of its own name
+    (["host", *IP, "--draft-model", "/srv/draft.gguf"], 2, "--draft-model drafts for the orchestrator's runs, on its "
+     "host: it needs --orchestrator"),
+    (["host", *ORCH, "--draft-model", "--no-start"], 2, "--draft-model needs a path, got the option '--no-start'"),
+    (["host", *ORCH, "--draft-model", "/srv/no such.gguf"], 1, "--draft-model '/srv/no such.gguf' is missing or empty"),
+    (["host", *ORCH, "--model", "/srv/a/m.gguf", "--draft-model", "/srv/b/m.gguf"], 1,
+     "--draft-model '/srv/b/m.gguf' has the served model's file name (m.gguf) but other bytes"),
     (["host", *IP, "--prefix", "/opt"], 2, "--prefix '/opt' is a top-level directory"),
     (["host", *IP, "--prefix", "opt/swactor"], 2, "--prefix 'opt/swactor' is not an absolute path"),
     (["host", *IP, "--prefix", "/opt/swactor/"], 2, "--prefix '/opt/swactor/' is not a normalized path"),
@@ -107,7 +114,8 @@ def root() -> Iterator[ScratchRoot]:
             dest = root.path(f"/root/swactor/{rel}")
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / rel, dest)
-        root.sh("mkdir -p /srv/app && echo mine > /srv/app/data && ln -s /opt /srv/opt-link", check=True)
+        root.sh("mkdir -p /srv/app /srv/a /srv/b && echo mine > /srv/app/data && ln -s /opt /srv/opt-link"
+                " && echo a > /srv/a/m.gguf && echo b > /srv/b/m.gguf", check=True)
         yield root
 
 
@@ -124,6 +132,7 @@ def test_a_mistake_is_named_before_anything_changes(root: ScratchRoot, args: lis
 
 @pytest.mark.parametrize(("args", "words"), [(["host", "--help"], "--prefix DIR"), (["host", *IP, "-h"], "--api HOST:PORT"),
                                              (["host", "--help"], "--gateway HOST:PORT"),
+                                             (["host", "--help"], "--draft-model PATH"),
                                              (["uninstall", "--help"], "--purge-secret"), (["model", "--help"], "install.sh model")])
 def test_help_is_help_only_where_it_is_not_a_value(root: ScratchRoot, args: list[str], words: str) -> None:
     before = root.snapshot()
