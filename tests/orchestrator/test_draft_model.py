@@ -166,3 +166,23 @@ def test_a_file_that_is_no_gguf_is_refused_by_name(tmp_path: Path) -> None:
         DraftModel(bad, device="", slots=1, max_seq_len=16, prefill_chunk=8, graph_cache_dir=None)
     with pytest.raises(DraftModelError, match=r"draft model: .*missing\.gguf does not exist"):
         DraftModel(tmp_path / "missing.gguf", device="", slots=1, max_seq_len=16, prefill_chunk=8, graph_cache_dir=None)
+
+
+def test_runs_drafting_at_once_share_the_model_s_steps(loop: asyncio.AbstractEventLoop, draft: DraftModel) -> None:
+    """Two runs' drafts are computed in the same rounds, one batched step a round for both, each its own greedy
+    tokens; so is their thinking ahead."""
+    leases = [draft.lease(), draft.lease()]
+    assert None not in leases
+    other = [1, 504, 2365, 28, 3543, 30]
+    rounds, rows = draft.rounds, draft.rows
+
+    async def both() -> list[tuple[int, ...]]:
+        return await asyncio.gather(*(s.draft(c, 4) for s, c in zip(leases, (PROMPT, other), strict=True)))  # type: ignore[union-attr]
+
+    try:
+        got = loop.run_until_complete(both())
+        assert got == [tuple(greedy(draft, PROMPT, 4)), tuple(greedy(draft, other, 4))]
+        assert draft.rows - rows > draft.rounds - rounds > 0, (draft.rounds - rounds, draft.rows - rows)
+    finally:
+        for s in leases:
+            s.release()  # type: ignore[union-attr]

@@ -9,6 +9,10 @@ Each slot keeps the tokens its KV cache holds. A draft first brings the slot to 
 past the first that differs: rejected drafts, or another run's tokens in a slot leased again), then decodes as the run
 does (greedy, or sampled with the run's own draws: DraftSlot). The drafts only propose: the pipeline verifies them,
 so a draft model's guesses never change a run's tokens.
+
+Several runs drafting at once share the model's thread in rounds (DraftModel._pump): each round computes the next
+token of every slot that needs one in one batched step (the weights read once for all of them), so four runs' drafts
+cost about what one run's do, not four times it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import mmap
+import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Generator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -72,6 +78,11 @@ class DraftModel:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft-model")  # StageModel is not thread safe
         self._model: StageModel | None = None  # once load() is done
         self._free = list(range(slots))
+        self._lock = threading.Lock()  # the requests, asked on the event loop and taken on the model's thread
+        self._requests: list[_Request] = []
+        self._pumping = False  # a _pump is queued or running on the model's thread
+        self._closing = False
+        self.rounds = self.rows = 0  # batched steps the drafts took, and the rows in them (bench/draft_batch.py)
         # per run model's tokenizer: the first id where the vocabularies differ, -1 where they are the same
         self._differs: weakref.WeakKeyDictionary[Tokenizer, int] = weakref.WeakKeyDictionary()
         self.log = get_logger(component="draft_model")
@@ -132,8 +143,123 @@ class DraftModel:
         self._free.append(slot)
 
     async def close(self) -> None:
-        """Drop the drafts not begun; wait for the one being computed (off the event loop)."""
+        """Answer the drafts not begun with none; wait for the round being computed (off the event loop)."""
+        self._closing = True
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+        with self._lock:
+            left, self._requests = self._requests, []
+        for request in left:
+            request.answer(())
+
+    # ---- the model's thread ----
+
+    def _ask(self, request: _Request) -> None:
+        """Queue a draft (on the event loop); the model's thread serves it in its next round."""
+        with self._lock:
+            self._requests.append(request)
+            if self._pumping:
+                return
+            self._pumping = True
+        try:
+            self._executor.submit(self._pump)
+        except RuntimeError:  # the orchestrator is closing the model
+            request.answer(())
+
+    def _pump(self) -> None:
+        """Serve every draft asked for, in rounds: a round takes one row from each slot drafting (a token whose next
+        token it needs) and runs them all as one batched step. While none drafts, the slots that drafted last think
+        ahead the same way; a draft asked for takes over at the next round (it waits one step at most)."""
+        jobs: dict[int, _Job] = {}  # per slot number
+        deferred: list[_Request] = []  # asked for a slot still drafting an earlier request (a warm-up)
+        while True:
+            with self._lock:
+                new, self._requests, deferred = deferred + self._requests, [], []
+                if self._closing or not (new or jobs):
+                    self._pumping = False
+                    break
+            for request in new:
+                number = request.slot.slot
+                if number in jobs and jobs[number].request is not None:
+                    deferred.append(request)
+                else:  # a slot thinking ahead stops: its run asks
+                    jobs[number] = _Job(request.slot, request.slot._drafting(request.ids, request.k), request)
+            drafting = any(job.request is not None for job in jobs.values())
+            rows: list[tuple[int, int]] = []  # (slot number, token)
+            for number, job in list(jobs.items()):
+                if drafting and job.request is None:
+                    continue  # thinking ahead gives way to drafts asked for
+                try:
+                    rows.append((number, next(job.steps)))
+                except StopIteration as end:
+                    self._ended(jobs, number, end.value)
+                except Exception as e:  # a prompt's rows that failed: that run goes without drafts, the others go on
+                    job.slot._failed(e)
+                    self._ended(jobs, number, None)
+            self._compute(jobs, rows)
+        for request in new + [job.request for job in jobs.values() if job.request is not None]:
+            request.answer(())
+
+    def _ended(self, jobs: dict[int, _Job], number: int, value: tuple[tuple[int, ...], int | None] | None) -> None:
+        """A job is done: a draft goes back to its run (none for a failed one), and the slot thinks ahead where
+        the draft said so; thinking ahead just stops."""
+        job = jobs.pop(number)
+        if job.request is None:
+            return
+        drafts, think_until = value or ((), None)
+        job.request.answer(drafts)
+        if think_until is not None:
+            jobs[number] = _Job(job.slot, job.slot._thinking_ahead(think_until))
+
+    def _compute(self, jobs: dict[int, _Job], rows: list[tuple[int, int]]) -> None:
+        """One batched step of the round's rows; each slot keeps its row's next token."""
+        if not rows:
+            return
+        from swactor.worker.compute.model import BatchRow
+
+        m = self._model
+        assert m is not None
+        slots = [jobs[number].slot for number, _ in rows]
+        try:
+            logits = m.step_batch_logits([BatchRow(slot.slot, len(slot._held), np.asarray([t], np.int32), sample=False)
+                                          for slot, (_, t) in zip(slots, rows, strict=True)])
+        except Exception as e:  # every slot of the round forgets; their runs go without these drafts
+            for slot, (number, _) in zip(slots, rows, strict=True):
+                slot._failed(e)
+                self._ended(jobs, number, None)
+            return
+        self.rounds += 1
+        self.rows += len(rows)
+        for i, (slot, (_, t)) in enumerate(zip(slots, rows, strict=True)):
+            slot._took(t, logits[i])
+
+
+@dataclass
+class _Job:
+    """What one slot does on the model's thread: a run's draft (its request), or thinking ahead (none). `steps`
+    yields each token whose next token the slot needs computed."""
+
+    slot: DraftSlot
+    steps: Iterator[int]
+    request: _Request | None = None
+
+
+@dataclass
+class _Request:
+    """One run's draft: asked on the event loop, answered from the model's thread."""
+
+    slot: DraftSlot
+    ids: list[int]
+    k: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[tuple[int, ...]]
+
+    def answer(self, drafts: tuple[int, ...]) -> None:
+        def settle() -> None:
+            if not self.future.done():
+                self.future.set_result(drafts)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: no one waits for it
+            self.loop.call_soon_threadsafe(settle)
 
 
 class DraftSlot:
@@ -159,25 +285,17 @@ class DraftSlot:
         self._agreed = 0  # how many tokens the last draft's context and held shared (a hint: checked before use)
         self._after: list[int | None] = []  # the token the model takes after held[:i + 1] (None: not computed)
         self._fresh = True  # the slot may still hold an earlier run's positions
-        # drafts asked for (counted on the event loop) and taken up (on the model's thread): thinking ahead gives way
-        # to those waiting
-        self._asked = self._taken = 0
         self._released = False
 
     async def draft(self, context: Sequence[int], k: int) -> tuple[int, ...]:
         """Up to k tokens to follow `context` (the run's prompt and tokens so far); () when they would not
-        fit the draft model's context."""
+        fit the draft model's context, or computing them failed (a draft is only a guess: the run goes on)."""
         if self._released or k <= 0 or not context:
             return ()
-        ids = list(context)
         loop = asyncio.get_running_loop()
-        self._asked += 1
-        try:
-            return await loop.run_in_executor(self.owner._executor, self._draft, ids, k)
-        except Exception as e:  # a draft is only a guess: the run goes on without it
-            self.owner.log.warning("draft_failed", slot=self.slot, error=f"{type(e).__name__}: {e}")
-            await loop.run_in_executor(self.owner._executor, self._forget)
-            return ()
+        future: asyncio.Future[tuple[int, ...]] = loop.create_future()
+        self.owner._ask(_Request(self, list(context), k, loop, future))
+        return await future
 
     async def warm(self, context: Sequence[int]) -> None:
         """Take in the prompt before the first draft is asked for (while the stages take it in too)."""
@@ -188,20 +306,16 @@ class DraftSlot:
             self._released = True
             self.owner._give_back(self.slot)
 
-    # ---- on the draft model's thread ----
+    # ---- on the draft model's thread (DraftModel._pump) ----
 
-    def _forget(self) -> None:
-        assert self.owner._model is not None
-        self.owner._model.reset(slot=self.slot)
-        self._held.clear()
-        self._after.clear()
-
-    def _draft(self, ids: list[int], k: int) -> tuple[int, ...]:
-        self._taken += 1
+    def _drafting(self, ids: list[int], k: int) -> Generator[int, None, tuple[tuple[int, ...], int | None]]:
+        """Draft k tokens after `ids`. Yields each token whose next token the model must compute at the slot's next
+        position (the round computes it with the other slots' and gives it back: _took); returns the drafts and how
+        many positions to think ahead to (None: not)."""
         m = self.owner._model
         assert m is not None
         if self._released or len(ids) + k - 1 > m.max_seq_len:
-            return ()
+            return (), None
         if self._fresh:
             self._forget()
             self._fresh = False
@@ -214,7 +328,8 @@ class DraftSlot:
         ahead = not held or same >= len(ids)
         if same < len(ids) or after[len(ids) - 1] is None:
             self._keep(min(same, len(ids) - 1))  # the last token runs again at least: its logits give the first draft
-            self._feed(ids[len(held):])
+            self._feed_rows(ids[len(held):-1])
+            yield ids[-1]
         self._agreed = len(ids)  # a run's context only grows: the next is likely to begin with this one
         drafts: list[int] = []
         pos = len(ids) - 1
@@ -225,34 +340,33 @@ class DraftSlot:
             pos += 1
             if len(drafts) < k and (pos >= len(held) or held[pos] != t):
                 self._keep(min(pos, len(held)))
-                self._feed([t])
-        if ahead:
-            self._think_ahead(len(ids) + 2 * k + 3)  # the next context holds at most k + 1 more; its drafts k + 2
-        return tuple(drafts)
+                yield t
+        # the next context holds at most k + 1 more tokens; its drafts k + 2
+        return tuple(drafts), (len(ids) + 2 * k + 3 if ahead and LOOK_AHEAD else None)
 
-    def _think_ahead(self, until: int) -> None:
-        """Extend the chain one token at a time, each a job of its own, towards `until` positions while no draft
-        is asked for (a step ends while the model thinks: its draft waits one token at most)."""
+    def _thinking_ahead(self, until: int) -> Iterator[int]:
+        """Extend the chain one token a round towards `until` positions."""
         m = self.owner._model
         assert m is not None
-        if not LOOK_AHEAD or self._released or self._waiting() or len(self._held) >= min(until, m.max_seq_len):
-            return
-        with contextlib.suppress(RuntimeError):  # the orchestrator is closing the model
-            self.owner._executor.submit(self._ahead_one, until)
+        while (not self._released and self._after and self._after[-1] is not None
+               and len(self._held) < min(until, m.max_seq_len)):
+            yield self._after[-1]
 
-    def _ahead_one(self, until: int) -> None:
-        if self._released or self._waiting() or not self._after or self._after[-1] is None:
-            return
-        try:
-            self._feed([self._after[-1]])
-        except Exception as e:
-            self.owner.log.warning("draft_failed", slot=self.slot, error=f"{type(e).__name__}: {e}", ahead=True)
+    def _took(self, token: int, logits: np.ndarray) -> None:
+        """The round ran `token` at the slot's next position: keep it, and the token the model takes after it."""
+        self._held.append(token)
+        self._after.append(self._next_token(logits, len(self._held) - 1))
+
+    def _failed(self, e: Exception) -> None:
+        self.owner.log.warning("draft_failed", slot=self.slot, error=f"{type(e).__name__}: {e}")
+        with contextlib.suppress(Exception):
             self._forget()
-            return
-        self._think_ahead(until)
 
-    def _waiting(self) -> bool:
-        return self._asked > self._taken
+    def _forget(self) -> None:
+        assert self.owner._model is not None
+        self.owner._model.reset(slot=self.slot)
+        self._held.clear()
+        self._after.clear()
 
     def _keep(self, n: int) -> None:
         """Forget all but the first n positions."""
@@ -260,21 +374,18 @@ class DraftSlot:
         self.owner._model.rewind(self.slot, len(self._held) - n)
         del self._held[n:], self._after[n:]
 
-    def _feed(self, ids: list[int]) -> None:
-        """Run `ids` at the slot's next positions; the token the model takes after the last is kept."""
+    def _feed_rows(self, ids: list[int]) -> None:
+        """Run `ids` at the slot's next positions without the head (a prompt, or tokens the run took off the chain):
+        the model's next tokens after them are not computed."""
         m, slot, held = self.owner._model, self.slot, self._held
         assert m is not None
-        head, last = ids[:-1], ids[-1:]
-        if len(head) >= FEED_ROW_BY_ROW:
-            m.step(np.asarray(head, np.int32), len(held), sample=False, slot=slot)
+        if len(ids) >= FEED_ROW_BY_ROW:
+            m.step(np.asarray(ids, np.int32), len(held), sample=False, slot=slot)
         else:
-            for i, t in enumerate(head):
+            for i, t in enumerate(ids):
                 m.step(np.asarray([t], np.int32), len(held) + i, sample=False, slot=slot)
-        held.extend(head)
-        self._after.extend([None] * len(head))
-        logits = m.step_logits(np.asarray(last, np.int32), len(held), slot=slot)
-        held.extend(last)
-        self._after.append(self._next_token(logits, len(held) - 1))
+        held.extend(ids)
+        self._after.extend([None] * len(ids))
 
     def _next_token(self, logits: np.ndarray, pos: int) -> int:
         """The token the run would take after position `pos` if its model's logits were these: greedy, or the run's

@@ -799,6 +799,26 @@ class StageModel:
     """One decode row of each of several runs (distinct slots) as one pass: the weights are read once for all rows.
     Returns each row's output in order: its activation row [1, dim], or on the last stage its sampled token int32 [1]
     (NO_TOKEN where it asked for none)."""
+    y, shape = self._batch(batch)
+    if self.head is None:
+      out = read(y)[:len(batch)].astype(np.float32, copy=False)
+      return [out[i:i + 1] for i in range(len(batch))]
+    if not any(r.sample for r in batch):
+      return [np.array([NO_TOKEN], dtype=np.int32) for _ in batch]
+    logits = np.atleast_2d(self._head_logits(y, shape, 0))  # [rows, vocab], a one-row graph's too
+    return [np.array([self.samplers[r.slot](logits[i]) if r.sample else NO_TOKEN], dtype=np.int32)
+            for i, r in enumerate(batch)]
+
+  def step_batch_logits(self, batch: list[BatchRow]) -> np.ndarray:
+    """Like step_batch() but returns the rows' final logits, float32 [len(batch), vocab], instead of sampled tokens
+    (last stage only; a caller that samples by its own rules, such as the orchestrator's draft model)."""
+    if self.head is None:
+      raise ValueError(f"stage [{self.layer_start}, {self.layer_end}) has no output head (not the last stage)")
+    y, shape = self._batch(batch)
+    return np.atleast_2d(self._head_logits(y, shape, 0))[:len(batch)]
+
+  def _batch(self, batch: list[BatchRow]) -> tuple[Tensor, Shape]:
+    """Run the rows of a batched step through the layers: the last layer's output and the step's shape."""
     if not batch:
       raise ValueError("a batched step needs at least one row")
     slots = [r.slot for r in batch]
@@ -819,11 +839,4 @@ class StageModel:
     y = self._rows(rows, shape, segments)
     for r in batch:
       self.next_pos[r.slot] = r.start_pos + 1
-    if self.head is None:
-      out = read(y)[:len(batch)].astype(np.float32, copy=False)
-      return [out[i:i + 1] for i in range(len(batch))]
-    if not any(r.sample for r in batch):
-      return [np.array([NO_TOKEN], dtype=np.int32) for _ in batch]
-    logits = np.atleast_2d(self._head_logits(y, shape, 0))  # [rows, vocab], a one-row graph's too
-    return [np.array([self.samplers[r.slot](logits[i]) if r.sample else NO_TOKEN], dtype=np.int32)
-            for i, r in enumerate(batch)]
+    return y, shape
