@@ -4,7 +4,7 @@ latency model, and the weights fetched over a rate-capped delayed link.
 
   .venv/bin/python bench/wan.py [--delays 0,10,25,50,75] [--losses 0,1,2] [--stages 2,3] [--max-tokens 24]
                                 [--long-prompt 512] [--fetch-delay-ms 50 --fetch-rate-mbit 100] [--json PATH]
-  .venv/bin/python bench/wan.py --soak-s 600 [--soak-delay-ms 75 --soak-loss-pct 2]   (the soak alone)
+  .venv/bin/python bench/wan.py --soak-s 600 [--soak-delay-ms 75 --soak-loss-pct 2] [--apply-advice]   (the soak alone)
 
 Per (loss, delay): one pool of max(stages) hosts. Per S: a first run (fetches the stages' weights from host 0's
 model server, loads them), a measured run (decode ms per token: median gap between tokens; TTFT from SubmitRun), and
@@ -22,6 +22,9 @@ The soak (issue 22 item 5): one pool of 3 hosts at --soak-delay-ms one way (75: 
 3-stage runs back to back for --soak-s seconds (each 16 tokens, every 4th a 3-token chat); it counts every run's
 outcome (aim: all completed) and the suspicions the hosts' membership raised over the soak (GetSelf
 counters.suspicions, and the members seen anything but Alive when polled each run: aim zero, no host is unhealthy).
+With --apply-advice the pool starts with the configured (LAN) probe timings, and before the soak each host's
+membership service is restarted, one at a time, once it has kept the timings its measured RTT calls for
+(probe_timing.json, membership/probe_timing.py): what docs/operations.md ("WAN tuning") tells an operator to do.
 
 Numbers on a shared 2-core box: every host's services share two cores, so the 0 ms figures are CPU-bound; what the
 delays add is what this measures.
@@ -41,10 +44,11 @@ from collections import Counter
 
 import grpc
 
-from swactor.localcluster import ClusterSpec, LocalCluster
+from swactor.localcluster import ClusterSpec, LocalCluster, ready
 from swactor.localcluster.linkconditions import LinkConditions
 from swactor.localcluster.ready import members
 from swactor.localcluster.run import RunResult, follow
+from swactor.membership.probe_timing import ADVICE_FILE
 from swactor.v1 import common_pb2 as pb
 from swactor.v1 import membership_pb2 as mpb
 from swactor.v1 import membership_pb2_grpc, orchestrator_pb2_grpc
@@ -114,8 +118,35 @@ def suspicions(cluster: LocalCluster) -> int:
     return total
 
 
-def soak(links: LinkConditions, seconds: float, tables: dict[str, dict[str, object]]) -> dict[str, object]:
-    """3-stage runs back to back through a pool at `links` for `seconds`: outcomes and false suspicions."""
+def kept_advice(path: pathlib.Path) -> dict[str, float]:
+    if not path.exists():
+        raise ready.NotReady(f"no {path.name} yet")
+    return json.loads(path.read_text())
+
+
+def apply_kept_advice(c: LocalCluster) -> dict[str, dict[str, float]]:
+    """Each host's membership restarted, one host at a time, once it kept its probe timing advice; the pool is
+    whole again after each. Returns the advice each host started with."""
+    want = set(c.node_ids)
+    applied = {}
+    for h in c.hosts:
+        applied[h.name] = ready.wait_for(f"{h.name}/membership's probe timing advice",
+                                         lambda h=h: kept_advice(h.state_dir / ADVICE_FILE), 300.0)
+        c.restart(f"{h.name}/membership")
+        ready.wait_for(f"{h.name}/membership", lambda h=h: ready.health_serving(h.sock("membership")), 60.0)
+        ready.wait_for("membership (every node Available)",
+                       lambda: ready.all_available(c.hosts[0].sock("membership"), want), 120.0)
+        with c.channel() as ch:
+            stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
+            ready.wait_for("orchestrator pool", lambda stub=stub: ready.pool_ready(stub, want), 120.0)
+        print(f"    {h.name}: membership restarted with the kept advice {applied[h.name]}", flush=True)
+    return applied
+
+
+def soak(links: LinkConditions, seconds: float, tables: dict[str, dict[str, object]],
+         apply_advice: bool = False) -> dict[str, object]:
+    """3-stage runs back to back through a pool at `links` for `seconds`: outcomes and false suspicions (after
+    applying each host's kept probe timing advice, with `apply_advice`)."""
     spec = ClusterSpec(hosts=3, netns=True, links=links, readiness_timeout_s=600.0, tables=tables)
     outcomes: Counter[str] = Counter()
     not_alive: list[str] = []
@@ -125,6 +156,7 @@ def soak(links: LinkConditions, seconds: float, tables: dict[str, dict[str, obje
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         warm = follow(stub, opb.SubmitRunRequest(prompt=PROMPT, stages=3, max_tokens=2), timeout_s=900)
         assert warm.finished is not None and warm.finished.outcome == opb.RUN_OUTCOME_COMPLETED, warm.summary()
+        applied = apply_kept_advice(c) if apply_advice else {}
         before = suspicions(c)
         t0 = time.monotonic()
         n = 0
@@ -156,7 +188,7 @@ def soak(links: LinkConditions, seconds: float, tables: dict[str, dict[str, obje
         elapsed = time.monotonic() - t0
         raised = suspicions(c) - before
     return {"links": links.as_dict(), "seconds": elapsed, "runs": n, "outcomes": dict(outcomes),
-            "suspicions_raised": raised, "not_alive_seen": not_alive,
+            "suspicions_raised": raised, "not_alive_seen": not_alive, "advice_applied": applied,
             "decode_ms_median": statistics.median(decode) if decode else None}
 
 
@@ -173,6 +205,8 @@ def main() -> int:
     ap.add_argument("--soak-s", type=float, default=0.0, help="the soak alone, this many seconds (0: the sweep)")
     ap.add_argument("--soak-delay-ms", type=float, default=75.0, help="the soak's one-way delay between hosts")
     ap.add_argument("--soak-loss-pct", type=float, default=2.0, help="the soak's loss between hosts")
+    ap.add_argument("--apply-advice", action="store_true", help="before the soak, restart each host's membership "
+                    "with the probe timings it kept from its measured RTT")
     ap.add_argument("--congestion-control", default="", help="[edge].congestion_control of every host (default: "
                     "the installed one)")
     ap.add_argument("--membership", default="", help="[membership] keys of every host, e.g. "
@@ -189,7 +223,7 @@ def main() -> int:
     if a.soak_s > 0:
         links = LinkConditions(delay_ms=a.soak_delay_ms, loss_pct=a.soak_loss_pct)
         print(f"load average {os.getloadavg()[0]:.2f}; soak {a.soak_s:g} s at {links.describe()}", flush=True)
-        got = soak(links, a.soak_s, tables)
+        got = soak(links, a.soak_s, tables, a.apply_advice)
         print(f"\nsoak: {got['runs']} runs in {got['seconds']:.0f} s at {links.describe()}: outcomes {got['outcomes']} "
               f"(aim: all completed); suspicions raised {got['suspicions_raised']}, members seen not Alive "
               f"{len(got['not_alive_seen'])} (aim: 0); decode {got['decode_ms_median'] or float('nan'):.1f} ms/token")
