@@ -13,7 +13,7 @@ import pytest
 
 from swactor.localcluster.cluster import DEFAULT_MODEL
 from swactor.orchestrator.tokens import draft_model
-from swactor.orchestrator.tokens.draft_model import DraftModel
+from swactor.orchestrator.tokens.draft_model import DraftModel, DraftSlot
 
 pytestmark = [pytest.mark.skipif(not DEFAULT_MODEL.exists(), reason="run `make model` (its header: the vocabulary)"),
               pytest.mark.timeout(60)]
@@ -54,10 +54,12 @@ class NextTokenModel:
         return logits
 
 
-def model_with(fake: NextTokenModel, slots: int = 3) -> DraftModel:
+def leased(fake: NextTokenModel, runs: int, slots: int = 3) -> tuple[DraftModel, list[DraftSlot]]:
+    """A draft model over `fake`, and a slot for each of `runs` runs."""
     m = DraftModel(DEFAULT_MODEL, device="", slots=slots, max_seq_len=64, prefill_chunk=8, graph_cache_dir=None)
     m._model = fake  # type: ignore[assignment]
-    return m
+    leases = [m.lease() for _ in range(runs)]
+    return m, [s for s in leases if s is not None]
 
 
 @pytest.fixture(autouse=True)
@@ -67,9 +69,7 @@ def no_thinking_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_runs_drafting_at_once_share_each_step_one_row_each() -> None:
     fake = NextTokenModel()
-    model = model_with(fake)
-    a, b = model.lease(), model.lease()
-    assert a is not None and b is not None
+    model, (a, b) = leased(fake, 2)
 
     async def go() -> list[tuple[int, ...]]:
         fake.go.clear()  # both are asked before the first step runs
@@ -87,9 +87,7 @@ def test_runs_drafting_at_once_share_each_step_one_row_each() -> None:
 
 def test_a_failed_step_costs_only_its_runs_drafts() -> None:
     fake = NextTokenModel(fail={1})
-    model = model_with(fake)
-    a = model.lease()
-    assert a is not None
+    model, (a,) = leased(fake, 1)
 
     async def go() -> list[tuple[int, ...]]:
         first = await a.draft([1, 2, 3], 2)  # its first step fails: no drafts, the slot starts again
@@ -102,9 +100,7 @@ def test_a_failed_step_costs_only_its_runs_drafts() -> None:
 
 def test_closing_answers_every_draft_still_waiting() -> None:
     fake = NextTokenModel()
-    model = model_with(fake)
-    a, b = model.lease(), model.lease()
-    assert a is not None and b is not None
+    model, (a, b) = leased(fake, 2)
 
     async def go() -> list[tuple[int, ...]]:
         fake.go.clear()  # the first step hangs until the close has begun
@@ -122,9 +118,7 @@ def test_closing_answers_every_draft_still_waiting() -> None:
 
 def test_a_released_slot_leased_again_waits_for_its_old_draft() -> None:
     fake = NextTokenModel()
-    model = model_with(fake, slots=1)
-    old = model.lease()
-    assert old is not None
+    model, (old,) = leased(fake, 1, slots=1)
 
     async def go() -> list[tuple[int, ...]]:
         fake.go.clear()
