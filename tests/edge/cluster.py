@@ -116,6 +116,9 @@ class EdgeHost:
         as systemd would: an unread notify socket fills up and blocks the sender)."""
         return list(self._notified)
 
+    def _readies(self) -> int:
+        return sum(m.startswith("READY=1") for m in self.notify_messages())
+
     def _read_notify(self, sock: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while True:
@@ -155,6 +158,7 @@ class EdgeHost:
             self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             self.notify.bind(str(self.root / "notify.sock"))
             threading.Thread(target=self._read_notify, args=(self.notify,), daemon=True).start()
+        readies = self._readies()
         self.edge_proc = self._spawn(
             [
                 str(BIN / "swactor-edge"), "--state-dir", str(self.state_dir), "--socket", str(self.edge_socket),
@@ -167,6 +171,8 @@ class EdgeHost:
             env={"NOTIFY_SOCKET": str(self.root / "notify.sock")},
         )
         _wait_for(self.edge_socket, self.edge_proc, f"{self.name} edge driver")
+        # started as systemd's Type=notify counts it: the socket listens a moment before READY=1 is sent
+        wait_until(lambda: self._readies() > readies, f"{self.name} edge driver's READY=1", timeout=20)
         self.channel = grpc.insecure_channel(f"unix:{self.edge_socket}")
         grpc.channel_ready_future(self.channel).result(timeout=20)
         self.stub = edge_pb2_grpc.EdgeDriverStub(self.channel)
