@@ -22,9 +22,10 @@ The soak (issue 22 item 5): one pool of 3 hosts at --soak-delay-ms one way (75: 
 3-stage runs back to back for --soak-s seconds (each 16 tokens, every 4th a 3-token chat); it counts every run's
 outcome (aim: all completed) and the suspicions the hosts' membership raised over the soak (GetSelf
 counters.suspicions, and the members seen anything but Alive when polled each run: aim zero, no host is unhealthy).
-With --apply-advice the pool starts with the configured (LAN) probe timings, and before the soak each host's
-membership service is restarted, one at a time, once it has kept the timings its measured RTT calls for
-(probe_timing.json, membership/probe_timing.py): what docs/operations.md ("WAN tuning") tells an operator to do.
+Every host starts on the probe timings its seeds' round trips call for (membership/seed_rtt.py; across shaped links
+host 0 lists the other hosts as seeds, as docs/operations.md "WAN tuning" tells an operator's first host to). With
+--apply-advice, before the soak each host's membership service is also restarted, one at a time, once it has kept the
+timings its measured RTT rows call for (probe_timing.json, membership/probe_timing.py).
 
 Numbers on a shared 2-core box: every host's services share two cores, so the 0 ms figures are CPU-bound; what the
 delays add is what this measures.

@@ -18,8 +18,10 @@
 #                            a service at, where it differs from the one it binds (repeatable; NAME: membership
 #                            (UDP+TCP 7946), edge (UDP 7400), control (TCP 7441), model (TCP 7442, the orchestrator's
 #                            model server)); forward each to this host's port of the same service
-#   --seed HOST:PORT         a membership seed (repeatable; the first host needs none); a host joining
-#                            a pool needs that pool's secret: --secret-file
+#   --seed HOST:PORT         a membership seed (repeatable; the first host needs none, but across a WAN
+#                            give it the others: it measures their round trips before it starts and probes
+#                            at the timings they call for); a host joining a pool needs that pool's secret:
+#                            --secret-file
 #   --secret-file PATH       the pool's cluster secret (copy /etc/swactor/cluster.secret from the first host)
 #   --orchestrator           also run the orchestrator on this host
 #   --api HOST:PORT          with --orchestrator: also serve its API on TCP (off by default; the CLI and

@@ -17,7 +17,7 @@ from swactor.worker.config import WorkerConfig
 
 def test_host_config_round_trips_through_every_service_loader(tmp_path: Path) -> None:
     h = HostLayout(1, "127.9.9.2", tmp_path / "h1")
-    tables = host_config(h, seed="127.9.9.1:7946", secret_file=tmp_path / "s", device="CPU", ceiling_bytes=1 << 30,
+    tables = host_config(h, seeds=["127.9.9.1:7946"], secret_file=tmp_path / "s", device="CPU", ceiling_bytes=1 << 30,
                          gpu="CPU:local-1:0", orchestrator={"model_path": "/m.gguf", "pool_window_s": 0.5,
                                                            "readiness_timeout_s": 120.0}, compute_threads=2)
     cfg = tomllib.loads(to_toml(tables))
@@ -45,7 +45,7 @@ def test_a_host_behind_nat_advertises_every_port_the_mapping_forwards(tmp_path: 
     from swactor.localcluster.nat import MAPPED, PUBLIC_OFFSET, rules
 
     h = HostLayout(1, "127.9.9.2", tmp_path / "h1")
-    cfg = tomllib.loads(to_toml(host_config(h, seed="127.9.9.1:17946", secret_file=tmp_path / "s", device="CPU",
+    cfg = tomllib.loads(to_toml(host_config(h, seeds=["127.9.9.1:17946"], secret_file=tmp_path / "s", device="CPU",
                                             ceiling_bytes=1 << 30, gpu="CPU:local-1:0",
                                             orchestrator={"model_path": "/m.gguf"}, public_offset=PUBLIC_OFFSET)))
     memb, edge = load_section(cfg, "membership", MembershipConfig), load_section(cfg, "edge", EdgeConfig)

@@ -5,6 +5,7 @@ once, completed, with no lease left; the members measure the round trip the link
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -61,3 +62,15 @@ def test_three_stages_at_50ms_and_2pct_loss_give_the_exact_tokens_and_one_clean_
     gaps = sorted(b - a for a, b in itertools.pairwise(res.token_s))
     print(f"{n} tokens; TTFT {res.ttft_s:.2f} s; median gap between tokens {gaps[len(gaps) // 2] * 1000:.0f} ms "
           f"(3 host hops x 50 ms = 150 ms of it); weights fetched by {len(fetched)} hosts; RTTs {rtts}")
+
+
+def test_every_host_starts_on_the_probe_timings_its_seeds_round_trip_calls_for(cluster: LocalCluster) -> None:
+    """Across these links every host's membership measured its seeds before its engine started (host 0, which founds
+    the pool, lists the other two) and started on 6.5 x that round trip, not on the pool's configured 0.25 s."""
+    for h in cluster.hosts:
+        whole = (h.log_dir / "membership.log").read_text().split("\n")[:-1]  # not a line still being written
+        events = [json.loads(line) for line in whole if line.startswith("{")]
+        applied = [e for e in events if e["event"] == "membership_probe_timing_applied"]
+        assert [e["reason"] for e in applied] == ["seed_rtt"], (h.name, applied)
+        assert 2 * LINKS.delay_ms <= applied[0]["seed_rtt_ms"] < 4 * LINKS.delay_ms, (h.name, applied)
+        assert applied[0]["probe_timeout_s"] > applied[0]["configured_probe_timeout_s"]

@@ -10,13 +10,18 @@ suspicion timeout is 3-12 s depending on confirmations):
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from swactor.localcluster.linkconditions import LinkConditions
+from swactor.localcluster.linkshaping import LinkShaping, ShapedHost
 from swactor.v1 import membership_pb2 as pb
 from tests.membership.cluster import MembershipCluster, Node, wait_until
 
@@ -220,5 +225,42 @@ def test_join_retries_until_a_seed_appears(membership_cluster: MembershipCluster
     early = cluster.ready(cluster.start(1, seeds=[0]))  # its only seed is not running yet
     time.sleep(3.0)  # more than one join attempt fails meanwhile
     assert early.get_self().counters.alive == 1
+    # the seed's host refused the handshake (its membership was not up): a round trip measured all the same
+    assert list(_events(early, "membership_seed_rtt")[0]["rtt_ms"]) == [f"{cluster.net.hosts[0].addr}:7946"]
     seed = cluster.ready(cluster.start(0, seeds=[]))
     wait_until(lambda: _converged(cluster, [early, seed]), CONVERGE_S, "the late seed to be found by a retry")
+
+
+@pytest.mark.parametrize("membership_cluster", [2], indirect=True)
+def test_a_joining_node_starts_on_the_probe_timings_its_seeds_round_trip_calls_for(
+        membership_cluster: MembershipCluster, tmp_path: Path) -> None:
+    """150 ms of round trip between the hosts (75 ms one way on arrival, the local pool's delayer): the joining node
+    measures its seed before its engine starts and starts on 6.5 x that round trip (probe_timing.py), not on the LAN
+    timings; the first host, with no seed, starts as configured. Both then hold each other alive."""
+    cluster = membership_cluster
+    hosts = [ShapedHost(f"h{h.index}", h.ns, tmp_path / f"link-h{h.index}") for h in cluster.net.hosts]
+    for h in hosts:
+        h.log_dir.mkdir()
+    shaping = LinkShaping(LinkConditions(delay_ms=75), hosts)
+    shaping.apply(timeout_s=30)
+    try:
+        first = cluster.ready(cluster.start(0, seeds=[]), timeout=60)
+        joiner = cluster.ready(cluster.start(1, seeds=[0]), timeout=60)
+        seed = f"{first.host.addr}:7946"
+        measured = _events(joiner, "membership_seed_rtt")
+        assert len(measured) == 1 and measured[0]["rtt_ms"][seed] >= 150 and measured[0]["unanswered"] == [], measured
+        applied = _events(joiner, "membership_probe_timing_applied")
+        assert [(e["reason"], e["source"], e["configured_probe_timeout_s"]) for e in applied] == \
+            [("seed_rtt", seed, 0.5)], applied
+        assert applied[0]["probe_timeout_s"] == pytest.approx(6.5 * measured[0]["rtt_ms"][seed] / 1000, abs=0.01)
+        assert applied[0]["probe_interval_s"] == pytest.approx(2 * applied[0]["probe_timeout_s"], abs=0.002)  # 3 decimals
+        assert _events(first, "membership_seed_rtt") == _events(first, "membership_probe_timing_applied") == []
+        wait_until(lambda: _converged(cluster, [first, joiner]), 60, "the pair to converge across 150 ms")
+    finally:
+        shaping.remove()
+
+
+def _events(node: Node, name: str) -> list[dict[str, Any]]:
+    """`node`'s structured events called `name`, from its log's whole lines (the node may be writing the next)."""
+    lines = node.log_path.read_text().split("\n")[:-1]
+    return [e for e in (json.loads(line) for line in lines if line.startswith("{")) if e.get("event") == name]

@@ -96,6 +96,19 @@ def test_the_next_start_takes_the_longer_of_the_configured_and_the_kept(saved: P
     assert starting_timing(ProbeTiming(3.0, 5.0), saved) == ProbeTiming(3.0, 5.0)  # a long configured timeout stands
 
 
+@pytest.mark.parametrize(("saved", "seed_rtt_ms", "started"), [
+    (None, 0.0, LAN),  # no seed measured (the pool's first host, or none answered)
+    (None, 0.3, LAN),  # a seed on the LAN
+    (None, 150.0, ProbeTiming(0.975, 1.95)),  # a seed 150 ms away: from the first start, not only the next
+    (ProbeTiming(1.625, 3.25), 150.0, ProbeTiming(1.625, 3.25)),  # the last run met a farther peer than the seed
+    (ProbeTiming(0.6, 1.2), 150.0, ProbeTiming(0.975, 1.95)),  # the seed is farther than the kept advice's peer
+])
+def test_a_joining_node_starts_on_the_longer_of_the_kept_advice_and_its_seeds_round_trip(
+        saved: ProbeTiming | None, seed_rtt_ms: float, started: ProbeTiming) -> None:
+    assert starting_timing(LAN, saved, seed_rtt_ms) == started
+    assert starting_timing(ProbeTiming(3.0, 5.0), saved, seed_rtt_ms) == ProbeTiming(3.0, 5.0)
+
+
 @pytest.mark.parametrize(("text", "match"), [
     ("{not json", "probe_timing.json"),
     ('{"probe_timeout_s": 1.0}', "not a probe timing advice"),
@@ -112,6 +125,7 @@ def test_a_damaged_advice_file_is_named(tmp_path: Path, text: str, match: str) -
 def test_an_advisor_started_on_kept_timings_speaks_when_the_pool_no_longer_needs_them() -> None:
     kept = ProbeTiming(1.625, 3.25)
     adv = ProbeAdvisor(LAN, running=kept)
+    assert adv.observe({}) is None  # no peer measured yet: not "sufficient", which would drop the kept advice
     assert adv.observe({4: 250_000}) is None  # what it runs with is what the pool needs: nothing new
     back = adv.observe({4: 1_000})
     assert back is not None and back.sufficient and back.timing == LAN
@@ -125,14 +139,18 @@ def test_the_service_starts_on_the_kept_timings_and_says_so(tmp_path: Path) -> N
 
     cfg = MembershipConfig(state_dir=tmp_path)
     with capture_logs() as logs:
-        assert starting_probe_timing(cfg, LAN) == LAN
+        assert starting_probe_timing(cfg, LAN, {}) == LAN
     assert logs == []
     save_advice(tmp_path, Advice(ProbeTiming(1.625, 3.25), LAN, peer=4, rtt_ms=250.0))
     with capture_logs() as logs:
-        assert starting_probe_timing(cfg, LAN) == ProbeTiming(1.625, 3.25)
-    assert [(e["event"], e["probe_timeout_s"], e["configured_probe_timeout_s"]) for e in logs] == \
-        [("membership_probe_timing_applied", 1.625, 0.5)]
+        assert starting_probe_timing(cfg, LAN, {}) == ProbeTiming(1.625, 3.25)
+    assert [(e["event"], e["probe_timeout_s"], e["configured_probe_timeout_s"], e["reason"]) for e in logs] == \
+        [("membership_probe_timing_applied", 1.625, 0.5, "kept_advice")]
+    with capture_logs() as logs:  # a seed farther than the kept advice's peer
+        assert starting_probe_timing(cfg, LAN, {"10.0.0.2:7946": 20.0, "10.0.0.3:7946": 300.0}) == ProbeTiming(1.95, 3.9)
+    assert [(e["event"], e["reason"], e["source"], e["seed_rtt_ms"]) for e in logs] == \
+        [("membership_probe_timing_applied", "seed_rtt", "10.0.0.3:7946", 300.0)]
     (tmp_path / ADVICE_FILE).write_text("{damaged")
     with capture_logs() as logs:
-        assert starting_probe_timing(cfg, LAN) == LAN  # as configured, and said
+        assert starting_probe_timing(cfg, LAN, {}) == LAN  # as configured, and said
     assert [e["event"] for e in logs] == ["membership_probe_advice_unreadable"]

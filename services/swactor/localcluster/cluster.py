@@ -2,7 +2,8 @@
 
 Each host gets its own root dir (state/, run/, log/, swactor.toml), its own address (a loopback
 address 127.X.Y.(i+1), or with `netns=True` and root a network namespace of its own) and its own
-services as separate processes: arena-manager, membership (seeded at host 0), edge-driver, worker.
+services as separate processes: arena-manager, membership (seeded at host 0; host 0 by the others across shaped
+links), edge-driver, worker.
 Host 0 also runs the orchestrator, sharing host 0's node id, arena and edge-driver for its token
 endpoints. Only host 0 holds the model: every worker fetches its stage's byte ranges from the
 orchestrator's model server into its own weights cache (docs/distribution.md). Readiness is evidence-based: gRPC health SERVING per service, membership shows every
@@ -246,8 +247,13 @@ class LocalCluster:
                 orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s,
                         "readiness_timeout_s": float(spec.readiness_timeout_s), "max_slots_per_stage": spec.slots,
                         **spec.orchestrator}
-            seed = None if i == 0 else f"{addrs[0]}:{MEMBERSHIP_PORT + offset}"
-            cfg = host_config(h, seed=seed, secret_file=secret_file, device=spec.device,
+            gossip = [f"{a}:{MEMBERSHIP_PORT + offset}" for a in addrs]
+            # Host 0 founds the pool. Across shaped links it lists the others as seeds too, as an operator's first
+            # WAN host should: it measures their round trips before its SWIM engine starts and probes at the timings
+            # they call for (membership/seed_rtt.py), where a seedless first host would probe at the LAN's until
+            # restarted; its join retries until one of them is up.
+            seeds = gossip[:1] if i > 0 else gossip[1:] if spec.shaped else []
+            cfg = host_config(h, seeds=seeds, secret_file=secret_file, device=spec.device,
                               ceiling_bytes=spec.ceiling_bytes, gpu=f"{spec.device or 'CPU'}:local-{i}:0",
                               orchestrator=orch, compute_threads=self.compute_threads, memory_bytes=share,
                               public_offset=offset)

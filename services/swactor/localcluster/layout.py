@@ -61,7 +61,7 @@ class HostLayout:
         return f"{self.addr}:{port + offset}"
 
 
-def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: str, ceiling_bytes: int, gpu: str,
+def host_config(h: HostLayout, *, seeds: list[str], secret_file: Path, device: str, ceiling_bytes: int, gpu: str,
                 orchestrator: dict[str, Any] | None, compute_threads: int = 0,
                 memory_bytes: int = 0, public_offset: int = 0) -> dict[str, dict[str, Any]]:
     """One host's swactor.toml as tables (every service reads its own table). `memory_bytes`: the stage memory
@@ -75,7 +75,7 @@ def host_config(h: HostLayout, *, seed: str | None, secret_file: Path, device: s
         "membership": {
             "socket": str(h.sock("membership")), "state_dir": str(h.state_dir),
             "bind": h.endpoint(MEMBERSHIP_PORT), "advertise": h.public(MEMBERSHIP_PORT, off),
-            "seeds": [seed] if seed else [], "secret_file": str(secret_file), "cluster": "swactor-local",
+            "seeds": seeds, "secret_file": str(secret_file), "cluster": "swactor-local",
             "edge_endpoint": h.public(EDGE_PORT, off), "edge_cert": str(h.edge_cert),
             "control_endpoint": h.public(CONTROL_PORT, off),
             "gpus": [gpu], "gpu_autodetect": False,

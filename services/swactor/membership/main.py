@@ -36,6 +36,7 @@ from swactor.membership.probe_timing import (
     save_advice,
     starting_timing,
 )
+from swactor.membership.seed_rtt import seed_round_trips
 from swactor.membership.service import SERVICE_NAME, MembershipServicer
 from swactor.membership.swim import SwimSettings, SwimStartError
 from swactor.membership.view import Counts
@@ -152,21 +153,38 @@ def swim_settings(cfg: MembershipConfig, node_id: int, key: bytes, md: pb.NodeMe
     )
 
 
-def starting_probe_timing(cfg: MembershipConfig, configured: ProbeTiming) -> ProbeTiming:
-    """The probe timings the engine starts with: the configured ones, or the longer ones this node's last run measured
-    its pool to need (probe_timing.py), said as membership_probe_timing_applied."""
+def starting_probe_timing(cfg: MembershipConfig, configured: ProbeTiming, seed_rtts: dict[str, float]) -> ProbeTiming:
+    """The probe timings the engine starts with: the configured ones, or the longer ones that the round trip to the
+    farthest of `seed_rtts` (seed_rtt.py) or this node's last run (the kept advice) calls for (probe_timing.py),
+    said as membership_probe_timing_applied."""
     log = get_logger(component="membership")
     try:
         saved = load_advice(cfg.state_dir)
     except ValueError as e:  # a damaged file: start as configured, say so; the next advice replaces it
         log.warning("membership_probe_advice_unreadable", detail=str(e))
         saved = None
-    running = starting_timing(configured, saved)
+    farthest, seed_ms = max(seed_rtts.items(), key=lambda kv: kv[1], default=("", 0.0))
+    running = starting_timing(configured, saved, seed_ms)
     if running != configured:
-        log.warning("membership_probe_timing_applied", probe_timeout_s=running.probe_timeout_s,
-                    probe_interval_s=running.probe_interval_s, configured_probe_timeout_s=configured.probe_timeout_s,
-                    configured_probe_interval_s=configured.probe_interval_s, source=str(cfg.state_dir / ADVICE_FILE))
+        from_seed = running == starting_timing(configured, None, seed_ms)
+        log.warning("membership_probe_timing_applied", probe_timeout_s=round(running.probe_timeout_s, 3),
+                    probe_interval_s=round(running.probe_interval_s, 3), configured_probe_timeout_s=configured.probe_timeout_s,
+                    configured_probe_interval_s=configured.probe_interval_s,
+                    reason="seed_rtt" if from_seed else "kept_advice",
+                    source=farthest if from_seed else str(cfg.state_dir / ADVICE_FILE),
+                    **({"seed_rtt_ms": round(seed_ms, 1)} if from_seed else {}))
     return running
+
+
+async def measure_seeds(cfg: MembershipConfig) -> dict[str, float]:
+    """The seeds' round trips before the engine starts (none with RTT sampling off), said as membership_seed_rtt."""
+    if not cfg.seeds or cfg.rtt_interval_s == 0:
+        return {}
+    measured = await seed_round_trips(cfg.seeds)
+    get_logger(component="membership").info(
+        "membership_seed_rtt", rtt_ms={s: round(ms, 2) for s, ms in measured.items()},
+        unanswered=[s for s in cfg.seeds if s not in measured])
+    return measured
 
 
 def status_line(c: Counts) -> str:
@@ -180,7 +198,7 @@ async def serve(cfg: MembershipConfig, node_id: int) -> int:
     md = build_metadata(cfg, node_id)
     key = gossip_key(read_secret(cfg.secret_file), cfg.cluster)
     configured = ProbeTiming(cfg.probe_timeout_s, cfg.probe_interval_s)
-    running = starting_probe_timing(cfg, configured)
+    running = starting_probe_timing(cfg, configured, await measure_seeds(cfg))
     settings = swim_settings(cfg, node_id, key, md, running)
     route_engine_logs()
     node = MembershipNode(

@@ -11,7 +11,9 @@ the configured one, the interval grows to at least INTERVAL_OVER_TIMEOUT times i
 after it.
 
 The SWIM engine (kinship) takes its timings once, when it starts: its config is frozen and a running node has no
-call that changes them. So this node does not retune itself while it runs; it tells the operator, with the event
+call that changes them. A joining node measures its seeds' round trips just before it starts (seed_rtt.py) and
+starts on the advice for the farthest of them; a node with no seed (the pool's first) has nothing to measure yet.
+Past its start a node does not retune itself; it tells the operator, with the event
 `membership_probe_timeout_advised`, which [membership] probe_timeout_s and probe_interval_s the pool calls for
 (docs/operations.md "WAN tuning"), whenever that advice moves by more than CHANGE_SHARE, and keeps the advice in its
 state directory (ADVICE_FILE), from which its next start takes the longer timings (`starting_timing`): a restart, not
@@ -74,8 +76,12 @@ class ProbeAdvisor:
 
     def observe(self, own_rtts_us: Mapping[int, int]) -> Advice | None:
         """This node's median RTT to each live peer (RttTable.own); new Advice when its timeout moved by more than
-        CHANGE_SHARE since the last told (at first: since the configured one), else None."""
-        peer, rtt_us = max(own_rtts_us.items(), key=lambda kv: (kv[1], -kv[0]), default=(0, 0))
+        CHANGE_SHARE since the last told (at first: since the configured one), else None. Nothing measured yet (no
+        live peer, or none answered so far) advises nothing: it would call the timings a start took from the seeds'
+        round trips or a kept advice sufficient, and drop that advice, before any peer was measured."""
+        if not own_rtts_us:
+            return None
+        peer, rtt_us = max(own_rtts_us.items(), key=lambda kv: (kv[1], -kv[0]))
         timing = advised(self.configured, rtt_us / 1000)
         if abs(timing.probe_timeout_s - self._last.probe_timeout_s) <= CHANGE_SHARE * self._last.probe_timeout_s:
             return None
@@ -83,12 +89,14 @@ class ProbeAdvisor:
         return Advice(timing, self.configured, peer, rtt_us / 1000)
 
 
-def starting_timing(configured: ProbeTiming, saved: ProbeTiming | None) -> ProbeTiming:
-    """What the engine starts with: the configured timings, or a saved advice's where its timeout is longer (never
-    shorter than configured: an operator's longer timings stand)."""
-    if saved is None or saved.probe_timeout_s <= configured.probe_timeout_s:
+def starting_timing(configured: ProbeTiming, saved: ProbeTiming | None, seed_rtt_ms: float = 0.0) -> ProbeTiming:
+    """What the engine starts with: the configured timings, or where its timeout is longer, a saved advice's or the
+    advice for the farthest seed's round trip measured just before the start (seed_rtt.py), whichever is longer
+    (never shorter than configured: an operator's longer timings stand)."""
+    longest = max(saved or configured, advised(configured, seed_rtt_ms), key=lambda t: t.probe_timeout_s)
+    if longest.probe_timeout_s <= configured.probe_timeout_s:
         return configured
-    return ProbeTiming(saved.probe_timeout_s, max(configured.probe_interval_s, saved.probe_interval_s))
+    return ProbeTiming(longest.probe_timeout_s, max(configured.probe_interval_s, longest.probe_interval_s))
 
 
 def save_advice(state_dir: Path, advice: Advice) -> None:
