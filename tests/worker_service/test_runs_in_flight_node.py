@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
+from structlog.testing import capture_logs
 
 from swactor.v1 import common_pb2, stage_pb2
 from swactor.worker.ctl_fsm import CtlState, WorkerCrashed
@@ -90,8 +91,12 @@ def test_two_runs_share_the_role_batch_their_rows_and_one_leaves_mid_batch() -> 
             assert [o.ring_id for o in batch.outputs] == [node.runs[72].stage.out_ring_id,
                                                           node.runs[71].stage.out_ring_id]
 
-            assert (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=72))).known  # leaves mid-batch
-            assert (await updates(s, 72, "stopped"))[-1].HasField("stopped")
+            with capture_logs() as logs:
+                assert (await s.StopRun(stage_pb2.StopStageRunRequest(run_id=72))).known  # leaves mid-batch
+                assert (await updates(s, 72, "stopped"))[-1].HasField("stopped")
+            # how full the stage's batches were so far, said as a run leaves: one step alone, one of two runs
+            assert [e["steps_by_width"] for e in logs if e["event"] == "stage_steps_by_width" and e["run_id"] == 72] \
+                == [{"1": 1, "2": 1}]
             complete(node, batch, out_edges(node, 71))
             await settle()
             assert node.runs[71].stage.state is StageState.READY and node.runs[71].stage.position == 2

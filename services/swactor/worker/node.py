@@ -399,6 +399,10 @@ class StageNode:
                 if self._run_of_edge.get(eid) == log.run_id:
                     del self._run_of_edge[eid]
             self._run_of_role.pop(plan.role_id, None)
+        # how full this stage's batches have been so far (granted steps aside): rows of runs in flight that go one
+        # at a time cost their weights' reads once each
+        self._log.info("stage_steps_by_width", run_id=log.run_id,
+                       steps_by_width={str(w): n for w, n in sorted(self.scheduler.widths.items())})
         self._health(RunsChanged())
 
     # ---- the arena-manager gone ----
