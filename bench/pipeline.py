@@ -178,18 +178,26 @@ def hop_ms(rows: list[list[tuple[str, float]]]) -> list[float]:
     return out
 
 
-def cpu_seconds(cluster) -> dict[str, float]:
+def service_kind(service: str, cmdline: bytes) -> str:
+    """A service's kind, all hosts summed: "h1/worker" -> "worker"."""
+    return service.split("/")[-1]
+
+
+def cpu_seconds(cluster, key=service_kind) -> dict[str, float]:
     """CPU seconds so far of each kind of service (orchestrator, worker, edge, ...), all hosts summed: every live
-    process in a service's process group (the local cluster starts each service in its own session)."""
-    groups = {svc.pid: svc.name.split("/")[-1] for svc in cluster.services}
+    process in a service's process group (the local cluster starts each service in its own session). `key` names
+    what a process counts towards, from its service's name ("h1/worker") and its command line."""
+    groups = {svc.pid: svc.name for svc in cluster.services}
     tick, out = os.sysconf("SC_CLK_TCK"), defaultdict(float)
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             f = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            if (service := groups.get(int(f[2]))) is None:  # f[2] = pgrp
+                continue
+            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if (kind := groups.get(int(f[2]))) is not None:  # f[2] = pgrp
-            out[kind] += (int(f[11]) + int(f[12])) / tick
+        out[key(service, cmdline)] += (int(f[11]) + int(f[12])) / tick
     return out
 
 

@@ -26,9 +26,9 @@ import resource
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 import numpy as np
+from pipeline import cpu_seconds  # bench/pipeline.py: CPU seconds by service, from /proc
 
 from swactor.localcluster import ClusterSpec, LocalCluster
 from swactor.localcluster.run import follow
@@ -88,20 +88,9 @@ def single_cpu(g: GGUFModel, tokens: int) -> tuple[float, float]:
     return wall * 1000 / tokens, (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) * 1000 / tokens
 
 
-def cpu_by_process(cluster: LocalCluster) -> dict[str, float]:
-    """CPU seconds so far of each service process of the pool ("h1/worker", "h1/worker compute process", ...)."""
-    groups = {svc.pid: svc.name for svc in cluster.services}
-    tick, out = os.sysconf("SC_CLK_TCK"), defaultdict(float)
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if (name := groups.get(int(stat[2]))) is not None:  # stat[2]: the process group, one per service
-            out[name + (" compute process" if b"swactor.worker.process" in cmdline else "")] += \
-                (int(stat[11]) + int(stat[12])) / tick
-    return out
+def process_name(service: str, cmdline: bytes) -> str:
+    """Each service process apart, a worker's compute process apart from its stage node."""
+    return service + (" compute process" if b"swactor.worker.process" in cmdline else "")
 
 
 def main() -> int:
@@ -128,9 +117,9 @@ def main() -> int:
         stub = orchestrator_pb2_grpc.OrchestratorStub(ch)
         req = opb.SubmitRunRequest(prompt="Once upon a time", stages=a.stages, max_tokens=a.tokens, ignore_eos=True)
         follow(stub, req, timeout_s=900)  # loads and compiles (or reads the graph cache)
-        before, t0 = cpu_by_process(cluster), time.perf_counter()
+        before, t0 = cpu_seconds(cluster, process_name), time.perf_counter()
         res = follow(stub, req, timeout_s=900)
-        wall, after = time.perf_counter() - t0, cpu_by_process(cluster)
+        wall, after = time.perf_counter() - t0, cpu_seconds(cluster, process_name)
     n = len(res.token_ids)
     per = {k: (v - before.get(k, 0.0)) * 1000 / n for k, v in after.items()}
     ms = 1000 / (res.decode_tok_s or float("nan"))

@@ -236,6 +236,7 @@ class LocalCluster:
         secret_file = self.root / "cluster.secret"
         secret_file.write_text(secrets.token_hex(32) + "\n")
         secret_file.chmod(0o600)
+        gossip = [f"{a}:{MEMBERSHIP_PORT + offset}" for a in addrs]  # each host's membership, as the others reach it
         for i, addr in enumerate(addrs):
             h = HostLayout(i, addr, self.root / f"h{i}",
                            netns=self.netns.host(i) if self.netns else None)
@@ -247,7 +248,6 @@ class LocalCluster:
                 orch = {"model_path": str(spec.model), "pool_window_s": spec.pool_window_s,
                         "readiness_timeout_s": float(spec.readiness_timeout_s), "max_slots_per_stage": spec.slots,
                         **spec.orchestrator}
-            gossip = [f"{a}:{MEMBERSHIP_PORT + offset}" for a in addrs]
             # Host 0 founds the pool. Across shaped links it lists the others as seeds too, as an operator's first
             # WAN host should: it measures their round trips before its SWIM engine starts and probes at the timings
             # they call for (membership/seed_rtt.py), where a seedless first host would probe at the LAN's until
