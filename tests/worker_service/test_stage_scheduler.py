@@ -100,6 +100,56 @@ def test_rows_wait_a_little_for_the_other_decoding_runs() -> None:
     assert d is not None and d.members[0].rows == 16
 
 
+def _round(s: StepScheduler, runs: tuple[int, ...], at: float, own_step: int) -> None:
+    for r in runs:
+        s.ask(Asked(r, r, 1, asked(r, own_step=own_step).step, at=at))
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_the_first_stage_merges_two_groups_of_runs_out_of_step(merge: bool) -> None:
+    """Runs 1-3 and run 4 go round the pipeline out of step (0.1 s a trip). Where rows enter the pipeline (`merge`),
+    run 4's row waits until the other three are due back and the four go as one step from then on; a later stage
+    holds only its gather window, so the groups stay apart there."""
+    s = StepScheduler(max_batch=4, gather_s=0.010, expected=4, merge=merge)
+    _round(s, (1, 2, 3), 0.0, 1)
+    d = s.next(now=0.010)  # no trip measured yet: the gather window only
+    assert d is not None and len(d.members) == 3
+    s.finished(d.step.step_id)
+    _round(s, (4,), 0.05, 1)
+    d = s.next(now=0.065)
+    assert d is not None and [a.run_id for a in d.members] == [4]
+    s.finished(d.step.step_id)
+    _round(s, (1, 2, 3), 0.11, 2)  # their trip: 0.1 s
+    assert s.next(now=0.11) is None  # run 4's trip is not known yet: the gather window
+    d = s.next(now=0.125)
+    assert d is not None and len(d.members) == 3
+    s.finished(d.step.step_id)
+    _round(s, (4,), 0.16, 2)
+    d = s.next(now=0.17)
+    if not merge:
+        assert d is not None and [a.run_id for a in d.members] == [4]
+        return
+    # runs 1-3 went out at 0.125 and take 0.1 s: due at 0.125 + 0.11 + 0.01
+    assert d is None and s.hold_until == pytest.approx(0.245)
+    _round(s, (1, 2, 3), 0.225, 3)
+    d = s.next(now=0.225)
+    assert d is not None and sorted(a.run_id for a in d.members) == [1, 2, 3, 4]
+
+
+def test_the_first_stage_waits_no_longer_than_a_trip_nor_for_a_run_that_left() -> None:
+    s = StepScheduler(max_batch=4, gather_s=0.010, expected=2, merge=True)
+    s.sent_at, s.trip_s = {1: 0.0, 2: 0.5}, {1: 0.1, 2: 2.0}
+    _round(s, (1,), 0.1, 2)
+    assert s.next(now=0.1) is None and s.hold_until == pytest.approx(0.2)  # run 2 is due at 2.71: one trip at most
+    s.withdraw(2)  # run 2 left: nothing more to wait for than the gather window
+    assert s.next(now=0.1) is None and s.hold_until == pytest.approx(0.11)
+    assert s.next(now=0.115) is not None
+    s = StepScheduler(max_batch=4, gather_s=0.0, expected=2, merge=True)  # batch_gather_ms = 0: no merging either
+    s.sent_at, s.trip_s = {1: 0.0, 2: 0.05}, {1: 0.1, 2: 0.1}
+    _round(s, (1,), 0.1, 2)
+    assert s.next(now=0.1) is not None
+
+
 # ---- step grants ----
 
 

@@ -257,6 +257,7 @@ class StageNode:
             self._run_of_edge[eid] = plan.run_id
         self._run_of_role[plan.role_id] = plan.run_id
         self.scheduler.max_batch = plan.role_config.get("slots", 1)
+        self.scheduler.merge = plan.stage_index == 0  # where every run's rows enter the pipeline again
         if plan.trace:  # the edge timings of this run's ends: only a traced run reports them
             ends = {plan.inbound.edge_id: edge_pb2.EDGE_ROLE_RECV, plan.outbound.edge_id: edge_pb2.EDGE_ROLE_SEND}
             log.timing_relay = self._spawn(relay_object_timings(

@@ -15,6 +15,12 @@ The scheduler stands between them (docs/runs-in-flight.md):
   row at a time for ever (measured: 34 of 40 steps of four runs in flight went alone). While fewer rows wait than runs
   are decoding here (`expected`), the rows wait up to `gather_s` from the first one's arrival for the others; once
   batched, the runs' rows come back close together and stay batched.
+- Merging groups: runs that joined at different times can settle into groups that go round the pipeline out of step
+  (at S=3, three runs at one stage while the fourth is at the next, for ever), and each group's step waits its gather
+  window in vain. The stage where rows enter the pipeline again (`merge`: the first) knows when each run's row went
+  out and how long its last trip round took, so it holds a group's rows until the rows of the runs still out are due
+  back (never longer than their trip round): the groups become one, once, and stay one. Only that stage holds past
+  the gather window, so two stages never wait on each other.
 
 - Step grants: a run alone on the stage, decoding, gets a standing grant of its next one-row steps (wire.GrantSteps),
   so its decode step starts as its input loads, without a round trip through this process (docs/worker.md "Step
@@ -73,12 +79,15 @@ class StepScheduler:
     max_batch: int = 1  # the most runs' rows one step carries (the stage's KV slots)
     gather_s: float = 0.0  # how long rows wait for the other decoding runs' rows (0: never)
     expected: int = 0  # runs decoding here, whose rows may come (the caller keeps it current)
+    merge: bool = False  # rows enter the pipeline here: a group of rows waits for the others due back
     hold_until: float | None = None  # rows are being gathered: `next` has nothing to send before this
     waiting: dict[int, Asked] = field(default_factory=dict)  # run_id -> its step, in the order they asked
     in_flight: Dispatch | None = None
     chunk_last: bool = False  # the last dispatch was a prompt chunk: rows go next if any wait
     widths: Counter[int] = field(default_factory=Counter)  # steps sent, by how many runs they carried
     grant: StandingGrant | None = None
+    sent_at: dict[int, float] = field(default_factory=dict)  # run_id -> when its last step went out
+    trip_s: dict[int, float] = field(default_factory=dict)  # run_id -> how long its last row took to come back
     _next_step_id: int = 0
     _next_grant_id: int = 0
 
@@ -87,6 +96,8 @@ class StepScheduler:
         if asked.run_id in self.waiting:
             raise ValueError(f"run {asked.run_id} asked for a second step before its first ran")
         self.waiting[asked.run_id] = asked
+        if asked.run_id in self.sent_at:
+            self.trip_s[asked.run_id] = asked.at - self.sent_at[asked.run_id]
 
     def finished(self, step_id: int) -> Dispatch | None:
         """The compute process completed or failed step `step_id`: the dispatch that ended (None: not the one in
@@ -98,12 +109,16 @@ class StepScheduler:
 
     def withdraw(self, run_id: int) -> Asked | None:
         """A run left (stopped, faulted): its step that has not been sent, whose input the caller releases."""
+        self.sent_at.pop(run_id, None)
+        self.trip_s.pop(run_id, None)
         return self.waiting.pop(run_id, None)
 
     def reset(self) -> list[Asked]:
         """The compute process is gone: every step waiting or in flight ends with it, and its grant."""
         lost = list(self.waiting.values()) + (list(self.in_flight.members) if self.in_flight else [])
         self.waiting.clear()
+        self.sent_at.clear()
+        self.trip_s.clear()
         self.in_flight = None
         self.grant = None
         return lost
@@ -147,6 +162,7 @@ class StepScheduler:
                                 first.outputs if first else [], first.runtime if first else {})
         self._next_step_id = max(self._next_step_id, worker_step_id)
         self.in_flight = Dispatch(step, members, now)
+        self.sent_at.update((a.run_id, now) for a in members)
 
     # ---- policy ----
 
@@ -162,15 +178,30 @@ class StepScheduler:
             self.chunk_last = True
             return self._send((chunks[0],), now)
         deadline = rows[0].at + self.gather_s
+        if self.merge and self.gather_s > 0:  # no gathering (0): no merging either
+            deadline = max(deadline, self._others_due(rows[0].at))
         if not chunks and len(rows) < min(self.expected, self.max_batch) and now < deadline:  # never idle past a chunk
             self.hold_until = deadline
             return None
         self.chunk_last = False
         return self._send(tuple(rows[:self.max_batch]), now)
 
+    def _others_due(self, first_at: float) -> float:
+        """When the rows of the runs out round the pipeline are due back here: each went out at `sent_at` and takes
+        about its last trip, give or take a gather window and a tenth of the trip. A row later than that, or a run
+        never seen round, is not waited for; nor longer than the waiting rows' own trip from the first of them (by
+        then they could have gone round once more: the others are a different round's)."""
+        out = [(self.sent_at[r], trip) for r, trip in self.trip_s.items() if r not in self.waiting]
+        if not out:
+            return first_at
+        due = max(sent + trip * 1.1 + self.gather_s for sent, trip in out)
+        own = [self.trip_s[r] for r in self.waiting if r in self.trip_s]
+        return min(due, first_at + max(own or [trip for _, trip in out]))
+
     def _send(self, members: tuple[Asked, ...], now: float) -> Dispatch:
         for a in members:
             del self.waiting[a.run_id]
+            self.sent_at[a.run_id] = now
         self._next_step_id += 1
         self.widths[len(members)] += 1
         self.in_flight = Dispatch(self._compose(self._next_step_id, members), members, now)
