@@ -19,8 +19,8 @@ The scheduler stands between them (docs/runs-in-flight.md):
   (at S=3, three runs at one stage while the fourth is at the next, for ever), and each group's step waits its gather
   window in vain. The stage where rows enter the pipeline again (`merge`: the first) knows when each run's row went
   out and how long its last trip round took, so it holds a group's rows until the rows of the runs still out are due
-  back (never longer than the waiting rows' own trip round): the groups become one, once, and stay one. Only that stage holds past
-  the gather window, so two stages never wait on each other.
+  back (never longer than the waiting rows' own trip round): the groups become one, once, and stay one. Only that
+  stage holds past the gather window, so two stages never wait on each other.
 
 - Step grants: a run alone on the stage, decoding, gets a standing grant of its next one-row steps (wire.GrantSteps),
   so its decode step starts as its input loads, without a round trip through this process (docs/worker.md "Step
